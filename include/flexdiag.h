@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * flexdiag.h - the public C API of libflexdiag.
+ *
+ * flexdiag generates images (Janus-Pro) and text (Llama family) with a FlexGen-style schedule and
+ * a diagonal-aware sparse KV cache. Embedders create one runtime (devices, memory budgets), load
+ * a model once (read-only afterwards, shareable) and create one context per concurrent job; a
+ * context owns the KV cache and batch state and runs one call at a time.
+ *
+ * Conventions: every function returns flexdiag_status (results through out-params, constructor
+ * out-param first, *out == NULL after a failed create); params structs start with struct_size,
+ * are filled by their _params_init() and only ever grow at the end; handles are opaque.
+ */
+#ifndef FLEXDIAG_FLEXDIAG_H
+#define FLEXDIAG_FLEXDIAG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FLEXDIAG_API __attribute__((visibility("default")))
+#else
+#define FLEXDIAG_API
+#endif
+
+#define FLEXDIAG_API_VERSION 1u
+
+/* ---- enums ---- */
+
+typedef enum flexdiag_status {
+    FLEXDIAG_OK = 0,
+    FLEXDIAG_ERR_INVALID_ARG = -1,
+    FLEXDIAG_ERR_UNSUPPORTED = -2,
+    FLEXDIAG_ERR_NOT_FOUND = -3,
+    FLEXDIAG_ERR_IO = -4,
+    FLEXDIAG_ERR_NO_SPACE = -5,
+    FLEXDIAG_ERR_CORRUPT_MODEL = -6,
+    FLEXDIAG_ERR_CHECKSUM = -7,
+    FLEXDIAG_ERR_OOM_DEVICE = -8,
+    FLEXDIAG_ERR_OOM_PINNED = -9,
+    FLEXDIAG_ERR_OOM_HOST = -10,
+    FLEXDIAG_ERR_CUDA = -11,
+    FLEXDIAG_ERR_CANCELLED = -12,
+    FLEXDIAG_ERR_BUSY = -13,
+    FLEXDIAG_ERR_NUMERIC = -14,
+    FLEXDIAG_ERR_INTERNAL = -15,
+} flexdiag_status; /* values never change; new codes are appended */
+
+typedef enum flexdiag_log_level {
+    FLEXDIAG_LOG_ERROR = 0,
+    FLEXDIAG_LOG_WARN = 1,
+    FLEXDIAG_LOG_INFO = 2,
+    FLEXDIAG_LOG_DEBUG = 3,
+} flexdiag_log_level;
+
+/* KV policies of policies.md; values never change. */
+typedef enum flexdiag_policy_kind {
+    FLEXDIAG_POLICY_DENSE = 0,
+    FLEXDIAG_POLICY_WINDOW = 1,
+    FLEXDIAG_POLICY_STREAMING = 2,
+    FLEXDIAG_POLICY_H2O = 3,
+    FLEXDIAG_POLICY_TOVA = 4,
+    FLEXDIAG_POLICY_ALISA = 5,
+    FLEXDIAG_POLICY_DIAGONAL = 6,
+    FLEXDIAG_POLICY_DIAGONAL_SINK4 = 7,
+} flexdiag_policy_kind;
+
+/* ---- handles ---- */
+
+typedef struct flexdiag_runtime flexdiag_runtime; /* devices, budgets, kernels; thread-safe */
+typedef struct flexdiag_model flexdiag_model;     /* immutable after load; shared by contexts */
+typedef struct flexdiag_context flexdiag_context; /* KV + batch state; one call at a time */
+
+/* ---- params ---- */
+
+typedef void (*flexdiag_log_fn)(flexdiag_log_level level, const char *msg, void *user);
+
+typedef struct flexdiag_runtime_params {
+    uint32_t struct_size; /* sizeof(flexdiag_runtime_params), set by _params_init */
+    int device;           /* CUDA device ordinal; -1 = CPU engine; default 0 if built with CUDA */
+    uint64_t gpu_mem;     /* bytes of GPU memory the runtime may use; 0 = free memory - margin */
+    int threads;          /* CPU worker threads; 0 = all online cores */
+} flexdiag_runtime_params;
+
+typedef struct flexdiag_model_params {
+    uint32_t struct_size; /* sizeof(flexdiag_model_params) */
+    const char *arch;     /* builtin shape when path is NULL: "tiny-janus" (default),
+                             "janus-pro-1b", "janus-pro-7b"; borrowed for the call */
+    bool random_weights;  /* with path NULL: seeded random weights (always true today) */
+    uint64_t seed;        /* seed of random weights */
+} flexdiag_model_params;
+
+typedef struct flexdiag_policy_params {
+    uint32_t struct_size;      /* sizeof(flexdiag_policy_params) */
+    flexdiag_policy_kind kind; /* default DENSE */
+    int32_t n_att;             /* attended decode tokens; 0 = derive from sparsity */
+    int32_t n_r;               /* Diagonal ring; 0 = max(round(0.5 L_dec), n_att) */
+    double sparsity;           /* used when n_att == 0: n_att = lround((1-s) L_dec) */
+} flexdiag_policy_params;
+
+typedef struct flexdiag_context_params {
+    uint32_t struct_size;          /* sizeof(flexdiag_context_params) */
+    int32_t max_images;            /* images generated together (block size); default 16 */
+    int32_t micro_batch;           /* images per micro-batch; 0 = max_images */
+    int32_t max_prompt_len;        /* tokens incl. BOS and <begin_of_image>; default 128 */
+    flexdiag_policy_params policy; /* KV policy */
+} flexdiag_context_params;
+
+typedef struct flexdiag_request {
+    uint32_t struct_size;        /* sizeof(flexdiag_request) */
+    int32_t n_prompts;           /* number of prompts */
+    const char *const *prompts;  /* n_prompts UTF-8 texts, or NULL when prompt_ids is given */
+    const int32_t *const *prompt_ids; /* n_prompts id arrays (BOS .. <begin_of_image>) or NULL */
+    const int32_t *prompt_lens;  /* n_prompts lengths of prompt_ids */
+    int32_t images_per_prompt;   /* default 1 */
+    float cfg_weight;            /* default 5.0 */
+    float temperature;           /* default 1.0 */
+    int32_t top_k;               /* 0 = off (Janus default) */
+    float top_p;                 /* 1.0 = off */
+    uint64_t seed;               /* sampling seed; draws keyed by (seed, image index, step) */
+} flexdiag_request;
+
+typedef struct flexdiag_output {
+    int32_t n_images;     /* n_prompts * images_per_prompt */
+    int32_t tokens_per_image; /* 576 for Janus-Pro */
+    int32_t *tokens;      /* caller-owned [n_images][tokens_per_image]; NULL = query sizes only */
+} flexdiag_output;
+
+typedef struct flexdiag_stats {
+    double prefill_s;          /* wall seconds in prefill */
+    double decode_s;           /* wall seconds in decode steps */
+    uint64_t tokens_generated; /* image tokens per row summed over rows (CFG rows counted) */
+    uint64_t kv_bytes_per_seq; /* resident KV bytes per sequence at the policy's steady state */
+    uint64_t evictions;        /* KV rows evicted by the policy */
+    uint64_t peak_device_bytes; /* high-water mark of the device arena */
+} flexdiag_stats;
+
+/* Progress: phase 0 = prefill, 1 = decode; return false to cancel. */
+typedef bool (*flexdiag_progress_fn)(int phase, uint64_t done, uint64_t total, void *user);
+
+/* ---- library ---- */
+
+/* Version of this library's API; compare with FLEXDIAG_API_VERSION. */
+FLEXDIAG_API uint32_t flexdiag_api_version(void);
+/* Static description of a status code; never NULL. */
+FLEXDIAG_API const char *flexdiag_status_str(flexdiag_status s);
+/* Detail of the last failing call made by this thread (handle is reserved); never NULL. */
+FLEXDIAG_API const char *flexdiag_last_error(const void *handle);
+/* Route log lines to fn (NULL restores stderr); level filters. Not thread-safe vs. logging. */
+FLEXDIAG_API void flexdiag_log_set(flexdiag_log_fn fn, flexdiag_log_level level, void *user);
+
+/* ---- runtime ---- */
+
+/* Fill defaults and struct_size. */
+FLEXDIAG_API void flexdiag_runtime_params_init(flexdiag_runtime_params *p);
+/* Create a runtime; *out is owned by the caller (destroy). */
+FLEXDIAG_API flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p,
+                                                     flexdiag_runtime **out);
+/* Destroy; NULL is a no-op. Models and contexts must be destroyed first. */
+FLEXDIAG_API void flexdiag_runtime_destroy(flexdiag_runtime *rt);
+
+/* ---- model ---- */
+
+/* Fill defaults and struct_size. */
+FLEXDIAG_API void flexdiag_model_params_init(flexdiag_model_params *p);
+/* Load a model folder (config.json + safetensors), or a builtin random model when path is NULL.
+ * rt is borrowed and must outlive the model. */
+FLEXDIAG_API flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
+                                                 const flexdiag_model_params *p,
+                                                 flexdiag_model **out);
+/* Destroy; NULL is a no-op. */
+FLEXDIAG_API void flexdiag_model_destroy(flexdiag_model *m);
+
+/* ---- context ---- */
+
+/* Fill defaults and struct_size. */
+FLEXDIAG_API void flexdiag_context_params_init(flexdiag_context_params *p);
+/* Fill defaults and struct_size. */
+FLEXDIAG_API void flexdiag_policy_params_init(flexdiag_policy_params *p);
+/* Fill defaults and struct_size. */
+FLEXDIAG_API void flexdiag_request_init(flexdiag_request *r);
+/* Create a context (allocates KV and scratch once); m is borrowed. */
+FLEXDIAG_API flexdiag_status flexdiag_context_create(flexdiag_model *m,
+                                                     const flexdiag_context_params *p,
+                                                     flexdiag_context **out);
+/* Generate image tokens for req into out->tokens (caller-owned). Returns FLEXDIAG_ERR_BUSY if a
+ * call is in flight on c, FLEXDIAG_ERR_CANCELLED after flexdiag_context_cancel. */
+FLEXDIAG_API flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *req,
+                                               flexdiag_output *out);
+/* Ask the call in flight to stop at the next layer boundary; callable from any thread. */
+FLEXDIAG_API flexdiag_status flexdiag_context_cancel(flexdiag_context *c);
+/* Counters of the last call. */
+FLEXDIAG_API flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats *out);
+/* Destroy; NULL is a no-op. */
+FLEXDIAG_API void flexdiag_context_destroy(flexdiag_context *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLEXDIAG_FLEXDIAG_H */

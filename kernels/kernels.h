@@ -1,0 +1,161 @@
+/*
+ * kernels.h - the backend op table: the only way the runtime touches a device.
+ *
+ * One struct of function pointers, filled with designated initialisers by kernels/cpu
+ * (flexdiag__kernels_cpu_ref(): scalar reference ops, fp32 activations; flexdiag__kernels_cpu():
+ * the same plus the multi-threaded fast paths) and kernels/cuda (flexdiag__kernels_cuda(): bf16
+ * activations, cuBLAS GEMMs). The runtime runs one orchestration path over whichever table the
+ * registry hands it; the only #if on CUDA lives in registry.c.
+ *
+ * Data conventions (all pointers are device pointers of the backend; host memory on the CPU):
+ *   weights      bf16 (uint16_t), Linear [out, in] row-major, y = x·Wᵀ + b;
+ *   activations  "act": fp32 on the CPU backends (the oracle computes in fp32), bf16 on CUDA;
+ *                act_bytes gives the element size, the runtime never reads them directly;
+ *   logits       fp32; ids and positions int32.
+ * A qkv row holds [q heads (h_q·d_h) | k heads (h_kv·d_h) | v heads (h_kv·d_h)].
+ * KV cache: per (sequence s, KV head h) a block of p_cap prompt rows then `ring` decode rows,
+ * each d_h act elements; row r of (s, h) is at ((s·h_kv + h)·(p_cap + ring) + r)·d_h. Keys are
+ * stored after RoPE at absolute positions and never re-rotated.
+ * Every op returns flexdiag_status and takes the stream (execution queue) last.
+ */
+#ifndef FLEXDIAG_KERNELS_H
+#define FLEXDIAG_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flexdiag.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An execution queue: CUDA stream + cuBLAS handle + workspace, or a CPU thread pool. */
+typedef struct flexdiag_stream flexdiag_stream;
+
+/* matmul flags */
+#define FLEXDIAG_MM_ACCUM 1u   /* out += x·Wᵀ (+ b) instead of out = ... (act output only) */
+#define FLEXDIAG_MM_OUT_F32 2u /* out is fp32 whatever act is */
+
+typedef struct flexdiag_sample_params {
+    float temperature; /* > 0; softmax(l / T) */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* >= 1 = off; keep the smallest prefix (by prob desc) with mass >= top_p */
+    uint64_t seed;     /* draw for row i at step t keyed by (seed, req0 + i, t) */
+} flexdiag_sample_params;
+
+/* Shapes and per-sequence metadata of one attention call (host struct, device pointers). */
+typedef struct flexdiag_attn_args {
+    int32_t n_seq;         /* sequences in this call (a micro-batch, CFG rows included) */
+    int32_t h_q, h_kv;     /* query heads, KV heads; h_q % h_kv == 0 */
+    int32_t d_h;           /* head dim */
+    int32_t p_cap;         /* prompt rows reserved per (seq, KV head) */
+    int32_t ring;          /* decode ring rows per (seq, KV head) */
+    float scale;           /* logit scale, 1/sqrt(d_h) */
+    const int32_t *lp;     /* (n_seq) valid prompt rows of each sequence */
+    /* decode only */
+    const int32_t *slots;  /* (n_seq, h_kv, max_slots) ring rows attended (0..ring-1) */
+    const int32_t *n_slots; /* (n_seq, h_kv) valid entries of slots */
+    int32_t max_slots;     /* stride of slots / logits_out */
+    float *logits_out;     /* (optional) (n_seq, h_q, max_slots) fp32 scaled logits of the
+                              attended ring rows, in slot-list order */
+    float *lse_out;        /* (optional) (n_seq, h_q) fp32 log-sum-exp over the whole attended row
+                              (prompt + ring): p = exp(logit - lse) */
+} flexdiag_attn_args;
+
+typedef struct flexdiag_kernels {
+    const char *name; /* "cpu-ref", "cpu", "cuda" */
+    int act_bytes;    /* 4 (fp32) or 2 (bf16) */
+
+    /* ---- streams and memory ---- */
+    /* Create an execution queue; threads = CPU workers (0 = all cores), device = CUDA ordinal. */
+    flexdiag_status (*stream_create)(int device, int threads, flexdiag_stream **out);
+    void (*stream_destroy)(flexdiag_stream *s);
+    /* Wait until all work queued on s is done. */
+    flexdiag_status (*stream_sync)(flexdiag_stream *s);
+    /* Device memory (64-byte aligned at least); bytes == 0 gives NULL. */
+    flexdiag_status (*mem_alloc)(size_t bytes, void **out);
+    void (*mem_free)(void *p);
+    /* Copies ordered on s; host memory need not be pinned (then the call may block). */
+    flexdiag_status (*copy_h2d)(void *dst, const void *src, size_t bytes, flexdiag_stream *s);
+    flexdiag_status (*copy_d2h)(void *dst, const void *src, size_t bytes, flexdiag_stream *s);
+    flexdiag_status (*copy_d2d)(void *dst, const void *src, size_t bytes, flexdiag_stream *s);
+    flexdiag_status (*memset0)(void *dst, size_t bytes, flexdiag_stream *s);
+    /* (optional) free and total device bytes; default: unknown (CPU) */
+    flexdiag_status (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+
+    /* ---- conversions ---- */
+    /* out (n) f32 <- in (n) act */
+    flexdiag_status (*act_to_f32)(float *out, const void *in, int64_t n, flexdiag_stream *s);
+    /* out (n) act <- in (n) f32 (bf16 act: round to nearest even) */
+    flexdiag_status (*act_from_f32)(void *out, const float *in, int64_t n, flexdiag_stream *s);
+
+    /* ---- elementwise and row ops ---- */
+    /* out (n, d) act; table (V, d) bf16; ids (ceil(n/rep)): row i takes table[ids[i / rep]] */
+    flexdiag_status (*embed)(void *out, const uint16_t *table, const int32_t *ids, int64_t n,
+                             int64_t d, int32_t rep, flexdiag_stream *s);
+    /* out (n, d) act = x / sqrt(mean(x²) + eps) ⊙ w; x (n, d) act; w (d) bf16; stats fp32 */
+    flexdiag_status (*rmsnorm)(void *out, const void *x, const uint16_t *w, int64_t n, int64_t d,
+                               float eps, flexdiag_stream *s);
+    /* out (n, m) = x (n, k) act · W (m, k)ᵀ + b (m) (b may be NULL); act or f32 out per flags */
+    flexdiag_status (*matmul)(void *out, const void *x, const uint16_t *w, const uint16_t *b,
+                              int64_t n, int64_t k, int64_t m, unsigned flags,
+                              flexdiag_stream *s);
+    /* x (n, stride) act, in place: n_heads heads of d_h from column col0 rotated by pos (n)
+     * (rotate-half; inv_freq[i] = theta^(-2i/d_h), cos/sin in fp32) */
+    flexdiag_status (*rope)(void *x, const int32_t *pos, int64_t n, int64_t stride, int64_t col0,
+                            int32_t n_heads, int32_t d_h, float theta, flexdiag_stream *s);
+    /* out (n, f) act = silu(gu[:, :f]) ⊙ gu[:, f:]; gu (n, 2f) act */
+    flexdiag_status (*swiglu)(void *out, const void *gu, int64_t n, int64_t f,
+                              flexdiag_stream *s);
+    /* x (n) act in place: exact (erf) GELU */
+    flexdiag_status (*gelu)(void *x, int64_t n, flexdiag_stream *s);
+    /* out (n, d) act = in rows idx (n) */
+    flexdiag_status (*gather_rows)(void *out, const void *in, const int32_t *idx, int64_t n,
+                                   int64_t d, flexdiag_stream *s);
+
+    /* ---- KV cache and attention ---- */
+    /* Write K and V of n_tok tokens into the caches k, v (layout above). qkv (n_tok, qkv width)
+     * act; token i belongs to sequence i / tok_per_seq and goes to cache row rows[i·h_kv + h]
+     * of KV head h. */
+    flexdiag_status (*kv_append)(void *k, void *v, const void *qkv, const int32_t *rows,
+                                 int64_t n_tok, int32_t tok_per_seq, const flexdiag_attn_args *a,
+                                 flexdiag_stream *s);
+    /* Causal prompt attention. out (n_seq·p_cap, h_q·d_h) act; qkv (n_seq·p_cap, qkv width);
+     * query row r < lp[s] of sequence s attends prompt rows 0..r of its cache; rows r >= lp[s]
+     * are written as zeros. */
+    flexdiag_status (*attn_prefill)(void *out, const void *qkv, const void *k, const void *v,
+                                    const flexdiag_attn_args *a, flexdiag_stream *s);
+    /* One decode query per sequence. out (n_seq, h_q·d_h) act; qkv (n_seq, qkv width); each
+     * query head of KV head h attends prompt rows 0..lp[s]-1, then ring rows slots[s][h][..],
+     * with one online softmax; fills logits_out / lse_out when given. */
+    flexdiag_status (*attn_decode)(void *out, const void *qkv, const void *k, const void *v,
+                                   const flexdiag_attn_args *a, flexdiag_stream *s);
+
+    /* ---- heads and sampling ---- */
+    /* out (n_pairs, V) f32 = u + w·(c - u) with c = logits row 2i, u = row 2i+1 */
+    flexdiag_status (*cfg_combine)(float *out, const float *logits, int64_t n_pairs, int64_t V,
+                                   float w, flexdiag_stream *s);
+    /* ids (n) int32 drawn from softmax(logits (n, V) / T) after top-k / top-p; the uniform
+     * number for row i is flexdiag__rng_uniform(p->seed, req0 + i, step). */
+    flexdiag_status (*sample)(int32_t *ids, const float *logits, int64_t n, int64_t V,
+                              const flexdiag_sample_params *p, int64_t req0, int64_t step,
+                              flexdiag_stream *s);
+} flexdiag_kernels;
+
+/* ---- registry (kernels/registry.c) ---- */
+
+/* Scalar reference ops (the oracle). */
+const flexdiag_kernels *flexdiag__kernels_cpu_ref(void);
+/* Reference ops + multi-threaded fast paths (matmul, attention). */
+const flexdiag_kernels *flexdiag__kernels_cpu(void);
+/* CUDA ops, or NULL when built without CUDA. */
+const flexdiag_kernels *flexdiag__kernels_cuda(void);
+/* True when this build has the CUDA backend. */
+int flexdiag__have_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLEXDIAG_KERNELS_H */

@@ -1,0 +1,39 @@
+/*
+ * util.h - helpers shared by the test executables: deterministic random data, the
+ * kernel-vs-reference comparison of style.md §7 (NaN/Inf pattern, atol + rtol·|ref|, nmse),
+ * temporary folders and fixture paths. Tests may abort (cmocka asserts); the library never does.
+ */
+#ifndef FLEXDIAG_TEST_UTIL_H
+#define FLEXDIAG_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* xorshift-based generator: same stream on every machine. */
+typedef struct tu_rng { uint64_t s; } tu_rng;
+void tu_rng_seed(tu_rng *r, uint64_t seed);
+uint64_t tu_rng_u64(tu_rng *r);
+double tu_rng_uniform(tu_rng *r);          /* [0, 1) */
+double tu_rng_normal(tu_rng *r);           /* N(0, 1) */
+int64_t tu_rng_int(tu_rng *r, int64_t lo, int64_t hi); /* [lo, hi] inclusive */
+void tu_fill_f32(tu_rng *r, float *x, int64_t n, float scale);     /* N(0, scale²) */
+void tu_fill_bf16(tu_rng *r, uint16_t *x, int64_t n, float scale); /* N(0, scale²) rounded */
+
+/* style.md §7 comparison; prints up to 5 mismatches with label; returns 1 when all hold. */
+int tu_allclose(const char *label, const float *got, const float *ref, int64_t n, double atol,
+                double rtol, double max_nmse);
+/* ‖got − ref‖₂ / ‖ref‖₂ (in double). */
+double tu_rel_l2(const float *got, const float *ref, int64_t n);
+
+/* mkdtemp under $TMPDIR (or /tmp); returns a malloc'ed path. tu_rmtree removes it. */
+char *tu_tempdir(const char *tag);
+void tu_rmtree(const char *path);
+/* $FLEXDIAG_TEST_DATA/rel (the tests/ source folder), malloc'ed. */
+char *tu_data_path(const char *rel);
+/* Write / read a whole file; read returns malloc'ed bytes (NUL-terminated) or NULL. */
+int tu_write_file(const char *path, const void *data, size_t n);
+void *tu_read_file(const char *path, size_t *n);
+/* Run a shell command, return its exit status (-1 on failure to run). */
+int tu_system(const char *fmt, ...);
+
+#endif /* FLEXDIAG_TEST_UTIL_H */
