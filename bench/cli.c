@@ -7,6 +7,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+int cli_mkdirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return -1;
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
 
 int cli_parse_size(const char *s, uint64_t *out) {
     char *end = NULL;
@@ -102,4 +119,59 @@ int cli_fail(const char *cmd, flexdiag_status st) {
     const char *msg = flexdiag_last_error(NULL);
     fprintf(stderr, "flexdiag %s: %s\n", cmd, msg && *msg ? msg : flexdiag_status_str(st));
     return 1;
+}
+
+/* ---- model and policy flags ---- */
+
+#include "kv_policy.h"
+
+int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
+                   flexdiag_model **m) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    if (o->cpu) rp.device = -1;
+    rp.gpu_mem = o->gpu_mem;
+    rp.threads = (int)o->threads;
+    flexdiag_status st = flexdiag_runtime_create(&rp, rt);
+    if (st != FLEXDIAG_OK) return cli_fail(cmd, st);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    if (o->arch) mp.arch = o->arch;
+    mp.seed = (uint64_t)o->seed;
+    if (o->model && (o->arch || o->random_weights)) {
+        fprintf(stderr, "flexdiag %s: --model loads real weights; drop --arch/--random-weights\n",
+                cmd);
+        flexdiag_runtime_destroy(*rt);
+        *rt = NULL;
+        return 2;
+    }
+    st = flexdiag_model_load(*rt, o->model, &mp, m);
+    if (st != FLEXDIAG_OK) {
+        cli_fail(cmd, st);
+        flexdiag_runtime_destroy(*rt);
+        *rt = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out) {
+    flexdiag_policy_params_init(out);
+    if (o->policy && flexdiag__kvp_parse(o->policy, &out->kind) != 0) {
+        fprintf(stderr, "flexdiag %s: --policy: unknown policy '%s' (valid: %s)\n", cmd, o->policy,
+                flexdiag__kvp_names());
+        return 2;
+    }
+    if (o->sparsity < 0 || o->sparsity >= 1) {
+        fprintf(stderr, "flexdiag %s: --sparsity must be in [0, 1), got %g\n", cmd, o->sparsity);
+        return 2;
+    }
+    if (o->n_att < 0 || o->n_r < 0) {
+        fprintf(stderr, "flexdiag %s: --n-att and --n-r must be positive\n", cmd);
+        return 2;
+    }
+    out->sparsity = o->sparsity;
+    out->n_att = (int32_t)o->n_att;
+    out->n_r = (int32_t)o->n_r;
+    return 0;
 }

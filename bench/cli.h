@@ -39,7 +39,38 @@ typedef struct cli_opt {
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n_opts);
 /* Print "flexdiag <cmd>: <library message>" for a failed status and return 1. */
 int cli_fail(const char *cmd, flexdiag_status st);
+/* mkdir -p; returns 0 on success. */
+int cli_mkdirs(const char *path);
 /* Parse a size like "24G"; returns 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
+
+/* ---- model and policy flags shared by generate, score, bench ---- */
+
+typedef struct cli_model_opts {
+    const char *model;  /* --model DIR (NULL: builtin) */
+    const char *arch;   /* --arch tiny-janus|janus-pro-1b|janus-pro-7b */
+    int64_t seed;       /* --seed: random-weight seed */
+    int random_weights; /* --random-weights (implied without --model) */
+    int cpu;            /* --cpu: force the CPU engine */
+    uint64_t gpu_mem;   /* --gpu-mem SIZE (0 = free memory less a margin) */
+    int64_t threads;    /* --threads N (0 = all cores) */
+} cli_model_opts;
+
+typedef struct cli_policy_opts {
+    const char *policy; /* --policy NAME */
+    double sparsity;    /* --sparsity S (used when --n-att is absent) */
+    int64_t n_att;      /* --n-att N */
+    int64_t n_r;        /* --n-r N */
+} cli_policy_opts;
+
+#define CLI_MODEL_FLAGS(o)                                                                             {"--model", CLI_STR, &(o)->model, "model folder (config.json + safetensors); default builtin"},     {"--arch", CLI_STR, &(o)->arch, "builtin shape: tiny-janus (default), janus-pro-1b, janus-pro-7b"},     {"--random-weights", CLI_FLAG, &(o)->random_weights, "seeded random weights (builtin shapes)"},     {"--seed", CLI_INT, &(o)->seed, "random-weight seed (default 1)"},                                {"--cpu", CLI_FLAG, &(o)->cpu, "use the CPU engine even if a GPU is present"},                   {"--gpu-mem", CLI_SIZE, &(o)->gpu_mem, "GPU memory budget, e.g. 24G or 48G"},                    {"--threads", CLI_INT, &(o)->threads, "CPU threads (default: all cores)"}
+
+#define CLI_POLICY_FLAGS(o)                                                                            {"--policy", CLI_STR, &(o)->policy,                                                                 "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4 (default dense)"},                 {"--sparsity", CLI_F64, &(o)->sparsity, "S: N_att = round((1-S) L_dec)"},                         {"--n-att", CLI_INT, &(o)->n_att, "attended decode tokens per step"},                             {"--n-r", CLI_INT, &(o)->n_r, "Diagonal ring size (default max(round(L_dec/2), N_att))"}
+
+/* Create runtime and model from the flags; prints the error and returns 1 on failure. */
+int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
+                   flexdiag_model **m);
+/* Policy params from the flags; prints the error and returns 2 on bad values. */
+int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out);
 
 #endif /* FLEXDIAG_CLI_H */

@@ -79,6 +79,8 @@ typedef struct flexdiag_context flexdiag_context; /* KV + batch state; one call 
 /* ---- params ---- */
 
 typedef void (*flexdiag_log_fn)(flexdiag_log_level level, const char *msg, void *user);
+/* Progress: phase 0 = prefill, 1 = decode; return false to cancel. */
+typedef bool (*flexdiag_progress_fn)(int phase, uint64_t done, uint64_t total, void *user);
 
 typedef struct flexdiag_runtime_params {
     uint32_t struct_size; /* sizeof(flexdiag_runtime_params), set by _params_init */
@@ -109,6 +111,10 @@ typedef struct flexdiag_context_params {
     int32_t micro_batch;           /* images per micro-batch; 0 = max_images */
     int32_t max_prompt_len;        /* tokens incl. BOS and <begin_of_image>; default 128 */
     flexdiag_policy_params policy; /* KV policy */
+    int32_t max_new_tokens;        /* Llama: tokens generated per prompt (default 128);
+                                      Janus: fixed by the model (576), this field is ignored */
+    flexdiag_progress_fn progress; /* optional, called per decode step; false cancels */
+    void *progress_user;           /* passed to progress */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {
@@ -139,9 +145,6 @@ typedef struct flexdiag_stats {
     uint64_t evictions;        /* KV rows evicted by the policy */
     uint64_t peak_device_bytes; /* high-water mark of the device arena */
 } flexdiag_stats;
-
-/* Progress: phase 0 = prefill, 1 = decode; return false to cancel. */
-typedef bool (*flexdiag_progress_fn)(int phase, uint64_t done, uint64_t total, void *user);
 
 /* ---- library ---- */
 

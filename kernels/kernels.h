@@ -141,6 +141,32 @@ typedef struct flexdiag_kernels {
     flexdiag_status (*sample)(int32_t *ids, const float *logits, int64_t n, int64_t V,
                               const flexdiag_sample_params *p, int64_t req0, int64_t step,
                               flexdiag_stream *s);
+
+    /* ---- image decoder (VQ-16); tensors are NCHW act unless stated ---- */
+    /* out (n, c, hw) act: column j of image i = codebook row ids[i·hw + j]; codebook (V, c) f32,
+     * already L2-normalised by the loader */
+    flexdiag_status (*vq_lookup)(void *out, const float *codebook, const int32_t *ids, int64_t n,
+                                 int32_t c, int32_t hw, flexdiag_stream *s);
+    /* out (n, cout, h, w) (+)= conv(x (n, cin, h, w), w (cout, cin, k, k) bf16) + b (cout) bf16
+     * (b may be NULL); stride 1, zero padding (k-1)/2, k odd; flags: FLEXDIAG_MM_ACCUM */
+    flexdiag_status (*conv2d)(void *out, const void *x, const uint16_t *w, const uint16_t *b,
+                              int64_t n, int32_t cin, int32_t cout, int32_t h, int32_t wd,
+                              int32_t k, unsigned flags, flexdiag_stream *s);
+    /* out (n, c, hw) = GroupNorm(groups, eps)(x) · gamma + beta (bf16 (c)), stats fp32; then
+     * swish x·sigmoid(x) when swish != 0 */
+    flexdiag_status (*groupnorm)(void *out, const void *x, const uint16_t *gamma,
+                                 const uint16_t *beta, int64_t n, int32_t c, int32_t hw,
+                                 int32_t groups, float eps, int32_t swish, flexdiag_stream *s);
+    /* out (n, c, 2h, 2w) = nearest-neighbour ×2 of x (n, c, h, w) */
+    flexdiag_status (*upsample2x)(void *out, const void *x, int64_t n, int32_t c, int32_t h,
+                                  int32_t wd, flexdiag_stream *s);
+    /* Single-head attention over positions: out (n, c, hw) = v · softmax_keys(qᵀk · c^-0.5)ᵀ,
+     * q, k, v (n, c, hw) act; softmax in fp32 */
+    flexdiag_status (*attn_spatial)(void *out, const void *q, const void *k, const void *v,
+                                    int64_t n, int32_t c, int32_t hw, flexdiag_stream *s);
+    /* out (n, h, w, 3) f32 = x (n, 3, h, w) act (NCHW -> NHWC, the float pixels before uint8) */
+    flexdiag_status (*to_nhwc)(float *out, const void *x, int64_t n, int32_t c, int32_t hw,
+                               flexdiag_stream *s);
 } flexdiag_kernels;
 
 /* ---- registry (kernels/registry.c) ---- */

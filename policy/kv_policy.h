@@ -12,6 +12,28 @@
  * The CPU engine and the CUDA path consume the same slot lists; CUDA kernels that fuse a policy
  * reproduce these rules exactly and are tested against this file.
  * Conditional and unconditional CFG rows are just different sequences.
+ *
+ * Ring layout (decode rows per (sequence, KV head); slot = ring row 0..R-1). The engine writes
+ * token t's K/V at write_slot BEFORE attention, so the overwrite of a live row is the eviction.
+ *   policy          R            slot of decode token p
+ *   dense           l_dec        p
+ *   window          n_att        p mod n_att
+ *   streaming       n_att        p for p = 0..3 (sinks); 4 + (p-4) mod (n_att-4) for p >= 4
+ *   h2o             n_att        free slot f of the KV head (slot order != age order)
+ *   tova            n_att        free slot f of the layer (all KV heads share one slot map)
+ *   alisa           l_dec        p
+ *   diagonal        n_r          p mod n_r
+ *   diagonal-sink4  4 + n_r      p for p = 0..3 (sinks); 4 + (p-4) mod n_r for p >= 4
+ * Slot lists: dense/window/streaming/alisa/h2o/tova ascending slot or position order; diagonal:
+ * attended-lag-list order (policies.md §2.3), sink4: the 4 sinks first, then the list.
+ *
+ * Numerics of update(): probabilities p = expf(logit - lse) in fp32 (full-row normalisation,
+ * policies.md §0.3); GQA group/head sums in fp32 in ascending head order (H2O: the group sum is
+ * added to acc; TOVA: the sum over all h_q heads divided by h_q; ALISA: the sum over all h_q
+ * heads). Diagonal uses the fp32 logits only (group max), never probabilities.
+ *
+ * Threading: plan()/update() calls on disjoint (layer, sequence) ranges may run concurrently;
+ * every piece of state, eviction counters included, is per (sequence, layer).
  */
 #ifndef FLEXDIAG_KV_POLICY_H
 #define FLEXDIAG_KV_POLICY_H
@@ -57,7 +79,9 @@ void flexdiag__kvp_reset(flexdiag_kvp *kvp);
 void flexdiag__kvp_plan(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,
                         int32_t *write_slot, int32_t *slots, int32_t *n_slots);
 /* After attention of the same (layer, t, s0, n): logits (n, h_q, max_slots) fp32 scaled logits
- * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row. */
+ * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row.
+ * Required only when flexdiag__kvp_needs_scores(kvp, t) is true (plan() asserts it was called);
+ * otherwise it may be skipped or called with logits = lse = NULL and does nothing. */
 void flexdiag__kvp_update(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,
                           const float *logits, const float *lse);
 /* Whether update() needs logits/lse at step t (false lets the engine skip the readback). */
@@ -70,6 +94,28 @@ int32_t flexdiag__kvp_slot_pos(const flexdiag_kvp *kvp, int32_t layer, int32_t s
 /* Policy name as on the command line ("diagonal-sink4"), and the reverse (-1 if unknown). */
 const char *flexdiag__kvp_name(flexdiag_policy_kind kind);
 int flexdiag__kvp_parse(const char *name, flexdiag_policy_kind *out);
+/* Comma-separated list of every valid policy name, for error messages. */
+const char *flexdiag__kvp_names(void);
+/* Resident decode rows per (sequence, KV head) at step t, after token t was written (sinks
+ * included): dense/alisa t+1, window/streaming/h2o/tova min(t+1, n_att), diagonal
+ * min(t+1, n_r), diagonal-sink4 t+1 for t <= 3 else 4 + min(t-3, n_r). */
+int64_t flexdiag__kvp_resident_rows(const flexdiag_kvp_params *p, int32_t t);
+/* Reported sparsity 1 - n_att / l_dec (0 for dense), policies.md §0.2. */
+double flexdiag__kvp_reported_sparsity(const flexdiag_kvp_params *p);
+
+/* The policies.md §6 reporting columns of a policy (static strings). */
+typedef struct flexdiag_kvp_traits {
+    const char *score_source;  /* "position", "accumulated p", "current p", "windowed p",
+                                  "logits", "-" */
+    const char *granularity;   /* "global", "layer", "KV head", "-" */
+    const char *gqa_reduction; /* "max", "sum", "mean", "n/a" */
+    const char *eviction;      /* "permanent", "selection only", "none" */
+    const char *resident_kv;   /* "N_att", "N_r", "4+N_r", "full" */
+    const char *extra_work;    /* per-step selection work */
+    int needs_probabilities;   /* 1 when update() reads p = exp(logit - lse) */
+} flexdiag_kvp_traits;
+/* Traits of kind (an all-"-" entry for an unknown kind); never NULL. */
+const flexdiag_kvp_traits *flexdiag__kvp_traits(flexdiag_policy_kind kind);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #ifndef FLEXDIAG_SAFETENSORS_H
 #define FLEXDIAG_SAFETENSORS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "flexdiag.h"
@@ -73,6 +74,52 @@ typedef struct flexdiag_st_entry {
 
 /* Write a valid safetensors file atomically (temp file + rename). */
 flexdiag_status flexdiag__st_write(const char *path, const flexdiag_st_entry *entries, int64_t n);
+
+/* ---- stored-only dtypes ---- */
+
+/* Standard safetensors dtypes that flexdiag knows the element size of but does not convert. A
+ * tensor stored as one of them has this value in flexdiag_st_tensor.dtype (outside the
+ * flexdiag_dtype enumerators, so switches over the readable dtypes stay exhaustive): the file
+ * opens and is fully validated, flexdiag__st_read_bf16/_f32 return FLEXDIAG_ERR_UNSUPPORTED
+ * naming the tensor, flexdiag__st_read_raw copies the bytes, and the writer accepts them. */
+#define FLEXDIAG_DTYPE_F64 ((flexdiag_dtype)16)
+#define FLEXDIAG_DTYPE_BOOL ((flexdiag_dtype)17)
+#define FLEXDIAG_DTYPE_U8 ((flexdiag_dtype)18)
+#define FLEXDIAG_DTYPE_I8 ((flexdiag_dtype)19)
+#define FLEXDIAG_DTYPE_I16 ((flexdiag_dtype)20)
+#define FLEXDIAG_DTYPE_U16 ((flexdiag_dtype)21)
+#define FLEXDIAG_DTYPE_U32 ((flexdiag_dtype)22)
+#define FLEXDIAG_DTYPE_U64 ((flexdiag_dtype)23)
+#define FLEXDIAG_DTYPE_F8_E4M3 ((flexdiag_dtype)24)
+#define FLEXDIAG_DTYPE_F8_E5M2 ((flexdiag_dtype)25)
+#define FLEXDIAG_DTYPE_F8_E8M0 ((flexdiag_dtype)26)
+#define FLEXDIAG_DTYPE_C64 ((flexdiag_dtype)27)
+
+/* Copy t's bytes as stored (little-endian, t->nbytes bytes) into dst, whatever the dtype. */
+flexdiag_status flexdiag__st_read_raw(const flexdiag_safetensors *st, const flexdiag_st_tensor *t,
+                                      void *dst);
+/* The dtype whose safetensors name is str (e.g. "BF16"), or -1 when flexdiag does not know it. */
+int flexdiag__dtype_parse(const char *str);
+
+/* ---- file helpers (shared with npy.c) ---- */
+
+/* One piece of a file being written: len bytes at data (borrowed). */
+typedef struct flexdiag_wpart {
+    const void *data; /* bytes to write; may be NULL when len == 0 */
+    size_t len;       /* bytes */
+} flexdiag_wpart;
+
+/* Write the concatenation of parts[0..n) to path atomically: "<path>.tmp.<pid>", fsync, rename,
+ * fsync of the folder; the temp file is removed on failure. ENOSPC/EDQUOT give
+ * FLEXDIAG_ERR_NO_SPACE, a missing folder FLEXDIAG_ERR_NOT_FOUND, other failures FLEXDIAG_ERR_IO;
+ * messages name path. Not for concurrent writers of one path within a process. */
+flexdiag_status flexdiag__write_file_atomic(const char *path, const flexdiag_wpart *parts,
+                                            int64_t n);
+/* Read exactly n bytes at off from fd (retrying short reads and EINTR). Errors are
+ * FLEXDIAG_ERR_IO naming path and what ("tensor 'x'", "header"): strerror, or "file truncated"
+ * when the file ends first. */
+flexdiag_status flexdiag__pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                                     const char *what);
 
 #ifdef __cplusplus
 }

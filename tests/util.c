@@ -1,7 +1,7 @@
 /*
  * util.c - shared test helpers (see util.h).
  */
-#define _GNU_SOURCE
+
 #include "util.h"
 
 #include <math.h>

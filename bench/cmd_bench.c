@@ -1,0 +1,324 @@
+/*
+ * cmd_bench.c - `flexdiag bench`: throughput of image generation against the machine's roofline,
+ * and the dispatch to `bench fidelity`.
+ *
+ * A throughput row: random-weight model of --arch, synthetic prompts of --prompt-len tokens,
+ * --batch images (or `auto`: the largest that fits --gpu-mem), one timed generation (prefill +
+ * all decode steps, or --steps of them: then img/s is projected to the full image and the row
+ * says so), then a short profiling run (stream syncs around every op group) for the per-step
+ * split GEMM / attention / rest. The roofline is measured in the same process through the same
+ * op table: device copy bandwidth (bytes read + written) and the bf16 GEMM rate; the decode
+ * step's bytes (weights + KV read and written) and FLOPs over those rates give its floor.
+ * Markdown on stdout, one JSON object per row with --json FILE (appended, flushed per row).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "core.h"
+#include "engine.h"
+
+int flexdiag_cmd_bench_fidelity(int argc, char **argv);
+
+typedef struct tp_opts {
+    cli_model_opts mo;
+    cli_policy_opts po;
+    const char *batch, *json;
+    int64_t micro, prompt_len, steps, profile_steps;
+} tp_opts;
+
+typedef struct roofline {
+    double bw;   /* bytes/s, device copy (read + write) */
+    double gemm; /* FLOP/s, bf16 matmul */
+} roofline;
+
+typedef struct tp_row {
+    int32_t batch, steps, l_dec;
+    double prefill_s, decode_s, img_s, prefill_tps, decode_tps, step_ms;
+    double split[3];            /* fractions of a profiled step */
+    double peak_gib, kv_mib_seq;
+    double step_bytes, step_flops, roof_ms, roof_frac;
+    int projected;
+} tp_row;
+
+/* ---- roofline measurement ---- */
+
+static double time_op(const flexdiag_kernels *k, flexdiag_stream *s, int reps,
+                      flexdiag_status (*fn)(const flexdiag_kernels *, flexdiag_stream *, void **),
+                      void **bufs) {
+    if (fn(k, s, bufs) != FLEXDIAG_OK || k->stream_sync(s) != FLEXDIAG_OK) return -1; /* warm-up */
+    double t0 = flexdiag__now();
+    for (int i = 0; i < reps; i++)
+        if (fn(k, s, bufs) != FLEXDIAG_OK) return -1;
+    if (k->stream_sync(s) != FLEXDIAG_OK) return -1;
+    return (flexdiag__now() - t0) / reps;
+}
+
+static size_t g_copy_bytes;
+static int64_t g_mm;
+
+static flexdiag_status op_copy(const flexdiag_kernels *k, flexdiag_stream *s, void **b) {
+    return k->copy_d2d(b[1], b[0], g_copy_bytes, s);
+}
+
+static flexdiag_status op_gemm(const flexdiag_kernels *k, flexdiag_stream *s, void **b) {
+    return k->matmul(b[2], b[0], b[1], NULL, g_mm, g_mm, g_mm, 0, s);
+}
+
+/* Measure copy bandwidth and GEMM rate on the backend (buffers outside the arena, freed). */
+static int measure_roofline(flexdiag_runtime *rt, roofline *r) {
+    const flexdiag_kernels *k = rt->k;
+    int gpu = k->act_bytes == 2;
+    g_copy_bytes = gpu ? (size_t)2 << 30 : (size_t)256 << 20;
+    g_mm = gpu ? 8192 : 512;
+    void *b[3] = {0};
+    int ok = k->mem_alloc(g_copy_bytes, &b[0]) == FLEXDIAG_OK &&
+             k->mem_alloc(g_copy_bytes, &b[1]) == FLEXDIAG_OK;
+    ok = ok && k->memset0(b[0], g_copy_bytes, rt->s) == FLEXDIAG_OK;
+    double t = ok ? time_op(k, rt->s, gpu ? 20 : 3, op_copy, b) : -1;
+    r->bw = t > 0 ? 2.0 * (double)g_copy_bytes / t : 0;
+    /* GEMM operands (reusing the copy buffers) hold a non-zero pattern: zeros run faster than
+     * real data on some GPUs. x is act (converted on the device from f32), W bf16. */
+    size_t n2 = (size_t)g_mm * (size_t)g_mm;
+    float *host = ok ? malloc(n2 * 4) : NULL;
+    uint16_t *wh = ok ? malloc(n2 * 2) : NULL;
+    for (size_t i = 0; host && wh && i < n2; i++) {
+        host[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+        wh[i] = flexdiag__f32_to_bf16(host[i] * 0.01f);
+    }
+    void *dev_f32 = NULL;
+    ok = ok && host && wh && k->mem_alloc(n2 * 4, &dev_f32) == FLEXDIAG_OK &&
+         k->copy_h2d(dev_f32, host, n2 * 4, rt->s) == FLEXDIAG_OK &&
+         k->act_from_f32(b[0], dev_f32, (int64_t)n2, rt->s) == FLEXDIAG_OK &&
+         k->copy_h2d(b[1], wh, n2 * 2, rt->s) == FLEXDIAG_OK &&
+         k->mem_alloc(n2 * (size_t)k->act_bytes, &b[2]) == FLEXDIAG_OK &&
+         k->stream_sync(rt->s) == FLEXDIAG_OK;
+    t = ok ? time_op(k, rt->s, gpu ? 20 : 2, op_gemm, b) : -1;
+    r->gemm = t > 0 ? 2.0 * (double)g_mm * (double)g_mm * (double)g_mm / t : 0;
+    free(host);
+    free(wh);
+    k->mem_free(dev_f32);
+    for (int i = 0; i < 3; i++) k->mem_free(b[i]);
+    return r->bw > 0 && r->gemm > 0 ? 0 : 1;
+}
+
+/* ---- the decode step's bytes and FLOPs ---- */
+
+/* Average over decode steps of the bytes one step must move and the FLOPs it must do. */
+static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_row *row) {
+    const flexdiag_model_config *m = &c->m->cfg;
+    const flexdiag_lm_config *l = &m->lm;
+    double rows = (double)row->batch * c->rows_per_img, ab = c->m->rt->k->act_bytes;
+    double d = l->hidden, dq = (double)l->heads * l->head_dim, dkv = (double)l->kv_heads * l->head_dim;
+    double layer_params = d * (dq + 2 * dkv) + dq * d + 3 * d * l->ffn + 2 * d;
+    double head_params = (double)m->head_dim_mid * (d + m->image_vocab) +
+                         (double)m->aligner_depth * d * d;
+    double wbytes = 2.0 * (layer_params * l->layers + head_params);
+    double att = 0; /* mean attended decode rows */
+    for (int32_t t = 0; t < steps; t++) {
+        int32_t a = t + 1;
+        if (c->kp.kind != FLEXDIAG_POLICY_DENSE && c->kp.kind != FLEXDIAG_POLICY_ALISA &&
+            a > c->kp.n_att)
+            a = c->kp.n_att;
+        if (c->kp.kind == FLEXDIAG_POLICY_ALISA && a > c->kp.n_att) a = c->kp.n_att;
+        att += a;
+    }
+    att /= steps > 0 ? steps : 1;
+    double kv_read = rows * l->layers * (lp + att) * 2 * dkv * ab;
+    double kv_write = rows * l->layers * 2 * dkv * ab;
+    row->step_bytes = wbytes + kv_read + kv_write;
+    row->step_flops = 2 * rows * (layer_params * l->layers + head_params) +
+                      4 * rows * l->layers * (lp + att) * dq;
+}
+
+/* ---- one run ---- */
+
+static int32_t resolve_batch(const char *cmd, const tp_opts *o, flexdiag_model *m,
+                             flexdiag_context_params *cp) {
+    if (strcmp(o->batch, "auto")) {
+        char *end;
+        long b = strtol(o->batch, &end, 10);
+        if (*end || b < 1) {
+            fprintf(stderr, "flexdiag %s: --batch must be a positive number or 'auto'\n", cmd);
+            return -1;
+        }
+        return (int32_t)b;
+    }
+    int32_t fit = flexdiag__context_fit(m, cp, flexdiag__arena_available(&m->rt->arena));
+    if (fit < 1) fprintf(stderr, "flexdiag %s: --batch auto: not even one image fits\n", cmd);
+    return fit < 1 ? -1 : fit;
+}
+
+/* Synthetic prompts: BOS, random ids, <begin_of_image> (ids inside the text vocabulary). */
+static int32_t *make_prompt(const flexdiag_model *m, int32_t len) {
+    int32_t *p = malloc((size_t)len * 4);
+    for (int32_t i = 0; p && i < len; i++)
+        p[i] = (int32_t)(flexdiag__rng64(42, 0, (uint64_t)i) % (uint64_t)m->cfg.lm.vocab);
+    if (p && m->cfg.bos_id >= 0) p[0] = m->cfg.bos_id;
+    if (p && m->cfg.boi_id >= 0) p[len - 1] = m->cfg.boi_id;
+    return p;
+}
+
+static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int32_t lp,
+                                 int32_t batch, int32_t steps, double *split) {
+    const int32_t **pp = malloc((size_t)batch * sizeof *pp);
+    int32_t *pl = malloc((size_t)batch * 4), *tok = malloc((size_t)batch * (size_t)steps * 4);
+    for (int32_t i = 0; pp && pl && i < batch; i++) {
+        pp[i] = prompt;
+        pl[i] = lp;
+    }
+    flexdiag_block b = {.n_img = batch, .prompt = pp, .prompt_len = pl, .n_steps = steps,
+                        .cfg_weight = 5.0f, .sp = {1.0f, 0, 1.0f, 1}, .tokens = tok,
+                        .split = split};
+    memset(&c->stats, 0, sizeof c->stats);
+    flexdiag_status st = pp && pl && tok ? flexdiag__engine_run(c, &b) : FLEXDIAG_ERR_OOM_HOST;
+    free(pp);
+    free(pl);
+    free(tok);
+    return st;
+}
+
+static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_row *row) {
+    int32_t lp = (int32_t)o->prompt_len, steps = row->steps;
+    int32_t *prompt = make_prompt(m, lp);
+    flexdiag_status st = run_block(c, prompt, lp, row->batch, steps, NULL);
+    row->prefill_s = c->stats.prefill_s;
+    row->decode_s = c->stats.decode_s;
+    row->kv_mib_seq = (double)c->stats.kv_bytes_per_seq / (1 << 20);
+    double split[3] = {0};
+    int32_t prof = (int32_t)(o->profile_steps + 1 < steps ? o->profile_steps + 1 : steps);
+    if (st == FLEXDIAG_OK && prof > 1) st = run_block(c, prompt, lp, row->batch, prof, split);
+    double prof_step = prof > 1 ? c->stats.decode_s / (prof - 1) : 0;
+    free(prompt);
+    if (st != FLEXDIAG_OK) return cli_fail("bench", st);
+    double rows = (double)row->batch * c->rows_per_img, dec_steps = steps - 1;
+    row->step_ms = dec_steps > 0 ? 1e3 * row->decode_s / dec_steps : 0;
+    double full = row->prefill_s + row->step_ms * 1e-3 * (row->l_dec - 1); /* whole image */
+    row->img_s = row->batch / full;
+    row->prefill_tps = rows * lp / row->prefill_s;
+    row->decode_tps = dec_steps > 0 ? rows * dec_steps / row->decode_s : 0;
+    for (int i = 0; i < 3; i++)
+        row->split[i] = prof_step > 0 ? split[i] / (prof_step * (prof - 1)) : 0;
+    row->peak_gib = (double)atomic_load(&m->rt->arena.peak) / (1 << 30);
+    return 0;
+}
+
+/* ---- output ---- */
+
+static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp_opts *o,
+                         const flexdiag_model *m) {
+    printf("flexdiag bench: backend %s, model %s (random weights), prompt %lld tokens, "
+           "gpu budget %.1f GiB\n", rt->k->name, m->cfg.name, (long long)o->prompt_len,
+           (double)rt->arena.budget / (1 << 30));
+    printf("measured ceilings: copy %.0f GB/s (read + write), bf16 GEMM %.1f TFLOP/s\n\n",
+           r->bw / 1e9, r->gemm / 1e12);
+    printf("| policy | N_att | N_r | batch | img/s | prefill tok/s | decode tok/s | step ms | "
+           "gemm/attn/rest %% | peak GiB | KV MiB/seq | roofline ms | of roofline |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+}
+
+static void print_row(const flexdiag_context *c, const tp_row *r) {
+    printf("| %s | %d | %d | %d | %.3f%s | %.0f | %.0f | %.2f | %.0f/%.0f/%.0f | %.2f | %.1f | "
+           "%.2f | %.0f%% |\n",
+           flexdiag__kvp_name(c->kp.kind), c->kp.n_att, c->kp.n_r, r->batch, r->img_s,
+           r->projected ? " (proj.)" : "", r->prefill_tps, r->decode_tps, r->step_ms,
+           100 * r->split[0], 100 * r->split[1], 100 * r->split[2], r->peak_gib, r->kv_mib_seq,
+           r->roof_ms, 100 * r->roof_frac);
+    fflush(stdout);
+}
+
+static void append_json(const char *path, const flexdiag_context *c, const tp_opts *o,
+                        const roofline *rf, const tp_row *r) {
+    FILE *f = path ? fopen(path, "a") : NULL;
+    if (!f) return;
+    time_t now = time(NULL);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    fprintf(f,
+            "{\"time\":\"%s\",\"backend\":\"%s\",\"arch\":\"%s\",\"random_weights\":true,"
+            "\"policy\":\"%s\",\"n_att\":%d,\"n_r\":%d,\"sparsity\":%.4f,\"batch\":%d,"
+            "\"micro_batch\":%d,\"prompt_len\":%lld,\"gen_len\":%d,\"cfg_rows\":%d,"
+            "\"provenance\":\"%s\",\"prefill_s\":%.6f,\"decode_s\":%.6f,\"img_per_s\":%.6f,"
+            "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"step_ms\":%.4f,\"split_gemm\":%.4f,"
+            "\"split_attn\":%.4f,\"split_rest\":%.4f,\"peak_gpu_gib\":%.4f,\"kv_mib_per_seq\":%.4f,"
+            "\"gpu_budget_gib\":%.3f,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
+            "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f}\n",
+            ts, c->m->rt->k->name, c->m->cfg.name, flexdiag__kvp_name(c->kp.kind), c->kp.n_att,
+            c->kp.n_r, flexdiag__kvp_reported_sparsity(&c->kp), r->batch, c->mb_img,
+            (long long)o->prompt_len, r->l_dec, c->rows_per_img,
+            r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
+            r->prefill_tps, r->decode_tps, r->step_ms, r->split[0], r->split[1], r->split[2],
+            r->peak_gib, r->kv_mib_seq, (double)c->m->rt->arena.budget / (1 << 30), rf->bw / 1e9,
+            rf->gemm / 1e12, r->step_bytes, r->step_flops, r->roof_ms, r->roof_frac);
+    fclose(f);
+}
+
+/* ---- throughput command ---- */
+
+static int throughput(const tp_opts *o) {
+    flexdiag_runtime *rt = NULL;
+    flexdiag_model *m = NULL;
+    flexdiag_context *c = NULL;
+    roofline rf = {0};
+    int rc = cli_open_model("bench", &o->mo, &rt, &m);
+    if (rc == 0 && measure_roofline(rt, &rf))
+        fprintf(stderr, "flexdiag bench: roofline measurement failed; fractions will be 0\n");
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_prompt_len = (int32_t)o->prompt_len;
+    if (rc == 0 && cli_policy_params("bench", &o->po, &cp.policy)) rc = 2;
+    int32_t batch = rc == 0 ? resolve_batch("bench", o, m, &cp) : -1;
+    if (rc == 0 && batch < 1) rc = 2;
+    cp.max_images = batch;
+    cp.micro_batch = (int32_t)o->micro;
+    flexdiag_status st = rc == 0 ? flexdiag_context_create(m, &cp, &c) : FLEXDIAG_OK;
+    if (st != FLEXDIAG_OK) rc = cli_fail("bench", st);
+    if (rc == 0) {
+        tp_row row = {.batch = batch, .l_dec = c->l_dec};
+        row.steps = o->steps > 0 && o->steps < c->l_dec ? (int32_t)o->steps : c->l_dec;
+        row.projected = row.steps < c->l_dec;
+        print_header(rt, &rf, o, m);
+        rc = measure(o, m, c, &row);
+        step_cost(c, (int32_t)o->prompt_len, c->l_dec, &row);
+        double roof = fmax(row.step_bytes / fmax(rf.bw, 1), row.step_flops / fmax(rf.gemm, 1));
+        row.roof_ms = 1e3 * roof;
+        row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
+        if (rc == 0) {
+            print_row(c, &row);
+            append_json(o->json, c, o, &rf, &row);
+        }
+    }
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    return rc;
+}
+
+int flexdiag_cmd_bench(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "fidelity")) return flexdiag_cmd_bench_fidelity(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "throughput")) {
+        argc--;
+        argv++;
+    }
+    tp_opts o = {.mo.seed = 1, .batch = "16", .prompt_len = 50, .profile_steps = 8};
+    const cli_opt opts[] = {
+        CLI_MODEL_FLAGS(&o.mo),
+        CLI_POLICY_FLAGS(&o.po),
+        {"--batch", CLI_STR, &o.batch, "images per block, or 'auto' (largest that fits)"},
+        {"--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: batch)"},
+        {"--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)"},
+        {"--steps", CLI_INT, &o.steps, "tokens per image to run (default all; fewer = projected)"},
+        {"--profile-steps", CLI_INT, &o.profile_steps, "decode steps of the split profile (8)"},
+        {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
+    };
+    int rc = cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (rc) return rc == 1 ? 0 : rc;
+    if (o.prompt_len < 2 || o.steps < 0 || o.profile_steps < 0) {
+        fprintf(stderr, "flexdiag bench: --prompt-len must be >= 2, --steps >= 0\n");
+        return 2;
+    }
+    return throughput(&o);
+}

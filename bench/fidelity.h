@@ -1,0 +1,49 @@
+/*
+ * fidelity.h - `flexdiag bench fidelity`: how far each KV policy's attention (and, with a model,
+ * its logits) drifts from dense decoding, with the memory it keeps resident.
+ *
+ * A row is filled by a runner and written by the printers below; the runners are separate so a
+ * model-backed mode (`--model DIR`, driving the engine) can fill the KL / top-1 columns that the
+ * synthetic mode leaves as NaN ("n/a"). Markdown goes to stdout, JSONL rows to --json FILE,
+ * appended and flushed per row (reliability.md §2).
+ */
+#ifndef FLEXDIAG_BENCH_FIDELITY_H
+#define FLEXDIAG_BENCH_FIDELITY_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "flexdiag.h"
+
+typedef struct flexdiag_fidelity_row {
+    const char *mode;         /* "synthetic" or "model" */
+    const char *source;       /* "grid:24" or the model folder */
+    flexdiag_policy_kind kind; /* policy */
+    double sparsity;          /* requested sparsity (0 for dense) */
+    double reported_sparsity; /* 1 - N_att / L_dec */
+    int32_t n_att, n_r;       /* resolved budget; n_r 0 = not a Diagonal policy */
+    int32_t l_dec;            /* decode steps */
+    int32_t prompt_len;       /* prompt keys */
+    int32_t heads, d_head;    /* heads (MHA in synthetic mode), head dim */
+    uint64_t seed;            /* seed of the run */
+    double attn_err;          /* mean relative L2 error of the attention output vs dense */
+    double attn_err_max;      /* largest per (step, head) error */
+    double kl;                /* mean KL(dense || policy) of next-token logits; NaN = n/a */
+    double top1;              /* top-1 agreement with dense; NaN = n/a */
+    int64_t resident_rows;    /* prompt + peak decode KV rows per (sequence, KV head) */
+    uint64_t resident_bytes;  /* resident K+V bytes per sequence (bf16, all heads, per layer) */
+    uint64_t evictions;       /* KV rows evicted over the run */
+} flexdiag_fidelity_row;
+
+/* Markdown table header / one row (columns: policy, sparsity, N_att, N_r, attn_err, KL, top-1,
+ * resident rows, resident KB, evictions). */
+void flexdiag_fidelity_md_header(FILE *f);
+void flexdiag_fidelity_md_row(FILE *f, const flexdiag_fidelity_row *r);
+/* One JSON object per line (policy traits of policies.md §6 included), flushed; returns 0 or -1
+ * when the write failed. */
+int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r);
+
+/* The subcommand: argv[0] = "fidelity"; returns the process exit code. */
+int flexdiag_cmd_bench_fidelity(int argc, char **argv);
+
+#endif /* FLEXDIAG_BENCH_FIDELITY_H */

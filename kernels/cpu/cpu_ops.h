@@ -1,0 +1,93 @@
+/*
+ * cpu_ops.h - declarations of the CPU ops (private to kernels/cpu) that the two tables in
+ * kernels_cpu.c point at. Shapes, layouts and semantics are those of kernels.h; the comments
+ * here only add what is specific to the CPU implementations.
+ *
+ * Files: ref_mem.c (memory, copies), ref_elementwise.c (conversions, embed, rmsnorm, rope,
+ * swiglu, gelu, gather), ref_matmul.c, ref_attn.c (KV append, attention, argument checks),
+ * ref_sample.c (CFG, sampling) are the scalar oracle; fast_matmul.c and fast_attn.c are the
+ * multi-threaded replacements of the "cpu" table. act is fp32 throughout.
+ */
+#ifndef FLEXDIAG_CPU_OPS_H
+#define FLEXDIAG_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* ---- reference ops (ref_*.c); signatures and shapes as in kernels.h ---- */
+
+/* act is fp32 on the CPU: both conversions are copies. */
+flexdiag_status flexdiag__cpu_act_to_f32(float *out, const void *in, int64_t n, flexdiag_stream *s);
+/* Copy n fp32 values into the fp32 act buffer out. */
+flexdiag_status flexdiag__cpu_act_from_f32(void *out, const float *in, int64_t n,
+                                           flexdiag_stream *s);
+/* out (n, d) = table rows ids[i / rep]; ids must be < V (checked by the runtime). */
+flexdiag_status flexdiag__cpu_ref_embed(void *out, const uint16_t *table, const int32_t *ids,
+                                        int64_t n, int64_t d, int32_t rep, flexdiag_stream *s);
+/* out (n, d) = w ⊙ x / sqrt(mean(x²) + eps). */
+flexdiag_status flexdiag__cpu_ref_rmsnorm(void *out, const void *x, const uint16_t *w, int64_t n,
+                                          int64_t d, float eps, flexdiag_stream *s);
+/* out (n, m) (+)= x (n, k) · W (m, k)ᵀ + b, one sequential fp32 sum per element. */
+flexdiag_status flexdiag__cpu_ref_matmul(void *out, const void *x, const uint16_t *w,
+                                         const uint16_t *b, int64_t n, int64_t k, int64_t m,
+                                         unsigned flags, flexdiag_stream *s);
+/* Rotate-half RoPE in place on n_heads heads of x from column col0. */
+flexdiag_status flexdiag__cpu_ref_rope(void *x, const int32_t *pos, int64_t n, int64_t stride,
+                                       int64_t col0, int32_t n_heads, int32_t d_h, float theta,
+                                       flexdiag_stream *s);
+/* out (n, f) = silu(gate) ⊙ up of gu (n, 2f). */
+flexdiag_status flexdiag__cpu_ref_swiglu(void *out, const void *gu, int64_t n, int64_t f,
+                                         flexdiag_stream *s);
+/* Exact (erf) GELU of x (n) in place. */
+flexdiag_status flexdiag__cpu_ref_gelu(void *x, int64_t n, flexdiag_stream *s);
+/* out (n, d) = in rows idx (n). */
+flexdiag_status flexdiag__cpu_ref_gather_rows(void *out, const void *in, const int32_t *idx,
+                                              int64_t n, int64_t d, flexdiag_stream *s);
+/* Copy K and V of n_tok tokens of qkv into the cache rows given by rows. */
+flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, const void *qkv, const int32_t *rows,
+                                            int64_t n_tok, int32_t tok_per_seq,
+                                            const flexdiag_attn_args *a, flexdiag_stream *s);
+/* Causal prompt attention, three-pass softmax per query row. */
+flexdiag_status flexdiag__cpu_ref_attn_prefill(void *out, const void *qkv, const void *k,
+                                               const void *v, const flexdiag_attn_args *a,
+                                               flexdiag_stream *s);
+/* Decode attention over prompt + slot-listed ring rows, three-pass softmax per query head. */
+flexdiag_status flexdiag__cpu_ref_attn_decode(void *out, const void *qkv, const void *k,
+                                              const void *v, const flexdiag_attn_args *a,
+                                              flexdiag_stream *s);
+/* out (n_pairs, V) = u + w·(c − u) of logits rows (2i, 2i+1). */
+flexdiag_status flexdiag__cpu_ref_cfg_combine(float *out, const float *logits, int64_t n_pairs,
+                                              int64_t V, float w, flexdiag_stream *s);
+/* Temperature / top-k / top-p sampling keyed by (seed, req0 + i, step). */
+flexdiag_status flexdiag__cpu_ref_sample(int32_t *ids, const float *logits, int64_t n, int64_t V,
+                                         const flexdiag_sample_params *p, int64_t req0,
+                                         int64_t step, flexdiag_stream *s);
+
+/* Validate matmul sizes, flags and pointers for op; INVALID_ARG naming the problem otherwise. */
+flexdiag_status flexdiag__cpu_matmul_check(const char *op, const void *out, const void *x,
+                                           const uint16_t *w, int64_t n, int64_t k, int64_t m,
+                                           unsigned flags);
+/* Validate the attention arguments of op (lp, and for decode the slot lists) before any access;
+ * INVALID_ARG naming the field otherwise. */
+flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const void *qkv,
+                                         const void *k, const void *v, const flexdiag_attn_args *a,
+                                         int decode);
+
+/* ---- fast multi-threaded ops (fast_matmul.c, fast_attn.c) ---- */
+
+/* Cache-blocked matmul parallel over output tiles; bit-identical for any thread count. */
+flexdiag_status flexdiag__cpu_fast_matmul(void *out, const void *x, const uint16_t *w,
+                                          const uint16_t *b, int64_t n, int64_t k, int64_t m,
+                                          unsigned flags, flexdiag_stream *s);
+/* Prompt attention parallel over (sequence, query head), online softmax. */
+flexdiag_status flexdiag__cpu_fast_attn_prefill(void *out, const void *qkv, const void *k,
+                                                const void *v, const flexdiag_attn_args *a,
+                                                flexdiag_stream *s);
+/* Decode attention parallel over (sequence, KV head), all g query heads per task. */
+flexdiag_status flexdiag__cpu_fast_attn_decode(void *out, const void *qkv, const void *k,
+                                               const void *v, const flexdiag_attn_args *a,
+                                               flexdiag_stream *s);
+
+#endif /* FLEXDIAG_CPU_OPS_H */

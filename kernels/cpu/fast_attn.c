@@ -1,0 +1,203 @@
+/*
+ * fast_attn.c - multi-threaded CPU attention for the "cpu" table: decode over prompt + ring
+ * slots (the policies' sparse decode, policies.md §4.3 on a CPU), and causal prompt attention.
+ *
+ * Decode runs one task per (sequence, KV head) that serves all g query heads of the group, so
+ * each K/V row is read from memory once and used g times, like the CUDA kernel's one CTA per
+ * (sequence, KV head). Keys are visited in CHUNK-row chunks with one online-softmax state
+ * (m, l, acc) per query head: the chunk's logits are computed first (dot products with LANES
+ * independent partial sums, which the compiler vectorises), then the state is rescaled once per
+ * chunk and each V row is added to all g accumulators while it is in L1. Prefill runs one task
+ * per (sequence, query head) over its query rows with the same routine (g = 1, keys 0..r).
+ *
+ * Results equal ref_attn.c within fp32 rounding (different summation order), including the
+ * ring-slot logits and the log-sum-exp the policies consume. Every task owns disjoint outputs
+ * and computes them in a fixed order, so outputs do not depend on the thread count. Plain C
+ * loops: no intrinsics and no runtime CPU dispatch yet.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core.h"
+#include "cpu_ops.h"
+#include "cpu_stream.h"
+
+#define CHUNK 32 /* keys per online-softmax update: 32 K/V rows of d_h 128 fp32 = 32 KiB */
+#define LANES 8  /* partial sums per dot product: two SSE or one AVX vector */
+
+/* The keys of one (sequence, KV head) in attention order: prompt rows, then ring slots. */
+typedef struct key_list {
+    const float *k, *v;   /* cache block: (p_cap + ring, d_h) */
+    int64_t n_prompt;     /* prompt rows 0..n_prompt-1 first */
+    const int32_t *slots; /* then ring rows p_cap + slots[j] */
+    int64_t n_slots;      /* entries of slots */
+    int32_t p_cap, d_h;   /* prompt rows per block; head dim */
+} key_list;
+
+/* Outputs of one group of query heads. */
+typedef struct group_out {
+    float *out;      /* (nq, d_h) rows, stride d_h */
+    float *lse;      /* (nq) or NULL */
+    float *logits;   /* (nq, lstride) ring-key logits or NULL */
+    int64_t lstride; /* row stride of logits */
+} group_out;
+
+/* Arguments of one attention job, shared by its tasks. */
+typedef struct attn_job {
+    const flexdiag_attn_args *a;
+    float *out;         /* act output */
+    const float *qkv;   /* (rows, width) */
+    const float *k, *v; /* caches */
+    int64_t width;      /* qkv row width: (h_q + 2·h_kv)·d_h */
+} attn_job;
+
+/* ---- inner loops ---- */
+
+/* a·b with LANES interleaved partial sums (a fixed order the compiler can vectorise). */
+static float dot(const float *a, const float *b, int32_t n) {
+    float part[LANES] = {0};
+    int32_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) part[l] += a[i + l] * b[i + l];
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i] * b[i];
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += part[l];
+    return s + tail;
+}
+
+static int64_t key_off(const key_list *r, int64_t j) {
+    int64_t row = j < r->n_prompt ? j : r->p_cap + r->slots[j - r->n_prompt];
+    return row * r->d_h;
+}
+
+/*
+ * Online softmax of nq queries (q, rows of d_h) over all keys of r. Scratch layout:
+ * acc (nq, d_h) | z (nq, CHUNK) | m (nq) | l (nq).
+ */
+static void attend_group(const float *q, int32_t nq, const key_list *r, float scale,
+                         const group_out *go, float *scratch) {
+    int32_t d_h = r->d_h;
+    float *acc = scratch, *z = acc + (int64_t)nq * d_h, *m = z + (int64_t)nq * CHUNK, *l = m + nq;
+    memset(acc, 0, (size_t)nq * d_h * sizeof(float));
+    for (int32_t h = 0; h < nq; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+    int64_t n = r->n_prompt + r->n_slots;
+    for (int64_t j0 = 0; j0 < n; j0 += CHUNK) {
+        int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK;
+        /* logits of the chunk for every query head */
+        for (int64_t c = 0; c < nc; c++) {
+            const float *kr = r->k + key_off(r, j0 + c);
+            for (int32_t h = 0; h < nq; h++)
+                z[h * CHUNK + c] = scale * dot(q + (int64_t)h * d_h, kr, d_h);
+        }
+        if (go->logits)
+            for (int64_t c = 0; c < nc; c++)
+                if (j0 + c >= r->n_prompt)
+                    for (int32_t h = 0; h < nq; h++)
+                        go->logits[h * go->lstride + j0 + c - r->n_prompt] = z[h * CHUNK + c];
+        /* rescale each head's state to the new maximum; z becomes p = exp(z - m) */
+        for (int32_t h = 0; h < nq; h++) {
+            float cm = m[h];
+            for (int64_t c = 0; c < nc; c++) cm = fmaxf(cm, z[h * CHUNK + c]);
+            float corr = expf(m[h] - cm);
+            if (corr != 1.0f) {
+                l[h] *= corr;
+                for (int32_t i = 0; i < d_h; i++) acc[(int64_t)h * d_h + i] *= corr;
+            }
+            m[h] = cm;
+            for (int64_t c = 0; c < nc; c++) {
+                z[h * CHUNK + c] = expf(z[h * CHUNK + c] - cm);
+                l[h] += z[h * CHUNK + c];
+            }
+        }
+        /* each V row once, into all accumulators */
+        for (int64_t c = 0; c < nc; c++) {
+            const float *vr = r->v + key_off(r, j0 + c);
+            for (int32_t h = 0; h < nq; h++) {
+                float p = z[h * CHUNK + c], *ah = acc + (int64_t)h * d_h;
+                for (int32_t i = 0; i < d_h; i++) ah[i] += p * vr[i];
+            }
+        }
+    }
+    for (int32_t h = 0; h < nq; h++) {
+        float inv = n > 0 ? 1.0f / l[h] : 0.0f;
+        for (int32_t i = 0; i < d_h; i++)
+            go->out[(int64_t)h * d_h + i] = acc[(int64_t)h * d_h + i] * inv;
+        if (go->lse) go->lse[h] = n > 0 ? m[h] + logf(l[h]) : -INFINITY;
+    }
+}
+
+/* Scratch bytes of attend_group for nq query heads. */
+static size_t group_scratch(int32_t nq, int32_t d_h) {
+    return ((size_t)nq * d_h + (size_t)nq * CHUNK + 2 * (size_t)nq) * sizeof(float);
+}
+
+/* The key list of (sequence s, KV head h) with no keys selected yet. */
+static key_list block_keys(const attn_job *jb, int64_t s, int32_t h) {
+    const flexdiag_attn_args *a = jb->a;
+    int64_t off = (s * a->h_kv + h) * ((int64_t)a->p_cap + a->ring) * a->d_h;
+    key_list r = {jb->k + off, jb->v + off, 0, NULL, 0, a->p_cap, a->d_h};
+    return r;
+}
+
+/* ---- decode ---- */
+
+/* Task t: sequence t / h_kv, KV head t % h_kv, all g query heads of its group. */
+static void decode_task(void *ctx, int64_t t, void *scratch) {
+    const attn_job *jb = ctx;
+    const flexdiag_attn_args *a = jb->a;
+    int64_t s = t / a->h_kv;
+    int32_t h = (int32_t)(t % a->h_kv), g = a->h_q / a->h_kv;
+    int64_t hq0 = s * a->h_q + (int64_t)h * g; /* first (sequence, query head) of the group */
+    key_list r = block_keys(jb, s, h);
+    r.n_prompt = a->lp[s];
+    r.slots = a->slots ? a->slots + t * a->max_slots : NULL;
+    r.n_slots = a->n_slots[t];
+    group_out go = {jb->out + hq0 * a->d_h, a->lse_out ? a->lse_out + hq0 : NULL,
+                    a->logits_out ? a->logits_out + hq0 * a->max_slots : NULL, a->max_slots};
+    const float *q = jb->qkv + s * jb->width + (int64_t)h * g * a->d_h;
+    attend_group(q, g, &r, a->scale, &go, scratch);
+}
+
+flexdiag_status flexdiag__cpu_fast_attn_decode(void *out, const void *qkv, const void *k,
+                                               const void *v, const flexdiag_attn_args *a,
+                                               flexdiag_stream *s) {
+    FLEXDIAG_TRY(flexdiag__cpu_attn_check("attn_decode", out, qkv, k, v, a, 1));
+    attn_job jb = {a, out, qkv, k, v, ((int64_t)a->h_q + 2 * a->h_kv) * a->d_h};
+    return flexdiag__cpu_parallel_for(s, (int64_t)a->n_seq * a->h_kv,
+                                      group_scratch(a->h_q / a->h_kv, a->d_h), decode_task, &jb);
+}
+
+/* ---- prefill ---- */
+
+/* Task t: sequence t / h_q, query head t % h_q, every query row of the prompt block. */
+static void prefill_task(void *ctx, int64_t t, void *scratch) {
+    const attn_job *jb = ctx;
+    const flexdiag_attn_args *a = jb->a;
+    int64_t s = t / a->h_q, out_w = (int64_t)a->h_q * a->d_h;
+    int32_t hq = (int32_t)(t % a->h_q);
+    key_list r = block_keys(jb, s, hq / (a->h_q / a->h_kv));
+    for (int64_t row = 0; row < a->p_cap; row++) {
+        float *o = jb->out + (s * a->p_cap + row) * out_w + (int64_t)hq * a->d_h;
+        if (row >= a->lp[s]) {
+            memset(o, 0, (size_t)a->d_h * sizeof(float));
+            continue;
+        }
+        r.n_prompt = row + 1;
+        group_out go = {o, NULL, NULL, 0};
+        const float *q = jb->qkv + (s * a->p_cap + row) * jb->width + (int64_t)hq * a->d_h;
+        attend_group(q, 1, &r, a->scale, &go, scratch);
+    }
+}
+
+flexdiag_status flexdiag__cpu_fast_attn_prefill(void *out, const void *qkv, const void *k,
+                                                const void *v, const flexdiag_attn_args *a,
+                                                flexdiag_stream *s) {
+    FLEXDIAG_TRY(flexdiag__cpu_attn_check("attn_prefill", out, qkv, k, v, a, 0));
+    attn_job jb = {a, out, qkv, k, v, ((int64_t)a->h_q + 2 * a->h_kv) * a->d_h};
+    return flexdiag__cpu_parallel_for(s, (int64_t)a->n_seq * a->h_q, group_scratch(1, a->d_h),
+                                      prefill_task, &jb);
+}

@@ -1,0 +1,71 @@
+/*
+ * kernels_cpu.c - the two CPU op tables.
+ *
+ * "cpu-ref" is the scalar reference: every op single-threaded and written for obviousness, the
+ * oracle every other backend is tested against. "cpu" is the same table with matmul and the two
+ * attention ops replaced by the multi-threaded fast versions, which use the thread pool of the
+ * stream they are given (see cpu_stream.h). Both use fp32 activations (act_bytes 4) and host
+ * memory as "device" memory. The slots the two tables share are listed once in
+ * CPU_SHARED_OPS; each table then names its own matmul and attention.
+ */
+#include "cpu_ops.h"
+#include "cpu_stream.h"
+#include "ref_vq.h"
+
+/* Slots identical in both tables (everything but matmul, attn_prefill and attn_decode); the
+ * image-decoder slots (vq_lookup .. to_nhwc) stay NULL until their CPU ops exist. */
+#define CPU_SHARED_OPS                                                                             \
+    .act_bytes = 4,                                                                                \
+    .stream_create = flexdiag__cpu_stream_create,                                                  \
+    .stream_destroy = flexdiag__cpu_stream_destroy,                                                \
+    .stream_sync = flexdiag__cpu_stream_sync,                                                      \
+    .mem_alloc = flexdiag__cpu_mem_alloc,                                                          \
+    .mem_free = flexdiag__cpu_mem_free,                                                            \
+    .copy_h2d = flexdiag__cpu_copy,                                                                \
+    .copy_d2h = flexdiag__cpu_copy,                                                                \
+    .copy_d2d = flexdiag__cpu_copy,                                                                \
+    .memset0 = flexdiag__cpu_memset0,                                                              \
+    .mem_info = NULL,                                                                              \
+    .act_to_f32 = flexdiag__cpu_act_to_f32,                                                        \
+    .act_from_f32 = flexdiag__cpu_act_from_f32,                                                    \
+    .embed = flexdiag__cpu_ref_embed,                                                              \
+    .rmsnorm = flexdiag__cpu_ref_rmsnorm,                                                          \
+    .rope = flexdiag__cpu_ref_rope,                                                                \
+    .swiglu = flexdiag__cpu_ref_swiglu,                                                            \
+    .gelu = flexdiag__cpu_ref_gelu,                                                                \
+    .gather_rows = flexdiag__cpu_ref_gather_rows,                                                  \
+    .kv_append = flexdiag__cpu_ref_kv_append,                                                      \
+    .cfg_combine = flexdiag__cpu_ref_cfg_combine,                                                  \
+    .sample = flexdiag__cpu_ref_sample
+
+static const flexdiag_kernels cpu_ref_table = {
+    .name = "cpu-ref",
+    CPU_SHARED_OPS,
+    .matmul = flexdiag__cpu_ref_matmul,
+    .attn_prefill = flexdiag__cpu_ref_attn_prefill,
+    .attn_decode = flexdiag__cpu_ref_attn_decode,
+    .vq_lookup = flexdiag__cpu_ref_vq_lookup,
+    .conv2d = flexdiag__cpu_ref_conv2d,
+    .groupnorm = flexdiag__cpu_ref_groupnorm,
+    .upsample2x = flexdiag__cpu_ref_upsample2x,
+    .attn_spatial = flexdiag__cpu_ref_attn_spatial,
+    .to_nhwc = flexdiag__cpu_ref_to_nhwc,
+};
+
+static const flexdiag_kernels cpu_fast_table = {
+    .name = "cpu",
+    CPU_SHARED_OPS,
+    .matmul = flexdiag__cpu_fast_matmul,
+    .attn_prefill = flexdiag__cpu_fast_attn_prefill,
+    .attn_decode = flexdiag__cpu_fast_attn_decode,
+    .vq_lookup = flexdiag__cpu_ref_vq_lookup,
+    .conv2d = flexdiag__cpu_fast_conv2d,
+    .groupnorm = flexdiag__cpu_ref_groupnorm,
+    .upsample2x = flexdiag__cpu_ref_upsample2x,
+    .attn_spatial = flexdiag__cpu_fast_attn_spatial,
+    .to_nhwc = flexdiag__cpu_ref_to_nhwc,
+};
+
+const flexdiag_kernels *flexdiag__kernels_cpu_ref(void) { return &cpu_ref_table; }
+
+const flexdiag_kernels *flexdiag__kernels_cpu(void) { return &cpu_fast_table; }

@@ -1,0 +1,224 @@
+/*
+ * ref_attn.c - scalar reference KV append and attention (prompt and decode), plus the argument
+ * checks the fast attention shares.
+ *
+ * Attention is written as the textbook three passes per query head: the maximum logit, the
+ * softmax normaliser, then the probability-weighted sum of V rows, recomputing each logit
+ * (z = scale·(q·k), fp32, sequential over d_h) in every pass so no scratch is needed. The keys a
+ * head attends are described by one key_rows list: prompt rows 0..n_prompt-1 of its cache block,
+ * then ring rows p_cap + slots[j]. Decode uses lp prompt rows plus the slot list; prefill query
+ * row r uses prompt rows 0..r and no ring. A head with no keys at all gets a zero output and
+ * lse = -inf (every backend does the same).
+ *
+ * Slot indices, lp and n_slots come from the policy state on the host; they are validated
+ * before any cache access because a bad one would read outside the cache.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core.h"
+#include "cpu_ops.h"
+
+/* The keys one query head attends, in attention order. */
+typedef struct key_rows {
+    const float *k, *v;   /* cache block of (sequence, KV head): (p_cap + ring, d_h) */
+    int64_t n_prompt;     /* prompt rows 0..n_prompt-1 come first */
+    const int32_t *slots; /* then ring rows p_cap + slots[j] */
+    int64_t n_slots;      /* entries of slots */
+    int32_t p_cap, d_h;   /* prompt rows per block; head dim */
+} key_rows;
+
+/* ---- argument checks ---- */
+
+/* Shapes every attention-side op needs. */
+static flexdiag_status check_shape(const char *op, const flexdiag_attn_args *a) {
+    if (!a) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: attention args are NULL", op);
+    if (a->n_seq < 0 || a->h_q < 1 || a->h_kv < 1 || a->h_q % a->h_kv != 0 || a->d_h < 1 ||
+        a->p_cap < 0 || a->ring < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: n_seq = %d, h_q = %d, h_kv = %d, d_h = %d, p_cap = %d, "
+                             "ring = %d: need n_seq, p_cap, ring >= 0, h_q, h_kv, d_h >= 1 and "
+                             "h_q a multiple of h_kv",
+                             op, a->n_seq, a->h_q, a->h_kv, a->d_h, a->p_cap, a->ring);
+    return FLEXDIAG_OK;
+}
+
+/* Decode slot lists: n_slots within [0, max_slots], every slot a ring row. */
+static flexdiag_status check_slots(const char *op, const flexdiag_attn_args *a) {
+    if (a->max_slots < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: max_slots = %d is negative", op,
+                             a->max_slots);
+    if (!a->n_slots || (a->max_slots > 0 && !a->slots))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op,
+                             a->n_slots ? "slots" : "n_slots");
+    for (int64_t sh = 0; sh < (int64_t)a->n_seq * a->h_kv; sh++) {
+        int32_t ns = a->n_slots[sh];
+        if (ns < 0 || ns > a->max_slots)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu %s: n_slots[seq %lld][head %lld] = %d outside [0, "
+                                 "max_slots = %d]",
+                                 op, (long long)(sh / a->h_kv), (long long)(sh % a->h_kv), ns,
+                                 a->max_slots);
+        for (int32_t j = 0; j < ns; j++) {
+            int32_t slot = a->slots[sh * a->max_slots + j];
+            if (slot < 0 || slot >= a->ring)
+                return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                     "cpu %s: slots[seq %lld][head %lld][%d] = %d outside the "
+                                     "ring [0, %d)",
+                                     op, (long long)(sh / a->h_kv), (long long)(sh % a->h_kv), j,
+                                     slot, a->ring);
+        }
+    }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const void *qkv,
+                                         const void *k, const void *v, const flexdiag_attn_args *a,
+                                         int decode) {
+    FLEXDIAG_TRY(check_shape(op, a));
+    if (a->n_seq == 0) return FLEXDIAG_OK;
+    if (!out || !qkv || !k || !v || !a->lp)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op,
+                             !out   ? "out"
+                             : !qkv ? "qkv"
+                             : !k   ? "k"
+                             : !v   ? "v"
+                                    : "lp");
+    if (!(isfinite(a->scale)))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: scale = %g is not finite", op,
+                             (double)a->scale);
+    for (int32_t s = 0; s < a->n_seq; s++)
+        if (a->lp[s] < 0 || a->lp[s] > a->p_cap)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu %s: lp[%d] = %d outside [0, p_cap = %d]", op, s, a->lp[s],
+                                 a->p_cap);
+    return decode ? check_slots(op, a) : FLEXDIAG_OK;
+}
+
+/* ---- KV append ---- */
+
+flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, const void *qkv, const int32_t *rows,
+                                            int64_t n_tok, int32_t tok_per_seq,
+                                            const flexdiag_attn_args *a, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_shape("kv_append", a));
+    if (n_tok < 0 || tok_per_seq < 1 || n_tok > (int64_t)a->n_seq * tok_per_seq)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu kv_append: n_tok = %lld, tok_per_seq = %d, n_seq = %d: need "
+                             "tok_per_seq >= 1 and 0 <= n_tok <= n_seq·tok_per_seq",
+                             (long long)n_tok, tok_per_seq, a->n_seq);
+    if (n_tok == 0) return FLEXDIAG_OK;
+    if (!k || !v || !qkv || !rows)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu kv_append: %s is NULL",
+                             !k     ? "k"
+                             : !v   ? "v"
+                             : !qkv ? "qkv"
+                                    : "rows");
+    int64_t block = (int64_t)a->p_cap + a->ring, d_h = a->d_h;
+    for (int64_t i = 0; i < n_tok * a->h_kv; i++)
+        if (rows[i] < 0 || rows[i] >= block)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu kv_append: rows[token %lld][head %lld] = %d outside the "
+                                 "cache block [0, p_cap + ring = %lld)",
+                                 (long long)(i / a->h_kv), (long long)(i % a->h_kv), rows[i],
+                                 (long long)block);
+    int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h;
+    for (int64_t i = 0; i < n_tok; i++)
+        for (int32_t h = 0; h < a->h_kv; h++) {
+            int64_t dst = (((i / tok_per_seq) * a->h_kv + h) * block + rows[i * a->h_kv + h]) * d_h;
+            const float *src = (const float *)qkv + i * width + ((int64_t)a->h_q + h) * d_h;
+            memcpy((float *)k + dst, src, (size_t)d_h * 4);
+            memcpy((float *)v + dst, src + (int64_t)a->h_kv * d_h, (size_t)d_h * 4);
+        }
+    return FLEXDIAG_OK;
+}
+
+/* ---- attention ---- */
+
+/* Cache row offset (elements) of the j-th attended key. */
+static int64_t key_off(const key_rows *r, int64_t j) {
+    int64_t row = j < r->n_prompt ? j : r->p_cap + r->slots[j - r->n_prompt];
+    return row * r->d_h;
+}
+
+/* z = scale·(q·k) of the j-th attended key. */
+static float key_logit(const float *q, const key_rows *r, int64_t j, float scale) {
+    const float *kr = r->k + key_off(r, j);
+    float acc = 0.0f;
+    for (int32_t i = 0; i < r->d_h; i++) acc += q[i] * kr[i];
+    return scale * acc;
+}
+
+/* out (d_h) = Σ_j softmax(z)_j · v_j over the rows of r; returns the log-sum-exp of z. When
+ * logits is given, logits[j] = z of ring key j (slot-list order). */
+static float attend(const float *q, const key_rows *r, float scale, float *out, float *logits) {
+    int64_t n = r->n_prompt + r->n_slots;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j = 0; j < n; j++) m = fmaxf(m, key_logit(q, r, j, scale));
+    for (int64_t j = 0; j < n; j++) l += expf(key_logit(q, r, j, scale) - m);
+    memset(out, 0, (size_t)r->d_h * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        float p = expf(key_logit(q, r, j, scale) - m) / l;
+        const float *vr = r->v + key_off(r, j);
+        for (int32_t i = 0; i < r->d_h; i++) out[i] += p * vr[i];
+    }
+    if (logits)
+        for (int64_t j = 0; j < r->n_slots; j++)
+            logits[j] = key_logit(q, r, r->n_prompt + j, scale);
+    return n > 0 ? m + logf(l) : -INFINITY;
+}
+
+/* The key_rows of (sequence s, KV head h) with every ring row unset. */
+static key_rows block_rows(const flexdiag_attn_args *a, const void *k, const void *v, int64_t s,
+                           int32_t h) {
+    int64_t off = (s * a->h_kv + h) * ((int64_t)a->p_cap + a->ring) * a->d_h;
+    key_rows r = {(const float *)k + off, (const float *)v + off, 0, NULL, 0, a->p_cap, a->d_h};
+    return r;
+}
+
+flexdiag_status flexdiag__cpu_ref_attn_prefill(void *out, const void *qkv, const void *k,
+                                               const void *v, const flexdiag_attn_args *a,
+                                               flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(flexdiag__cpu_attn_check("attn_prefill", out, qkv, k, v, a, 0));
+    int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
+    int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h, out_w = (int64_t)a->h_q * d_h;
+    for (int64_t sq = 0; sq < a->n_seq; sq++)
+        for (int64_t r = 0; r < a->p_cap; r++) {
+            int64_t row = sq * a->p_cap + r;
+            float *o = (float *)out + row * out_w;
+            if (r >= a->lp[sq]) {
+                memset(o, 0, (size_t)out_w * sizeof(float));
+                continue;
+            }
+            for (int32_t hq = 0; hq < a->h_q; hq++) {
+                key_rows kr = block_rows(a, k, v, sq, hq / g);
+                kr.n_prompt = r + 1;
+                const float *q = (const float *)qkv + row * width + (int64_t)hq * d_h;
+                attend(q, &kr, a->scale, o + (int64_t)hq * d_h, NULL);
+            }
+        }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_ref_attn_decode(void *out, const void *qkv, const void *k,
+                                              const void *v, const flexdiag_attn_args *a,
+                                              flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(flexdiag__cpu_attn_check("attn_decode", out, qkv, k, v, a, 1));
+    int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
+    int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h;
+    for (int64_t sq = 0; sq < a->n_seq; sq++)
+        for (int32_t hq = 0; hq < a->h_q; hq++) {
+            int64_t sh = sq * a->h_kv + hq / g, shq = sq * a->h_q + hq;
+            key_rows kr = block_rows(a, k, v, sq, hq / g);
+            kr.n_prompt = a->lp[sq];
+            kr.slots = a->slots ? a->slots + sh * a->max_slots : NULL;
+            kr.n_slots = a->n_slots[sh];
+            const float *q = (const float *)qkv + sq * width + (int64_t)hq * d_h;
+            float *logits = a->logits_out ? a->logits_out + shq * a->max_slots : NULL;
+            float lse = attend(q, &kr, a->scale, (float *)out + shq * d_h, logits);
+            if (a->lse_out) a->lse_out[shq] = lse;
+        }
+    return FLEXDIAG_OK;
+}

@@ -1,0 +1,195 @@
+/*
+ * ref_elementwise.c - scalar reference row and elementwise ops: act conversions, embedding
+ * lookup, RMSNorm, rotate-half RoPE, SwiGLU, exact GELU and row gather.
+ *
+ * Written for obviousness: one loop nest per op, fp32 arithmetic in the order the formula in
+ * kernels.h reads, bf16 weights widened with flexdiag__bf16_to_f32. These are the oracle the
+ * CUDA and fast CPU paths are tested against, so they favour exactness over speed (RoPE's
+ * angles are computed in double; see rope_cos_sin). Index arguments that cannot be bounded here
+ * (token ids against the vocabulary, gather indices against the source rows) are the caller's
+ * to validate; negative ones are rejected.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core.h"
+#include "cpu_ops.h"
+#include "cpu_stream.h"
+
+/* ---- argument checks ---- */
+
+/* INVALID_ARG unless the count v (called name) is >= 0. */
+static flexdiag_status check_count(const char *op, int64_t v, const char *name) {
+    if (v < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s = %lld: must be >= 0", op, name,
+                             (long long)v);
+    return FLEXDIAG_OK;
+}
+
+/* INVALID_ARG when a buffer needed for non-empty work is NULL. */
+static flexdiag_status check_ptr(const char *op, const void *p, const char *name) {
+    if (!p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op, name);
+    return FLEXDIAG_OK;
+}
+
+/* ---- conversions (act is fp32 on the CPU) ---- */
+
+flexdiag_status flexdiag__cpu_act_to_f32(float *out, const void *in, int64_t n,
+                                         flexdiag_stream *s) {
+    FLEXDIAG_TRY(check_count("act_to_f32", n, "n"));
+    return flexdiag__cpu_copy(out, in, (size_t)n * sizeof(float), s);
+}
+
+flexdiag_status flexdiag__cpu_act_from_f32(void *out, const float *in, int64_t n,
+                                           flexdiag_stream *s) {
+    FLEXDIAG_TRY(check_count("act_from_f32", n, "n"));
+    return flexdiag__cpu_copy(out, in, (size_t)n * sizeof(float), s);
+}
+
+/* ---- embedding and gather ---- */
+
+flexdiag_status flexdiag__cpu_ref_embed(void *out, const uint16_t *table, const int32_t *ids,
+                                        int64_t n, int64_t d, int32_t rep, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("embed", n, "n"));
+    FLEXDIAG_TRY(check_count("embed", d, "d"));
+    if (rep < 1)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu embed: rep = %d: must be >= 1", rep);
+    if (n == 0 || d == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("embed", out, "out"));
+    FLEXDIAG_TRY(check_ptr("embed", table, "table"));
+    FLEXDIAG_TRY(check_ptr("embed", ids, "ids"));
+    for (int64_t j = 0; j < (n + rep - 1) / rep; j++)
+        if (ids[j] < 0)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu embed: ids[%lld] = %d is negative",
+                                 (long long)j, ids[j]);
+    float *y = out;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t *row = table + (int64_t)ids[i / rep] * d;
+        for (int64_t c = 0; c < d; c++) y[i * d + c] = flexdiag__bf16_to_f32(row[c]);
+    }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_ref_gather_rows(void *out, const void *in, const int32_t *idx,
+                                              int64_t n, int64_t d, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("gather_rows", n, "n"));
+    FLEXDIAG_TRY(check_count("gather_rows", d, "d"));
+    if (n == 0 || d == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("gather_rows", out, "out"));
+    FLEXDIAG_TRY(check_ptr("gather_rows", in, "in"));
+    FLEXDIAG_TRY(check_ptr("gather_rows", idx, "idx"));
+    for (int64_t i = 0; i < n; i++)
+        if (idx[i] < 0)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu gather_rows: idx[%lld] = %d is negative", (long long)i,
+                                 idx[i]);
+    const float *x = in;
+    float *y = out;
+    for (int64_t i = 0; i < n; i++) memcpy(y + i * d, x + (int64_t)idx[i] * d, (size_t)d * 4);
+    return FLEXDIAG_OK;
+}
+
+/* ---- normalisation and activations ---- */
+
+flexdiag_status flexdiag__cpu_ref_rmsnorm(void *out, const void *x, const uint16_t *w, int64_t n,
+                                          int64_t d, float eps, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("rmsnorm", n, "n"));
+    FLEXDIAG_TRY(check_count("rmsnorm", d, "d"));
+    if (d == 0 || !(eps >= 0.0f))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu rmsnorm: d = %lld, eps = %g: need d > 0 and eps >= 0",
+                             (long long)d, (double)eps);
+    if (n == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("rmsnorm", out, "out"));
+    FLEXDIAG_TRY(check_ptr("rmsnorm", x, "x"));
+    FLEXDIAG_TRY(check_ptr("rmsnorm", w, "w"));
+    const float *xs = x;
+    float *y = out;
+    for (int64_t i = 0; i < n; i++) {
+        const float *xr = xs + i * d;
+        float ss = 0.0f;
+        for (int64_t c = 0; c < d; c++) ss += xr[c] * xr[c];
+        float inv = 1.0f / sqrtf(ss / (float)d + eps);
+        for (int64_t c = 0; c < d; c++) y[i * d + c] = xr[c] * inv * flexdiag__bf16_to_f32(w[c]);
+    }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_ref_swiglu(void *out, const void *gu, int64_t n, int64_t f,
+                                         flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("swiglu", n, "n"));
+    FLEXDIAG_TRY(check_count("swiglu", f, "f"));
+    if (n == 0 || f == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("swiglu", out, "out"));
+    FLEXDIAG_TRY(check_ptr("swiglu", gu, "gu"));
+    const float *x = gu;
+    float *y = out;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < f; j++) {
+            float g = x[i * 2 * f + j], u = x[i * 2 * f + f + j];
+            y[i * f + j] = g / (1.0f + expf(-g)) * u;
+        }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_ref_gelu(void *x, int64_t n, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("gelu", n, "n"));
+    if (n == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("gelu", x, "x"));
+    const float rsqrt2 = 0.70710678118654752f; /* 1/√2 */
+    float *v = x;
+    for (int64_t i = 0; i < n; i++) v[i] = v[i] * 0.5f * (1.0f + erff(v[i] * rsqrt2));
+    return FLEXDIAG_OK;
+}
+
+/* ---- RoPE ---- */
+
+/*
+ * cos/sin of pos·inv_freq[j], inv_freq[j] = theta^(-2j/d_h). Computed in double and rounded to
+ * float once: the angle is then exact to double precision for any position, and the fp32 values
+ * equal the correctly rounded ones. transformers builds inv_freq and the angle in fp32, which
+ * differs from this by at most about pos·2^-24 rad (≈ 4e-5 rad at position 700); the CUDA
+ * kernels compute the angle the same way as here before their fp32 sincos.
+ */
+static void rope_cos_sin(int32_t pos, int32_t j, int32_t d_h, float theta, float *c, float *sn) {
+    double inv_freq = pow((double)theta, -2.0 * j / d_h);
+    double angle = (double)pos * inv_freq;
+    *c = (float)cos(angle);
+    *sn = (float)sin(angle);
+}
+
+flexdiag_status flexdiag__cpu_ref_rope(void *x, const int32_t *pos, int64_t n, int64_t stride,
+                                       int64_t col0, int32_t n_heads, int32_t d_h, float theta,
+                                       flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("rope", n, "n"));
+    FLEXDIAG_TRY(check_count("rope", col0, "col0"));
+    if (n_heads < 0 || d_h <= 0 || d_h % 2 != 0 || !(theta > 0.0f) ||
+        col0 + (int64_t)n_heads * d_h > stride)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu rope: n_heads = %d, d_h = %d, col0 = %lld, stride = %lld, "
+                             "theta = %g: need even d_h > 0, theta > 0 and col0 + n_heads·d_h <= "
+                             "stride",
+                             n_heads, d_h, (long long)col0, (long long)stride, (double)theta);
+    if (n == 0 || n_heads == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("rope", x, "x"));
+    FLEXDIAG_TRY(check_ptr("rope", pos, "pos"));
+    int32_t half = d_h / 2;
+    for (int64_t i = 0; i < n; i++)
+        for (int32_t j = 0; j < half; j++) {
+            float c, sn;
+            rope_cos_sin(pos[i], j, d_h, theta, &c, &sn);
+            for (int32_t h = 0; h < n_heads; h++) {
+                float *p = (float *)x + i * stride + col0 + (int64_t)h * d_h;
+                float a = p[j], b = p[j + half];
+                p[j] = a * c - b * sn;
+                p[j + half] = b * c + a * sn;
+            }
+        }
+    return FLEXDIAG_OK;
+}

@@ -1,0 +1,63 @@
+/*
+ * ref_mem.c - "device" memory and copies of the CPU backends: the device is host memory, so
+ * allocation is posix_memalign (64 bytes: one cache line, and the alignment kernels.h
+ * promises) and every copy direction is a memcpy that has finished when it returns.
+ *
+ * Overlapping copies are a caller bug on every backend (cudaMemcpyAsync does not allow them
+ * either); they are rejected here instead of silently working with memmove and then failing on
+ * the GPU.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "cpu_stream.h"
+
+/* Alignment of every allocation: one cache line (also enough for any SIMD width in use). */
+#define CPU_MEM_ALIGN 64
+
+flexdiag_status flexdiag__cpu_mem_alloc(size_t bytes, void **out) {
+    if (!out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu mem_alloc: out is NULL");
+    *out = NULL;
+    if (bytes == 0) return FLEXDIAG_OK;
+    if (posix_memalign(out, CPU_MEM_ALIGN, bytes) != 0) {
+        *out = NULL;
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                             "cpu mem_alloc: cannot allocate %zu bytes (%.2f GiB) of host memory: "
+                             "lower the memory budget or free host memory",
+                             bytes, (double)bytes / (1024.0 * 1024.0 * 1024.0));
+    }
+    return FLEXDIAG_OK;
+}
+
+void flexdiag__cpu_mem_free(void *p) { free(p); }
+
+/* True when [a, a+n) and [b, b+n) overlap. */
+static int ranges_overlap(const void *a, const void *b, size_t n) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + n && y < x + n;
+}
+
+flexdiag_status flexdiag__cpu_copy(void *dst, const void *src, size_t bytes, flexdiag_stream *s) {
+    (void)s;
+    if (bytes == 0) return FLEXDIAG_OK;
+    if (!dst || !src)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu copy of %zu bytes: %s is NULL", bytes,
+                             dst ? "src" : "dst");
+    if (ranges_overlap(dst, src, bytes))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu copy of %zu bytes: source and destination overlap", bytes);
+    memcpy(dst, src, bytes);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_memset0(void *dst, size_t bytes, flexdiag_stream *s) {
+    (void)s;
+    if (bytes == 0) return FLEXDIAG_OK;
+    if (!dst)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu memset0 of %zu bytes: dst is NULL",
+                             bytes);
+    memset(dst, 0, bytes);
+    return FLEXDIAG_OK;
+}

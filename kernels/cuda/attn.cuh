@@ -1,0 +1,54 @@
+/*
+ * attn.cuh - launchers of the CUDA attention ops: KV-cache append, causal prompt attention
+ * (prefill) and single-query decode attention over the policy's slot lists.
+ *
+ * The op table (kernels_cuda.cu) points its kv_append / attn_prefill / attn_decode entries at
+ * these functions; the kernels live in kv_append.cu, attn_prefill.cu and attn_decode.cu. All
+ * tensors are bf16 device buffers laid out as kernels.h describes (qkv rows, KV-cache blocks of
+ * p_cap prompt rows then `ring` decode rows per (sequence, KV head)); math is fp32. The
+ * launchers check shapes on the host, enqueue on s->stream and never synchronise.
+ */
+#ifndef FLEXDIAG_CUDA_ATTN_CUH
+#define FLEXDIAG_CUDA_ATTN_CUH
+
+#include <stdint.h>
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* kernels.h kv_append: copy K and V of n_tok tokens (bf16, exact) into cache rows
+ * rows[i·h_kv + h]; token i belongs to sequence i / tok_per_seq. */
+flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, const void *qkv, const int32_t *rows,
+                                         int64_t n_tok, int32_t tok_per_seq,
+                                         const flexdiag_attn_args *a, flexdiag_stream *s);
+
+/* kernels.h attn_prefill: causal attention of every prompt row over the cached prompt rows
+ * 0..r; rows r >= lp[s] of out are zeros. Tiled, online softmax in fp32. */
+flexdiag_status flexdiag__cuda_attn_prefill(void *out, const void *qkv, const void *k,
+                                            const void *v, const flexdiag_attn_args *a,
+                                            flexdiag_stream *s);
+
+/* kernels.h attn_decode: one query per sequence over prompt rows 0..lp-1 and the ring rows of
+ * the slot lists; one CTA per (sequence, KV head) serves all its query heads. Fills
+ * logits_out / lse_out when given. */
+flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv, const void *k,
+                                           const void *v, const flexdiag_attn_args *a,
+                                           flexdiag_stream *s);
+
+/* ---- shared by the attention .cu files ---- */
+
+/* Host-side checks of a, s and the 16-byte alignment of the given device pointers (NULL entries
+ * skipped) for op (a name used in messages). attn != 0 also requires a d_h the attention kernels
+ * are built for. Returns FLEXDIAG_OK or FLEXDIAG_ERR_INVALID_ARG / _UNSUPPORTED with a message. */
+flexdiag_status flexdiag__cuda_attn_check(const char *op, const flexdiag_attn_args *a,
+                                          const flexdiag_stream *s, int attn, const void *p0,
+                                          const void *p1, const void *p2, const void *p3);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLEXDIAG_CUDA_ATTN_CUH */

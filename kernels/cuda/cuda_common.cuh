@@ -1,0 +1,122 @@
+/*
+ * cuda_common.cuh - what every CUDA op file shares: the stream struct behind the opaque
+ * flexdiag_stream, the error-check macros of style.md §4 and small device helpers.
+ *
+ * One flexdiag_stream = one cudaStream_t (non-blocking) + one cuBLAS and one cuBLASLt handle
+ * bound to it + one device workspace for the GEMM heuristics (FLEXDIAG_CUDA_WORKSPACE_BYTES,
+ * allocated by stream_create; the runtime counts it in the GPU arena). Ops get the stream as
+ * their last argument and never synchronise the host, except copy_d2h (the contract says the
+ * host buffer is filled on return).
+ *
+ * Errors: FLEXDIAG_CUDA_TRY / FLEXDIAG_CUBLAS_TRY evaluate the expression once and, on failure,
+ * go to one slow-path function that records "cuda device D: <statement> failed: <error>" with the
+ * function and file:line and returns FLEXDIAG_ERR_CUDA. Debug builds (NDEBUG unset) also
+ * synchronise after every launch (FLEXDIAG_CUDA_SYNC_CHECK) so an asynchronous fault is blamed
+ * on the kernel that caused it.
+ */
+#ifndef FLEXDIAG_CUDA_COMMON_CUH
+#define FLEXDIAG_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+#include "kernels.h"
+
+/* Device workspace per stream for cuBLAS / cuBLASLt: 32 MiB, enough for every Hopper GEMM
+ * algorithm the heuristic returns at our shapes (cuBLAS recommends 32 MiB on sm_90). */
+#define FLEXDIAG_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* Threads per CTA for the elementwise / row kernels. */
+#define FLEXDIAG_CUDA_BLOCK 256
+
+/* Largest grid we launch in x: cudaDevProp.maxGridSize[0] is 2^31-1 on every sm >= 3.0; we stay
+ * far below and use grid-stride loops beyond it. */
+#define FLEXDIAG_CUDA_MAX_GRID (65535u * 32u)
+
+struct flexdiag_stream {
+    cudaStream_t stream;    /* non-blocking stream all ops of this queue run on */
+    cublasHandle_t blas;    /* cuBLAS handle bound to stream, workspace set */
+    cublasLtHandle_t lt;    /* cuBLASLt handle (GEMMs with epilogues) */
+    void *workspace;        /* device, workspace_bytes, shared by blas and lt */
+    size_t workspace_bytes; /* FLEXDIAG_CUDA_WORKSPACE_BYTES */
+    int device;             /* CUDA ordinal; ops run with this device current */
+    int sm_count;           /* multiprocessors of device (grid sizing) */
+    void *mm_cache;         /* matmul.cu's GEMM plans (descriptors + chosen algorithm), or NULL */
+};
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Record "cuda device D: stmt failed: <cudaGetErrorString(e)> (func file:line)" and return
+ * FLEXDIAG_ERR_CUDA (FLEXDIAG_ERR_OOM_DEVICE for cudaErrorMemoryAllocation). */
+flexdiag_status flexdiag__cuda_fail(cudaError_t e, const char *stmt, const char *func,
+                                    const char *file, int line);
+/* Same for a cuBLAS / cuBLASLt status (cublasGetStatusString). */
+flexdiag_status flexdiag__cublas_fail(cublasStatus_t e, const char *stmt, const char *func,
+                                      const char *file, int line);
+
+#ifdef __cplusplus
+}
+#endif
+
+#define FLEXDIAG_CUDA_TRY(expr)                                                                    \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) return flexdiag__cuda_fail(e_, #expr, __func__, __FILE__, __LINE__); \
+    } while (0)
+
+#define FLEXDIAG_CUBLAS_TRY(expr)                                                                  \
+    do {                                                                                           \
+        cublasStatus_t e_ = (expr);                                                                \
+        if (e_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            return flexdiag__cublas_fail(e_, #expr, __func__, __FILE__, __LINE__);                 \
+    } while (0)
+
+/* Launch check for the end of every launcher; in debug builds also waits for the stream so a
+ * fault is reported by the kernel that caused it. */
+#ifndef NDEBUG
+#define FLEXDIAG_CUDA_SYNC_CHECK(st) FLEXDIAG_CUDA_TRY(cudaStreamSynchronize(st))
+#else
+#define FLEXDIAG_CUDA_SYNC_CHECK(st) ((void)0)
+#endif
+#define FLEXDIAG_CUDA_LAUNCH_CHECK(st)                                                             \
+    do {                                                                                           \
+        FLEXDIAG_CUDA_TRY(cudaGetLastError());                                                     \
+        FLEXDIAG_CUDA_SYNC_CHECK(st);                                                              \
+    } while (0)
+
+/* The CUDA stream of s; NULL means the legacy default stream. */
+static inline cudaStream_t flexdiag__cuda_st(const flexdiag_stream *s) {
+    return s ? s->stream : (cudaStream_t)0;
+}
+
+/* ---- device helpers ---- */
+
+/* Blocks for `work` items at `per_block` items each, capped (kernels use grid-stride loops). */
+static inline unsigned flexdiag__cuda_blocks(int64_t work, int64_t per_block) {
+    int64_t b = (work + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    if (b > (int64_t)FLEXDIAG_CUDA_MAX_GRID) b = (int64_t)FLEXDIAG_CUDA_MAX_GRID;
+    return (unsigned)b;
+}
+
+/* Sum of v over the CTA (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+ * red must hold 32 floats; the call contains __syncthreads() and may be repeated. */
+static __device__ __forceinline__ float flexdiag__block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+#endif /* FLEXDIAG_CUDA_COMMON_CUH */

@@ -1,0 +1,109 @@
+/*
+ * cuda_ops.cuh - host launchers of the CUDA op table except attention (attn.cuh has those).
+ *
+ * Each launcher implements one kernels.h entry with the same signature (outputs first, then
+ * inputs, sizes, the flexdiag_stream last) so kernels_cuda.cu can point the table straight at
+ * it. Activations are bf16 (__nv_bfloat16 on the device, uint16_t bit patterns on the host);
+ * math is fp32; bf16 results are rounded to nearest even. Launchers validate sizes on the host
+ * (FLEXDIAG_ERR_INVALID_ARG naming the op and the value), enqueue on the stream, never
+ * synchronise the host (copy_d2h excepted) and end with a launch check.
+ *
+ * Files: mem.cu (streams, memory, copies), convert.cu, gather.cu (embed + gather_rows: both are
+ * row gathers), rmsnorm.cu, rope.cu, swiglu.cu, gelu.cu, matmul.cu (cuBLASLt / cuBLAS), cfg.cu,
+ * sample.cu.
+ */
+#ifndef FLEXDIAG_CUDA_OPS_CUH
+#define FLEXDIAG_CUDA_OPS_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- streams and memory (mem.cu) ---- */
+
+/* Stream + cuBLAS/cuBLASLt handles + 32 MiB workspace on device (made current); threads is
+ * ignored. UNSUPPORTED without a usable device, ERR_CUDA for a bad ordinal. */
+flexdiag_status flexdiag__cuda_stream_create(int device, int threads, flexdiag_stream **out);
+/* Wait for s, then free its handles, workspace and GEMM plans; NULL is a no-op. */
+void flexdiag__cuda_stream_destroy(flexdiag_stream *s);
+/* cudaStreamSynchronize. */
+flexdiag_status flexdiag__cuda_stream_sync(flexdiag_stream *s);
+/* cudaMalloc (256-byte aligned); bytes == 0 gives NULL; OOM_DEVICE names asked and free bytes. */
+flexdiag_status flexdiag__cuda_mem_alloc(size_t bytes, void **out);
+/* cudaFree; NULL is a no-op; a failure is logged (nothing to return it to). */
+void flexdiag__cuda_mem_free(void *p);
+/* cudaMemGetInfo of the current device. */
+flexdiag_status flexdiag__cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* Host (pageable or pinned) to device, ordered on s. */
+flexdiag_status flexdiag__cuda_copy_h2d(void *dst, const void *src, size_t bytes,
+                                        flexdiag_stream *s);
+/* Device to host, ordered on s; dst holds the data when the call returns (syncs s). */
+flexdiag_status flexdiag__cuda_copy_d2h(void *dst, const void *src, size_t bytes,
+                                        flexdiag_stream *s);
+/* Device to device, ordered on s. */
+flexdiag_status flexdiag__cuda_copy_d2d(void *dst, const void *src, size_t bytes,
+                                        flexdiag_stream *s);
+/* Zero bytes of device memory, ordered on s. */
+flexdiag_status flexdiag__cuda_memset0(void *dst, size_t bytes, flexdiag_stream *s);
+
+/* ---- conversions (convert.cu) ---- */
+
+/* out (n) f32 <- in (n) bf16. */
+flexdiag_status flexdiag__cuda_act_to_f32(float *out, const void *in, int64_t n,
+                                          flexdiag_stream *s);
+/* out (n) bf16 <- in (n) f32, round to nearest even. */
+flexdiag_status flexdiag__cuda_act_from_f32(void *out, const float *in, int64_t n,
+                                            flexdiag_stream *s);
+
+/* ---- row and elementwise ops ---- */
+
+/* embed (gather.cu): out (n, d) bf16 row i = table[ids[i / rep]]; ids are trusted (the
+ * runtime validates them against V). */
+flexdiag_status flexdiag__cuda_embed(void *out, const uint16_t *table, const int32_t *ids,
+                                     int64_t n, int64_t d, int32_t rep, flexdiag_stream *s);
+/* gather_rows (gather.cu): out (n, d) = in rows idx (n); idx trusted. */
+flexdiag_status flexdiag__cuda_gather_rows(void *out, const void *in, const int32_t *idx,
+                                           int64_t n, int64_t d, flexdiag_stream *s);
+/* rmsnorm.cu: out (n, d) = bf16(bf16(x / sqrt(mean(x²) + eps)) · w), statistic fp32. */
+flexdiag_status flexdiag__cuda_rmsnorm(void *out, const void *x, const uint16_t *w, int64_t n,
+                                       int64_t d, float eps, flexdiag_stream *s);
+/* rope.cu: rotate-half RoPE in place; angles in double, cos/sin rounded to fp32. */
+flexdiag_status flexdiag__cuda_rope(void *x, const int32_t *pos, int64_t n, int64_t stride,
+                                    int64_t col0, int32_t n_heads, int32_t d_h, float theta,
+                                    flexdiag_stream *s);
+/* swiglu.cu: out (n, f) = silu(gu[:, :f]) ⊙ gu[:, f:], fp32 math, one rounding. */
+flexdiag_status flexdiag__cuda_swiglu(void *out, const void *gu, int64_t n, int64_t f,
+                                      flexdiag_stream *s);
+/* gelu.cu: x (n) in place, 0.5·x·(1 + erf(x/√2)). */
+flexdiag_status flexdiag__cuda_gelu(void *x, int64_t n, flexdiag_stream *s);
+
+/* ---- GEMM (matmul.cu) ---- */
+
+/* out (n, m) (+)= x (n, k) · W (m, k)ᵀ + b (m); bf16 or fp32 out per flags; s required. */
+flexdiag_status flexdiag__cuda_matmul(void *out, const void *x, const uint16_t *w,
+                                      const uint16_t *b, int64_t n, int64_t k, int64_t m,
+                                      unsigned flags, flexdiag_stream *s);
+/* Destroy the GEMM plans cached on s (stream_destroy calls it). */
+void flexdiag__cuda_matmul_cache_free(flexdiag_stream *s);
+
+/* ---- heads and sampling ---- */
+
+/* cfg.cu: out (n_pairs, V) = u + w·(c − u), c = row 2i, u = row 2i+1 of logits. */
+flexdiag_status flexdiag__cuda_cfg_combine(float *out, const float *logits, int64_t n_pairs,
+                                           int64_t V, float w, flexdiag_stream *s);
+/* sample.cu: one id per row (see the file comment); a row holding a non-finite value after
+ * the temperature gets id -1, which the runtime detects when it copies the ids back. */
+flexdiag_status flexdiag__cuda_sample(int32_t *ids, const float *logits, int64_t n, int64_t V,
+                                      const flexdiag_sample_params *p, int64_t req0,
+                                      int64_t step, flexdiag_stream *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLEXDIAG_CUDA_OPS_CUH */

@@ -1,0 +1,56 @@
+/*
+ * kernels_cuda.cu - the CUDA op table ("cuda"): bf16 activations (act_bytes 2), bf16 weights,
+ * fp32 logits, one cudaStream_t + cuBLAS/cuBLASLt handles per flexdiag_stream.
+ *
+ * Only wiring: every slot points at a launcher of cuda_ops.cuh (streams, memory, conversions,
+ * row ops, GEMM, CFG, sampling; one op per .cu file) or attn.cuh (KV append and attention, helper
+ * F2's files). registry.c reaches this table through flexdiag__kernels_cuda_table() when the
+ * build has CUDA. The image-decoder slots (vq_lookup .. to_nhwc) stay NULL until their CUDA
+ * versions exist; the runtime decodes images with the CPU table meanwhile.
+ *
+ * Device-side contracts the runtime must keep (documented at the launchers): ids passed to
+ * embed / gather_rows are in range; sample writes id -1 for a row with non-finite logits, and
+ * the runtime turns that into FLEXDIAG_ERR_NUMERIC after copying the ids back.
+ */
+#include "attn.cuh"
+#include "cuda_common.cuh"
+#include "cuda_ops.cuh"
+
+/* Filled by assignment: C++17 (the CUDA standard of this build) has no designated
+ * initialisers. */
+static flexdiag_kernels make_table(void) {
+    flexdiag_kernels t = {};
+    t.name = "cuda";
+    t.act_bytes = 2;
+    t.stream_create = flexdiag__cuda_stream_create;
+    t.stream_destroy = flexdiag__cuda_stream_destroy;
+    t.stream_sync = flexdiag__cuda_stream_sync;
+    t.mem_alloc = flexdiag__cuda_mem_alloc;
+    t.mem_free = flexdiag__cuda_mem_free;
+    t.copy_h2d = flexdiag__cuda_copy_h2d;
+    t.copy_d2h = flexdiag__cuda_copy_d2h;
+    t.copy_d2d = flexdiag__cuda_copy_d2d;
+    t.memset0 = flexdiag__cuda_memset0;
+    t.mem_info = flexdiag__cuda_mem_info;
+    t.act_to_f32 = flexdiag__cuda_act_to_f32;
+    t.act_from_f32 = flexdiag__cuda_act_from_f32;
+    t.embed = flexdiag__cuda_embed;
+    t.rmsnorm = flexdiag__cuda_rmsnorm;
+    t.matmul = flexdiag__cuda_matmul;
+    t.rope = flexdiag__cuda_rope;
+    t.swiglu = flexdiag__cuda_swiglu;
+    t.gelu = flexdiag__cuda_gelu;
+    t.gather_rows = flexdiag__cuda_gather_rows;
+    t.kv_append = flexdiag__cuda_kv_append;
+    t.attn_prefill = flexdiag__cuda_attn_prefill;
+    t.attn_decode = flexdiag__cuda_attn_decode;
+    t.cfg_combine = flexdiag__cuda_cfg_combine;
+    t.sample = flexdiag__cuda_sample;
+    return t;
+}
+
+/* The table registry.c hands out as flexdiag__kernels_cuda(). */
+extern "C" const flexdiag_kernels *flexdiag__kernels_cuda_table(void) {
+    static const flexdiag_kernels table = make_table(); /* built once, thread-safe (C++11) */
+    return &table;
+}

@@ -1,0 +1,308 @@
+/*
+ * matmul.cu - the one GEMM launcher of the CUDA backend: out (n, m) (+)= x (n, k) · W (m, k)ᵀ + b.
+ *
+ * Mapping to column-major BLAS: a row-major (r, c) matrix is a column-major (c, r) one. So
+ * out (n, m) row-major is D = outᵀ (m × n, ld m), x (n, k) row-major is B = xᵀ (k × n, ld k),
+ * and W (m, k) row-major is stored as a column-major (k × m, ld k) matrix whose transpose is
+ * what we need: D = op(A)·B with A = W, op = T. That is a "TN" GEMM with M = m, N = n, K = k,
+ * and the bias (one value per output feature) is one value per row of D — exactly what the
+ * cuBLASLt BIAS epilogue broadcasts.
+ *
+ * Path: cuBLASLt with fp32 compute and fp32 scale, bf16 A/B, bf16 or fp32 C/D, beta = 1 for
+ * FLEXDIAG_MM_ACCUM (C = D = out), the BIAS epilogue when out is bf16 (cuBLASLt wants the bias
+ * in D's type, so fp32 outputs add the bf16 bias in a small kernel afterwards), the algorithm
+ * from the heuristic limited to the stream workspace, to the actual pointer alignments (the
+ * default assumes 256-byte alignment, which carved arena views need not have) and to split-K
+ * reductions in fp32 (never in bf16). If the heuristic offers nothing (odd leading dimensions,
+ * unsupported epilogue) the plan falls back to cublasGemmEx (+ the bias kernel), and k == 0
+ * reduces to the bias kernel alone.
+ *
+ * Heuristic queries cost tens of microseconds, so each stream keeps a small cache of plans
+ * (descriptors + algorithm) keyed by shape, flags, bias presence and pointer alignments; the
+ * runtime issues a handful of distinct shapes, reused every layer and step. A stream is used by
+ * one host thread at a time, so the cache needs no lock.
+ */
+#include "cuda_common.cuh"
+#include "cuda_ops.cuh"
+
+#include <limits.h>
+#include <stdlib.h>
+
+/* Plans kept per stream: a decoder issues < 10 distinct GEMM shapes per phase (qkv, o, gate|up,
+ * down, head; prefill and decode), so 32 is ample; the oldest plan is replaced when full. */
+#define MM_CACHE_SLOTS 32
+
+typedef struct mm_key {
+    int64_t n, k, m;  /* GEMM shape */
+    unsigned flags;   /* FLEXDIAG_MM_* */
+    int has_bias;     /* b != NULL */
+    unsigned align;   /* log2 alignments (<= 256 B) of x, w, out, b: 4 bits each */
+} mm_key;
+
+typedef struct mm_plan {
+    mm_key key;                 /* what this plan was built for */
+    int used;                   /* slot holds a plan */
+    int use_lt;                 /* 1: cublasLtMatmul with algo; 0: cublasGemmEx */
+    int lt_bias;                /* bias applied by the Lt epilogue (else by bias_kernel) */
+    cublasLtMatmulDesc_t op;    /* compute / scale types, transposes, epilogue */
+    cublasLtMatrixLayout_t la;  /* A = W: bf16 k × m, ld k */
+    cublasLtMatrixLayout_t lb;  /* B = xᵀ: bf16 k × n, ld k */
+    cublasLtMatrixLayout_t lc;  /* C = D = outᵀ: bf16 / fp32 m × n, ld m */
+    cublasLtMatmulAlgo_t algo;  /* heuristic's first choice */
+} mm_plan;
+
+typedef struct mm_cache {
+    mm_plan plan[MM_CACHE_SLOTS]; /* plans, valid where used */
+    int next;                     /* slot replaced on the next miss (round robin) */
+} mm_cache;
+
+/* ---- bias / fill kernel ---- */
+
+static __device__ __forceinline__ float load_f(const float *p) { return *p; }
+static __device__ __forceinline__ float load_f(const __nv_bfloat16 *p) {
+    return __bfloat162float(*p);
+}
+static __device__ __forceinline__ void store_f(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void store_f(__nv_bfloat16 *p, float v) {
+    *p = __float2bfloat16_rn(v);
+}
+
+/* out (n, m) = (keep ? out : 0) + (b ? b : 0), fp32 math. */
+template <typename T>
+static __global__ void bias_kernel(T *__restrict__ out, const __nv_bfloat16 *__restrict__ b,
+                                   int64_t n, int64_t m, int keep) {
+    const int64_t total = n * m, step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        float v = keep ? load_f(out + i) : 0.0f;
+        if (b) v += __bfloat162float(b[i % m]);
+        store_f(out + i, v);
+    }
+}
+
+static flexdiag_status bias_launch(void *out, const uint16_t *b, int64_t n, int64_t m, int keep,
+                                   int out_f32, cudaStream_t st) {
+    const unsigned blocks = flexdiag__cuda_blocks(n * m, FLEXDIAG_CUDA_BLOCK);
+    const __nv_bfloat16 *bb = (const __nv_bfloat16 *)b;
+    if (out_f32)
+        bias_kernel<float><<<blocks, FLEXDIAG_CUDA_BLOCK, 0, st>>>((float *)out, bb, n, m, keep);
+    else
+        bias_kernel<__nv_bfloat16><<<blocks, FLEXDIAG_CUDA_BLOCK, 0, st>>>(
+            (__nv_bfloat16 *)out, bb, n, m, keep);
+    FLEXDIAG_CUDA_LAUNCH_CHECK(st);
+    return FLEXDIAG_OK;
+}
+
+/* ---- plans ---- */
+
+/* log2 of the largest power of two (<= 256) dividing p's address. */
+static unsigned align_log2(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    unsigned l = 0;
+    while (l < 8 && !(a & ((uintptr_t)1 << l))) l++;
+    return l;
+}
+
+static int key_eq(const mm_key *a, const mm_key *b) {
+    return a->n == b->n && a->k == b->k && a->m == b->m && a->flags == b->flags &&
+           a->has_bias == b->has_bias && a->align == b->align;
+}
+
+static void plan_release(mm_plan *p) {
+    if (p->lc) (void)cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) (void)cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) (void)cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) (void)cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+/* Create the descriptors of p for its key; epilogue BIAS when lt_bias. */
+static flexdiag_status plan_describe(mm_plan *p, const uint16_t *b) {
+    const mm_key *key = &p->key;
+    const cudaDataType_t out_t = (key->flags & FLEXDIAG_MM_OUT_F32) ? CUDA_R_32F : CUDA_R_16BF;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    FLEXDIAG_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FLEXDIAG_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (p->lt_bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const int32_t bias_t = CUDA_R_16BF;
+        FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                           &epi, sizeof epi));
+        FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
+            p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof bias_t));
+        FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
+            p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
+    }
+    FLEXDIAG_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)key->k,
+                                                   (uint64_t)key->m, key->k));
+    FLEXDIAG_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)key->k,
+                                                   (uint64_t)key->n, key->k));
+    FLEXDIAG_CUBLAS_TRY(
+        cublasLtMatrixLayoutCreate(&p->lc, out_t, (uint64_t)key->m, (uint64_t)key->n, key->m));
+    return FLEXDIAG_OK;
+}
+
+/* Ask the heuristic for an algorithm for p under the stream's workspace and the pointer
+ * alignments of the key; *found = 0 when it has none (not an error: the caller falls back). */
+static flexdiag_status plan_heuristic(flexdiag_stream *s, mm_plan *p, int *found) {
+    cublasLtMatmulPreference_t pref = NULL;
+    FLEXDIAG_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = s->workspace_bytes;
+    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; /* fp32 split-K partials only */
+    const uint32_t al_x = 1u << (p->key.align & 15), al_w = 1u << (p->key.align >> 4 & 15),
+                   al_o = 1u << (p->key.align >> 8 & 15);
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        const void *v;
+        size_t size;
+    } set[] = {
+        {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws},
+        {CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_w, sizeof al_w},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_x, sizeof al_x},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_o, sizeof al_o},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_o, sizeof al_o},
+    };
+    cublasStatus_t e = CUBLAS_STATUS_SUCCESS;
+    for (size_t i = 0; i < sizeof set / sizeof set[0] && e == CUBLAS_STATUS_SUCCESS; i++)
+        e = cublasLtMatmulPreferenceSetAttribute(pref, set[i].attr, set[i].v, set[i].size);
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int n_res = 0;
+    if (e == CUBLAS_STATUS_SUCCESS) {
+        /* NOT_SUPPORTED (or any refusal) here only means "no Lt algorithm": fall back. */
+        if (cublasLtMatmulAlgoGetHeuristic(s->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                           &res, &n_res) != CUBLAS_STATUS_SUCCESS)
+            n_res = 0;
+    }
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    FLEXDIAG_CUBLAS_TRY(e);
+    *found = n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= ws;
+    if (*found) p->algo = res.algo;
+    return FLEXDIAG_OK;
+}
+
+/* Build p for key: Lt with the bias epilogue if possible, then Lt without it, else GemmEx. */
+static flexdiag_status plan_build(flexdiag_stream *s, mm_plan *p, const mm_key *key,
+                                  const uint16_t *b) {
+    const int want_bias = key->has_bias && !(key->flags & FLEXDIAG_MM_OUT_F32);
+    for (int attempt = want_bias ? 0 : 1; attempt < 2; attempt++) {
+        plan_release(p);
+        p->key = *key;
+        p->lt_bias = attempt == 0;
+        FLEXDIAG_TRY(plan_describe(p, b));
+        int found = 0;
+        FLEXDIAG_TRY(plan_heuristic(s, p, &found));
+        if (found) {
+            p->use_lt = 1;
+            p->used = 1;
+            return FLEXDIAG_OK;
+        }
+    }
+    p->use_lt = 0;
+    p->lt_bias = 0;
+    p->used = 1;
+    return FLEXDIAG_OK;
+}
+
+/* The cached plan for key, building it on a miss. */
+static flexdiag_status plan_get(flexdiag_stream *s, const mm_key *key, const uint16_t *b,
+                                mm_plan **out) {
+    if (!s->mm_cache) {
+        s->mm_cache = calloc(1, sizeof(mm_cache));
+        if (!s->mm_cache)
+            return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                                 "cuda matmul: cannot allocate the plan cache (%zu bytes)",
+                                 sizeof(mm_cache));
+    }
+    mm_cache *c = (mm_cache *)s->mm_cache;
+    for (int i = 0; i < MM_CACHE_SLOTS; i++)
+        if (c->plan[i].used && key_eq(&c->plan[i].key, key)) {
+            *out = &c->plan[i];
+            return FLEXDIAG_OK;
+        }
+    mm_plan *p = &c->plan[c->next];
+    c->next = (c->next + 1) % MM_CACHE_SLOTS;
+    flexdiag_status st = plan_build(s, p, key, b);
+    if (st != FLEXDIAG_OK) {
+        plan_release(p);
+        return st;
+    }
+    *out = p;
+    return FLEXDIAG_OK;
+}
+
+extern "C" void flexdiag__cuda_matmul_cache_free(flexdiag_stream *s) {
+    if (!s || !s->mm_cache) return;
+    mm_cache *c = (mm_cache *)s->mm_cache;
+    for (int i = 0; i < MM_CACHE_SLOTS; i++) plan_release(&c->plan[i]);
+    free(c);
+    s->mm_cache = NULL;
+}
+
+/* ---- launcher ---- */
+
+/* Run the GEMM of plan p (without the bias unless the Lt epilogue adds it). */
+static flexdiag_status gemm_run(flexdiag_stream *s, mm_plan *p, void *out, const void *x,
+                                const uint16_t *w, const uint16_t *b) {
+    const mm_key *key = &p->key;
+    const float alpha = 1.0f, beta = (key->flags & FLEXDIAG_MM_ACCUM) ? 1.0f : 0.0f;
+    if (p->use_lt) {
+        if (p->lt_bias)
+            FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
+                p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
+        FLEXDIAG_CUBLAS_TRY(cublasLtMatmul(s->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, out,
+                                           p->lc, out, p->lc, &p->algo, s->workspace,
+                                           s->workspace_bytes, s->stream));
+        return FLEXDIAG_OK;
+    }
+    if (key->n > INT_MAX || key->k > INT_MAX || key->m > INT_MAX)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "cuda matmul: n = %lld, k = %lld, m = %lld: no cuBLASLt algorithm "
+                             "and too large for cublasGemmEx (32-bit sizes): split the rows",
+                             (long long)key->n, (long long)key->k, (long long)key->m);
+    const cudaDataType_t out_t = (key->flags & FLEXDIAG_MM_OUT_F32) ? CUDA_R_32F : CUDA_R_16BF;
+    FLEXDIAG_CUBLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)key->m, (int)key->n,
+                                     (int)key->k, &alpha, w, CUDA_R_16BF, (int)key->k, x,
+                                     CUDA_R_16BF, (int)key->k, &beta, out, out_t, (int)key->m,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return FLEXDIAG_OK;
+}
+
+/* out (n, m) bf16 or f32, x (n, k) bf16, w (m, k) bf16, b (m) bf16 or NULL */
+extern "C" flexdiag_status flexdiag__cuda_matmul(void *out, const void *x, const uint16_t *w,
+                                                 const uint16_t *b, int64_t n, int64_t k,
+                                                 int64_t m, unsigned flags, flexdiag_stream *s) {
+    if (n < 0 || k < 0 || m < 0 || (flags & ~(FLEXDIAG_MM_ACCUM | FLEXDIAG_MM_OUT_F32)))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda matmul: n = %lld, k = %lld, m = %lld, flags = 0x%x: need sizes "
+                             ">= 0 and only FLEXDIAG_MM_ACCUM | FLEXDIAG_MM_OUT_F32",
+                             (long long)n, (long long)k, (long long)m, flags);
+    if ((flags & FLEXDIAG_MM_ACCUM) && (flags & FLEXDIAG_MM_OUT_F32))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda matmul: FLEXDIAG_MM_ACCUM is for act outputs only, not with "
+                             "FLEXDIAG_MM_OUT_F32");
+    if (!s)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda matmul: no stream: the GEMM needs the cuBLAS handles of a "
+                             "stream from stream_create");
+    if (n == 0 || m == 0) return FLEXDIAG_OK;
+    const int out_f32 = (flags & FLEXDIAG_MM_OUT_F32) != 0, keep = (flags & FLEXDIAG_MM_ACCUM) != 0;
+    if (!out || (k > 0 && (!x || !w)))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda matmul: out %p, x %p, w %p: need device buffers", out, x,
+                             (const void *)w);
+    if (k == 0) return bias_launch(out, b, n, m, keep, out_f32, s->stream);
+
+    const mm_key key = {n, k, m, flags, b != NULL,
+                        align_log2(x) | align_log2(w) << 4 | align_log2(out) << 8 |
+                            (b ? align_log2(b) : 0u) << 12};
+    mm_plan *p = NULL;
+    FLEXDIAG_TRY(plan_get(s, &key, b, &p));
+    FLEXDIAG_TRY(gemm_run(s, p, out, x, w, b));
+    if (b && !p->lt_bias) return bias_launch(out, b, n, m, 1, out_f32, s->stream);
+    FLEXDIAG_CUDA_LAUNCH_CHECK(s->stream);
+    return FLEXDIAG_OK;
+}

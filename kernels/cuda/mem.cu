@@ -1,0 +1,194 @@
+/*
+ * mem.cu - CUDA streams, device memory and copies of the op table, and the slow-path error
+ * reporters behind FLEXDIAG_CUDA_TRY / FLEXDIAG_CUBLAS_TRY.
+ *
+ * stream_create makes the whole execution queue at once: a non-blocking stream, a cuBLAS and a
+ * cuBLASLt handle bound to it and one FLEXDIAG_CUDA_WORKSPACE_BYTES (32 MiB) device workspace
+ * that both libraries use (the runtime counts it in the GPU arena). The device ordinal becomes
+ * current on the calling thread; ops and allocations run on the current device, so a process
+ * that drives several devices must keep the right one current per thread.
+ *
+ * Copies are cudaMemcpyAsync on the stream: host memory may be pageable (the driver then
+ * stages it and the call may block). copy_d2h synchronises the stream before it returns because
+ * the contract says the host buffer holds the data on return. No other op waits for the device.
+ * A NULL stream means the legacy default stream (matmul excepted: it needs the handles).
+ */
+#include "cuda_common.cuh"
+#include "cuda_ops.cuh"
+
+#include <stdlib.h>
+
+/* ---- error slow paths ---- */
+
+/* Device id for messages (-1 when even that query fails). */
+static int current_device(void) {
+    int d = -1;
+    if (cudaGetDevice(&d) != cudaSuccess) d = -1;
+    return d;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_fail(cudaError_t e, const char *stmt, const char *func,
+                                               const char *file, int line) {
+    /* Reset the non-sticky "last error" so the next launch check does not report it again. */
+    (void)cudaGetLastError();
+    flexdiag_status st = FLEXDIAG_ERR_CUDA;
+    if (e == cudaErrorMemoryAllocation) st = FLEXDIAG_ERR_OOM_DEVICE;
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) st = FLEXDIAG_ERR_UNSUPPORTED;
+    return flexdiag__err(st, "cuda device %d: %s failed: %s (%s) in %s at %s:%d", current_device(),
+                         stmt, cudaGetErrorString(e), cudaGetErrorName(e), func, file, line);
+}
+
+extern "C" flexdiag_status flexdiag__cublas_fail(cublasStatus_t e, const char *stmt,
+                                                 const char *func, const char *file, int line) {
+    flexdiag_status st = e == CUBLAS_STATUS_ALLOC_FAILED ? FLEXDIAG_ERR_OOM_DEVICE
+                                                         : FLEXDIAG_ERR_CUDA;
+    return flexdiag__err(st, "cuda device %d: %s failed: %s (status %d) in %s at %s:%d",
+                         current_device(), stmt, cublasGetStatusString(e), (int)e, func, file,
+                         line);
+}
+
+/* ---- streams ---- */
+
+/* Fail unless device names one of the visible devices; UNSUPPORTED when there are none. */
+static flexdiag_status check_device(int device) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "cuda: no usable device (cudaGetDeviceCount: %s): check the NVIDIA "
+                             "driver and CUDA_VISIBLE_DEVICES, or run on the CPU (device -1)",
+                             cudaGetErrorString(e));
+    }
+    if (count == 0)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "cuda: no CUDA device visible: check CUDA_VISIBLE_DEVICES, or run "
+                             "on the CPU (device -1)");
+    if (device < 0 || device >= count)
+        return flexdiag__err(FLEXDIAG_ERR_CUDA,
+                             "cuda: device %d requested but %d device(s) visible: pass a device "
+                             "ordinal in 0..%d",
+                             device, count, count - 1);
+    return FLEXDIAG_OK;
+}
+
+/* Create the stream, handles and workspace of s on the current device. */
+static flexdiag_status stream_init(flexdiag_stream *s) {
+    FLEXDIAG_CUDA_TRY(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount,
+                                             s->device));
+    FLEXDIAG_CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    FLEXDIAG_CUBLAS_TRY(cublasCreate(&s->blas));
+    FLEXDIAG_CUBLAS_TRY(cublasSetStream(s->blas, s->stream));
+    /* Split-K partial sums in fp32 only, never in the bf16 output type. */
+    const int math = CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+    FLEXDIAG_CUBLAS_TRY(cublasSetMathMode(s->blas, (cublasMath_t)math));
+    FLEXDIAG_CUBLAS_TRY(cublasLtCreate(&s->lt));
+    s->workspace_bytes = FLEXDIAG_CUDA_WORKSPACE_BYTES;
+    FLEXDIAG_TRY(flexdiag__cuda_mem_alloc(s->workspace_bytes, &s->workspace));
+    FLEXDIAG_CUBLAS_TRY(cublasSetWorkspace(s->blas, s->workspace, s->workspace_bytes));
+    return FLEXDIAG_OK;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_stream_create(int device, int threads,
+                                                        flexdiag_stream **out) {
+    (void)threads; /* CPU workers: nothing to do on a GPU queue */
+    *out = NULL;
+    FLEXDIAG_TRY(check_device(device));
+    FLEXDIAG_CUDA_TRY(cudaSetDevice(device));
+    flexdiag_stream *s = (flexdiag_stream *)calloc(1, sizeof *s);
+    if (!s)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "cuda: cannot allocate a stream (%zu bytes)",
+                             sizeof *s);
+    s->device = device;
+    flexdiag_status st = stream_init(s);
+    if (st != FLEXDIAG_OK) {
+        flexdiag__cuda_stream_destroy(s);
+        return st;
+    }
+    *out = s;
+    return FLEXDIAG_OK;
+}
+
+extern "C" void flexdiag__cuda_stream_destroy(flexdiag_stream *s) {
+    if (!s) return;
+    if (s->stream) (void)cudaStreamSynchronize(s->stream);
+    flexdiag__cuda_matmul_cache_free(s);
+    if (s->lt) (void)cublasLtDestroy(s->lt);
+    if (s->blas) (void)cublasDestroy(s->blas);
+    flexdiag__cuda_mem_free(s->workspace);
+    if (s->stream) (void)cudaStreamDestroy(s->stream);
+    (void)cudaGetLastError();
+    free(s);
+}
+
+extern "C" flexdiag_status flexdiag__cuda_stream_sync(flexdiag_stream *s) {
+    FLEXDIAG_CUDA_TRY(cudaStreamSynchronize(flexdiag__cuda_st(s)));
+    return FLEXDIAG_OK;
+}
+
+/* ---- memory ---- */
+
+extern "C" flexdiag_status flexdiag__cuda_mem_alloc(size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes == 0) return FLEXDIAG_OK;
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e == cudaSuccess) return FLEXDIAG_OK;
+    *out = NULL;
+    (void)cudaGetLastError();
+    if (e != cudaErrorMemoryAllocation) FLEXDIAG_CUDA_TRY(e);
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
+                         "cuda device %d: cannot allocate %zu bytes (%.2f MiB): %zu bytes "
+                         "(%.2f MiB) free of %zu: lower --gpu-mem, the batch size or the context",
+                         current_device(), bytes, bytes / 1048576.0, free_b, free_b / 1048576.0,
+                         total_b);
+}
+
+extern "C" void flexdiag__cuda_mem_free(void *p) {
+    if (!p) return;
+    cudaError_t e = cudaFree(p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        FLEXDIAG_WARN("cuda device %d: cudaFree(%p) failed: %s", current_device(), p,
+                      cudaGetErrorString(e));
+    }
+}
+
+extern "C" flexdiag_status flexdiag__cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    FLEXDIAG_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
+    return FLEXDIAG_OK;
+}
+
+/* ---- copies ---- */
+
+extern "C" flexdiag_status flexdiag__cuda_copy_h2d(void *dst, const void *src, size_t bytes,
+                                                   flexdiag_stream *s) {
+    if (bytes == 0) return FLEXDIAG_OK;
+    FLEXDIAG_CUDA_TRY(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, flexdiag__cuda_st(s)));
+    return FLEXDIAG_OK;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_copy_d2h(void *dst, const void *src, size_t bytes,
+                                                   flexdiag_stream *s) {
+    if (bytes == 0) return FLEXDIAG_OK;
+    cudaStream_t st = flexdiag__cuda_st(s);
+    FLEXDIAG_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
+    FLEXDIAG_CUDA_TRY(cudaStreamSynchronize(st));
+    return FLEXDIAG_OK;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_copy_d2d(void *dst, const void *src, size_t bytes,
+                                                   flexdiag_stream *s) {
+    if (bytes == 0) return FLEXDIAG_OK;
+    FLEXDIAG_CUDA_TRY(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, flexdiag__cuda_st(s)));
+    return FLEXDIAG_OK;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_memset0(void *dst, size_t bytes, flexdiag_stream *s) {
+    if (bytes == 0) return FLEXDIAG_OK;
+    FLEXDIAG_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, flexdiag__cuda_st(s)));
+    return FLEXDIAG_OK;
+}

@@ -1,0 +1,318 @@
+/*
+ * api.c - the public C API (include/flexdiag.h) on top of the engine.
+ *
+ * Entry points clear the thread's error message, check params (struct_size first), and turn
+ * every failure into a status plus a message; nothing here aborts or exits. The runtime picks
+ * the backend: CUDA when the build has it, device >= 0 and a device answers; otherwise the CPU
+ * engine (logged once). A context allows one call at a time (FLEXDIAG_ERR_BUSY) and honours
+ * cancel at the next layer boundary.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "engine.h"
+#include "prompt.h"
+#include "tokenizer.h"
+
+#define GPU_MARGIN (1ull << 30) /* bytes left to the driver/other processes by default */
+
+flexdiag_status flexdiag__context_alloc(flexdiag_context *c);
+void flexdiag__context_free(flexdiag_context *c);
+
+/* ---- params ---- */
+
+void flexdiag_runtime_params_init(flexdiag_runtime_params *p) {
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->device = flexdiag__have_cuda() ? 0 : -1;
+}
+
+void flexdiag_model_params_init(flexdiag_model_params *p) {
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->arch = "tiny-janus";
+    p->random_weights = true;
+    p->seed = 1;
+}
+
+void flexdiag_policy_params_init(flexdiag_policy_params *p) {
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->kind = FLEXDIAG_POLICY_DENSE;
+}
+
+void flexdiag_context_params_init(flexdiag_context_params *p) {
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->max_images = 16;
+    p->max_prompt_len = 128;
+    p->max_new_tokens = 128;
+    flexdiag_policy_params_init(&p->policy);
+}
+
+void flexdiag_request_init(flexdiag_request *r) {
+    memset(r, 0, sizeof *r);
+    r->struct_size = sizeof *r;
+    r->images_per_prompt = 1;
+    r->cfg_weight = 5.0f;
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+}
+
+static flexdiag_status check_size(uint32_t got, size_t want, const char *what) {
+    if (got == 0 || got > want)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "%s.struct_size is %u (expected %zu): call %s_init() first", what,
+                             got, want, what);
+    return FLEXDIAG_OK;
+}
+
+/* ---- runtime ---- */
+
+static flexdiag_status pick_backend(flexdiag_runtime *rt) {
+    const flexdiag_kernels *cuda = flexdiag__kernels_cuda();
+    if (rt->p.device >= 0 && cuda) {
+        flexdiag_status st = cuda->stream_create(rt->p.device, rt->p.threads, &rt->s);
+        if (st == FLEXDIAG_OK) {
+            rt->k = cuda;
+            return FLEXDIAG_OK;
+        }
+        FLEXDIAG_WARN("CUDA device %d unusable (%s); using the CPU engine", rt->p.device,
+                      flexdiag__err_msg());
+        flexdiag__err_clear();
+    } else if (rt->p.device >= 0) {
+        FLEXDIAG_INFO("built without CUDA; using the CPU engine");
+    }
+    rt->k = flexdiag__kernels_cpu();
+    return rt->k->stream_create(-1, rt->p.threads, &rt->s);
+}
+
+flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdiag_runtime **out) {
+    flexdiag__err_clear();
+    if (!out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "runtime_create: NULL argument");
+    *out = NULL;
+    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_runtime_params"));
+    flexdiag_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
+    memcpy(&rt->p, p, p->struct_size);
+    flexdiag_status st = pick_backend(rt);
+    uint64_t budget = p->gpu_mem;
+    size_t free_b = 0, total_b = 0;
+    if (st == FLEXDIAG_OK && rt->k->mem_info && rt->k->mem_info(&free_b, &total_b) == FLEXDIAG_OK) {
+        uint64_t avail = free_b > GPU_MARGIN ? free_b - GPU_MARGIN : 0;
+        if (budget == 0) budget = avail;
+        else if (budget > free_b)
+            st = flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
+                               "--gpu-mem asks for %.2f GiB but the device has %.2f GiB free",
+                               (double)budget / (1 << 30), (double)free_b / (1 << 30));
+    }
+    if (st == FLEXDIAG_OK) flexdiag__arena_init(&rt->arena, rt->k, budget);
+    if (st != FLEXDIAG_OK) {
+        flexdiag_runtime_destroy(rt);
+        return st;
+    }
+    *out = rt;
+    return FLEXDIAG_OK;
+}
+
+void flexdiag_runtime_destroy(flexdiag_runtime *rt) {
+    if (!rt) return;
+    if (rt->s) rt->k->stream_destroy(rt->s);
+    free(rt);
+}
+
+/* ---- model ---- */
+
+static flexdiag_status model_from_dir(flexdiag_model *m, const char *path) {
+    flexdiag_runtime *rt = m->rt;
+    m->dir = strdup(path);
+    if (!m->dir) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
+    FLEXDIAG_TRY(flexdiag__config_load(path, &m->cfg));
+    char tj[4096];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
+    FILE *f = fopen(tj, "rb");
+    if (f) {
+        fclose(f);
+        FLEXDIAG_TRY(flexdiag__tok_load(tj, &m->tok));
+        FLEXDIAG_TRY(flexdiag__special_ids(m));
+    }
+    return flexdiag__weights_load(&rt->arena, rt->s, &m->cfg, path, &m->w);
+}
+
+flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
+                                    const flexdiag_model_params *p, flexdiag_model **out) {
+    flexdiag__err_clear();
+    if (!rt || !out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "model_load: NULL argument");
+    *out = NULL;
+    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_model_params"));
+    flexdiag_model *m = calloc(1, sizeof *m);
+    if (!m) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
+    m->rt = rt;
+    flexdiag_status st;
+    if (path) {
+        st = model_from_dir(m, path);
+    } else {
+        st = flexdiag__config_builtin(p->arch, &m->cfg);
+        if (st == FLEXDIAG_OK) st = flexdiag__weights_random(&rt->arena, rt->s, &m->cfg, p->seed, &m->w);
+    }
+    if (st != FLEXDIAG_OK) {
+        flexdiag_model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return FLEXDIAG_OK;
+}
+
+void flexdiag_model_destroy(flexdiag_model *m) {
+    if (!m) return;
+    flexdiag__weights_free(&m->rt->arena, &m->w);
+    flexdiag__tok_destroy(m->tok);
+    free(m->dir);
+    free(m);
+}
+
+/* ---- context ---- */
+
+/* Fail before any allocation when the context cannot fit, naming the largest batch that does. */
+static flexdiag_status check_fits(const flexdiag_model *m, const flexdiag_context_params *p) {
+    size_t need = 0;
+    FLEXDIAG_TRY(flexdiag__context_bytes(m, p, &need));
+    uint64_t avail = flexdiag__arena_available(&m->rt->arena);
+    if (need <= avail) return FLEXDIAG_OK;
+    int32_t fit = flexdiag__context_fit(m, p, avail);
+    return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
+                         "a batch of %d image(s) needs %.3f GiB of device memory for KV cache and "
+                         "scratch, but %.3f GiB is available under the budget after the weights; "
+                         "the largest batch that fits is %d%s",
+                         p->max_images, (double)need / (1u << 30), (double)avail / (1u << 30), fit,
+                         fit ? "" : " (lower the prompt length or raise --gpu-mem)");
+}
+
+flexdiag_status flexdiag_context_create(flexdiag_model *m, const flexdiag_context_params *p,
+                                        flexdiag_context **out) {
+    flexdiag__err_clear();
+    if (!m || !p || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_create: NULL argument");
+    *out = NULL;
+    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_context_params"));
+    flexdiag_context *c = calloc(1, sizeof *c);
+    if (!c) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
+    c->m = m;
+    flexdiag_context_params_init(&c->p);
+    memcpy(&c->p, p, p->struct_size);
+    flexdiag_status st = check_fits(m, &c->p);
+    if (st == FLEXDIAG_OK) st = flexdiag__context_alloc(c);
+    if (st != FLEXDIAG_OK) {
+        flexdiag_context_destroy(c);
+        return st;
+    }
+    *out = c;
+    return FLEXDIAG_OK;
+}
+
+void flexdiag_context_destroy(flexdiag_context *c) {
+    if (!c) return;
+    flexdiag__context_free(c);
+    free(c);
+}
+
+flexdiag_status flexdiag_context_cancel(flexdiag_context *c) {
+    if (!c) return FLEXDIAG_ERR_INVALID_ARG;
+    atomic_store(&c->cancel, 1);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats *out) {
+    if (!c || !out) return FLEXDIAG_ERR_INVALID_ARG;
+    *out = c->stats;
+    out->peak_device_bytes = atomic_load(&((flexdiag_context *)c)->m->rt->arena.peak);
+    return FLEXDIAG_OK;
+}
+
+/* ---- generate ---- */
+
+static flexdiag_status check_request(const flexdiag_context *c, const flexdiag_request *r) {
+    FLEXDIAG_TRY(check_size(r->struct_size, sizeof *r, "flexdiag_request"));
+    if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "request needs n_prompts >= 1 and prompts or prompt_ids+prompt_lens");
+    if (r->images_per_prompt < 1)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "images_per_prompt must be >= 1");
+    if (!(r->temperature > 0) || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1) ||
+        !(r->cfg_weight == r->cfg_weight))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "sampling: temperature must be > 0, top_k >= 0, 0 < top_p <= 1, "
+                             "cfg_weight a number");
+    (void)c;
+    return FLEXDIAG_OK;
+}
+
+/* Token ids of every prompt (tokenised or copied). */
+static flexdiag_status prompt_table(const flexdiag_context *c, const flexdiag_request *r,
+                                    int32_t **ids, int32_t *lens) {
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        int64_t n = 0;
+        if (r->prompts) {
+            FLEXDIAG_TRY(flexdiag__prompt_ids(c->m, r->prompts[i], &ids[i], &n));
+        } else {
+            n = r->prompt_lens[i];
+            ids[i] = malloc((size_t)(n > 0 ? n : 1) * 4);
+            if (!ids[i]) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompts: no memory");
+            memcpy(ids[i], r->prompt_ids[i], (size_t)(n > 0 ? n : 0) * 4);
+        }
+        lens[i] = (int32_t)n;
+    }
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status generate_blocks(flexdiag_context *c, const flexdiag_request *r,
+                                       int32_t **ids, const int32_t *lens, flexdiag_output *out) {
+    int32_t total = out->n_images, per = out->tokens_per_image;
+    const int32_t **pp = malloc((size_t)c->n_img * sizeof *pp);
+    int32_t *pl = malloc((size_t)c->n_img * 4);
+    flexdiag_status st = pp && pl ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no memory");
+    for (int32_t img0 = 0; st == FLEXDIAG_OK && img0 < total; img0 += c->n_img) {
+        flexdiag_block b = {.n_img = total - img0 < c->n_img ? total - img0 : c->n_img,
+                            .n_steps = per, .img0 = img0, .cfg_weight = r->cfg_weight,
+                            .sp = {r->temperature, r->top_k, r->top_p, r->seed},
+                            .tokens = out->tokens + (size_t)img0 * (size_t)per,
+                            .progress = c->p.progress, .progress_user = c->p.progress_user};
+        for (int32_t i = 0; i < b.n_img; i++) {
+            int32_t prompt = (img0 + i) / r->images_per_prompt;
+            pp[i] = ids[prompt];
+            pl[i] = lens[prompt];
+        }
+        b.prompt = pp;
+        b.prompt_len = pl;
+        st = flexdiag__engine_run(c, &b);
+    }
+    free(pp);
+    free(pl);
+    return st;
+}
+
+flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *req,
+                                  flexdiag_output *out) {
+    flexdiag__err_clear();
+    if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "generate: NULL argument");
+    FLEXDIAG_TRY(check_request(c, req));
+    out->n_images = req->n_prompts * req->images_per_prompt;
+    out->tokens_per_image = c->l_dec;
+    if (!out->tokens) return FLEXDIAG_OK; /* size query */
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&c->busy, &expected, 1))
+        return flexdiag__err(FLEXDIAG_ERR_BUSY, "another call is running on this context");
+    atomic_store(&c->cancel, 0);
+    memset(&c->stats, 0, sizeof c->stats);
+    int32_t **ids = calloc((size_t)req->n_prompts, sizeof *ids);
+    int32_t *lens = calloc((size_t)req->n_prompts, 4);
+    flexdiag_status st = ids && lens ? prompt_table(c, req, ids, lens)
+                                     : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no memory");
+    if (st == FLEXDIAG_OK) st = generate_blocks(c, req, ids, lens, out);
+    for (int32_t i = 0; ids && i < req->n_prompts; i++) free(ids[i]);
+    free(ids);
+    free(lens);
+    atomic_store(&c->busy, 0);
+    return st;
+}

@@ -1,0 +1,135 @@
+/*
+ * engine.h - the objects behind the public handles and the generation engine that drives them.
+ *
+ * One engine path serves every backend: the runtime owns the op table (CPU or CUDA), one
+ * execution stream and the device arena; a model owns config + weights (+ tokenizer); a context
+ * owns the KV cache, the KV policy state and every scratch buffer, all sized at creation and
+ * carved out of one device block (no allocation inside a step).
+ *
+ * A run ("block" in FlexGen's terms) is a set of images generated together. Its sequences are
+ * the CFG rows (conditional, unconditional per image for Janus; one row for Llama), grouped into
+ * micro-batches that keep CFG pairs together. Prefill and every decode step run the layer-major
+ * loop of design.md §2: for each layer, for each micro-batch, compute — the loop the offloading
+ * scheduler will drive. Teacher forcing (score, fidelity, golden tests) is the same run with the
+ * sampled ids replaced by given ones.
+ */
+#ifndef FLEXDIAG_ENGINE_H
+#define FLEXDIAG_ENGINE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "kernels.h"
+#include "kv_policy.h"
+#include "model.h"
+
+struct flexdiag_tokenizer;
+
+struct flexdiag_runtime {
+    flexdiag_runtime_params p;   /* copy of the creation params */
+    const flexdiag_kernels *k;   /* backend op table */
+    flexdiag_stream *s;          /* execution stream (CUDA stream / CPU thread pool) */
+    flexdiag_arena arena;        /* device memory under --gpu-mem */
+};
+
+struct flexdiag_model {
+    flexdiag_runtime *rt;            /* borrowed */
+    flexdiag_model_config cfg;       /* resolved configuration */
+    flexdiag_weights w;              /* device weights */
+    struct flexdiag_tokenizer *tok;  /* NULL when the folder has no tokenizer.json */
+    char *dir;                       /* model folder, NULL for builtin */
+};
+
+/* Device buffers of a context, carved from one block (see ctx_layout in engine.c). */
+typedef struct flexdiag_ctx_bufs {
+    void *kv;          /* (layers, 2, n_seq, h_kv, p_cap + ring, d_h) act: K then V per layer */
+    void *x;           /* (n_seq, p_cap, d) act: residual stream (decode uses (n_seq, d)) */
+    void *h;           /* (mb_tok, d) normed input */
+    void *qkv;         /* (mb_tok, (h_q + 2 h_kv) d_h) */
+    void *att;         /* (mb_tok, h_q d_h) attention output */
+    void *gu;          /* (mb_tok, 2 f) gate/up */
+    void *mlp;         /* (mb_tok, f) swiglu output */
+    void *xl;          /* (n_seq, d) last-position hidden / head input */
+    void *hm;          /* (n_seq, max(dm, d)) head / aligner intermediate */
+    void *emb;         /* (n_seq, max(8, d)) feedback embedding input */
+    float *logits;     /* (n_seq, V) */
+    float *cfg;        /* (n_img, V) */
+    float *plog;       /* (mb_seq, h_q, max_slots) policy logits */
+    float *plse;       /* (mb_seq, h_q) */
+    int32_t *ids_in;   /* (n_seq, p_cap) prompt ids */
+    int32_t *lp;       /* (n_seq) */
+    int32_t *pos_pf;   /* (mb_tok) prefill positions r % p_cap */
+    int32_t *rows_pf;  /* (mb_tok, h_kv) prefill cache rows */
+    int32_t *pos;      /* (n_seq) decode positions */
+    int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
+    int32_t *rows;     /* (mb_seq, h_kv) decode cache rows */
+    int32_t *slots;    /* (mb_seq, h_kv, max_slots) */
+    int32_t *nslots;   /* (mb_seq, h_kv) */
+    int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
+} flexdiag_ctx_bufs;
+
+struct flexdiag_context {
+    flexdiag_model *m;               /* borrowed */
+    flexdiag_context_params p;       /* copy, defaults applied */
+    flexdiag_kvp_params kp;          /* resolved policy */
+    flexdiag_kvp *kvp;               /* policy state (host) */
+    int32_t rows_per_img;            /* 2 with CFG (Janus), 1 (Llama) */
+    int32_t n_img, n_seq;            /* capacity in images / sequences */
+    int32_t mb_img, mb_seq, n_mb;    /* micro-batch size in images / sequences; count */
+    int32_t p_cap, ring, max_slots;  /* KV geometry */
+    int32_t l_dec;                   /* decode tokens per sequence */
+    int32_t vocab_out;               /* width of the sampled distribution */
+    void *block;                     /* device block holding every buffer */
+    size_t block_bytes;              /* its size */
+    flexdiag_ctx_bufs b;             /* carved buffers */
+    int32_t *h_rows, *h_slots, *h_nslots; /* host mirrors for the policy plan */
+    float *h_plog, *h_plse;          /* host mirrors for the policy update */
+    int32_t *h_ids;                  /* (n_img) */
+    atomic_int busy;                 /* a call is in flight */
+    atomic_int cancel;               /* cancel requested */
+    flexdiag_stats stats;            /* counters of the last call */
+};
+
+/* One run: n_img images generated (or scored) together. Host pointers. */
+typedef struct flexdiag_block {
+    int32_t n_img;                 /* images, <= context capacity */
+    const int32_t *const *prompt;  /* n_img conditional prompt id arrays */
+    const int32_t *prompt_len;     /* n_img lengths */
+    int32_t n_steps;               /* tokens per image (<= l_dec) */
+    const int32_t *forced;         /* (n_img, n_steps) teacher-forced ids, or NULL to sample */
+    int64_t img0;                  /* global index of image 0 (sampling key) */
+    flexdiag_sample_params sp;     /* sampling */
+    float cfg_weight;              /* Janus CFG weight */
+    int32_t *tokens;               /* out (n_img, n_steps) */
+    float *logits;                 /* optional out (n_img, n_steps, V): CFG-combined (Janus) */
+    float *raw_logits;             /* optional out (n_seq, n_steps, V): per-row logits */
+    float *hidden;                 /* optional out (layers, n_hidden_pos, d): sequence 0 */
+    int32_t n_hidden_pos;          /* positions captured in hidden */
+    flexdiag_progress_fn progress; /* optional, per decode step */
+    void *progress_user;
+    double *split;                 /* optional (3): decode seconds in GEMMs, attention (incl. the
+                                      policy), everything else; each op group is bracketed by
+                                      stream syncs, so use it on a separate profiling run */
+} flexdiag_block;
+
+/* Device bytes a context with these params needs (for --batch auto and error messages). */
+flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
+                                        size_t *out);
+/* Largest max_images (micro_batch scaled along when set) whose context fits in `avail` bytes;
+ * 0 when not even one image fits. */
+int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
+                              uint64_t avail);
+/* Run one block on context c. */
+flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b);
+/* Teacher-forced scoring of one image (or text continuation): prompt (np ids, the conditional
+ * row) then ids (n); logits (n, V) CFG-combined for Janus / plain for Llama, raw (rows, n, V)
+ * per-row logits; either may be NULL. Marks the context busy for the call. */
+flexdiag_status flexdiag__context_score(flexdiag_context *c, const int32_t *prompt, int32_t np,
+                                        const int32_t *ids, int32_t n, float cfg_weight,
+                                        float *logits, float *raw);
+/* Conditional/unconditional rows of an image (Janus rule, models.md §3.5 step 3): uncond copies
+ * BOS and the last id and pads the middle. */
+void flexdiag__janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond);
+
+#endif /* FLEXDIAG_ENGINE_H */

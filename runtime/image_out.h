@@ -1,0 +1,38 @@
+/*
+ * image_out.h - decoded pixels to files: float -> uint8 conversion of the Janus reference
+ * (models.md §3.5 step 8), grid tiling of several images, and an atomic 8-bit RGB PNG writer
+ * (temp file in the same folder, fsync, rename: an interrupted run never leaves a partial PNG).
+ */
+#ifndef FLEXDIAG_IMAGE_OUT_H
+#define FLEXDIAG_IMAGE_OUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flexdiag.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[i] = trunc(clip((x[i] + 1) / 2 · 255, 0, 255)) computed in fp32 like the reference's
+ * numpy code; NaN -> 0. x and out hold n elements (borrowed). */
+void flexdiag__pixels_to_u8(const float *x, int64_t n, uint8_t *out);
+
+/* Write w×h interleaved RGB (rgb: h rows of 3·w bytes, borrowed) to path as an 8-bit PNG.
+ * Writes "<path>.tmp.<pid>", fsyncs it and renames it over path; on any failure the temp file
+ * is removed and path is untouched. Errors name the path: FLEXDIAG_ERR_INVALID_ARG (sizes),
+ * FLEXDIAG_ERR_NO_SPACE (ENOSPC/EDQUOT), FLEXDIAG_ERR_IO (errno or libpng's message). */
+flexdiag_status flexdiag__png_write_rgb(const char *path, const uint8_t *rgb, int w, int h);
+
+/* Tile n images of w×h RGB (imgs[i], borrowed) into a grid of `cols` columns and
+ * ceil(n / cols) rows in row-major order; cells without an image are black. *out is malloc'ed
+ * (caller frees), *out_w = cols·w, *out_h = rows·h. */
+flexdiag_status flexdiag__png_tile(const uint8_t *const *imgs, int n, int w, int h, int cols,
+                                   uint8_t **out, int *out_w, int *out_h);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLEXDIAG_IMAGE_OUT_H */

@@ -1,0 +1,624 @@
+/*
+ * test_kernels_cpu.c - every op of the "cpu-ref" table against a naive implementation written
+ * here (double precision where natural), over shape tables with odd sizes (n = 1, 3, 17;
+ * d = 8, 24, 130; GQA g = 1, 2, 4; varying prompt lengths, ring slot lists in random order,
+ * heads with no slots, a sequence with no keys at all). Outputs are compared with the fp32
+ * tolerances of style.md §7 and sit between guard regions that must come back bit-identical.
+ * Data movement (embed, gather, KV append, copies) must be exact. Bad arguments must fail with
+ * FLEXDIAG_ERR_INVALID_ARG and a message naming the culprit.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core.h"
+#include "cpu/cpu_harness.h"
+#include "kernels.h"
+#include "util.h"
+
+static const int64_t n_list[] = {1, 3, 17};
+static const int64_t d_list[] = {8, 24, 130};
+
+static const ch_attn_case attn_cases[] = {
+    {1, 1, 1, 8, 5, 4, 4},      /* MHA, single sequence */
+    {3, 4, 2, 24, 17, 9, 6},    /* g = 2 */
+    {2, 8, 2, 130, 9, 12, 12},  /* g = 4, d_h not a multiple of 8 */
+    {4, 4, 4, 8, 3, 7, 5},      /* g = 1, short prompts */
+    {2, 4, 1, 24, 70, 40, 37},  /* g = 4, longer than one 32-key chunk */
+};
+#define N_ATTN_CASES (sizeof attn_cases / sizeof attn_cases[0])
+
+static const flexdiag_kernels *ref(void) { return flexdiag__kernels_cpu_ref(); }
+
+/* Assert st is INVALID_ARG and the error message contains what. */
+static void expect_invalid(flexdiag_status st, const char *what) {
+    assert_int_equal(st, FLEXDIAG_ERR_INVALID_ARG);
+    if (!strstr(flexdiag__err_msg(), what))
+        fail_msg("message \"%s\" does not mention \"%s\"", flexdiag__err_msg(), what);
+    flexdiag__err_clear();
+}
+
+/* ---- tables, memory, conversions ---- */
+
+static void test_tables(void **state) {
+    (void)state;
+    const flexdiag_kernels *tabs[] = {flexdiag__kernels_cpu_ref(), flexdiag__kernels_cpu()};
+    assert_string_equal(tabs[0]->name, "cpu-ref");
+    assert_string_equal(tabs[1]->name, "cpu");
+    for (int i = 0; i < 2; i++) {
+        const flexdiag_kernels *K = tabs[i];
+        assert_int_equal(K->act_bytes, 4);
+        assert_null(K->mem_info);
+        assert_true(K->stream_create && K->stream_destroy && K->stream_sync && K->mem_alloc &&
+                    K->mem_free && K->copy_h2d && K->copy_d2h && K->copy_d2d && K->memset0 &&
+                    K->act_to_f32 && K->act_from_f32 && K->embed && K->rmsnorm && K->matmul &&
+                    K->rope && K->swiglu && K->gelu && K->gather_rows && K->kv_append &&
+                    K->attn_prefill && K->attn_decode && K->cfg_combine && K->sample);
+    }
+    assert_ptr_not_equal(tabs[0]->matmul, tabs[1]->matmul);
+    assert_ptr_not_equal(tabs[0]->attn_decode, tabs[1]->attn_decode);
+    assert_ptr_not_equal(tabs[0]->attn_prefill, tabs[1]->attn_prefill);
+}
+
+static void test_memory(void **state) {
+    (void)state;
+    const flexdiag_kernels *K = ref();
+    void *p = (void *)1;
+    assert_int_equal(K->mem_alloc(0, &p), FLEXDIAG_OK);
+    assert_null(p);
+    const size_t sizes[] = {1, 100, 4096, 12345};
+    for (size_t i = 0; i < 4; i++) {
+        void *a = NULL, *b = NULL;
+        assert_int_equal(K->mem_alloc(sizes[i], &a), FLEXDIAG_OK);
+        assert_int_equal(K->mem_alloc(sizes[i], &b), FLEXDIAG_OK);
+        assert_int_equal((uintptr_t)a % 64, 0);
+        unsigned char *host = malloc(sizes[i]), *back = malloc(sizes[i]);
+        for (size_t j = 0; j < sizes[i]; j++) host[j] = (unsigned char)(j * 7 + 3);
+        assert_int_equal(K->copy_h2d(a, host, sizes[i], NULL), FLEXDIAG_OK);
+        assert_int_equal(K->copy_d2d(b, a, sizes[i], NULL), FLEXDIAG_OK);
+        assert_int_equal(K->copy_d2h(back, b, sizes[i], NULL), FLEXDIAG_OK);
+        assert_memory_equal(back, host, sizes[i]);
+        assert_int_equal(K->memset0(b, sizes[i], NULL), FLEXDIAG_OK);
+        assert_int_equal(K->copy_d2h(back, b, sizes[i], NULL), FLEXDIAG_OK);
+        for (size_t j = 0; j < sizes[i]; j++) assert_int_equal(back[j], 0);
+        free(host);
+        free(back);
+        K->mem_free(a);
+        K->mem_free(b);
+    }
+    K->mem_free(NULL);
+    char buf[64] = {0};
+    expect_invalid(K->copy_d2d(buf + 8, buf, 16, NULL), "overlap");
+    expect_invalid(K->copy_h2d(NULL, buf, 16, NULL), "dst");
+    assert_int_equal(K->copy_h2d(NULL, NULL, 0, NULL), FLEXDIAG_OK);
+}
+
+static void test_streams(void **state) {
+    (void)state;
+    const flexdiag_kernels *K = flexdiag__kernels_cpu();
+    flexdiag_stream *s = (flexdiag_stream *)1;
+    expect_invalid(K->stream_create(0, -1, &s), "threads");
+    assert_null(s);
+    expect_invalid(K->stream_create(0, 100000, &s), "threads");
+    const int threads[] = {0, 1, 4};
+    for (int i = 0; i < 3; i++) {
+        s = ch_stream(K, threads[i]);
+        assert_int_equal(K->stream_sync(s), FLEXDIAG_OK);
+        K->stream_destroy(s);
+    }
+    K->stream_destroy(NULL);
+}
+
+static void test_act_conversions(void **state) {
+    (void)state;
+    const flexdiag_kernels *K = ref();
+    tu_rng r;
+    tu_rng_seed(&r, 1);
+    float x[37];
+    tu_fill_f32(&r, x, 37, 3.0f);
+    x[5] = NAN;
+    x[6] = -INFINITY;
+    float *act = ch_guarded(37, 0.0f), *back = ch_guarded(37, 0.0f);
+    assert_int_equal(K->act_from_f32(act, x, 37, NULL), FLEXDIAG_OK);
+    assert_int_equal(K->act_to_f32(back, act, 37, NULL), FLEXDIAG_OK);
+    assert_memory_equal(back, x, sizeof x); /* fp32 act: exact copies, NaN payload included */
+    ch_guard_check(act, 37, "act_from_f32");
+    ch_guard_check(back, 37, "act_to_f32");
+    expect_invalid(K->act_to_f32(back, act, -1, NULL), "n = -1");
+    ch_guarded_free(act);
+    ch_guarded_free(back);
+}
+
+/* ---- embedding and gather (exact) ---- */
+
+static void test_embed(void **state) {
+    (void)state;
+    const int32_t V = 11, reps[] = {1, 2, 3};
+    tu_rng r;
+    tu_rng_seed(&r, 2);
+    for (int ni = 0; ni < 3; ni++)
+        for (int di = 0; di < 3; di++)
+            for (int ri = 0; ri < 3; ri++) {
+                int64_t n = n_list[ni], d = d_list[di];
+                int32_t rep = reps[ri], ids[17];
+                uint16_t *table = malloc((size_t)(V * d) * 2);
+                tu_fill_bf16(&r, table, V * d, 1.0f);
+                for (int64_t j = 0; j < n; j++) ids[j] = (int32_t)tu_rng_int(&r, 0, V - 1);
+                float *out = ch_guarded(n * d, 0.0f);
+                assert_int_equal(ref()->embed(out, table, ids, n, d, rep, NULL), FLEXDIAG_OK);
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t c = 0; c < d; c++) {
+                        float want = flexdiag__bf16_to_f32(table[ids[i / rep] * d + c]);
+                        assert_memory_equal(&out[i * d + c], &want, 4);
+                    }
+                ch_guard_check(out, n * d, "embed");
+                ch_guarded_free(out);
+                free(table);
+            }
+    uint16_t table[8] = {0};
+    int32_t bad[2] = {0, -3};
+    float out[16];
+    expect_invalid(ref()->embed(out, table, bad, 2, 8, 1, NULL), "ids[1] = -3");
+    expect_invalid(ref()->embed(out, table, bad, 2, 8, 0, NULL), "rep");
+}
+
+static void test_gather_rows(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 3);
+    for (int ni = 0; ni < 3; ni++)
+        for (int di = 0; di < 3; di++) {
+            int64_t n = n_list[ni], d = d_list[di], rows = 23;
+            float *in = malloc((size_t)(rows * d) * sizeof(float));
+            tu_fill_f32(&r, in, rows * d, 1.0f);
+            int32_t idx[17];
+            for (int64_t i = 0; i < n; i++) idx[i] = (int32_t)tu_rng_int(&r, 0, rows - 1);
+            float *out = ch_guarded(n * d, 0.0f);
+            assert_int_equal(ref()->gather_rows(out, in, idx, n, d, NULL), FLEXDIAG_OK);
+            for (int64_t i = 0; i < n; i++)
+                assert_memory_equal(out + i * d, in + idx[i] * d, (size_t)d * sizeof(float));
+            ch_guard_check(out, n * d, "gather_rows");
+            ch_guarded_free(out);
+            free(in);
+        }
+    int32_t bad = -1;
+    float x[8] = {0}, y[8];
+    expect_invalid(ref()->gather_rows(y, x, &bad, 1, 8, NULL), "idx[0] = -1");
+}
+
+/* ---- row ops vs double formulas ---- */
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 4);
+    for (int ni = 0; ni < 3; ni++)
+        for (int di = 0; di < 3; di++) {
+            int64_t n = n_list[ni], d = d_list[di];
+            float eps = di == 1 ? 1e-5f : 1e-6f;
+            float *x = malloc((size_t)(n * d) * sizeof(float));
+            double *want_d = malloc((size_t)(n * d) * sizeof(double));
+            float *want = malloc((size_t)(n * d) * sizeof(float));
+            uint16_t *w = malloc((size_t)d * 2);
+            tu_fill_f32(&r, x, n * d, 2.0f);
+            tu_fill_bf16(&r, w, d, 1.0f);
+            for (int64_t i = 0; i < n; i++) {
+                double ss = 0;
+                for (int64_t c = 0; c < d; c++) ss += (double)x[i * d + c] * x[i * d + c];
+                double inv = 1.0 / sqrt(ss / (double)d + eps);
+                for (int64_t c = 0; c < d; c++)
+                    want_d[i * d + c] = x[i * d + c] * inv * flexdiag__bf16_to_f32(w[c]);
+            }
+            for (int64_t i = 0; i < n * d; i++) want[i] = (float)want_d[i];
+            float *out = ch_guarded(n * d, 0.0f);
+            assert_int_equal(ref()->rmsnorm(out, x, w, n, d, eps, NULL), FLEXDIAG_OK);
+            assert_true(tu_allclose("rmsnorm", out, want, n * d, CH_ATOL, CH_RTOL, CH_NMSE));
+            ch_guard_check(out, n * d, "rmsnorm");
+            ch_guarded_free(out);
+            free(x);
+            free(want_d);
+            free(want);
+            free(w);
+        }
+    float x[8] = {0}, y[8];
+    uint16_t w[8] = {0};
+    expect_invalid(ref()->rmsnorm(y, x, w, 1, 0, 1e-6f, NULL), "d = 0");
+    expect_invalid(ref()->rmsnorm(y, x, w, 1, 8, NAN, NULL), "eps");
+}
+
+/* Closed-form rotate-half RoPE of one head in double (models.md §2). */
+static void rope_closed_form(double *out, const float *x, int32_t pos, int32_t d_h, double theta) {
+    int32_t half = d_h / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double ang = pos * pow(theta, -2.0 * i / d_h);
+        out[i] = x[i] * cos(ang) - x[i + half] * sin(ang);
+        out[i + half] = x[i + half] * cos(ang) + x[i] * sin(ang);
+    }
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    /* (n, n_heads, d_h, col0, stride) */
+    static const int64_t cases[][5] = {{1, 1, 8, 0, 8}, {3, 2, 24, 8, 64}, {17, 3, 130, 5, 400}};
+    tu_rng r;
+    tu_rng_seed(&r, 5);
+    for (int ci = 0; ci < 3; ci++) {
+        int64_t n = cases[ci][0], stride = cases[ci][4], col0 = cases[ci][3];
+        int32_t heads = (int32_t)cases[ci][1], d_h = (int32_t)cases[ci][2];
+        float theta = ci == 2 ? 500000.0f : 10000.0f;
+        float *x = ch_guarded(n * stride, 0.0f), *x0 = malloc((size_t)(n * stride) * 4);
+        float *want = malloc((size_t)(n * stride) * 4);
+        double *head = malloc((size_t)d_h * sizeof(double));
+        int32_t pos[17];
+        tu_fill_f32(&r, x, n * stride, 1.0f);
+        memcpy(x0, x, (size_t)(n * stride) * 4);
+        memcpy(want, x, (size_t)(n * stride) * 4);
+        for (int64_t i = 0; i < n; i++) pos[i] = i == 0 ? 0 : (int32_t)tu_rng_int(&r, 1, 1000);
+        for (int64_t i = 0; i < n; i++)
+            for (int32_t h = 0; h < heads; h++) {
+                int64_t off = i * stride + col0 + (int64_t)h * d_h;
+                rope_closed_form(head, x0 + off, pos[i], d_h, theta);
+                for (int32_t c = 0; c < d_h; c++) want[off + c] = (float)head[c];
+            }
+        assert_int_equal(ref()->rope(x, pos, n, stride, col0, heads, d_h, theta, NULL),
+                         FLEXDIAG_OK);
+        /* columns outside the rotated heads come back unchanged (want holds them as copied) */
+        assert_true(tu_allclose("rope", x, want, n * stride, CH_ATOL, CH_RTOL, CH_NMSE));
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = 0; c < stride; c++)
+                if (c < col0 || c >= col0 + (int64_t)heads * d_h)
+                    assert_memory_equal(&x[i * stride + c], &x0[i * stride + c], 4);
+        ch_guard_check(x, n * stride, "rope");
+        ch_guarded_free(x);
+        free(x0);
+        free(want);
+        free(head);
+    }
+    float x[16] = {0};
+    int32_t pos[1] = {0};
+    expect_invalid(ref()->rope(x, pos, 1, 16, 0, 2, 7, 10000.0f, NULL), "even d_h");
+    expect_invalid(ref()->rope(x, pos, 1, 16, 4, 2, 8, 10000.0f, NULL), "stride");
+}
+
+static void test_swiglu_gelu(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 6);
+    for (int ni = 0; ni < 3; ni++)
+        for (int di = 0; di < 3; di++) {
+            int64_t n = n_list[ni], f = d_list[di];
+            float *gu = malloc((size_t)(n * 2 * f) * 4), *want = malloc((size_t)(n * f) * 4);
+            tu_fill_f32(&r, gu, n * 2 * f, 3.0f);
+            gu[0] = -100.0f; /* silu far left: exp(100) overflows to inf, result -0 */
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < f; j++) {
+                    double g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
+                    want[i * f + j] = (float)(g / (1.0 + exp(-g)) * u);
+                }
+            float *out = ch_guarded(n * f, 0.0f);
+            assert_int_equal(ref()->swiglu(out, gu, n, f, NULL), FLEXDIAG_OK);
+            assert_true(tu_allclose("swiglu", out, want, n * f, CH_ATOL, CH_RTOL, CH_NMSE));
+            ch_guard_check(out, n * f, "swiglu");
+            ch_guarded_free(out);
+
+            float *x = ch_guarded(n * f, 0.0f);
+            tu_fill_f32(&r, x, n * f, 4.0f);
+            x[0] = -20.0f;
+            for (int64_t i = 0; i < n * f; i++)
+                want[i] = (float)(0.5 * x[i] * (1.0 + erf(x[i] / sqrt(2.0))));
+            assert_int_equal(ref()->gelu(x, n * f, NULL), FLEXDIAG_OK);
+            assert_true(tu_allclose("gelu", x, want, n * f, CH_ATOL, CH_RTOL, CH_NMSE));
+            ch_guard_check(x, n * f, "gelu");
+            ch_guarded_free(x);
+            free(gu);
+            free(want);
+        }
+}
+
+static void test_cfg_combine(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 7);
+    const float ws[] = {0.0f, 1.0f, 5.0f};
+    for (int ni = 0; ni < 3; ni++)
+        for (int di = 0; di < 3; di++) {
+            int64_t np = n_list[ni], V = d_list[di] * 3 + 1;
+            float *logits = malloc((size_t)(2 * np * V) * 4), *want = malloc((size_t)(np * V) * 4);
+            tu_fill_f32(&r, logits, 2 * np * V, 2.0f);
+            float w = ws[di];
+            for (int64_t i = 0; i < np; i++)
+                for (int64_t j = 0; j < V; j++) {
+                    double c = logits[2 * i * V + j], u = logits[(2 * i + 1) * V + j];
+                    want[i * V + j] = (float)(u + w * (c - u));
+                }
+            float *out = ch_guarded(np * V, 0.0f);
+            assert_int_equal(ref()->cfg_combine(out, logits, np, V, w, NULL), FLEXDIAG_OK);
+            /* w = 5 amplifies the rounding of c - u by 5: up to ~3 ulp of the result, so the
+             * relative tolerance is 3× the fp32 default there */
+            double rtol = w > 1.0f ? 3 * CH_RTOL : CH_RTOL;
+            assert_true(tu_allclose("cfg_combine", out, want, np * V, CH_ATOL, rtol, CH_NMSE));
+            ch_guard_check(out, np * V, "cfg_combine");
+            ch_guarded_free(out);
+            free(logits);
+            free(want);
+        }
+}
+
+/* ---- matmul ---- */
+
+/* want (n, m) = x·Wᵀ + b (+ old) in double, rounded. */
+static void matmul_naive(float *want, const float *old, const float *x, const uint16_t *w,
+                         const uint16_t *b, int64_t n, int64_t k, int64_t m, int accum) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < m; j++) {
+            double acc = b ? flexdiag__bf16_to_f32(b[j]) : 0.0;
+            for (int64_t c = 0; c < k; c++)
+                acc += (double)x[i * k + c] * flexdiag__bf16_to_f32(w[j * k + c]);
+            want[i * m + j] = (float)(accum ? old[i * m + j] + acc : acc);
+        }
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    static const int64_t m_list[] = {1, 3, 17, 33};
+    static const unsigned flag_list[] = {0, FLEXDIAG_MM_ACCUM, FLEXDIAG_MM_OUT_F32};
+    tu_rng r;
+    tu_rng_seed(&r, 8);
+    for (int ni = 0; ni < 3; ni++)
+        for (int ki = 0; ki < 3; ki++)
+            for (int mi = 0; mi < 4; mi++)
+                for (int fi = 0; fi < 3; fi++) {
+                    int64_t n = n_list[ni], k = d_list[ki], m = m_list[mi];
+                    float *x = malloc((size_t)(n * k) * 4), *old = malloc((size_t)(n * m) * 4);
+                    float *want = malloc((size_t)(n * m) * 4);
+                    uint16_t *w = malloc((size_t)(m * k) * 2), *b = malloc((size_t)m * 2);
+                    tu_fill_f32(&r, x, n * k, 1.0f);
+                    tu_fill_f32(&r, old, n * m, 1.0f);
+                    tu_fill_bf16(&r, w, m * k, 1.0f / sqrtf((float)k)); /* unit-scale outputs */
+                    tu_fill_bf16(&r, b, m, 0.1f);
+                    const uint16_t *bias = (mi + fi) % 2 ? b : NULL;
+                    int accum = flag_list[fi] == FLEXDIAG_MM_ACCUM;
+                    matmul_naive(want, old, x, w, bias, n, k, m, accum);
+                    float *out = ch_guarded(n * m, 0.0f);
+                    memcpy(out, old, (size_t)(n * m) * 4);
+                    assert_int_equal(ref()->matmul(out, x, w, bias, n, k, m, flag_list[fi], NULL),
+                                     FLEXDIAG_OK);
+                    assert_true(tu_allclose("matmul", out, want, n * m, CH_ATOL, CH_RTOL, CH_NMSE));
+                    ch_guard_check(out, n * m, "matmul");
+                    ch_guarded_free(out);
+                    free(x);
+                    free(old);
+                    free(want);
+                    free(w);
+                    free(b);
+                }
+    float o[4], x[4] = {0};
+    uint16_t w[4] = {0};
+    expect_invalid(ref()->matmul(o, x, w, NULL, 1, 4, 1, FLEXDIAG_MM_ACCUM | FLEXDIAG_MM_OUT_F32,
+                                 NULL),
+                   "ACCUM");
+    expect_invalid(ref()->matmul(o, x, w, NULL, -1, 4, 1, 0, NULL), "n = -1");
+    expect_invalid(ref()->matmul(o, x, w, NULL, 1, 4, 1, 8, NULL), "flags");
+}
+
+/* ---- KV append (exact) ---- */
+
+static void test_kv_append(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 9);
+    for (size_t ci = 0; ci < N_ATTN_CASES; ci++)
+        for (int32_t tps = 1; tps <= 3; tps += 2) {
+            ch_attn_fix f;
+            ch_attn_fix_init(&f, &attn_cases[ci], 100 + ci);
+            const flexdiag_attn_args *a = &f.a;
+            int64_t n_tok = (int64_t)a->n_seq * tps, block = (int64_t)a->p_cap + a->ring;
+            float *qkv = malloc((size_t)(n_tok * f.width) * 4);
+            int32_t *rows = malloc((size_t)(n_tok * a->h_kv) * 4);
+            tu_fill_f32(&r, qkv, n_tok * f.width, 1.0f);
+            /* one token per sequence: a random ring row (decode); three: distinct prompt-side
+             * rows t + h of each (sequence, head) (prefill) */
+            for (int64_t i = 0; i < n_tok; i++)
+                for (int32_t h = 0; h < a->h_kv; h++)
+                    rows[i * a->h_kv + h] =
+                        tps == 1 ? a->p_cap + (int32_t)tu_rng_int(&r, 0, a->ring - 1)
+                                 : (int32_t)((i % tps + h) % block);
+            float *k = ch_guarded(f.cache_n, 0.0f), *v = ch_guarded(f.cache_n, 0.0f);
+            memcpy(k, f.k, (size_t)f.cache_n * 4);
+            memcpy(v, f.v, (size_t)f.cache_n * 4);
+            float *wk = malloc((size_t)f.cache_n * 4), *wv = malloc((size_t)f.cache_n * 4);
+            memcpy(wk, f.k, (size_t)f.cache_n * 4);
+            memcpy(wv, f.v, (size_t)f.cache_n * 4);
+            for (int64_t i = 0; i < n_tok; i++)
+                for (int32_t h = 0; h < a->h_kv; h++) {
+                    int64_t dst =
+                        (((i / tps) * a->h_kv + h) * block + rows[i * a->h_kv + h]) * a->d_h;
+                    for (int32_t c = 0; c < a->d_h; c++) {
+                        wk[dst + c] = qkv[i * f.width + (int64_t)(a->h_q + h) * a->d_h + c];
+                        wv[dst + c] =
+                            qkv[i * f.width + (int64_t)(a->h_q + a->h_kv + h) * a->d_h + c];
+                    }
+                }
+            assert_int_equal(ref()->kv_append(k, v, qkv, rows, n_tok, tps, a, NULL), FLEXDIAG_OK);
+            assert_memory_equal(k, wk, (size_t)f.cache_n * 4);
+            assert_memory_equal(v, wv, (size_t)f.cache_n * 4);
+            ch_guard_check(k, f.cache_n, "kv_append k");
+            ch_guard_check(v, f.cache_n, "kv_append v");
+            rows[0] = (int32_t)block;
+            expect_invalid(ref()->kv_append(k, v, qkv, rows, n_tok, tps, a, NULL), "rows[token 0]");
+            expect_invalid(ref()->kv_append(k, v, qkv, rows, n_tok + 1, tps, a, NULL), "n_tok");
+            ch_guarded_free(k);
+            ch_guarded_free(v);
+            free(wk);
+            free(wv);
+            free(qkv);
+            free(rows);
+            ch_attn_fix_free(&f);
+        }
+}
+
+/* ---- attention vs double ---- */
+
+/* Softmax attention of q over the listed rows in double; returns lse, fills out and z. */
+static double attend_naive(double *out, double *z, const float *q, const float *kb,
+                           const float *vb, const int64_t *rows, int64_t n, int32_t d_h,
+                           double scale) {
+    double m = -INFINITY, l = 0;
+    for (int64_t j = 0; j < n; j++) {
+        double dot = 0;
+        for (int32_t i = 0; i < d_h; i++) dot += (double)q[i] * kb[rows[j] * d_h + i];
+        z[j] = scale * dot;
+        m = fmax(m, z[j]);
+    }
+    for (int64_t j = 0; j < n; j++) l += exp(z[j] - m);
+    for (int32_t i = 0; i < d_h; i++) out[i] = 0;
+    for (int64_t j = 0; j < n; j++)
+        for (int32_t i = 0; i < d_h; i++) out[i] += exp(z[j] - m) / l * vb[rows[j] * d_h + i];
+    return n > 0 ? m + log(l) : -INFINITY;
+}
+
+static void test_attn_decode(void **state) {
+    (void)state;
+    for (size_t ci = 0; ci < N_ATTN_CASES; ci++) {
+        ch_attn_fix f;
+        ch_attn_fix_init(&f, &attn_cases[ci], 200 + ci);
+        flexdiag_attn_args a = f.a;
+        int32_t g = a.h_q / a.h_kv, d_h = a.d_h;
+        int64_t n_out = (int64_t)a.n_seq * a.h_q * d_h, n_hq = (int64_t)a.n_seq * a.h_q;
+        int64_t n_log = n_hq * a.max_slots, block = (int64_t)a.p_cap + a.ring;
+        float *want = malloc((size_t)n_out * 4), *want_lse = malloc((size_t)n_hq * 4);
+        float *want_log = malloc((size_t)(n_log + 1) * 4);
+        int64_t *rows = malloc((size_t)(block + 1) * sizeof(int64_t));
+        double *o = malloc((size_t)d_h * sizeof(double)), *z = malloc((size_t)(block + 1) * 8);
+        for (int64_t i = 0; i < n_log; i++) want_log[i] = 555.0f; /* untouched past n_slots */
+        for (int64_t s = 0; s < a.n_seq; s++)
+            for (int32_t hq = 0; hq < a.h_q; hq++) {
+                int64_t sh = s * a.h_kv + hq / g, shq = s * a.h_q + hq, n = 0;
+                for (int32_t j = 0; j < a.lp[s]; j++) rows[n++] = j;
+                for (int32_t j = 0; j < a.n_slots[sh]; j++)
+                    rows[n++] = a.p_cap + a.slots[sh * a.max_slots + j];
+                double lse = attend_naive(o, z, f.qkv_dec + s * f.width + (int64_t)hq * d_h,
+                                          f.k + sh * block * d_h, f.v + sh * block * d_h, rows, n,
+                                          d_h, a.scale);
+                for (int32_t i = 0; i < d_h; i++) want[shq * d_h + i] = (float)o[i];
+                want_lse[shq] = (float)lse;
+                for (int32_t j = 0; j < a.n_slots[sh]; j++)
+                    want_log[shq * a.max_slots + j] = (float)z[a.lp[s] + j];
+            }
+        float *out = ch_guarded(n_out, 9.0f), *lse = ch_guarded(n_hq, 9.0f);
+        float *logits = ch_guarded(n_log, 555.0f);
+        a.logits_out = logits;
+        a.lse_out = lse;
+        assert_int_equal(ref()->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), FLEXDIAG_OK);
+        assert_true(tu_allclose("attn_decode out", out, want, n_out, CH_ATOL, CH_RTOL, CH_NMSE));
+        assert_true(tu_allclose("attn_decode lse", lse, want_lse, n_hq, CH_ATOL, CH_RTOL, CH_NMSE));
+        assert_true(tu_allclose("attn_decode logits", logits, want_log, n_log, CH_ATOL, CH_RTOL,
+                                CH_NMSE));
+        ch_guard_check(out, n_out, "attn_decode out");
+        ch_guard_check(lse, n_hq, "attn_decode lse");
+        ch_guard_check(logits, n_log, "attn_decode logits");
+        /* without the optional outputs */
+        a.logits_out = NULL;
+        a.lse_out = NULL;
+        assert_int_equal(ref()->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), FLEXDIAG_OK);
+        assert_true(tu_allclose("attn_decode out", out, want, n_out, CH_ATOL, CH_RTOL, CH_NMSE));
+        ch_guarded_free(out);
+        ch_guarded_free(lse);
+        ch_guarded_free(logits);
+        free(want);
+        free(want_lse);
+        free(want_log);
+        free(rows);
+        free(o);
+        free(z);
+        ch_attn_fix_free(&f);
+    }
+}
+
+static void test_attn_prefill(void **state) {
+    (void)state;
+    for (size_t ci = 0; ci < N_ATTN_CASES; ci++) {
+        ch_attn_fix f;
+        ch_attn_fix_init(&f, &attn_cases[ci], 300 + ci);
+        const flexdiag_attn_args *a = &f.a;
+        int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
+        int64_t out_w = (int64_t)a->h_q * d_h, n_out = (int64_t)a->n_seq * a->p_cap * out_w;
+        int64_t block = (int64_t)a->p_cap + a->ring;
+        float *want = calloc((size_t)n_out + 1, 4);
+        int64_t *rows = malloc((size_t)(a->p_cap + 1) * sizeof(int64_t));
+        double *o = malloc((size_t)d_h * 8), *z = malloc((size_t)(a->p_cap + 1) * 8);
+        for (int64_t j = 0; j < a->p_cap; j++) rows[j] = j;
+        for (int64_t s = 0; s < a->n_seq; s++)
+            for (int64_t r = 0; r < a->lp[s]; r++)
+                for (int32_t hq = 0; hq < a->h_q; hq++) {
+                    int64_t sh = s * a->h_kv + hq / g, row = s * a->p_cap + r;
+                    attend_naive(o, z, f.qkv_pre + row * f.width + (int64_t)hq * d_h,
+                                 f.k + sh * block * d_h, f.v + sh * block * d_h, rows, r + 1, d_h,
+                                 a->scale);
+                    for (int32_t i = 0; i < d_h; i++) want[row * out_w + hq * d_h + i] = (float)o[i];
+                }
+        float *out = ch_guarded(n_out, 9.0f); /* rows past lp must be overwritten with zeros */
+        assert_int_equal(ref()->attn_prefill(out, f.qkv_pre, f.k, f.v, a, NULL), FLEXDIAG_OK);
+        assert_true(tu_allclose("attn_prefill", out, want, n_out, CH_ATOL, CH_RTOL, CH_NMSE));
+        ch_guard_check(out, n_out, "attn_prefill");
+        ch_guarded_free(out);
+        free(want);
+        free(rows);
+        free(o);
+        free(z);
+        ch_attn_fix_free(&f);
+    }
+}
+
+/* Bad attention arguments are rejected by both tables before any cache access. */
+static void test_attn_errors(void **state) {
+    (void)state;
+    ch_attn_fix f;
+    ch_attn_fix_init(&f, &attn_cases[1], 400);
+    float *out = malloc((size_t)(f.a.n_seq * f.a.p_cap * f.a.h_q * f.a.d_h) * 4);
+    const flexdiag_kernels *tabs[] = {flexdiag__kernels_cpu_ref(), flexdiag__kernels_cpu()};
+    for (int t = 0; t < 2; t++) {
+        const flexdiag_kernels *K = tabs[t];
+        flexdiag_attn_args a = f.a;
+        a.h_q = 3;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "multiple of h_kv");
+        expect_invalid(K->attn_prefill(out, f.qkv_pre, f.k, f.v, &a, NULL), "multiple of h_kv");
+        a = f.a;
+        f.lp[2] = a.p_cap + 1;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "lp[2]");
+        expect_invalid(K->attn_prefill(out, f.qkv_pre, f.k, f.v, &a, NULL), "lp[2]");
+        f.lp[2] = 0;
+        int32_t keep = f.slots[0];
+        f.n_slots[0] = 1;
+        f.slots[0] = a.ring;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "outside the ring");
+        f.slots[0] = keep;
+        f.n_slots[0] = a.max_slots + 1;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "n_slots[seq 0]");
+        f.n_slots[0] = 1;
+        a.lp = NULL;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "lp is NULL");
+    }
+    free(out);
+    ch_attn_fix_free(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tables),       cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_streams),      cmocka_unit_test(test_act_conversions),
+        cmocka_unit_test(test_embed),        cmocka_unit_test(test_gather_rows),
+        cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu_gelu),  cmocka_unit_test(test_cfg_combine),
+        cmocka_unit_test(test_matmul),       cmocka_unit_test(test_kv_append),
+        cmocka_unit_test(test_attn_decode),  cmocka_unit_test(test_attn_prefill),
+        cmocka_unit_test(test_attn_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

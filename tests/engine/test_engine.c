@@ -1,0 +1,210 @@
+/*
+ * test_engine.c - the generation engine and public API on the builtin micro-janus model (CPU):
+ * determinism across batch composition, micro-batching and thread count; cancellation and
+ * context reuse; input validation; the `flexdiag generate` CLI's outputs and flag errors.
+ */
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine.h"
+#include "util.h"
+
+#define N_IMG 5
+
+static void open_builtin(int threads, flexdiag_runtime **rt, flexdiag_model **m) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    rp.threads = threads;
+    assert_int_equal(flexdiag_runtime_create(&rp, rt), FLEXDIAG_OK);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    mp.seed = 7;
+    assert_int_equal(flexdiag_model_load(*rt, NULL, &mp, m), FLEXDIAG_OK);
+}
+
+/* Generate N_IMG images (prompts "p0".."p2", 2 images each -> 6, first N_IMG kept). */
+static int32_t *generate(int threads, int32_t batch, int32_t micro, flexdiag_policy_kind kind) {
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(threads, &rt, &m);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = batch;
+    cp.micro_batch = micro;
+    cp.max_prompt_len = 32;
+    cp.policy.kind = kind;
+    cp.policy.sparsity = 0.5;
+    flexdiag_context *c = NULL;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    const char *prompts[3] = {"p0", "a longer prompt one", "  p2  "};
+    flexdiag_request rq;
+    flexdiag_request_init(&rq);
+    rq.n_prompts = 3;
+    rq.prompts = prompts;
+    rq.images_per_prompt = 2;
+    rq.seed = 11;
+    flexdiag_output out = {0};
+    assert_int_equal(flexdiag_generate(c, &rq, &out), FLEXDIAG_OK);
+    assert_int_equal(out.n_images, 6);
+    assert_int_equal(out.tokens_per_image, 64);
+    out.tokens = malloc(6 * 64 * 4);
+    flexdiag_status st = flexdiag_generate(c, &rq, &out);
+    if (st != FLEXDIAG_OK) fprintf(stderr, "%s\n", flexdiag_last_error(NULL));
+    assert_int_equal(st, FLEXDIAG_OK);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    return out.tokens;
+}
+
+static void test_determinism(void **state) {
+    (void)state;
+    int32_t *a = generate(1, 6, 0, FLEXDIAG_POLICY_DENSE);
+    int32_t *b = generate(3, 4, 1, FLEXDIAG_POLICY_DENSE); /* other blocks, micro-batches, threads */
+    int32_t *c = generate(2, 1, 0, FLEXDIAG_POLICY_DENSE);
+    assert_memory_equal(a, b, 6 * 64 * 4);
+    assert_memory_equal(a, c, 6 * 64 * 4);
+    int differs = 0; /* two images of one prompt are different draws */
+    for (int i = 0; i < 64; i++) differs |= a[i] != a[64 + i];
+    assert_true(differs);
+    int32_t *d = generate(1, 6, 0, FLEXDIAG_POLICY_DIAGONAL); /* sparse: same keys, deterministic */
+    int32_t *e = generate(2, 2, 1, FLEXDIAG_POLICY_DIAGONAL);
+    assert_memory_equal(d, e, 6 * 64 * 4);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(e);
+}
+
+static bool stop_at_3(int phase, uint64_t done, uint64_t total, void *user) {
+    (void)phase;
+    (void)total;
+    (void)user;
+    return done < 3;
+}
+
+static void test_cancel_and_reuse(void **state) {
+    (void)state;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(0, &rt, &m);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 2;
+    cp.max_prompt_len = 32;
+    cp.progress = stop_at_3;
+    flexdiag_context *c = NULL;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    const char *prompts[1] = {"cat"};
+    flexdiag_request rq;
+    flexdiag_request_init(&rq);
+    rq.n_prompts = 1;
+    rq.prompts = prompts;
+    int32_t tokens[64];
+    flexdiag_output out = {.tokens = tokens};
+    assert_int_equal(flexdiag_generate(c, &rq, &out), FLEXDIAG_ERR_CANCELLED);
+    c->p.progress = NULL; /* the same context runs again after a cancel */
+    assert_int_equal(flexdiag_generate(c, &rq, &out), FLEXDIAG_OK);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(0, &rt, &m);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 1;
+    cp.max_prompt_len = 4;
+    flexdiag_context *c = NULL;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    int32_t prompt[3] = {256, 9999, 261}, ids[2] = {1, 2};
+    float logits[2 * 256];
+    assert_int_equal(flexdiag__context_score(c, prompt, 3, ids, 2, 5.0f, logits, NULL),
+                     FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "9999"));
+    prompt[1] = 5;
+    ids[1] = 256; /* image vocab is 256 */
+    assert_int_equal(flexdiag__context_score(c, prompt, 3, ids, 2, 5.0f, logits, NULL),
+                     FLEXDIAG_ERR_INVALID_ARG);
+    const char *long_prompt[1] = {"this prompt is far longer than four tokens"};
+    flexdiag_request rq;
+    flexdiag_request_init(&rq);
+    rq.n_prompts = 1;
+    rq.prompts = long_prompt;
+    int32_t tokens[64];
+    flexdiag_output out = {.tokens = tokens};
+    assert_int_equal(flexdiag_generate(c, &rq, &out), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "prompt length"));
+    rq.temperature = 0;
+    assert_int_equal(flexdiag_generate(c, &rq, &out), FLEXDIAG_ERR_INVALID_ARG);
+    flexdiag_context_params bad;
+    flexdiag_context_params_init(&bad);
+    bad.struct_size = 0;
+    flexdiag_context *c2 = (flexdiag_context *)1;
+    assert_int_equal(flexdiag_context_create(m, &bad, &c2), FLEXDIAG_ERR_INVALID_ARG);
+    assert_null(c2);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
+static void test_cli_generate(void **state) {
+    (void)state;
+    const char *bin = getenv("FLEXDIAG_BIN");
+    char *tmp = tu_tempdir("gen");
+    assert_int_equal(tu_system("'%s' generate --cpu --arch micro-janus --prompt 'a red apple' "
+                               "--images-per-prompt 2 --out '%s/o' --quiet 2>/dev/null",
+                               bin, tmp), 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/o/tokens.json", tmp);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    json_t *imgs = json_object_get(j, "images");
+    assert_int_equal(json_array_size(imgs), 2);
+    json_t *grid = json_object_get(json_array_get(imgs, 1), "grid");
+    assert_int_equal(json_array_size(grid), 8);
+    assert_int_equal(json_array_size(json_array_get(grid, 0)), 8);
+    json_decref(j);
+    /* bad flags: exit 2 and a message naming the flag */
+    snprintf(path, sizeof path, "%s/err.txt", tmp);
+    assert_int_equal(tu_system("'%s' generate --bogus 1 --out '%s' 2>'%s'", bin, tmp, path), 2);
+    char *msg = tu_read_file(path, NULL);
+    assert_non_null(strstr(msg, "--bogus"));
+    free(msg);
+    assert_int_equal(tu_system("'%s' generate --batch x --out '%s' 2>/dev/null", bin, tmp), 2);
+    assert_int_equal(tu_system("'%s' generate --policy nope --out '%s' 2>'%s'", bin, tmp, path), 2);
+    msg = tu_read_file(path, NULL);
+    assert_non_null(strstr(msg, "diagonal"));
+    free(msg);
+    assert_int_equal(tu_system("'%s' generate --model /nonexistent --out '%s' 2>'%s'", bin, tmp,
+                               path), 1);
+    msg = tu_read_file(path, NULL);
+    assert_non_null(strstr(msg, "/nonexistent"));
+    free(msg);
+    tu_rmtree(tmp);
+    free(tmp);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_cancel_and_reuse),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_cli_generate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

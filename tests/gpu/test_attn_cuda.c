@@ -1,0 +1,716 @@
+/*
+ * test_attn_cuda.c - the CUDA kv_append, attn_prefill and attn_decode ops against the scalar
+ * CPU reference (flexdiag__kernels_cpu_ref()) on the same bf16 inputs (upcast to fp32 for the
+ * CPU), over a table of shapes: n_seq 1..64, MHA and GQA groups of 2, 3, 4, 8 and 12, d_h 16 to
+ * 128, prompt lengths 0, 1, 7, 50, 130 varying per sequence, rings of 16..600 rows with random
+ * slot lists (random order, some empty, duplicated key rows to force logit ties).
+ *
+ * Per case: the prompt is appended (padding qkv rows are NaN, so the kernels must never read
+ * cache rows >= lp), prefill runs, one decode token is appended into a ring slot of each
+ * (sequence, KV head) and decode runs with logits_out and lse_out. Checks (style.md §7):
+ * kv_append exact (whole caches bit-identical); outputs within bf16 tolerances of the
+ * reference and within 2x the error of a naive bf16 implementation vs an fp64 reference
+ * (flash-attention's rule); logits / lse within a bound derived from fp32 dot-product error;
+ * identical keys give bit-identical logits; 1024-element guard regions around every device
+ * buffer come back unchanged; outputs are poisoned before each call so unwritten elements fail.
+ * Also: the host-side argument checks. Exits 77 when CUDA is not built or no device is usable.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core.h"
+#include "kernels.h"
+#include "util.h"
+
+/* Guard elements before and after every device buffer. */
+#define GUARD 1024
+/* Prompt rows reserved per (sequence, KV head): not a multiple of the 64-row prefill tile. */
+#define P_CAP 133
+/* bf16 quiet NaN: the content of padding qkv rows and of ring rows no slot list names. */
+#define BF16_NAN 0x7fc0u
+
+/* bf16 output tolerances (style.md §7). max_nmse: bf16 rounding of the outputs alone gives
+ * ~1e-6; 1e-4 (1 % rms) still fails any indexing or masking error, which is O(1). */
+#define OUT_ATOL 1e-3
+#define OUT_RTOL 1.6e-2
+#define OUT_NMSE 1e-4
+
+typedef struct attn_case {
+    int32_t n_seq, h_q, h_kv, d_h, ring;
+} attn_case;
+
+/* Shape table: every n_seq / head layout / d_h of the brief at least once, plus odd groups
+ * (g = 3, g = 12 > 8 query heads per CTA) and the decode bench shape at a small ring. */
+static const attn_case cases[] = {
+    {1, 4, 4, 16, 16},    {1, 32, 32, 128, 600}, {3, 8, 2, 64, 37},    {3, 4, 4, 128, 600},
+    {8, 32, 32, 64, 100}, {8, 8, 2, 16, 250},    {8, 16, 2, 128, 64},  {8, 8, 4, 32, 33},
+    {8, 12, 4, 64, 20},   {3, 24, 2, 64, 50},    {64, 4, 4, 64, 600},  {64, 8, 2, 128, 300},
+    {64, 32, 32, 128, 24},
+};
+#define N_CASES ((int)(sizeof cases / sizeof cases[0]))
+
+/* The backends under test and the oracle. */
+static const flexdiag_kernels *gk, *rk;
+static flexdiag_stream *gs, *rs;
+
+/* ---- device buffers with guard regions ---- */
+
+typedef struct dbuf {
+    uint8_t *base;   /* device allocation: guard | payload | guard */
+    void *p;         /* device payload */
+    size_t bytes;    /* payload bytes */
+    size_t gbytes;   /* bytes of one guard (GUARD elements) */
+    uint8_t *guard;  /* host copy of both guards (2 · gbytes) */
+} dbuf;
+
+static void ck(flexdiag_status st, const char *what) {
+    if (st != FLEXDIAG_OK) fprintf(stderr, "%s: %s\n", what, flexdiag_last_error(NULL));
+    assert_int_equal(st, FLEXDIAG_OK);
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+/* Device buffer of n elements of esz bytes with random guards (uploaded); payload unset. */
+static dbuf dbuf_new(int64_t n, size_t esz, tu_rng *r) {
+    dbuf b = {NULL, NULL, (size_t)n * esz, GUARD * esz, NULL};
+    void *base = NULL;
+    ck(gk->mem_alloc(b.bytes + 2 * b.gbytes, &base), "mem_alloc");
+    b.base = base;
+    b.p = b.base + b.gbytes;
+    b.guard = xmalloc(2 * b.gbytes);
+    for (size_t i = 0; i < 2 * b.gbytes; i++) b.guard[i] = (uint8_t)tu_rng_u64(r);
+    ck(gk->copy_h2d(b.base, b.guard, b.gbytes, gs), "copy_h2d guard");
+    ck(gk->copy_h2d(b.base + b.gbytes + b.bytes, b.guard + b.gbytes, b.gbytes, gs),
+       "copy_h2d guard");
+    return b;
+}
+
+static void dbuf_up(dbuf *b, const void *src) {
+    if (b->bytes) ck(gk->copy_h2d(b->p, src, b->bytes, gs), "copy_h2d");
+}
+
+static void dbuf_down(const dbuf *b, void *dst) {
+    if (b->bytes) ck(gk->copy_d2h(dst, b->p, b->bytes, gs), "copy_d2h");
+}
+
+/* Fill the payload with 0xff bytes (bf16 / fp32 NaN): unwritten outputs cannot pass. */
+static void dbuf_poison(dbuf *b) {
+    uint8_t *h = xmalloc(b->bytes);
+    memset(h, 0xff, b->bytes);
+    dbuf_up(b, h);
+    free(h);
+}
+
+/* Both guards still hold their random bytes. */
+static void dbuf_check_guards(const dbuf *b, const char *label) {
+    uint8_t *h = xmalloc(2 * b->gbytes);
+    ck(gk->copy_d2h(h, b->base, b->gbytes, gs), "copy_d2h guard");
+    ck(gk->copy_d2h(h + b->gbytes, b->base + b->gbytes + b->bytes, b->gbytes, gs),
+       "copy_d2h guard");
+    int ok = memcmp(h, b->guard, 2 * b->gbytes) == 0;
+    if (!ok) fprintf(stderr, "%s: guard region overwritten\n", label);
+    free(h);
+    assert_true(ok);
+}
+
+static void dbuf_free(dbuf *b) {
+    gk->mem_free(b->base);
+    free(b->guard);
+}
+
+/* ---- host data ---- */
+
+/* One case's inputs on the host: bf16 for the device, fp32 upcasts for the CPU reference. */
+typedef struct problem {
+    attn_case c;
+    int32_t w;             /* qkv row width (h_q + 2·h_kv)·d_h */
+    int32_t max_slots;     /* slot list stride */
+    int64_t cache_n;       /* elements of one cache (K or V) */
+    int32_t *lp;           /* (n_seq) prompt rows */
+    int32_t *slots;        /* (n_seq, h_kv, max_slots) */
+    int32_t *n_slots;      /* (n_seq, h_kv) */
+    int32_t *dup;          /* (n_seq, h_kv): 1 when slot entries 1 and 2 hold identical keys */
+    uint16_t *kc, *vc;     /* caches, bf16 */
+    float *kc32, *vc32;    /* the same, fp32 (the CPU reference's caches) */
+    uint16_t *qkv_p;       /* (n_seq·P_CAP, w) prompt qkv; padding rows NaN */
+    uint16_t *qkv_d;       /* (n_seq, w) decode qkv */
+    flexdiag_attn_args a;  /* host view (pointers into this struct) */
+} problem;
+
+static float *upcast(const uint16_t *x, int64_t n) {
+    float *f = xmalloc((size_t)n * sizeof *f);
+    for (int64_t i = 0; i < n; i++) f[i] = flexdiag__bf16_to_f32(x[i]);
+    return f;
+}
+
+/* Random slot lists (distinct ring rows in random order, about one in six empty); ring rows no
+ * list names are NaN; the key (and value) of entry 1 is copied to entry 2 to force ties. */
+static void make_slots(problem *pb, tu_rng *r) {
+    const attn_case *c = &pb->c;
+    int32_t *perm = xmalloc((size_t)c->ring * sizeof *perm);
+    for (int64_t sh = 0; sh < (int64_t)c->n_seq * c->h_kv; sh++) {
+        for (int32_t i = 0; i < c->ring; i++) perm[i] = i;
+        for (int32_t i = c->ring - 1; i > 0; i--) {
+            int32_t j = (int32_t)tu_rng_int(r, 0, i), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        int32_t ns = tu_rng_int(r, 0, 5) == 0 ? 0 : (int32_t)tu_rng_int(r, 1, c->ring);
+        pb->n_slots[sh] = ns;
+        for (int32_t j = 0; j < pb->max_slots; j++)
+            pb->slots[sh * pb->max_slots + j] = j < ns ? perm[j] : -1;
+        uint16_t *kb = pb->kc + sh * ((int64_t)P_CAP + c->ring) * c->d_h;
+        uint16_t *vb = pb->vc + sh * ((int64_t)P_CAP + c->ring) * c->d_h;
+        for (int32_t j = ns; j < c->ring; j++)
+            for (int32_t e = 0; e < c->d_h; e++)
+                kb[((int64_t)P_CAP + perm[j]) * c->d_h + e] =
+                    vb[((int64_t)P_CAP + perm[j]) * c->d_h + e] = BF16_NAN;
+        pb->dup[sh] = ns >= 3;
+        if (ns >= 3) {
+            memcpy(kb + ((int64_t)P_CAP + perm[2]) * c->d_h,
+                   kb + ((int64_t)P_CAP + perm[1]) * c->d_h, (size_t)c->d_h * 2);
+            memcpy(vb + ((int64_t)P_CAP + perm[2]) * c->d_h,
+                   vb + ((int64_t)P_CAP + perm[1]) * c->d_h, (size_t)c->d_h * 2);
+        }
+    }
+    free(perm);
+}
+
+static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
+    static const int32_t lps[4] = {1, 7, 50, 130};
+    memset(pb, 0, sizeof *pb);
+    pb->c = *c;
+    pb->w = (c->h_q + 2 * c->h_kv) * c->d_h;
+    pb->max_slots = c->ring + 3; /* a stride that is not the list length */
+    pb->cache_n = (int64_t)c->n_seq * c->h_kv * (P_CAP + c->ring) * c->d_h;
+    pb->lp = xmalloc((size_t)c->n_seq * sizeof *pb->lp);
+    for (int32_t s = 0; s < c->n_seq; s++) pb->lp[s] = lps[(s + idx) % 4];
+    if (c->n_seq == 8 && c->d_h == 16) pb->lp[2] = 0; /* a sequence without a prompt */
+    int64_t nsh = (int64_t)c->n_seq * c->h_kv;
+    pb->slots = xmalloc((size_t)(nsh * pb->max_slots) * sizeof *pb->slots);
+    pb->n_slots = xmalloc((size_t)nsh * sizeof *pb->n_slots);
+    pb->dup = xmalloc((size_t)nsh * sizeof *pb->dup);
+    pb->kc = xmalloc((size_t)pb->cache_n * 2);
+    pb->vc = xmalloc((size_t)pb->cache_n * 2);
+    tu_fill_bf16(r, pb->kc, pb->cache_n, 1.0f);
+    tu_fill_bf16(r, pb->vc, pb->cache_n, 1.0f);
+    make_slots(pb, r);
+    pb->kc32 = upcast(pb->kc, pb->cache_n);
+    pb->vc32 = upcast(pb->vc, pb->cache_n);
+    /* q and k ~ N(0, 1.5²): logits of a few units, softmax neither flat nor one-hot */
+    int64_t np = (int64_t)c->n_seq * P_CAP * pb->w;
+    pb->qkv_p = xmalloc((size_t)np * 2);
+    tu_fill_bf16(r, pb->qkv_p, np, 1.5f);
+    for (int32_t s = 0; s < c->n_seq; s++)
+        for (int64_t i = (int64_t)pb->lp[s] * pb->w; i < (int64_t)P_CAP * pb->w; i++)
+            pb->qkv_p[(int64_t)s * P_CAP * pb->w + i] = BF16_NAN;
+    pb->qkv_d = xmalloc((size_t)c->n_seq * pb->w * 2);
+    tu_fill_bf16(r, pb->qkv_d, (int64_t)c->n_seq * pb->w, 1.5f);
+    flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, P_CAP, c->ring,
+                            1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
+                            pb->max_slots, NULL, NULL};
+    pb->a = a;
+}
+
+static void problem_free(problem *pb) {
+    free(pb->lp);
+    free(pb->slots);
+    free(pb->n_slots);
+    free(pb->dup);
+    free(pb->kc);
+    free(pb->vc);
+    free(pb->kc32);
+    free(pb->vc32);
+    free(pb->qkv_p);
+    free(pb->qkv_d);
+}
+
+/* ---- independent references: fp64 and naive bf16 ---- */
+
+/* One query over n keys (fp32 upcasts of bf16 rows): o64 in fp64; onaive as a plain bf16
+ * implementation computes it (scores rounded to bf16, softmax in fp32 rounded to bf16, P·V
+ * accumulated in fp32 and rounded to bf16, as torch does on bf16 tensors). */
+static void attend_ref(const float *q, const float *const *kr, const float *const *vr, int64_t n,
+                       int d_h, float scale, double *o64, float *onaive, float *zb) {
+    double m = -INFINITY, l = 0;
+    float mb = -INFINITY, lb = 0;
+    for (int64_t j = 0; j < n; j++) {
+        double z = 0;
+        float zf = 0;
+        for (int e = 0; e < d_h; e++) {
+            z += (double)q[e] * kr[j][e];
+            zf += q[e] * kr[j][e];
+        }
+        zb[j] = flexdiag__bf16_to_f32(flexdiag__f32_to_bf16(zf * scale));
+        m = fmax(m, z * scale);
+        mb = fmaxf(mb, zb[j]);
+    }
+    for (int e = 0; e < d_h; e++) o64[e] = 0, onaive[e] = 0;
+    for (int64_t j = 0; j < n; j++) lb += expf(zb[j] - mb);
+    for (int64_t j = 0; j < n; j++) {
+        double z = 0;
+        for (int e = 0; e < d_h; e++) z += (double)q[e] * kr[j][e];
+        double p = exp(z * scale - m);
+        l += p;
+        float pb = flexdiag__bf16_to_f32(flexdiag__f32_to_bf16(expf(zb[j] - mb) / lb));
+        for (int e = 0; e < d_h; e++) {
+            o64[e] += p * vr[j][e];
+            onaive[e] += pb * vr[j][e];
+        }
+    }
+    for (int e = 0; e < d_h; e++) {
+        o64[e] = n ? o64[e] / l : 0;
+        onaive[e] = flexdiag__bf16_to_f32(flexdiag__f32_to_bf16(onaive[e]));
+    }
+}
+
+/* Flash-attention rule state: max |x - fp64| of the kernel and of the naive bf16 version. */
+typedef struct fa_err {
+    double kernel, naive;
+} fa_err;
+
+static void fa_add(fa_err *fe, const float *got, const double *o64, const float *onaive, int n) {
+    for (int e = 0; e < n; e++) {
+        fe->kernel = fmax(fe->kernel, fabs(got[e] - o64[e]));
+        fe->naive = fmax(fe->naive, fabs(onaive[e] - o64[e]));
+    }
+}
+
+/* kernel error <= 2 x naive error; the 1e-6 floor covers cases where every output is exact in
+ * bf16 (single-key rows): a bf16 value >= 1e-3 has an ulp >= 4e-6, so the floor hides nothing. */
+static void fa_check(const fa_err *fe, const char *label) {
+    int ok = fe->kernel <= 2 * fe->naive + 1e-6;
+    fprintf(ok ? stdout : stderr, "%s: max err vs fp64 %.3g, naive bf16 %.3g%s\n", label,
+            fe->kernel, fe->naive, ok ? "" : " (> 2x: FAIL)");
+    assert_true(ok);
+}
+
+/* ---- comparisons ---- */
+
+static float *download_bf16(const dbuf *b, int64_t n) {
+    uint16_t *h = xmalloc((size_t)n * 2);
+    dbuf_down(b, h);
+    float *f = upcast(h, n);
+    free(h);
+    return f;
+}
+
+/* Device caches equal the CPU reference's bit for bit (kv_append and nothing else wrote). */
+static void check_caches(const problem *pb, const dbuf *k, const dbuf *v, const char *label) {
+    uint16_t *h = xmalloc((size_t)pb->cache_n * 2);
+    const float *ref[2] = {pb->kc32, pb->vc32};
+    const dbuf *d[2] = {k, v};
+    for (int t = 0; t < 2; t++) {
+        dbuf_down(d[t], h);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < pb->cache_n; i++)
+            if (h[i] != flexdiag__f32_to_bf16(ref[t][i]) && bad++ < 5)
+                fprintf(stderr, "%s %s cache: element %lld is 0x%04x, want 0x%04x\n", label,
+                        t ? "V" : "K", (long long)i, h[i], flexdiag__f32_to_bf16(ref[t][i]));
+        assert_int_equal(bad, 0);
+        dbuf_check_guards(d[t], label);
+    }
+    free(h);
+}
+
+/* Cache row r of (sequence s, KV head h), fp32. */
+static const float *row32(const problem *pb, const float *c, int64_t s, int32_t h, int64_t r) {
+    return c + ((s * pb->c.h_kv + h) * (P_CAP + pb->c.ring) + r) * pb->c.d_h;
+}
+
+/* ---- the three ops on one case ---- */
+
+/* Append the prompt (every row of the P_CAP block, padding rows carry NaN) on both backends. */
+static void run_append_prompt(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
+    const attn_case *c = &pb->c;
+    int64_t n_tok = (int64_t)c->n_seq * P_CAP, np = n_tok * pb->w;
+    int32_t *rows = xmalloc((size_t)(n_tok * c->h_kv) * sizeof *rows);
+    for (int64_t i = 0; i < n_tok; i++)
+        for (int32_t h = 0; h < c->h_kv; h++) rows[i * c->h_kv + h] = (int32_t)(i % P_CAP);
+    dbuf drows = dbuf_new(n_tok * c->h_kv, 4, r), dqkv = dbuf_new(np, 2, r);
+    dbuf_up(&drows, rows);
+    dbuf_up(&dqkv, pb->qkv_p);
+    float *qkv32 = upcast(pb->qkv_p, np);
+    flexdiag_attn_args ga = pb->a;
+    ck(gk->kv_append(dk->p, dv->p, dqkv.p, drows.p, n_tok, P_CAP, &ga, gs), "cuda kv_append");
+    ck(rk->kv_append(pb->kc32, pb->vc32, qkv32, rows, n_tok, P_CAP, &pb->a, rs), "ref kv_append");
+    check_caches(pb, dk, dv, "prompt kv_append");
+    dbuf_check_guards(&drows, "kv_append rows");
+    dbuf_check_guards(&dqkv, "kv_append qkv");
+    free(rows);
+    free(qkv32);
+    dbuf_free(&drows);
+    dbuf_free(&dqkv);
+}
+
+/* fp64 / naive references of prefill for every valid row, folded into fe. */
+static void prefill_fa(const problem *pb, const float *qkv32, const float *got, fa_err *fe) {
+    const attn_case *c = &pb->c;
+    int g = c->h_q / c->h_kv, d = c->d_h;
+    const float **kr = xmalloc(P_CAP * sizeof *kr), **vr = xmalloc(P_CAP * sizeof *vr);
+    double *o64 = xmalloc((size_t)d * sizeof *o64);
+    float *on = xmalloc((size_t)d * sizeof *on), *zb = xmalloc(P_CAP * sizeof *zb);
+    for (int64_t s = 0; s < c->n_seq; s++)
+        for (int32_t hq = 0; hq < c->h_q; hq++) {
+            for (int64_t j = 0; j < pb->lp[s]; j++) {
+                kr[j] = row32(pb, pb->kc32, s, hq / g, j);
+                vr[j] = row32(pb, pb->vc32, s, hq / g, j);
+            }
+            for (int64_t r = 0; r < pb->lp[s]; r++) {
+                int64_t row = s * P_CAP + r;
+                attend_ref(qkv32 + row * pb->w + (int64_t)hq * d, kr, vr, r + 1, d, pb->a.scale,
+                           o64, on, zb);
+                fa_add(fe, got + row * c->h_q * d + (int64_t)hq * d, o64, on, d);
+            }
+        }
+    free(kr);
+    free(vr);
+    free(o64);
+    free(on);
+    free(zb);
+}
+
+static void run_prefill(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *dlp, tu_rng *r,
+                        const char *label) {
+    const attn_case *c = &pb->c;
+    int64_t n_out = (int64_t)c->n_seq * P_CAP * c->h_q * c->d_h, np = (int64_t)c->n_seq * P_CAP * pb->w;
+    dbuf dout = dbuf_new(n_out, 2, r), dqkv = dbuf_new(np, 2, r);
+    dbuf_up(&dqkv, pb->qkv_p);
+    dbuf_poison(&dout);
+    flexdiag_attn_args ga = pb->a;
+    ga.lp = dlp->p;
+    ck(gk->attn_prefill(dout.p, dqkv.p, dk->p, dv->p, &ga, gs), "cuda attn_prefill");
+    float *qkv32 = upcast(pb->qkv_p, np), *ref = xmalloc((size_t)n_out * sizeof *ref);
+    ck(rk->attn_prefill(ref, qkv32, pb->kc32, pb->vc32, &pb->a, rs), "ref attn_prefill");
+    float *got = download_bf16(&dout, n_out);
+    char lab[160];
+    snprintf(lab, sizeof lab, "%s prefill out", label);
+    assert_true(tu_allclose(lab, got, ref, n_out, OUT_ATOL, OUT_RTOL, OUT_NMSE));
+    fa_err fe = {0, 0};
+    prefill_fa(pb, qkv32, got, &fe);
+    fa_check(&fe, lab);
+    dbuf_check_guards(&dout, lab);
+    dbuf_check_guards(&dqkv, lab);
+    free(qkv32);
+    free(ref);
+    free(got);
+    dbuf_free(&dout);
+    dbuf_free(&dqkv);
+}
+
+/* Append one decode token per sequence into slot entry 0 of each (sequence, KV head) list (a
+ * random ring row when the list is empty) on both backends. */
+static void run_append_decode(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
+    const attn_case *c = &pb->c;
+    int64_t nsh = (int64_t)c->n_seq * c->h_kv;
+    int32_t *rows = xmalloc((size_t)nsh * sizeof *rows);
+    for (int64_t sh = 0; sh < nsh; sh++)
+        rows[sh] = P_CAP + (pb->n_slots[sh] ? pb->slots[sh * pb->max_slots]
+                                            : (int32_t)tu_rng_int(r, 0, c->ring - 1));
+    dbuf drows = dbuf_new(nsh, 4, r), dqkv = dbuf_new((int64_t)c->n_seq * pb->w, 2, r);
+    dbuf_up(&drows, rows);
+    dbuf_up(&dqkv, pb->qkv_d);
+    float *qkv32 = upcast(pb->qkv_d, (int64_t)c->n_seq * pb->w);
+    flexdiag_attn_args ga = pb->a;
+    ck(gk->kv_append(dk->p, dv->p, dqkv.p, drows.p, c->n_seq, 1, &ga, gs), "cuda kv_append");
+    ck(rk->kv_append(pb->kc32, pb->vc32, qkv32, rows, c->n_seq, 1, &pb->a, rs), "ref kv_append");
+    check_caches(pb, dk, dv, "decode kv_append");
+    free(rows);
+    free(qkv32);
+    dbuf_free(&drows);
+    dbuf_free(&dqkv);
+}
+
+/* Logits and lse vs the reference. Bound: both sides are fp32 dot products of the same d_h <=
+ * 128 products in different orders, each within d_h·2^-24·Σ|q_i k_i| ≈ 7.6e-6·Σ|q_i k_i| of
+ * exact; 1e-4·scale·Σ|q_i k_i| leaves 10x headroom and still fails any wrong key (an error of
+ * order Σ|q_i k_i|). lse adds 1e-4 for the normaliser: an fp32 sum of <= 700 terms in another
+ * order differs by < 700·2^-24 relative (4e-5 after the log). */
+static int check_logits(const problem *pb, const float *qkv32, const float *got_lg,
+                        const float *ref_lg, const float *got_lse, const float *ref_lse) {
+    const attn_case *c = &pb->c;
+    int g = c->h_q / c->h_kv, d = c->d_h, bad = 0;
+    for (int64_t s = 0; s < c->n_seq && bad < 10; s++)
+        for (int32_t hq = 0; hq < c->h_q && bad < 10; hq++) {
+            int64_t sh = s * c->h_kv + hq / g, shq = s * c->h_q + hq;
+            const float *q = qkv32 + s * pb->w + (int64_t)hq * d;
+            double magmax = 0;
+            for (int64_t j = 0; j < pb->lp[s] + pb->n_slots[sh]; j++) {
+                int64_t row = j < pb->lp[s] ? j : P_CAP + pb->slots[sh * pb->max_slots + j - pb->lp[s]];
+                const float *k = row32(pb, pb->kc32, s, hq / g, row);
+                double mag = 0;
+                for (int e = 0; e < d; e++) mag += fabs((double)q[e] * k[e]);
+                mag *= pb->a.scale;
+                magmax = fmax(magmax, mag);
+                if (j < pb->lp[s]) continue;
+                int64_t at = shq * pb->max_slots + j - pb->lp[s];
+                if (!(fabs(got_lg[at] - ref_lg[at]) <= 1e-4 * mag + 1e-30) && bad++ < 5)
+                    fprintf(stderr, "logits[seq %lld][head %d][%lld]: got %.9g ref %.9g\n",
+                            (long long)s, hq, (long long)(j - pb->lp[s]), got_lg[at], ref_lg[at]);
+            }
+            double tol = 1e-4 * magmax + 1e-4;
+            int same_inf = isinf(ref_lse[shq]) && got_lse[shq] == ref_lse[shq];
+            if (!same_inf && !(fabs(got_lse[shq] - ref_lse[shq]) <= tol) && bad++ < 5)
+                fprintf(stderr, "lse[seq %lld][head %d]: got %.9g ref %.9g\n", (long long)s, hq,
+                        got_lse[shq], ref_lse[shq]);
+        }
+    return bad == 0;
+}
+
+/* Identical keys at slot entries 1 and 2 give bit-identical logits (ties stay ties); entries past
+ * n_slots are left untouched (still the 0xff poison). */
+static int check_ties_and_tail(const problem *pb, const float *got_lg) {
+    const attn_case *c = &pb->c;
+    int g = c->h_q / c->h_kv, bad = 0;
+    for (int64_t shq = 0; shq < (int64_t)c->n_seq * c->h_q; shq++) {
+        int64_t sh = (shq / c->h_q) * c->h_kv + (shq % c->h_q) / g;
+        const float *lg = got_lg + shq * pb->max_slots;
+        if (pb->dup[sh] && memcmp(&lg[1], &lg[2], 4) != 0 && bad++ < 5)
+            fprintf(stderr, "tie lost at (seq, head) %lld: %.9g vs %.9g\n", (long long)shq, lg[1],
+                    lg[2]);
+        for (int32_t j = pb->n_slots[sh]; j < pb->max_slots; j++) {
+            uint32_t u;
+            memcpy(&u, &lg[j], 4);
+            if (u != 0xffffffffu && bad++ < 5)
+                fprintf(stderr, "logits_out[%lld][%d] past n_slots was written\n",
+                        (long long)shq, j);
+        }
+    }
+    return bad == 0;
+}
+
+/* fp64 / naive references of decode, folded into fe. */
+static void decode_fa(const problem *pb, const float *qkv32, const float *got, fa_err *fe) {
+    const attn_case *c = &pb->c;
+    int g = c->h_q / c->h_kv, d = c->d_h;
+    int64_t nmax = P_CAP + pb->max_slots;
+    const float **kr = xmalloc((size_t)nmax * sizeof *kr), **vr = xmalloc((size_t)nmax * sizeof *vr);
+    double *o64 = xmalloc((size_t)d * sizeof *o64);
+    float *on = xmalloc((size_t)d * sizeof *on), *zb = xmalloc((size_t)nmax * sizeof *zb);
+    for (int64_t s = 0; s < c->n_seq; s++)
+        for (int32_t hq = 0; hq < c->h_q; hq++) {
+            int64_t sh = s * c->h_kv + hq / g, n = pb->lp[s] + pb->n_slots[sh];
+            for (int64_t j = 0; j < n; j++) {
+                int64_t row = j < pb->lp[s] ? j : P_CAP + pb->slots[sh * pb->max_slots + j - pb->lp[s]];
+                kr[j] = row32(pb, pb->kc32, s, hq / g, row);
+                vr[j] = row32(pb, pb->vc32, s, hq / g, row);
+            }
+            attend_ref(qkv32 + s * pb->w + (int64_t)hq * d, kr, vr, n, d, pb->a.scale, o64, on, zb);
+            fa_add(fe, got + (s * c->h_q + hq) * d, o64, on, d);
+        }
+    free(kr);
+    free(vr);
+    free(o64);
+    free(on);
+    free(zb);
+}
+
+static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *dlp, tu_rng *r,
+                       const char *label) {
+    const attn_case *c = &pb->c;
+    int64_t nsh = (int64_t)c->n_seq * c->h_kv, nq = (int64_t)c->n_seq * c->h_q;
+    int64_t n_out = nq * c->d_h, n_lg = nq * pb->max_slots;
+    dbuf dout = dbuf_new(n_out, 2, r), dqkv = dbuf_new((int64_t)c->n_seq * pb->w, 2, r);
+    dbuf dslots = dbuf_new(nsh * pb->max_slots, 4, r), dns = dbuf_new(nsh, 4, r);
+    dbuf dlg = dbuf_new(n_lg, 4, r), dlse = dbuf_new(nq, 4, r);
+    dbuf_up(&dqkv, pb->qkv_d);
+    dbuf_up(&dslots, pb->slots);
+    dbuf_up(&dns, pb->n_slots);
+    dbuf_poison(&dout);
+    dbuf_poison(&dlg);
+    dbuf_poison(&dlse);
+    flexdiag_attn_args ga = pb->a;
+    ga.lp = dlp->p;
+    ga.slots = dslots.p;
+    ga.n_slots = dns.p;
+    ga.logits_out = dlg.p;
+    ga.lse_out = dlse.p;
+    ck(gk->attn_decode(dout.p, dqkv.p, dk->p, dv->p, &ga, gs), "cuda attn_decode");
+
+    float *qkv32 = upcast(pb->qkv_d, (int64_t)c->n_seq * pb->w);
+    float *ref = xmalloc((size_t)n_out * 4), *ref_lg = xmalloc((size_t)n_lg * 4);
+    float *ref_lse = xmalloc((size_t)nq * 4), *got_lg = xmalloc((size_t)n_lg * 4);
+    float *got_lse = xmalloc((size_t)nq * 4);
+    flexdiag_attn_args ra = pb->a;
+    ra.logits_out = ref_lg;
+    ra.lse_out = ref_lse;
+    ck(rk->attn_decode(ref, qkv32, pb->kc32, pb->vc32, &ra, rs), "ref attn_decode");
+    float *got = download_bf16(&dout, n_out);
+    dbuf_down(&dlg, got_lg);
+    dbuf_down(&dlse, got_lse);
+    char lab[160];
+    snprintf(lab, sizeof lab, "%s decode out", label);
+    assert_true(tu_allclose(lab, got, ref, n_out, OUT_ATOL, OUT_RTOL, OUT_NMSE));
+    fa_err fe = {0, 0};
+    decode_fa(pb, qkv32, got, &fe);
+    fa_check(&fe, lab);
+    assert_true(check_logits(pb, qkv32, got_lg, ref_lg, got_lse, ref_lse));
+    assert_true(check_ties_and_tail(pb, got_lg));
+
+    /* without the optional outputs the attention output is bit-identical */
+    uint16_t *o1 = xmalloc((size_t)n_out * 2), *o2 = xmalloc((size_t)n_out * 2);
+    dbuf_down(&dout, o1);
+    dbuf_poison(&dout);
+    ga.logits_out = NULL;
+    ga.lse_out = NULL;
+    ck(gk->attn_decode(dout.p, dqkv.p, dk->p, dv->p, &ga, gs), "cuda attn_decode (no extras)");
+    dbuf_down(&dout, o2);
+    assert_memory_equal(o1, o2, (size_t)n_out * 2);
+
+    const dbuf *all[6] = {&dout, &dqkv, &dslots, &dns, &dlg, &dlse};
+    for (int i = 0; i < 6; i++) dbuf_check_guards(all[i], lab);
+    for (int i = 0; i < 6; i++) dbuf_free((dbuf *)all[i]);
+    free(o1);
+    free(o2);
+    free(qkv32);
+    free(ref);
+    free(ref_lg);
+    free(ref_lse);
+    free(got_lg);
+    free(got_lse);
+    free(got);
+}
+
+/* One shape: append prompt, prefill, append a decode token, decode. */
+static void test_case(void **state) {
+    const attn_case *c = *state;
+    int idx = (int)(c - cases);
+    char label[96];
+    snprintf(label, sizeof label, "case %d (n_seq %d, h_q %d, h_kv %d, d_h %d, ring %d)", idx,
+             c->n_seq, c->h_q, c->h_kv, c->d_h, c->ring);
+    tu_rng r;
+    tu_rng_seed(&r, 1000 + (uint64_t)idx);
+    problem pb;
+    problem_init(&pb, c, idx, &r);
+    dbuf dk = dbuf_new(pb.cache_n, 2, &r), dv = dbuf_new(pb.cache_n, 2, &r);
+    dbuf dlp = dbuf_new(c->n_seq, 4, &r);
+    dbuf_up(&dk, pb.kc);
+    dbuf_up(&dv, pb.vc);
+    dbuf_up(&dlp, pb.lp);
+    run_append_prompt(&pb, &dk, &dv, &r);
+    run_prefill(&pb, &dk, &dv, &dlp, &r, label);
+    run_append_decode(&pb, &dk, &dv, &r);
+    run_decode(&pb, &dk, &dv, &dlp, &r, label);
+    dbuf_check_guards(&dlp, label);
+    dbuf_free(&dk);
+    dbuf_free(&dv);
+    dbuf_free(&dlp);
+    problem_free(&pb);
+}
+
+/* ---- argument checks ---- */
+
+/* st is the expected status and the message names the op. */
+static void expect_err(flexdiag_status got, flexdiag_status want, const char *op) {
+    const char *msg = flexdiag_last_error(NULL);
+    if (got != want || !strstr(msg, op))
+        fprintf(stderr, "%s: status %d (want %d), message \"%s\"\n", op, got, want, msg);
+    assert_int_equal(got, want);
+    assert_non_null(strstr(msg, op));
+    flexdiag__err_clear();
+}
+
+static void test_bad_args(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 7);
+    dbuf buf = dbuf_new(1 << 16, 2, &r), ints = dbuf_new(64, 4, &r);
+    int32_t zeros[64] = {0};
+    dbuf_up(&ints, zeros);
+    void *p = buf.p;
+    flexdiag_attn_args ok = {2, 4, 2, 16, 4, 4, 0.25f, ints.p, ints.p, ints.p, 4, NULL, NULL};
+    flexdiag_attn_args a = ok;
+    flexdiag__err_clear();
+
+    a.d_h = 80;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_UNSUPPORTED, "attn_decode");
+    expect_err(gk->attn_prefill(p, p, p, p, &a, gs), FLEXDIAG_ERR_UNSUPPORTED, "attn_prefill");
+    a.d_h = 12;
+    expect_err(gk->kv_append(p, p, p, ints.p, 2, 1, &a, gs), FLEXDIAG_ERR_UNSUPPORTED, "kv_append");
+    a = ok;
+    a.h_q = 5;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    a = ok;
+    expect_err(gk->attn_decode(p, (uint16_t *)p + 1, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG,
+               "attn_decode");
+    expect_err(gk->kv_append(p, p, p, ints.p, 3, 1, &a, gs), FLEXDIAG_ERR_INVALID_ARG,
+               "kv_append");
+    a.slots = NULL;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    a = ok;
+    a.scale = NAN;
+    expect_err(gk->attn_prefill(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_prefill");
+    a = ok;
+    a.lp = NULL;
+    expect_err(gk->attn_prefill(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_prefill");
+    expect_err(gk->attn_decode(p, p, p, p, NULL, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+
+    /* empty calls are fine and touch nothing */
+    a = ok;
+    a.n_seq = 0;
+    ck(gk->attn_decode(p, p, p, p, &a, gs), "attn_decode n_seq 0");
+    ck(gk->attn_prefill(p, p, p, p, &a, gs), "attn_prefill n_seq 0");
+    ck(gk->kv_append(p, p, p, ints.p, 0, 1, &a, gs), "kv_append n_tok 0");
+    ck(gk->stream_sync(gs), "stream_sync");
+    dbuf_check_guards(&buf, "bad args");
+    dbuf_free(&buf);
+    dbuf_free(&ints);
+}
+
+/* i appears in the comma-separated list. */
+static int case_listed(const char *list, int i) {
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) return 0;
+        if (v == i) return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
+int main(void) {
+    if (!flexdiag__have_cuda()) {
+        fprintf(stderr, "test_attn_cuda: built without CUDA: skipped\n");
+        return 77;
+    }
+    gk = flexdiag__kernels_cuda();
+    rk = flexdiag__kernels_cpu_ref();
+    if (!gk || gk->stream_create(0, 0, &gs) != FLEXDIAG_OK) {
+        fprintf(stderr, "test_attn_cuda: no usable CUDA device (%s): skipped\n",
+                flexdiag_last_error(NULL));
+        return 77;
+    }
+    if (rk->stream_create(-1, 1, &rs) != FLEXDIAG_OK) {
+        fprintf(stderr, "test_attn_cuda: cpu stream: %s\n", flexdiag_last_error(NULL));
+        return 1;
+    }
+    /* FLEXDIAG_ATTN_CASES="2,5" runs only those rows of the shape table (debugging) */
+    const char *only = getenv("FLEXDIAG_ATTN_CASES");
+    struct CMUnitTest tests[N_CASES + 1];
+    static char names[N_CASES][48];
+    size_t n = 0;
+    for (int i = 0; i < N_CASES; i++) {
+        if (only && !case_listed(only, i)) continue;
+        snprintf(names[i], sizeof names[i], "attn_case_%02d", i);
+        struct CMUnitTest t = {names[i], test_case, NULL, NULL, (void *)&cases[i]};
+        tests[n++] = t;
+    }
+    struct CMUnitTest t = cmocka_unit_test(test_bad_args);
+    tests[n++] = t;
+    int rc = _cmocka_run_group_tests("attn_cuda", tests, n, NULL, NULL);
+    gk->stream_destroy(gs);
+    rk->stream_destroy(rs);
+    return rc;
+}

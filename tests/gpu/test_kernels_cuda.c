@@ -1,0 +1,966 @@
+/*
+ * test_kernels_cuda.c - every CUDA op except attention (test_attn_cuda.c has those) against the
+ * scalar CPU reference flexdiag__kernels_cpu_ref(), style.md §7:
+ *   - inputs are bf16 (the CUDA act type); the reference runs on the same values upcast to fp32;
+ *   - NaN/Inf patterns must match, then |got − ref| <= atol + rtol·|ref| and nmse <= max_nmse
+ *     (bf16: atol 1e-3, rtol 1.6e-2; fp32 outputs: atol 1e-5, rtol 1.3e-6), data movement exact;
+ *   - matmul also against an fp64 reference: the GPU's error must stay within 2x the error of the
+ *     naive CPU computation rounded the same way (flash-attention's rule);
+ *   - every device output sits between two guard regions of 1024 known elements that must come
+ *     back bit-identical, and starts poisoned (all-ones bytes: NaN / -1) so unwritten outputs show;
+ *   - sampling: ids equal to the CPU's for >= 99.9% of rows over many (seed, step), every
+ *     mismatch explained by u (or the top-p mass) within 1e-6 of a boundary, top_k = 1 the exact
+ *     argmax, non-finite rows -1, draws independent of batch composition and repeatable.
+ * A compact table (op, shape, max error, nmse, pass) is printed at the end. Exit 77 without CUDA.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core.h"
+#include "kernels.h"
+#include "util.h"
+
+#define GUARD_N 1024 /* guard elements before and after every device buffer */
+
+/* style.md §7 tolerances. bf16 nmse: one bf16 rounding gives ≈ 2^-18/3 ≈ 1.3e-6, the GPU's and
+ * the reference's paths may differ by two roundings, so 1e-4 still catches real errors. */
+#define BF16_ATOL 1e-3
+#define BF16_RTOL 1.6e-2
+#define BF16_NMSE 1e-4
+#define F32_ATOL 1e-5
+#define F32_RTOL 1.3e-6
+#define F32_NMSE 1e-7
+
+static const flexdiag_kernels *G; /* CUDA table under test */
+static const flexdiag_kernels *R; /* scalar reference (fp32 act) */
+static flexdiag_stream *S;        /* CUDA stream */
+
+#define OK(expr)                                                                                   \
+    do {                                                                                           \
+        flexdiag_status st_ = (expr);                                                              \
+        if (st_ != FLEXDIAG_OK)                                                                    \
+            fail_msg("%s: %s: %s", #expr, flexdiag_status_str(st_), flexdiag__err_msg());        \
+    } while (0)
+
+/* ---- summary table ---- */
+
+typedef struct srow {
+    char op[16];     /* op name */
+    char shape[64];  /* case description */
+    double max_err;  /* max |got − ref| (sampling: mismatching rows) */
+    double nmse;     /* Σ(got − ref)² / Σ ref² (sampling: unexplained mismatches) */
+    int pass;        /* 1 when every check of the case held */
+} srow;
+
+static srow g_rows[512];
+static int g_nrows, g_rows_dropped;
+
+static void record(const char *op, const char *shape, double max_err, double nmse, int pass) {
+    if (g_nrows == (int)(sizeof g_rows / sizeof g_rows[0])) {
+        g_rows_dropped++;
+        return;
+    }
+    srow *r = &g_rows[g_nrows++];
+    snprintf(r->op, sizeof r->op, "%s", op);
+    snprintf(r->shape, sizeof r->shape, "%s", shape);
+    r->max_err = max_err;
+    r->nmse = nmse;
+    r->pass = pass;
+}
+
+static void print_summary(void) {
+    int failed = 0;
+    printf("\n%-12s %-46s %11s %11s %s\n", "op", "shape", "max_err", "nmse", "pass");
+    for (int i = 0; i < g_nrows; i++) {
+        const srow *r = &g_rows[i];
+        failed += !r->pass;
+        printf("%-12s %-46s %11.3g %11.3g %s\n", r->op, r->shape, r->max_err, r->nmse,
+               r->pass ? "yes" : "NO");
+    }
+    printf("%d cases, %d failed%s\n", g_nrows, failed,
+           g_rows_dropped ? " (table full: later cases not listed)" : "");
+}
+
+/* ---- device buffers between guard regions ---- */
+
+typedef struct dbuf {
+    uint8_t *base; /* device allocation */
+    size_t elem;   /* element size in bytes */
+    size_t n;      /* body elements */
+    size_t off;    /* extra elements before the body (misaligns it) */
+} dbuf;
+
+static uint8_t guard_byte(size_t i) { return (uint8_t)(0x5Au ^ (i * 131u) ^ (i >> 7)); }
+
+static size_t dbuf_total(const dbuf *b) { return (2 * GUARD_N + b->off + b->n) * b->elem; }
+static size_t dbuf_head(const dbuf *b) { return (GUARD_N + b->off) * b->elem; }
+
+/* n elements of elem bytes, off elements past the leading guard; body poisoned with 0xFF. */
+static dbuf dbuf_make(size_t n, size_t elem, size_t off) {
+    dbuf b = {NULL, elem, n, off};
+    const size_t total = dbuf_total(&b);
+    uint8_t *img = malloc(total);
+    assert_non_null(img);
+    for (size_t i = 0; i < total; i++) img[i] = guard_byte(i);
+    memset(img + dbuf_head(&b), 0xFF, n * elem);
+    void *p = NULL;
+    OK(G->mem_alloc(total, &p));
+    b.base = p;
+    OK(G->copy_h2d(b.base, img, total, S));
+    free(img);
+    return b;
+}
+
+static void *dptr(const dbuf *b) { return b->base + dbuf_head(b); }
+
+static void dbuf_put(const dbuf *b, const void *host) {
+    OK(G->copy_h2d(dptr(b), host, b->n * b->elem, S));
+}
+
+/* Copy the body to host; returns 0 (and says so) if a guard byte changed. */
+static int dbuf_get(const dbuf *b, void *host, const char *label) {
+    const size_t total = dbuf_total(b), head = dbuf_head(b), body = b->n * b->elem;
+    uint8_t *img = malloc(total);
+    assert_non_null(img);
+    OK(G->copy_d2h(img, b->base, total, S));
+    memcpy(host, img + head, body);
+    int ok = 1;
+    for (size_t i = 0; i < total && ok; i++) {
+        if (i == head) i += body;
+        if (i < total && img[i] != guard_byte(i)) {
+            fprintf(stderr, "%s: guard byte %zu (%s the output) changed\n", label, i,
+                    i < head ? "before" : "after");
+            ok = 0;
+        }
+    }
+    free(img);
+    return ok;
+}
+
+static void dbuf_free(dbuf *b) {
+    G->mem_free(b->base);
+    b->base = NULL;
+}
+
+/* ---- host data ---- */
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static uint16_t *bf16_rand(tu_rng *r, int64_t n, float scale) {
+    uint16_t *x = xmalloc((size_t)n * 2);
+    tu_fill_bf16(r, x, n, scale);
+    return x;
+}
+
+static float *bf16_up(const uint16_t *x, int64_t n) {
+    float *y = xmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) y[i] = flexdiag__bf16_to_f32(x[i]);
+    return y;
+}
+
+/* Max |got − ref| and nmse over the entries where both are finite. */
+static void err_stats(const float *got, const float *ref, int64_t n, double *max_err,
+                      double *nmse) {
+    double mx = 0, num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(ref[i])) continue;
+        double d = fabs((double)got[i] - ref[i]);
+        mx = d > mx ? d : mx;
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    *max_err = mx;
+    *nmse = den > 0 ? num / den : num;
+}
+
+/* style.md §7 comparison of one case; records it; returns 1 on pass. */
+/* extra_ok: the case's other checks (guards, ...) held. */
+static int compare(const char *op, const char *shape, const float *got, const float *ref,
+                   int64_t n, double atol, double rtol, double max_nmse, int extra_ok) {
+    char label[128];
+    snprintf(label, sizeof label, "%s %s", op, shape);
+    double mx, nmse;
+    err_stats(got, ref, n, &mx, &nmse);
+    int pass = tu_allclose(label, got, ref, n, atol, rtol, max_nmse) && extra_ok;
+    record(op, shape, mx, nmse, pass);
+    return pass;
+}
+
+/* Download a bf16 device output (checking its guards) and upcast it. */
+static float *get_bf16(const dbuf *b, const char *label, int *guards_ok) {
+    uint16_t *h = xmalloc(b->n * 2);
+    *guards_ok = dbuf_get(b, h, label);
+    float *f = bf16_up(h, (int64_t)b->n);
+    free(h);
+    return f;
+}
+
+/* ---- streams, memory, copies ---- */
+
+static void test_memory(void **state) {
+    (void)state;
+    void *p = (void *)1;
+    OK(G->mem_alloc(0, &p));
+    assert_null(p);
+    flexdiag__err_clear();
+    p = (void *)1;
+    assert_int_equal(G->mem_alloc((size_t)1 << 52, &p), FLEXDIAG_ERR_OOM_DEVICE);
+    assert_null(p);
+    assert_non_null(strstr(flexdiag__err_msg(), "free"));
+    flexdiag__err_clear();
+
+    size_t fr = 0, tot = 0;
+    OK(G->mem_info(&fr, &tot));
+    assert_true(fr > 0 && fr <= tot);
+
+    flexdiag_stream *bad = (flexdiag_stream *)1;
+    assert_int_not_equal(G->stream_create(1 << 20, 0, &bad), FLEXDIAG_OK);
+    assert_null(bad);
+    assert_true(strlen(flexdiag__err_msg()) > 0);
+    flexdiag__err_clear();
+    G->stream_destroy(NULL);
+    G->mem_free(NULL);
+    record("mem", "alloc 0 / OOM / info / bad ordinal", 0, 0, 1);
+}
+
+static void test_copies(void **state) {
+    (void)state;
+    const size_t sizes[] = {1, 3, 4097, (1u << 20) + 5};
+    tu_rng r;
+    tu_rng_seed(&r, 11);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
+        const size_t n = sizes[c];
+        uint8_t *src = xmalloc(n), *back = xmalloc(n);
+        for (size_t i = 0; i < n; i++) src[i] = (uint8_t)tu_rng_u64(&r);
+        dbuf a = dbuf_make(n, 1, c), b = dbuf_make(n, 1, 0);
+        dbuf_put(&a, src);
+        OK(G->copy_d2d(dptr(&b), dptr(&a), n, S));
+        int ok = dbuf_get(&b, back, "copy d2d") && memcmp(src, back, n) == 0;
+        OK(G->memset0(dptr(&a), n, S));
+        ok = dbuf_get(&a, back, "memset0") && ok;
+        for (size_t i = 0; i < n; i++) ok = ok && back[i] == 0;
+        OK(G->copy_h2d(dptr(&a), src, 0, S)); /* zero-byte copies are no-ops */
+        OK(G->stream_sync(S));
+        char shape[64];
+        snprintf(shape, sizeof shape, "bytes=%zu", n);
+        record("copy", shape, ok ? 0 : 1, 0, ok);
+        fails += !ok;
+        dbuf_free(&a);
+        dbuf_free(&b);
+        free(src);
+        free(back);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- conversions ---- */
+
+static void test_convert(void **state) {
+    (void)state;
+    const float specials[] = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, -1.00390625f,
+                              1e-40f, -1e-40f, 3.4e38f, -3.4e38f, INFINITY, -INFINITY, NAN,
+                              65504.0f, 1e-30f};
+    const int nsp = (int)(sizeof specials / sizeof specials[0]);
+    const int64_t ns[] = {1, 7, 100003};
+    tu_rng r;
+    tu_rng_seed(&r, 12);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const int64_t n = ns[c];
+        float *f = xmalloc((size_t)n * 4), *back = xmalloc((size_t)n * 4);
+        uint16_t *h = xmalloc((size_t)n * 2), *hb = xmalloc((size_t)n * 2);
+        tu_fill_f32(&r, f, n, 1000.0f);
+        for (int64_t i = 0; i < n && i < nsp; i++) f[i] = specials[i];
+        for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)tu_rng_u64(&r);
+
+        dbuf df = dbuf_make((size_t)n, 4, 0), dh = dbuf_make((size_t)n, 2, 1);
+        dbuf_put(&df, f);
+        OK(G->act_from_f32(dptr(&dh), dptr(&df), n, S));
+        int ok = dbuf_get(&dh, hb, "act_from_f32");
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t want = flexdiag__f32_to_bf16(f[i]);
+            int both_nan = isnan(f[i]) && isnan(flexdiag__bf16_to_f32(hb[i]));
+            if (hb[i] != want && !both_nan) {
+                if (ok) fprintf(stderr, "act_from_f32[%lld] = 0x%04x, want 0x%04x (%g)\n",
+                                (long long)i, hb[i], want, (double)f[i]);
+                ok = 0;
+            }
+        }
+        char shape[64];
+        snprintf(shape, sizeof shape, "n=%lld (RNE, specials)", (long long)n);
+        record("act_from_f32", shape, ok ? 0 : 1, 0, ok);
+        fails += !ok;
+
+        dbuf_put(&dh, h);
+        dbuf df2 = dbuf_make((size_t)n, 4, 3);
+        OK(G->act_to_f32(dptr(&df2), dptr(&dh), n, S));
+        ok = dbuf_get(&df2, back, "act_to_f32");
+        for (int64_t i = 0; i < n; i++) {
+            float want = flexdiag__bf16_to_f32(h[i]);
+            if (memcmp(&want, &back[i], 4) != 0 && !(isnan(want) && isnan(back[i]))) ok = 0;
+        }
+        snprintf(shape, sizeof shape, "n=%lld (all bit patterns)", (long long)n);
+        record("act_to_f32", shape, ok ? 0 : 1, 0, ok);
+        fails += !ok;
+        dbuf_free(&df);
+        dbuf_free(&dh);
+        dbuf_free(&df2);
+        free(f);
+        free(back);
+        free(h);
+        free(hb);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- embed and gather ---- */
+
+typedef struct gather_case {
+    int64_t n, d;
+    int32_t rep, V;
+    size_t off; /* output misalignment in elements (forces the scalar path) */
+} gather_case;
+
+static int run_gather(const gather_case *gc, int embed, tu_rng *r) {
+    const int64_t n = gc->n, d = gc->d, n_ids = embed ? (n + gc->rep - 1) / gc->rep : n;
+    uint16_t *table = bf16_rand(r, (int64_t)gc->V * d, 1.0f);
+    float *table_f = bf16_up(table, (int64_t)gc->V * d), *ref = xmalloc((size_t)(n * d) * 4);
+    int32_t *ids = xmalloc((size_t)n_ids * 4);
+    for (int64_t i = 0; i < n_ids; i++) ids[i] = (int32_t)tu_rng_int(r, 0, gc->V - 1);
+
+    dbuf dt = dbuf_make((size_t)(gc->V * d), 2, 0), di = dbuf_make((size_t)n_ids, 4, 0);
+    dbuf dout = dbuf_make((size_t)(n * d), 2, gc->off);
+    dbuf_put(&dt, table);
+    dbuf_put(&di, ids);
+    if (embed) {
+        OK(G->embed(dptr(&dout), dptr(&dt), dptr(&di), n, d, gc->rep, S));
+        OK(R->embed(ref, table, ids, n, d, gc->rep, NULL));
+    } else {
+        OK(G->gather_rows(dptr(&dout), dptr(&dt), dptr(&di), n, d, S));
+        OK(R->gather_rows(ref, table_f, ids, n, d, NULL));
+    }
+    int guards;
+    float *got = get_bf16(&dout, embed ? "embed" : "gather_rows", &guards);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%lld d=%lld rep=%d V=%d off=%zu", (long long)n,
+             (long long)d, embed ? gc->rep : 1, gc->V, gc->off);
+    int pass = compare(embed ? "embed" : "gather_rows", shape, got, ref, n * d, 0, 0, 0, guards);
+    dbuf_free(&dt);
+    dbuf_free(&di);
+    dbuf_free(&dout);
+    free(table);
+    free(table_f);
+    free(ref);
+    free(ids);
+    free(got);
+    return pass;
+}
+
+static void test_embed_gather(void **state) {
+    (void)state;
+    const gather_case cases[] = {
+        {1, 8, 1, 5, 0},     {3, 24, 1, 7, 0},  {17, 130, 2, 33, 0},
+        {64, 4096, 2, 50, 0}, {5, 64, 3, 9, 1}, {70000, 8, 1, 3, 0},
+    };
+    tu_rng r;
+    tu_rng_seed(&r, 13);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fails += !run_gather(&cases[c], 1, &r);
+        fails += !run_gather(&cases[c], 0, &r);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- rmsnorm ---- */
+
+static void test_rmsnorm(void **state) {
+    (void)state;
+    const int64_t cases[][2] = {{1, 8}, {3, 24}, {17, 130}, {64, 2048}, {5, 4096}, {2, 1}};
+    tu_rng r;
+    tu_rng_seed(&r, 14);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t n = cases[c][0], d = cases[c][1];
+        const float eps = c % 2 ? 1e-5f : 1e-6f;
+        uint16_t *x = bf16_rand(&r, n * d, 1.0f), *w = xmalloc((size_t)d * 2);
+        for (int64_t j = 0; j < d; j++)
+            w[j] = flexdiag__f32_to_bf16((float)(1.0 + 0.1 * tu_rng_normal(&r)));
+        if (n > 1) /* a large-magnitude row */
+            for (int64_t j = 0; j < d; j++)
+                x[d + j] = flexdiag__f32_to_bf16(300.0f * flexdiag__bf16_to_f32(x[d + j]));
+        if (n > 2) memset(x + 2 * d, 0, (size_t)d * 2); /* an all-zero row: output zeros */
+        if (n > 3) x[3 * d + d / 2] = 0x7FC0;           /* a NaN: the whole row NaN */
+        float *xf = bf16_up(x, n * d), *ref = xmalloc((size_t)(n * d) * 4);
+        OK(R->rmsnorm(ref, xf, w, n, d, eps, NULL));
+
+        dbuf dx = dbuf_make((size_t)(n * d), 2, 0), dw = dbuf_make((size_t)d, 2, 0);
+        dbuf dout = dbuf_make((size_t)(n * d), 2, 0);
+        dbuf_put(&dx, x);
+        dbuf_put(&dw, w);
+        OK(G->rmsnorm(dptr(&dout), dptr(&dx), dptr(&dw), n, d, eps, S));
+        int guards;
+        float *got = get_bf16(&dout, "rmsnorm", &guards);
+        char shape[64];
+        snprintf(shape, sizeof shape, "n=%lld d=%lld", (long long)n, (long long)d);
+        fails += !compare("rmsnorm", shape, got, ref, n * d, BF16_ATOL, BF16_RTOL, BF16_NMSE,
+                          guards);
+        dbuf_free(&dx);
+        dbuf_free(&dw);
+        dbuf_free(&dout);
+        free(x);
+        free(w);
+        free(xf);
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- rope ---- */
+
+typedef struct rope_case {
+    int64_t n, stride, col0;
+    int32_t n_heads, d_h;
+    float theta;
+} rope_case;
+
+static void test_rope(void **state) {
+    (void)state;
+    const rope_case cases[] = {
+        {1, 8, 0, 1, 8, 1e4f},         {3, 77, 5, 3, 24, 1e4f},   {17, 270, 4, 2, 130, 1e4f},
+        {64, 12288, 0, 64, 128, 1e4f}, {9, 256, 128, 1, 128, 5e5f}, {70000, 4, 0, 1, 4, 1e4f},
+    };
+    tu_rng r;
+    tu_rng_seed(&r, 15);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const rope_case *rc = &cases[c];
+        const int64_t total = rc->n * rc->stride;
+        uint16_t *x = bf16_rand(&r, total, 1.0f);
+        int32_t *pos = xmalloc((size_t)rc->n * 4);
+        for (int64_t i = 0; i < rc->n; i++) pos[i] = (int32_t)tu_rng_int(&r, 0, 16384);
+        pos[0] = 0; /* the identity rotation and the largest positions */
+        if (rc->n > 2) pos[1] = 16383, pos[2] = 16384;
+        float *ref = bf16_up(x, total);
+        OK(R->rope(ref, pos, rc->n, rc->stride, rc->col0, rc->n_heads, rc->d_h, rc->theta, NULL));
+
+        dbuf dx = dbuf_make((size_t)total, 2, 0), dp = dbuf_make((size_t)rc->n, 4, 0);
+        dbuf_put(&dx, x);
+        dbuf_put(&dp, pos);
+        OK(G->rope(dptr(&dx), dptr(&dp), rc->n, rc->stride, rc->col0, rc->n_heads, rc->d_h,
+                   rc->theta, S));
+        int guards;
+        float *got = get_bf16(&dx, "rope", &guards);
+        /* Columns outside the rotated heads must be untouched bit for bit. */
+        const int64_t c1 = rc->col0 + (int64_t)rc->n_heads * rc->d_h;
+        int untouched = 1;
+        for (int64_t i = 0; i < rc->n; i++)
+            for (int64_t j = 0; j < rc->stride; j++)
+                if ((j < rc->col0 || j >= c1) && got[i * rc->stride + j] != ref[i * rc->stride + j])
+                    untouched = 0;
+        char shape[64];
+        snprintf(shape, sizeof shape, "n=%lld stride=%lld col0=%lld h=%d d_h=%d th=%g",
+                 (long long)rc->n, (long long)rc->stride, (long long)rc->col0, rc->n_heads,
+                 rc->d_h, (double)rc->theta);
+        /* Tighter than bf16's default: the GPU computes the same fp32 value and rounds it once,
+         * so it must be within half a bf16 ulp (2^-8 relative) of the reference, plus 1e-6 for
+         * fp32 cancellation in a·c − b·s. */
+        fails += !compare("rope", shape, got, ref, total, 1e-6, 3.95e-3, 1e-5,
+                          guards && untouched);
+        dbuf_free(&dx);
+        dbuf_free(&dp);
+        free(x);
+        free(pos);
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- swiglu, gelu ---- */
+
+static void test_swiglu(void **state) {
+    (void)state;
+    const int64_t cases[][2] = {{1, 8}, {3, 24}, {17, 130}, {64, 5632}, {2, 1}};
+    tu_rng r;
+    tu_rng_seed(&r, 16);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t n = cases[c][0], f = cases[c][1];
+        uint16_t *gu = bf16_rand(&r, n * 2 * f, 2.0f);
+        gu[0] = flexdiag__f32_to_bf16(-90.0f); /* exp(90) overflows: silu -> -0 */
+        if (f > 1) gu[1] = flexdiag__f32_to_bf16(90.0f);
+        float *guf = bf16_up(gu, n * 2 * f), *ref = xmalloc((size_t)(n * f) * 4);
+        OK(R->swiglu(ref, guf, n, f, NULL));
+        dbuf dg = dbuf_make((size_t)(n * 2 * f), 2, 0), dout = dbuf_make((size_t)(n * f), 2, 0);
+        dbuf_put(&dg, gu);
+        OK(G->swiglu(dptr(&dout), dptr(&dg), n, f, S));
+        int guards;
+        float *got = get_bf16(&dout, "swiglu", &guards);
+        char shape[64];
+        snprintf(shape, sizeof shape, "n=%lld f=%lld", (long long)n, (long long)f);
+        fails += !compare("swiglu", shape, got, ref, n * f, BF16_ATOL, BF16_RTOL, BF16_NMSE,
+                          guards);
+        dbuf_free(&dg);
+        dbuf_free(&dout);
+        free(gu);
+        free(guf);
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
+static void test_gelu(void **state) {
+    (void)state;
+    const float specials[] = {0.0f, -0.0f, 10.0f, -10.0f, INFINITY, -INFINITY, NAN, 0.5f};
+    const int64_t ns[] = {1, 17, 130, 100003};
+    tu_rng r;
+    tu_rng_seed(&r, 17);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const int64_t n = ns[c];
+        uint16_t *x = bf16_rand(&r, n, 3.0f);
+        for (int64_t i = 0; i < n && i < 8; i++) x[i] = flexdiag__f32_to_bf16(specials[i]);
+        float *ref = bf16_up(x, n);
+        OK(R->gelu(ref, n, NULL));
+        dbuf dx = dbuf_make((size_t)n, 2, 1);
+        dbuf_put(&dx, x);
+        OK(G->gelu(dptr(&dx), n, S));
+        int guards;
+        float *got = get_bf16(&dx, "gelu", &guards);
+        char shape[64];
+        snprintf(shape, sizeof shape, "n=%lld (±0, ±10, ±Inf, NaN)", (long long)n);
+        fails += !compare("gelu", shape, got, ref, n, BF16_ATOL, BF16_RTOL, BF16_NMSE, guards);
+        dbuf_free(&dx);
+        free(x);
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- cfg_combine ---- */
+
+static void test_cfg(void **state) {
+    (void)state;
+    const struct {
+        int64_t n_pairs, V;
+        float w;
+    } cases[] = {{1, 5, 5.0f}, {3, 130, 4.0f}, {8, 16384, 5.0f}, {2, 7, 0.0f}, {1, 65536, 1.0f}};
+    tu_rng r;
+    tu_rng_seed(&r, 18);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t np = cases[c].n_pairs, V = cases[c].V;
+        float *lg = xmalloc((size_t)(2 * np * V) * 4), *ref = xmalloc((size_t)(np * V) * 4);
+        float *got = xmalloc((size_t)(np * V) * 4);
+        tu_fill_f32(&r, lg, 2 * np * V, 3.0f);
+        if (V >= 5) { /* c = +Inf; c = u = +Inf (NaN); u = -Inf; NaN */
+            lg[0] = INFINITY;
+            lg[1] = INFINITY, lg[V + 1] = INFINITY;
+            lg[V + 2] = -INFINITY;
+            lg[3] = NAN;
+        }
+        OK(R->cfg_combine(ref, lg, np, V, cases[c].w, NULL));
+        dbuf dl = dbuf_make((size_t)(2 * np * V), 4, 0), dout = dbuf_make((size_t)(np * V), 4, 0);
+        dbuf_put(&dl, lg);
+        OK(G->cfg_combine(dptr(&dout), dptr(&dl), np, V, cases[c].w, S));
+        int guards = dbuf_get(&dout, got, "cfg_combine");
+        char shape[64];
+        snprintf(shape, sizeof shape, "pairs=%lld V=%lld w=%g", (long long)np, (long long)V,
+                 (double)cases[c].w);
+        /* fp32, but nvcc may fuse u + w·(c − u) into one fma: the product is then not rounded,
+         * which moves the result by up to an ulp of w·(c − u) (≤ 2^-24·40 at these scales). */
+        fails += !compare("cfg_combine", shape, got, ref, np * V, 4e-6, F32_RTOL, F32_NMSE,
+                          guards);
+        dbuf_free(&dl);
+        dbuf_free(&dout);
+        free(lg);
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- matmul ---- */
+
+typedef struct mm_case {
+    int64_t n, k, m;
+    unsigned flags;
+    int bias;
+    size_t off_x, off_w, off_b, off_out; /* misalignment of each buffer, elements */
+    int nan;                             /* put a NaN into x[0][0] */
+} mm_case;
+
+/* out64 (n, m) = x·Wᵀ + b (+ acc0) in double. */
+static void matmul_f64(double *out, const float *x, const float *w, const float *b,
+                       const float *acc0, int64_t n, int64_t k, int64_t m) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < m; j++) {
+            double s = 0;
+            for (int64_t c = 0; c < k; c++) s += (double)x[i * k + c] * w[j * k + c];
+            if (b) s += b[j];
+            if (acc0) s += acc0[i * m + j];
+            out[i * m + j] = s;
+        }
+}
+
+/* ‖got − ref‖ / ‖ref‖ over entries where both are finite. */
+static double rel_l2_f64(const float *got, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(ref[i])) continue;
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int run_matmul(const mm_case *mc, tu_rng *r) {
+    const int64_t n = mc->n, k = mc->k, m = mc->m;
+    const int f32 = (mc->flags & FLEXDIAG_MM_OUT_F32) != 0, acc = (mc->flags & FLEXDIAG_MM_ACCUM);
+    uint16_t *x = bf16_rand(r, n * k, 1.0f);
+    uint16_t *w = bf16_rand(r, m * k, (float)(1.0 / sqrt((double)(k > 0 ? k : 1))));
+    uint16_t *b = bf16_rand(r, m, 0.5f), *o0 = bf16_rand(r, n * m, 1.0f);
+    if (mc->nan) x[0] = 0x7FC0;
+    float *xf = bf16_up(x, n * k), *wf = bf16_up(w, m * k), *bf = bf16_up(b, m);
+    float *ref = acc ? bf16_up(o0, n * m) : xmalloc((size_t)(n * m) * 4);
+    double *ref64 = xmalloc((size_t)(n * m) * 8);
+    float *acc0 = acc ? bf16_up(o0, n * m) : NULL;
+    OK(R->matmul(ref, xf, w, mc->bias ? b : NULL, n, k, m, mc->flags, NULL));
+    matmul_f64(ref64, xf, wf, mc->bias ? bf : NULL, acc0, n, k, m);
+
+    dbuf dx = dbuf_make((size_t)(n * k), 2, mc->off_x), dw = dbuf_make((size_t)(m * k), 2, mc->off_w);
+    dbuf db = dbuf_make((size_t)m, 2, mc->off_b);
+    dbuf dout = dbuf_make((size_t)(n * m), f32 ? 4 : 2, mc->off_out);
+    dbuf_put(&dx, x);
+    dbuf_put(&dw, w);
+    dbuf_put(&db, b);
+    if (acc) dbuf_put(&dout, o0);
+    OK(G->matmul(dptr(&dout), dptr(&dx), dptr(&dw), mc->bias ? dptr(&db) : NULL, n, k, m,
+                 mc->flags, S));
+    int guards;
+    float *got;
+    if (f32) {
+        got = xmalloc((size_t)(n * m) * 4);
+        guards = dbuf_get(&dout, got, "matmul");
+    } else {
+        got = get_bf16(&dout, "matmul", &guards);
+    }
+    /* Naive CPU result rounded like the GPU's output, for the 2x rule. */
+    float *naive = xmalloc((size_t)(n * m) * 4);
+    for (int64_t i = 0; i < n * m; i++)
+        naive[i] = f32 ? ref[i] : flexdiag__bf16_to_f32(flexdiag__f32_to_bf16(ref[i]));
+    const double e_gpu = rel_l2_f64(got, ref64, n * m), e_naive = rel_l2_f64(naive, ref64, n * m);
+    /* fp32 outputs: the naive error is ~1e-7 and cuBLAS sums in another order (tiles, split-K),
+     * so the bound is max(2x, 1e-5): random rounding over k <= 4096 terms stays near
+     * sqrt(k)·2^-24 ≈ 4e-6 relative, while a wrong mapping or missing term is O(1). */
+    const double bound = f32 ? fmax(2 * e_naive, 1e-5) : 2 * e_naive + 1e-7;
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lld%s%s%s%s%s", (long long)n, (long long)k,
+             (long long)m, mc->bias ? " +b" : "", acc ? " acc" : "", f32 ? " f32" : "",
+             (mc->off_x | mc->off_w | mc->off_b | mc->off_out) ? " unaligned" : "",
+             mc->nan ? " NaN" : "");
+    const int within = e_gpu <= bound;
+    if (!within)
+        fprintf(stderr, "matmul %s: error vs fp64 %.3g > bound %.3g (naive %.3g)\n", shape, e_gpu,
+                bound, e_naive);
+    /* fp32 outputs vs the fp32 reference: different summation order, unit-scale outputs; the
+     * reference itself is off by ~k·2^-24 in the worst case, hence 1e-4 rather than 1e-5. */
+    const int pass = compare("matmul", shape, got, ref, n * m, f32 ? 1e-4 : BF16_ATOL,
+                             f32 ? 1e-4 : BF16_RTOL, f32 ? F32_NMSE : BF16_NMSE, guards && within);
+    dbuf_free(&dx);
+    dbuf_free(&dw);
+    dbuf_free(&db);
+    dbuf_free(&dout);
+    free(x), free(w), free(b), free(o0), free(xf), free(wf), free(bf), free(ref), free(ref64);
+    free(acc0), free(got), free(naive);
+    return pass;
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    const int64_t ns[] = {1, 3, 17, 64}, ks[] = {8, 24, 130}, ms[] = {5, 48, 130};
+    const struct {
+        unsigned flags;
+        int bias;
+    } modes[] = {{0, 0}, {0, 1}, {FLEXDIAG_MM_ACCUM, 1}, {FLEXDIAG_MM_ACCUM, 0},
+                 {FLEXDIAG_MM_OUT_F32, 0}, {FLEXDIAG_MM_OUT_F32, 1}};
+    tu_rng r;
+    tu_rng_seed(&r, 19);
+    int fails = 0;
+    for (size_t a = 0; a < 4; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t c = 0; c < 3; c++)
+                for (size_t d = 0; d < sizeof modes / sizeof modes[0]; d++) {
+                    const mm_case mc = {ns[a], ks[b], ms[c], modes[d].flags, modes[d].bias,
+                                        0, 0, 0, 0, 0};
+                    fails += !run_matmul(&mc, &r);
+                }
+    const mm_case extra[] = {
+        {64, 4096, 4096, 0, 1, 0, 0, 0, 0, 0},                   /* a decoder projection */
+        {300, 2048, 130, FLEXDIAG_MM_OUT_F32, 1, 0, 0, 0, 0, 0}, /* fp32 out + bias kernel */
+        {2, 2048, 16384, FLEXDIAG_MM_OUT_F32, 0, 0, 0, 0, 0, 0}, /* an image-logit head */
+        {17, 130, 48, 0, 1, 1, 1, 1, 3, 0},                      /* 2-byte aligned pointers */
+        {17, 128, 48, FLEXDIAG_MM_ACCUM, 1, 8, 0, 4, 8, 0},      /* 16-byte aligned views */
+        {3, 0, 5, 0, 1, 0, 0, 0, 0, 0},                          /* k = 0: out = b */
+        {3, 0, 5, FLEXDIAG_MM_ACCUM, 1, 0, 0, 0, 0, 0},          /* k = 0: out += b */
+        {3, 24, 5, 0, 0, 0, 0, 0, 0, 1},                         /* NaN row propagates */
+    };
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) fails += !run_matmul(&extra[i], &r);
+    /* A repeated shape reuses the cached plan: still right with other pointers. */
+    fails += !run_matmul(&extra[0], &r);
+
+    flexdiag__err_clear();
+    assert_int_equal(G->matmul(NULL, NULL, NULL, NULL, 1, 1, 1,
+                               FLEXDIAG_MM_ACCUM | FLEXDIAG_MM_OUT_F32, S),
+                     FLEXDIAG_ERR_INVALID_ARG);
+    flexdiag__err_clear();
+    assert_int_equal(fails, 0);
+}
+
+/* ---- sampling ---- */
+
+typedef struct sample_case {
+    int64_t V;
+    float T;
+    int32_t top_k;
+    float top_p;
+    float sigma; /* logit scale */
+    float quant; /* > 0: logits rounded to multiples of quant (many ties) */
+} sample_case;
+
+typedef struct idp {
+    float p;
+    int32_t id;
+} idp;
+
+static int cmp_desc(const void *a, const void *b) {
+    const idp *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int cmp_id(const void *a, const void *b) {
+    const idp *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* How close row's draw is to a decision boundary: the distance of u to the nearest
+ * normalised CDF boundary of the kept ids, or of the top-p cumulative mass to top_p. A CPU/GPU
+ * mismatch is explained when this is <= 1e-6 (double sums associated differently). */
+static double sample_margin(const float *lg, const sample_case *sc, double u) {
+    const int64_t V = sc->V;
+    idp *c = xmalloc((size_t)V * sizeof *c);
+    for (int64_t j = 0; j < V; j++) c[j] = (idp){lg[j] / sc->T, (int32_t)j};
+    int64_t n = V;
+    if (sc->top_k > 0 && sc->top_k < V) {
+        qsort(c, (size_t)V, sizeof *c, cmp_desc);
+        n = sc->top_k;
+    }
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, c[j].p);
+    double z = 0;
+    for (int64_t j = 0; j < n; j++) z += expf(c[j].p - mx);
+    for (int64_t j = 0; j < n; j++) c[j].p = (float)(expf(c[j].p - mx) / z);
+    double margin = INFINITY, cum = 0;
+    if (sc->top_p < 1.0f) { /* distance of the masses around the cut to top_p */
+        qsort(c, (size_t)n, sizeof *c, cmp_desc);
+        int64_t keep = n;
+        for (int64_t j = 0; j < n; j++) {
+            const double prev = cum;
+            cum += c[j].p;
+            if (cum >= sc->top_p) {
+                keep = j + 1;
+                margin = fmin(fabs(cum - sc->top_p), fabs(prev - sc->top_p));
+                break;
+            }
+        }
+        n = keep;
+    }
+    qsort(c, (size_t)n, sizeof *c, cmp_id);
+    double total = 0;
+    for (int64_t j = 0; j < n; j++) total += c[j].p;
+    cum = 0;
+    for (int64_t j = 0; j < n; j++) {
+        cum += c[j].p;
+        margin = fmin(margin, fabs(u - cum / total));
+    }
+    free(c);
+    return margin;
+}
+
+/* First index of the largest l (the top_k = 1 answer). */
+static int32_t argmax_row(const float *lg, int64_t V, float T) {
+    int32_t best = 0;
+    for (int64_t j = 1; j < V; j++)
+        if (lg[j] / T > lg[best] / T) best = (int32_t)j;
+    return best;
+}
+
+/* ids from the GPU for logits (n, V) already on the device. */
+static void gpu_sample(int32_t *ids, const dbuf *dl, int64_t n, int64_t V,
+                       const flexdiag_sample_params *p, int64_t req0, int64_t step) {
+    dbuf di = dbuf_make((size_t)n, 4, 0);
+    OK(G->sample(dptr(&di), dptr(dl), n, V, p, req0, step, S));
+    assert_true(dbuf_get(&di, ids, "sample ids"));
+    dbuf_free(&di);
+}
+
+static int run_sample_case(const sample_case *sc, int ci, int64_t *rows_total,
+                           int64_t *mismatch_total) {
+    enum { ROWS = 16, STEPS = 6 };
+    const int64_t V = sc->V;
+    tu_rng r;
+    tu_rng_seed(&r, 100 + (uint64_t)ci);
+    float *lg = xmalloc((size_t)(ROWS * V) * 4);
+    tu_fill_f32(&r, lg, ROWS * V, sc->sigma);
+    if (sc->quant > 0)
+        for (int64_t i = 0; i < ROWS * V; i++) lg[i] = sc->quant * roundf(lg[i] / sc->quant);
+    dbuf dl = dbuf_make((size_t)(ROWS * V), 4, 0);
+    dbuf_put(&dl, lg);
+    int32_t gids[ROWS], cids[ROWS], again[ROWS], one;
+    int64_t mism = 0, unexplained = 0, bad_argmax = 0, bad_repeat = 0, bad_alone = 0;
+    for (int s = 0; s < STEPS; s++) {
+        const flexdiag_sample_params p = {sc->T, sc->top_k, sc->top_p, 1000 + 7919u * (unsigned)s};
+        const int64_t req0 = 10 * ci, step = 3 * s + 1;
+        gpu_sample(gids, &dl, ROWS, V, &p, req0, step);
+        OK(R->sample(cids, lg, ROWS, V, &p, req0, step, NULL));
+        for (int i = 0; i < ROWS; i++) {
+            if (gids[i] == cids[i]) continue;
+            mism++;
+            const double u = flexdiag__rng_uniform(p.seed, (uint64_t)(req0 + i), (uint64_t)step);
+            const double margin = sample_margin(lg + i * V, sc, u);
+            if (margin > 1e-6) {
+                unexplained++;
+                fprintf(stderr, "sample V=%lld k=%d p=%g row %d step %lld: gpu %d cpu %d, margin "
+                        "%.3g\n", (long long)V, sc->top_k, (double)sc->top_p, i, (long long)step,
+                        gids[i], cids[i], margin);
+            }
+        }
+        if (sc->top_k == 1)
+            for (int i = 0; i < ROWS; i++) bad_argmax += gids[i] != argmax_row(lg + i * V, V, sc->T);
+        if (s == 0) { /* repeatable, and row 5 alone (req0 + 5) draws what it drew in the batch */
+            gpu_sample(again, &dl, ROWS, V, &p, req0, step);
+            bad_repeat += memcmp(gids, again, sizeof gids) != 0;
+            dbuf d5 = dbuf_make((size_t)V, 4, 0);
+            dbuf_put(&d5, lg + 5 * V);
+            gpu_sample(&one, &d5, 1, V, &p, req0 + 5, step);
+            bad_alone += one != gids[5];
+            dbuf_free(&d5);
+        }
+    }
+    *rows_total += ROWS * STEPS;
+    *mismatch_total += mism;
+    char shape[64];
+    snprintf(shape, sizeof shape, "V=%lld T=%g k=%d p=%g%s", (long long)V, (double)sc->T,
+             sc->top_k, (double)sc->top_p, sc->quant > 0 ? " ties" : "");
+    const int pass = !unexplained && !bad_argmax && !bad_repeat && !bad_alone;
+    if (bad_argmax || bad_repeat || bad_alone)
+        fprintf(stderr, "sample %s: argmax errors %lld, repeat %lld, alone %lld\n", shape,
+                (long long)bad_argmax, (long long)bad_repeat, (long long)bad_alone);
+    record("sample", shape, (double)mism, (double)unexplained, pass);
+    dbuf_free(&dl);
+    free(lg);
+    return pass;
+}
+
+static void test_sample(void **state) {
+    (void)state;
+    const sample_case cases[] = {
+        {1, 1.0f, 0, 1.0f, 1.0f, 0},          {5, 1.0f, 0, 1.0f, 1.0f, 0},
+        {130, 0.7f, 0, 1.0f, 2.0f, 0},        {130, 1.0f, 7, 1.0f, 2.0f, 0.5f},
+        {130, 1.0f, 0, 0.9f, 2.0f, 0.5f},     {16384, 1.0f, 0, 1.0f, 3.0f, 0},
+        {16384, 1.0f, 0, 0.8f, 3.0f, 0},      {16384, 1.3f, 4000, 1.0f, 3.0f, 0},
+        {65536, 1.0f, 2000, 1.0f, 3.0f, 0},   {65536, 1.0f, 2000, 0.95f, 3.0f, 0.25f},
+        {65536, 1.0f, 0, 1.0f, 0.1f, 0},      {102400, 1.0f, 50, 0.5f, 3.0f, 0},
+        {4096, 1.0f, 1, 1.0f, 2.0f, 1.0f},    {4096, 0.5f, 1, 0.3f, 2.0f, 0},
+    };
+    int fails = 0;
+    int64_t rows = 0, mism = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        fails += !run_sample_case(&cases[c], (int)c, &rows, &mism);
+    char shape[64];
+    snprintf(shape, sizeof shape, "all cases: %lld rows, agreement >= 99.9%%", (long long)rows);
+    const int agree = mism * 1000 <= rows;
+    record("sample", shape, (double)mism, 0, agree);
+    fails += !agree;
+    assert_int_equal(fails, 0);
+}
+
+static void test_sample_special(void **state) {
+    (void)state;
+    enum { V = 300 };
+    tu_rng r;
+    tu_rng_seed(&r, 21);
+    float lg[4 * V];
+    tu_fill_f32(&r, lg, 4 * V, 2.0f);
+    lg[V + 17] = NAN;
+    lg[2 * V + 3] = INFINITY;
+    lg[3 * V + 299] = -INFINITY;
+    dbuf dl = dbuf_make(4 * V, 4, 0);
+    dbuf_put(&dl, lg);
+    const flexdiag_sample_params p = {1.0f, 0, 1.0f, 5};
+    int32_t ids[4];
+    gpu_sample(ids, &dl, 4, V, &p, 0, 0);
+    int ok = ids[0] >= 0 && ids[0] < V && ids[1] == -1 && ids[2] == -1 && ids[3] == -1;
+    int32_t cids[4];
+    flexdiag__err_clear();
+    ok = ok && R->sample(cids, lg, 4, V, &p, 0, 0, NULL) == FLEXDIAG_ERR_NUMERIC;
+    flexdiag__err_clear();
+    flexdiag_sample_params bad = p;
+    bad.temperature = 0.0f;
+    ok = ok && G->sample(dptr(&dl), dptr(&dl), 1, V, &bad, 0, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
+    bad = p;
+    bad.top_p = 0.0f;
+    flexdiag__err_clear();
+    ok = ok && G->sample(dptr(&dl), dptr(&dl), 1, V, &bad, 0, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
+    flexdiag__err_clear();
+    record("sample", "NaN/+Inf/-Inf rows -> -1; bad params", 0, 0, ok);
+    dbuf_free(&dl);
+    assert_true(ok);
+}
+
+int main(void) {
+    if (!flexdiag__have_cuda()) {
+        fprintf(stderr, "test_kernels_cuda: skipped: this build has no CUDA backend\n");
+        return 77;
+    }
+    G = flexdiag__kernels_cuda();
+    R = flexdiag__kernels_cpu_ref();
+    flexdiag_status st = G->stream_create(0, 0, &S);
+    if (st == FLEXDIAG_ERR_UNSUPPORTED) {
+        fprintf(stderr, "test_kernels_cuda: skipped: %s\n", flexdiag__err_msg());
+        return 77;
+    }
+    if (st != FLEXDIAG_OK) {
+        fprintf(stderr, "test_kernels_cuda: stream_create(0) failed: %s\n", flexdiag__err_msg());
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_memory),      cmocka_unit_test(test_copies),
+        cmocka_unit_test(test_convert),     cmocka_unit_test(test_embed_gather),
+        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_cfg),         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_sample),      cmocka_unit_test(test_sample_special),
+    };
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    print_summary();
+    G->stream_destroy(S);
+    return rc;
+}

@@ -1,0 +1,45 @@
+/*
+ * tiny_vq.h - test helpers for the VQ decoder: a small random decoder (host bf16 tensors under
+ * the original names), writing it as a model folder under either naming scheme, the
+ * transformers <-> original name maps written independently of runtime/names.c, and a naive
+ * double-precision decoder built from naive_vq.c that serves as the oracle of the pipeline.
+ */
+#ifndef FLEXDIAG_TEST_TINY_VQ_H
+#define FLEXDIAG_TEST_TINY_VQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vq.h"
+
+typedef struct tv_tensor {
+    char name[192];   /* original (canonical) name */
+    int ndim;         /* rank */
+    int64_t shape[4]; /* dims */
+    uint16_t *data;   /* bf16 values */
+} tv_tensor;
+
+typedef struct tv_model {
+    flexdiag_vq_config cfg; /* shape it was built for */
+    tv_tensor *t;           /* tensors in execution order */
+    int n, cap;             /* count, capacity */
+} tv_model;
+
+/* Random weights for cfg: conv weights N(0, 1/fan_in), norm gammas near 1, so activations stay
+ * of order 1 through the whole decoder. */
+void tv_build(tv_model *m, const flexdiag_vq_config *cfg, uint64_t seed);
+void tv_free(tv_model *m);
+/* Tensor by original name, or NULL. */
+tv_tensor *tv_get(const tv_model *m, const char *name);
+/* config.json text (transformers janus layout) for cfg; malloc'ed. */
+char *tv_config_json(const flexdiag_vq_config *cfg);
+/* Write dir/config.json and dir/model.safetensors (transformers names when hf != 0); skip names
+ * the tensor to leave out (or NULL). Returns 0 on success. */
+int tv_write(const tv_model *m, const char *dir, int hf, const char *skip);
+/* Name maps between the original and the transformers scheme; 0 on success. */
+int tv_name_to_hf(const char *orig, char *out, size_t n);
+int tv_name_from_hf(const char *hf, char *out, size_t n);
+/* Naive decode: ids (n, grid) -> pixels (n, H, W, 3) in double. */
+void tv_naive_decode(const tv_model *m, const int32_t *ids, int64_t n, double *pixels);
+
+#endif /* FLEXDIAG_TEST_TINY_VQ_H */

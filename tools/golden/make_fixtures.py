@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""
+make_fixtures.py - golden fixtures for flexdiag, made by transformers from small random models.
+
+Writes, under --out:
+  golden/janus/  tiny random JanusForConditionalGeneration (Janus-Pro structure), bf16
+                 safetensors + config + generation config + tokenizer, and float32 references:
+                 generation-head logits (cond / uncond / CFG, teacher forcing), per-layer
+                 hidden states, final-norm output, VQ decoder pixels, greedy CFG generation;
+  golden/llama/  tiny random LlamaForCausalLM (GQA), bf16 safetensors + config, logits and
+                 per-layer hidden states;
+  tokenizer/     byte-level BPE tokenizer.json (DeepSeek-LLM pre-tokenizer) + cases.json.
+Every fixture folder has golden.json (magic "flexdiag-golden", version 1, library versions,
+shapes and file names). Weights are stored in bf16 and the references are computed in float32
+on the CPU from the same bf16-rounded values (reloaded from the saved file), eager attention,
+so the runtime's bf16 weights are exactly the reference's weights.
+Deterministic: fixed seeds, own weight initialisation (wider than transformers' default so that
+logits are not flat), no threads-dependent reductions that matter at these sizes.
+Usage: python3 make_fixtures.py --out DIR [--only janus|llama|tokenizer]
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+import tokenizer_fixture as tokfx
+
+GENERATOR = "tools/golden/make_fixtures.py"
+SEED = 20250101
+N_POS_HIDDEN = 4      # positions of the per-layer hidden-state references
+CFG_WEIGHT = 5.0      # models.md §3.5 default
+N_IMAGE_IDS = 12      # teacher-forced image tokens scored per row
+GRID = 4              # Janus image grid (GRID x GRID tokens): vision image_size / patch_size
+
+
+def log(msg):
+    """Progress line on stdout (the device run's log)."""
+    print(msg, flush=True)
+
+
+def versions():
+    """Library versions recorded in every golden.json."""
+    import tokenizers
+    import transformers
+    return {"transformers": transformers.__version__, "torch": torch.__version__,
+            "tokenizers": tokenizers.__version__, "numpy": np.__version__}
+
+
+# ---- common writers ----
+
+class Fixture:
+    """One fixture folder: collects arrays and writes golden.json at the end."""
+
+    def __init__(self, path, vers):
+        self.path = path
+        self.arrays = {}
+        self.doc = {"magic": "flexdiag-golden", "version": 1, "generator": GENERATOR,
+                    "transformers": vers["transformers"], "torch": vers["torch"]}
+        os.makedirs(path, exist_ok=True)
+
+    def save(self, name, array, dtype):
+        """Save a C-order little-endian .npy (float32 or int64) and record its shape."""
+        a = np.ascontiguousarray(np.asarray(array, dtype=dtype))
+        np.save(os.path.join(self.path, name + ".npy"), a, allow_pickle=False)
+        self.arrays[name] = {"file": name + ".npy", "dtype": a.dtype.name, "shape": list(a.shape)}
+        return a
+
+    def write_json(self, name, obj):
+        """Write a JSON file in the folder (UTF-8, stable key order)."""
+        with open(os.path.join(self.path, name), "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+
+    def finish(self, **fields):
+        """Write golden.json with the recorded arrays and extra fields."""
+        self.doc.update(fields)
+        self.doc["arrays"] = self.arrays
+        self.write_json("golden.json", self.doc)
+
+
+def list_tensors(path, out_txt):
+    """Names, dtypes and shapes of every tensor in a safetensors file; also written to out_txt."""
+    from safetensors import safe_open
+    rows = []
+    with safe_open(path, framework="pt") as f:
+        for name in sorted(f.keys()):
+            sl = f.get_slice(name)
+            dtype = sl.get_dtype() if hasattr(sl, "get_dtype") else str(f.get_tensor(name).dtype)
+            rows.append((name, dtype, list(sl.get_shape())))
+    if out_txt:
+        with open(out_txt, "w") as f:
+            f.write("# %s: name dtype shape (from the saved file)\n" % os.path.basename(path))
+            for name, dt, shape in rows:
+                f.write("%s %s %s\n" % (name, dt, json.dumps(shape)))
+    log("%s: %d tensors" % (path, len(rows)))
+    for name, dt, shape in rows:
+        log("  %s %s %s" % (name, dt, shape))
+    return rows
+
+
+def randomize(model, seed, gains):
+    """Deterministic wide initialisation: norms 1 + N(0, 0.1²), biases N(0, 0.05²), embeddings
+    N(0, 1), matrices and convs N(0, (gain/sqrt(fan_in))²); gains maps name substrings."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name.endswith("bias"):
+                value = 0.05 * noise
+            elif p.ndim == 1:
+                value = 1.0 + 0.1 * noise
+            elif "embed" in name or "position_embedding" in name:
+                value = noise
+            else:
+                gain = next((v for k, v in gains.items() if k in name), 1.0)
+                value = noise * (gain / math.sqrt(p[0].numel()))
+            p.copy_(value.to(p.dtype))
+
+
+def save_bf16_and_reload(model, cls, path):
+    """save_pretrained in bf16, reload in float32 (eager attention), check exact round trip."""
+    ref = {k: v.detach().to(torch.bfloat16).float() for k, v in model.state_dict().items()}
+    model.to(torch.bfloat16).save_pretrained(path)
+    loaded = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    loaded.eval()
+    worst = 0.0
+    for k, v in loaded.state_dict().items():
+        if k in ref and ref[k].shape == v.shape:
+            worst = max(worst, (ref[k] - v.float()).abs().max().item() if v.numel() else 0.0)
+    log("%s: reloaded in %s, max |bf16 - reloaded| = %g" % (path, loaded.dtype, worst))
+    if worst != 0.0:
+        raise RuntimeError("%s: weights changed in the bf16 save/reload" % path)
+    return loaded
+
+
+class LayerCapture:
+    """Forward hooks that keep each decoder layer's output (before the final norm)."""
+
+    def __init__(self, layers):
+        self.outputs = [None] * len(layers)
+        self.handles = [layer.register_forward_hook(self._hook(i)) for i, layer in
+                        enumerate(layers)]
+
+    def _hook(self, i):
+        def fn(_module, _inputs, output):
+            h = output[0] if isinstance(output, (tuple, list)) else output
+            self.outputs[i] = h.detach().clone()
+        return fn
+
+    def stacked(self, n_pos):
+        """[n_layers, n_pos, hidden] of batch row 0."""
+        for h in self.handles:
+            h.remove()
+        return torch.stack([o[0, :n_pos] for o in self.outputs])
+
+
+# ---- Janus ----
+
+def janus_config(text_vocab, ids):
+    """Tiny Janus-Pro-shaped config (models.md §3): 2 layers, hidden 64, 4 MHA heads of 16."""
+    from transformers import JanusConfig, JanusVisionConfig, JanusVQVAEConfig, LlamaConfig
+    text = LlamaConfig(vocab_size=text_vocab, hidden_size=64, intermediate_size=160,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                       head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                       hidden_act="silu", tie_word_embeddings=False, bos_token_id=ids["bos"],
+                       eos_token_id=ids["eos"], pad_token_id=ids["pad"])
+    vision = JanusVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               image_size=16 * GRID, patch_size=16, mlp_ratio=2.0,
+                               projection_dim=64, depth=2, num_image_tokens=GRID * GRID)
+    # GroupNorm uses 32 groups: every VQ channel count is a multiple of 32.
+    vq = JanusVQVAEConfig(embed_dim=8, num_embeddings=256, latent_channels=32, base_channels=32,
+                          channel_multiplier=[1, 1, 2], num_res_blocks=2, projection_dim=64,
+                          image_token_embed_dim=64, num_hidden_layers=2, hidden_act="gelu")
+    return JanusConfig(text_config=text, vision_config=vision, vq_config=vq,
+                       image_token_id=ids["image"], tie_word_embeddings=False)
+
+
+def janus_generation_config(ids):
+    """generation_config.json as the transformers Janus port uses it (boi in generation_kwargs)."""
+    from transformers import GenerationConfig
+    return GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+                            pad_token_id=ids["pad"], guidance_scale=CFG_WEIGHT,
+                            generation_kwargs={"boi_token_id": ids["boi"]})
+
+
+def check_generation_config(path, ids):
+    """Make sure generation_config.json holds bos, pad and generation_kwargs.boi_token_id."""
+    gpath = os.path.join(path, "generation_config.json")
+    doc = {}
+    if os.path.exists(gpath):
+        with open(gpath) as f:
+            doc = json.load(f)
+    ok = (doc.get("bos_token_id") == ids["bos"] and doc.get("pad_token_id") == ids["pad"]
+          and doc.get("generation_kwargs", {}).get("boi_token_id") == ids["boi"])
+    if not ok:
+        log("generation_config.json incomplete after save_pretrained (%r); writing it" % doc)
+        doc.update({"bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
+                    "pad_token_id": ids["pad"], "guidance_scale": CFG_WEIGHT})
+        doc.setdefault("generation_kwargs", {})["boi_token_id"] = ids["boi"]
+        with open(gpath, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    log("generation_config.json: %s" % json.dumps(doc, sort_keys=True))
+
+
+def janus_ids(tok):
+    """Special ids resolved by string from the fixture tokenizer."""
+    s = tokfx.special_ids(tok)
+    return {"bos": s[tokfx.BOS], "eos": s[tokfx.EOS], "pad": s[tokfx.PAD],
+            "boi": s[tokfx.BOI], "image": s["<image_placeholder>"]}
+
+
+def gen_logits(model, prompt_ids, image_ids, capture=None):
+    """Teacher forcing: rows i = generation-head logits predicting image_ids[i] from the prompt
+    and image_ids[:i]; image tokens enter as generation_aligner(generation_embeddings(id))."""
+    lm = model.model.language_model
+    text = lm.get_input_embeddings()(torch.tensor([prompt_ids]))
+    image = model.prepare_embeddings_for_image_generation(torch.tensor([image_ids[:-1]]))
+    embeds = torch.cat([text, image.to(text.dtype)], dim=1)
+    out = lm(inputs_embeds=embeds, use_cache=False)
+    hidden = out.last_hidden_state
+    rows = hidden[0, len(prompt_ids) - 1:]
+    layers = capture.stacked(N_POS_HIDDEN) if capture else None
+    return model.model.generation_head(rows), hidden[0, :N_POS_HIDDEN], layers
+
+
+def uncond_ids(prompt_ids, pad):
+    """models.md §3.5 step 3: keep BOS (first) and <begin_of_image> (last), pad the rest."""
+    return [prompt_ids[0]] + [pad] * (len(prompt_ids) - 2) + [prompt_ids[-1]]
+
+
+def cfg_logits(model, prompt_ids, image_ids, pad):
+    """(cond, uncond, cfg) logits; cfg = u + w (c - u)."""
+    cond = gen_logits(model, prompt_ids, image_ids)[0]
+    unc = gen_logits(model, uncond_ids(prompt_ids, pad), image_ids)[0]
+    return cond, unc, unc + CFG_WEIGHT * (cond - unc)
+
+
+def new_cache(model):
+    """An empty DynamicCache for the language model (constructor differs across versions)."""
+    from transformers import DynamicCache
+    try:
+        return DynamicCache(config=model.config.text_config)
+    except TypeError:
+        return DynamicCache()
+
+
+def greedy_cached(model, prompt_ids, pad, steps):
+    """Greedy CFG decoding with a KV cache, as models.md §3.5 (argmax instead of sampling):
+    prefill the cond/uncond pair, then feed each chosen id to both rows."""
+    lm = model.model.language_model
+    rows = torch.tensor([prompt_ids, uncond_ids(prompt_ids, pad)])
+    x = lm.get_input_embeddings()(rows)
+    cache = new_cache(model)
+    ids = []
+    for _ in range(steps):
+        out = lm(inputs_embeds=x, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        logits = model.model.generation_head(out.last_hidden_state[:, -1])
+        cfg = logits[1] + CFG_WEIGHT * (logits[0] - logits[1])
+        ids.append(int(cfg.argmax().item()))
+        x = model.prepare_embeddings_for_image_generation(torch.tensor([[ids[-1]]] * 2))
+    return ids
+
+
+def transformers_generate(model, prompt_ids):
+    """transformers' own Janus image generate(), greedy; 5.17 needs a cache passed in (its
+    static-cache helper call is missing an argument). Returns ids or an error string."""
+    try:
+        inp = torch.tensor([prompt_ids])
+        out = model.generate(inputs=inp, attention_mask=torch.ones_like(inp),
+                             generation_mode="image", do_sample=False,
+                             guidance_scale=CFG_WEIGHT, past_key_values=new_cache(model))
+        seq = out.sequences if hasattr(out, "sequences") else out
+        return seq[0].tolist()
+    except Exception as e:  # recorded in golden.json; the other references do not need it
+        return "failed: %s: %s" % (type(e).__name__, str(e)[:200])
+
+
+def greedy_check(model, fx, prompt_ids, pad):
+    """Greedy CFG generation of one image (GRID x GRID ids) with a KV cache; checked against
+    the teacher-forced CFG argmax and against transformers' generate()."""
+    steps = GRID * GRID
+    ids = greedy_cached(model, prompt_ids, pad, steps)
+    cfg = cfg_logits(model, prompt_ids, ids, pad)[2]
+    agree = int((cfg.argmax(-1) == torch.tensor(ids)).sum().item())
+    hf = transformers_generate(model, prompt_ids)
+    hf_state = hf if isinstance(hf, str) else ("match" if hf == ids else "differs: %s" % hf)
+    log("greedy: %s; teacher-forced argmax agrees at %d/%d; transformers generate: %s"
+        % (ids, agree, steps, hf_state))
+    fx.save("greedy_ids", ids, np.int64)
+    fx.save("greedy_logits_cfg", cfg, np.float32)
+    fx.save("greedy_pixels", model.decode_image_tokens(torch.tensor([ids])).float(), np.float32)
+    return {"generate_greedy": {"ids": "greedy_ids.npy", "logits_cfg": "greedy_logits_cfg.npy",
+                                "pixels": "greedy_pixels.npy", "steps": steps,
+                                "teacher_forced_argmax_agrees": agree,
+                                "transformers_generate": hf_state}}
+
+
+def janus_references(model, fx, prompt_ids, ids, rng):
+    """Score input, logits, hidden states and VQ pixels; returns extra golden.json fields."""
+    vocab = model.config.vq_config.num_embeddings
+    image_ids = [int(x) for x in rng.integers(0, vocab, N_IMAGE_IDS)]
+    fx.write_json("score_input.json", {"prompt_ids": prompt_ids, "image_ids": image_ids,
+                                       "cfg_weight": CFG_WEIGHT})
+    capture = LayerCapture(model.model.language_model.layers)
+    cond, final_norm, layers = gen_logits(model, prompt_ids, image_ids, capture)
+    unc = gen_logits(model, uncond_ids(prompt_ids, ids["pad"]), image_ids)[0]
+    fx.save("logits_cond", cond, np.float32)
+    fx.save("logits_uncond", unc, np.float32)
+    fx.save("logits_cfg", unc + CFG_WEIGHT * (cond - unc), np.float32)
+    fx.save("hidden_cond", layers, np.float32)
+    fx.save("final_norm_cond", final_norm, np.float32)
+    log("janus logits: cond std %.3f, uncond std %.3f, argmax cond %s"
+        % (cond.std().item(), unc.std().item(), cond.argmax(-1).tolist()))
+    tokens = torch.from_numpy(rng.integers(0, vocab, (2, GRID * GRID)).astype(np.int64))
+    fx.save("vq_tokens", tokens, np.int64)
+    fx.save("vq_quant", model.model.vqmodel.quantize.get_codebook_entry(tokens), np.float32)
+    pixels = model.decode_image_tokens(tokens)
+    fx.save("vq_pixels", pixels, np.float32)
+    log("vq pixels %s, range [%.3f, %.3f]" % (list(pixels.shape), pixels.min().item(),
+                                              pixels.max().item()))
+    return greedy_check(model, fx, prompt_ids, ids["pad"])
+
+
+def make_janus(out, tok, vers):
+    """The golden/janus fixture."""
+    from transformers import JanusForConditionalGeneration
+    path = os.path.join(out, "golden", "janus")
+    fx = Fixture(path, vers)
+    ids = janus_ids(tok)
+    n_tok = tok.get_vocab_size(with_added_tokens=True)
+    text_vocab = (n_tok + 63) // 64 * 64  # embedding rows >= tokenizer ids, as in Janus-Pro
+    torch.manual_seed(SEED)
+    model = JanusForConditionalGeneration(janus_config(text_vocab, ids)).float().eval()
+    tied = model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    log("janus: lm_head tied to embed_tokens: %s" % tied)
+    randomize(model, SEED + 1, {"vision_head": 2.0, "lm_head": 2.0})
+    model.generation_config = janus_generation_config(ids)
+    model = save_bf16_and_reload(model, JanusForConditionalGeneration, path)
+    check_generation_config(path, ids)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "config.json")) as f:
+        log("janus config.json: %s" % f.read())
+    list_tensors(os.path.join(path, "model.safetensors"), os.path.join(path, "tensor_names.txt"))
+    _, prompt_ids = tokfx.janus_prompt_ids(tok, tokfx.JANUS_PROMPTS[0])
+    with torch.no_grad():
+        extra = janus_references(model, fx, prompt_ids, ids, np.random.default_rng(SEED + 2))
+    fx.finish(model={"arch": "janus", "config": "config.json", "weights": "model.safetensors",
+                     "generation_config": "generation_config.json", "tokenizer": "tokenizer.json",
+                     "tensor_names": "tensor_names.txt", "weights_dtype": "bfloat16",
+                     "text_vocab": text_vocab, "grid": [GRID, GRID],
+                     "image_vocab": model.config.vq_config.num_embeddings},
+              reference={"dtype": "float32", "device": "cpu", "attention": "eager"},
+              special_ids=ids, prompt=tokfx.JANUS_PROMPTS[0], score_input="score_input.json",
+              cfg_weight=CFG_WEIGHT, n_pos_hidden=N_POS_HIDDEN,
+              layout={"logits_*": "[n_image_ids, image_vocab]; row i predicts image_ids[i]",
+                      "hidden_cond": "[n_layers, n_pos, hidden], decoder layer outputs, cond row",
+                      "final_norm_cond": "[n_pos, hidden], after the final RMSNorm",
+                      "vq_quant": "[batch, embed_dim, grid_h, grid_w], L2-normalised codebook",
+                      "vq_pixels": "[batch, H, W, 3] decode_image_tokens output (NHWC, float)"},
+              **extra)
+
+
+# ---- Llama ----
+
+def make_llama(out, vers):
+    """The golden/llama fixture: GQA 4 query / 2 KV heads, untied lm_head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path = os.path.join(out, "golden", "llama")
+    fx = Fixture(path, vers)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=256, rms_norm_eps=1e-6,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                      hidden_act="silu", tie_word_embeddings=False, bos_token_id=1,
+                      eos_token_id=2)
+    torch.manual_seed(SEED + 10)
+    model = LlamaForCausalLM(cfg).float().eval()
+    randomize(model, SEED + 11, {"lm_head": 2.0})
+    model = save_bf16_and_reload(model, LlamaForCausalLM, path)
+    with open(os.path.join(path, "config.json")) as f:
+        log("llama config.json: %s" % f.read())
+    list_tensors(os.path.join(path, "model.safetensors"), os.path.join(path, "tensor_names.txt"))
+    rng = np.random.default_rng(SEED + 12)
+    input_ids = fx.save("input_ids", rng.integers(0, 256, 16), np.int64)
+    with torch.no_grad():
+        capture = LayerCapture(model.model.layers)
+        out_ = model(input_ids=torch.from_numpy(input_ids)[None], use_cache=False)
+        fx.save("logits", out_.logits[0], np.float32)
+        fx.save("hidden", capture.stacked(N_POS_HIDDEN), np.float32)
+    log("llama logits std %.3f, argmax %s" % (out_.logits.std().item(),
+                                             out_.logits[0].argmax(-1).tolist()))
+    fx.finish(model={"arch": "llama", "config": "config.json", "weights": "model.safetensors",
+                     "tensor_names": "tensor_names.txt", "weights_dtype": "bfloat16"},
+              reference={"dtype": "float32", "device": "cpu", "attention": "eager"},
+              n_pos_hidden=N_POS_HIDDEN,
+              layout={"logits": "[n_tokens, vocab], all positions, teacher forcing",
+                      "hidden": "[n_layers, n_pos, hidden], decoder layer outputs"})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    ap.add_argument("--out", required=True, help="output folder (golden/, tokenizer/ inside)")
+    ap.add_argument("--only", choices=["janus", "llama", "tokenizer"], default=None,
+                    help="make one fixture only (janus also needs the tokenizer)")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    vers = versions()
+    log("versions: %s" % json.dumps(vers))
+    tok = None
+    if args.only in (None, "tokenizer", "janus"):
+        tok = tokfx.build(SEED, log)
+        if args.only != "janus":
+            tokfx.write(tok, os.path.join(args.out, "tokenizer"), vers, log)
+    if args.only in (None, "janus"):
+        make_janus(args.out, tok, vers)
+    if args.only in (None, "llama"):
+        make_llama(args.out, vers)
+    log("done: fixtures in %s" % args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
