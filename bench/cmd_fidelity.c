@@ -269,8 +269,8 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     flexdiag_policy_kind kinds[FID_MAX_LIST];
     double sps[FID_MAX_LIST];
     int nk, ns;
-    if ((rc = parse_policies(o.policies, kinds, &nk)) || (rc = parse_sparsities(o.sparsities, sps, &ns)))
-        return rc;
+    if ((rc = parse_policies(o.policies, kinds, &nk)) != 0) return rc;
+    if ((rc = parse_sparsities(o.sparsities, sps, &ns)) != 0) return rc;
     if (o.n_r < 0 || o.n_r > 32767) {
         fprintf(stderr, "flexdiag " FID_CMD ": --n-r %lld must be in [0, 32767]\n",
                 (long long)o.n_r);

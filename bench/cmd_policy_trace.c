@@ -50,13 +50,23 @@ static int check_shape(const trace_opts *o, const flexdiag_npy *a, trace_input *
     }
     int64_t t = o->steps >= 0 ? o->steps : s[1];
     int64_t lp = o->prompt_len >= 0 ? o->prompt_len : s[2] - t;
-    if (s[1] != t || s[2] != lp + t || lp < 0 || t < 1 || t > 32767 || s[0] < 1 ||
-        (o->heads >= 0 && o->heads != s[0])) {
-        fprintf(stderr, "flexdiag " TRACE_CMD ": --logits %s: shape [%lld, %lld, %lld] does not "
-                "match [heads, T, Lp+T] with --steps %lld --prompt-len %lld --heads %lld "
-                "(T must be in [1, 32767]; leave a flag out to take it from the file)\n",
-                o->logits, (long long)s[0], (long long)s[1], (long long)s[2], (long long)t,
-                (long long)lp, (long long)(o->heads >= 0 ? o->heads : s[0]));
+    char why[160] = "";
+    if (s[1] != t)
+        snprintf(why, sizeof why, "dimension 1 is T = %lld but --steps is %lld", (long long)s[1],
+                 (long long)t);
+    else if (s[2] != lp + t || lp < 0)
+        snprintf(why, sizeof why, "last dimension %lld must be Lp + T = %lld + %lld%s",
+                 (long long)s[2], (long long)lp, (long long)t,
+                 o->prompt_len >= 0 ? " (--prompt-len)" : " (T > last dimension)");
+    else if (o->heads >= 0 && o->heads != s[0])
+        snprintf(why, sizeof why, "dimension 0 is %lld heads but --heads is %lld",
+                 (long long)s[0], (long long)o->heads);
+    else if (t < 1 || t > 32767 || s[0] < 1)
+        snprintf(why, sizeof why, "need heads >= 1 and 1 <= T <= 32767");
+    if (why[0]) {
+        fprintf(stderr, "flexdiag " TRACE_CMD ": --logits %s: shape [%lld, %lld, %lld] is not "
+                "[heads, T, Lp+T]: %s\n", o->logits, (long long)s[0], (long long)s[1],
+                (long long)s[2], why);
         return 1;
     }
     in->heads = (int32_t)s[0];

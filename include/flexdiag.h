@@ -129,6 +129,8 @@ typedef struct flexdiag_request {
     int32_t top_k;               /* 0 = off (Janus default) */
     float top_p;                 /* 1.0 = off */
     uint64_t seed;               /* sampling seed; draws keyed by (seed, image index, step) */
+    int64_t first_image;         /* image index of this request's first image (default 0): lets
+                                    a job split into several requests draw the same images */
 } flexdiag_request;
 
 typedef struct flexdiag_output {
@@ -178,6 +180,14 @@ FLEXDIAG_API flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const cha
                                                  flexdiag_model **out);
 /* Destroy; NULL is a no-op. */
 FLEXDIAG_API void flexdiag_model_destroy(flexdiag_model *m);
+/* Pixel size of the model's decoded images; *h = *w = 0 when it has no image decoder. */
+FLEXDIAG_API flexdiag_status flexdiag_model_image_size(const flexdiag_model *m, int32_t *h,
+                                                       int32_t *w);
+/* Decode n image-token grids tokens (n, tokens_per_image) into float pixels (n, H, W, 3), the
+ * decoder output before the uint8 conversion (about [-1, 1]); pixels is caller-owned.
+ * Not thread-safe with other decode calls on the same model. */
+FLEXDIAG_API flexdiag_status flexdiag_decode_images(flexdiag_model *m, const int32_t *tokens,
+                                                    int32_t n, float *pixels);
 
 /* ---- context ---- */
 

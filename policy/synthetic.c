@@ -60,7 +60,8 @@ flexdiag_status flexdiag__synth_parse(const char *spec, int32_t *grid_w) {
 
 /* N(0, 1) from two counter draws (Box-Muller); 1 - u keeps the log argument in (0, 1]. */
 static double synth_gauss(uint64_t seed, uint64_t a, uint64_t b) {
-    double u1 = flexdiag__rng_uniform(seed, a, 2 * b), u2 = flexdiag__rng_uniform(seed, a, 2 * b + 1);
+    double u1 = flexdiag__rng_uniform(seed, a, 2 * b);
+    double u2 = flexdiag__rng_uniform(seed, a, 2 * b + 1);
     return sqrt(-2.0 * log(1.0 - u1)) * cos(SYNTH_TWO_PI * u2);
 }
 
@@ -69,7 +70,8 @@ float flexdiag__synth_logit(const flexdiag_synth_params *p, int32_t head, int32_
     int32_t d = key - p->prompt_len, w = p->grid_w;
     double dr = (double)(t / w - d / w), dc = (double)(t % w - d % w);
     uint64_t a = ((uint64_t)(uint32_t)head << 32) | (uint32_t)t;
-    return (float)(-p->alpha * (dr * dr + dc * dc) + p->sigma * synth_gauss(p->seed, a, (uint64_t)d));
+    double noise = p->sigma * synth_gauss(p->seed, a, (uint64_t)d);
+    return (float)(-p->alpha * (dr * dr + dc * dc) + noise);
 }
 
 static flexdiag_status synth_validate(const flexdiag_synth_params *p) {
@@ -81,7 +83,7 @@ static flexdiag_status synth_validate(const flexdiag_synth_params *p) {
                              "got W %d, heads %d, steps %d, prompt %d", SYNTH_MAX_W,
                              SYNTH_MAX_W * SYNTH_MAX_W, (int)p->grid_w, (int)p->heads,
                              (int)p->steps, (int)p->prompt_len);
-    if (!isfinite(p->alpha) || !isfinite(p->prompt_logit) || !(p->sigma >= 0 && isfinite(p->sigma)))
+    if (!isfinite(p->alpha) || !isfinite(p->prompt_logit) || !isfinite(p->sigma) || p->sigma < 0)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "synthetic model: alpha %g, sigma %g and "
                              "prompt logit %g must be finite, sigma >= 0", p->alpha, p->sigma,
                              p->prompt_logit);
@@ -122,9 +124,9 @@ static void synth_values(flexdiag_synth_ctx *c) {
     for (int32_t h = 0; h < c->p.heads; h++)
         for (int32_t k = 0; k < c->keys; k++)
             for (int32_t j = 0; j < c->d_head; j++) {
-                size_t i = ((size_t)h * (size_t)c->keys + (size_t)k) * (size_t)c->d_head + (size_t)j;
-                c->v[i] = (float)synth_gauss(seed, ((uint64_t)(uint32_t)h << 32) | (uint32_t)k,
-                                             (uint64_t)j);
+                size_t hk = (size_t)h * (size_t)c->keys + (size_t)k;
+                c->v[hk * (size_t)c->d_head + (size_t)j] = (float)synth_gauss(
+                    seed, ((uint64_t)(uint32_t)h << 32) | (uint32_t)k, (uint64_t)j);
             }
 }
 

@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "prompt.h"
 #include "tokenizer.h"
+#include "vq.h"
 
 #define GPU_MARGIN (1ull << 30) /* bytes left to the driver/other processes by default */
 
@@ -125,6 +126,61 @@ void flexdiag_runtime_destroy(flexdiag_runtime *rt) {
 
 /* ---- model ---- */
 
+#define VQ_BATCH 4 /* images per VQ decoder pass (scratch scales with it) */
+
+/* Pick the decoder backend and charge its memory to the arena when it lives on the device. */
+static flexdiag_status vq_backend(flexdiag_model *m, const flexdiag_vq_config *vc) {
+    flexdiag_runtime *rt = m->rt;
+    m->vq_k = rt->k;
+    m->vq_s = rt->s;
+    if (!rt->k->conv2d) { /* no image ops on this backend yet: decode on the CPU */
+        m->vq_k = flexdiag__kernels_cpu();
+        FLEXDIAG_TRY(m->vq_k->stream_create(-1, rt->p.threads, &m->vq_s));
+        FLEXDIAG_INFO("backend %s has no image-decoder ops: the VQ decoder runs on the CPU",
+                      rt->k->name);
+        return FLEXDIAG_OK;
+    }
+    size_t wb = 0, sb = 0;
+    FLEXDIAG_TRY(flexdiag__vq_plan(vc, rt->k->act_bytes, VQ_BATCH, &wb, &sb));
+    FLEXDIAG_TRY(flexdiag__arena_charge(&rt->arena, (int64_t)(wb + sb), "the VQ image decoder"));
+    m->vq_charge = wb + sb;
+    return FLEXDIAG_OK;
+}
+
+/* The decoder of a folder model, when its checkpoint holds one. */
+static flexdiag_status vq_from_dir(flexdiag_model *m, const flexdiag_safetensors *st,
+                                   const char *path) {
+    if (m->cfg.arch != FLEXDIAG_ARCH_JANUS ||
+        (!flexdiag__st_find(st, "gen_vision_model.quantize.embedding.weight") &&
+         !flexdiag__st_find(st, "model.vqmodel.quantize.embedding.weight")))
+        return FLEXDIAG_OK;
+    char cj[4096];
+    snprintf(cj, sizeof cj, "%s/config.json", path);
+    flexdiag_vq_config vc;
+    FLEXDIAG_TRY(flexdiag__vq_config_read(cj, &vc));
+    FLEXDIAG_TRY(vq_backend(m, &vc));
+    return flexdiag__vq_create(m->vq_k, m->vq_s, st, &vc, VQ_BATCH, &m->vq);
+}
+
+/* Builtin models get a seeded random decoder: small for the toy shapes, VQ-16 for full ones. */
+static flexdiag_status vq_builtin(flexdiag_model *m, uint64_t seed) {
+    flexdiag_vq_config vc;
+    flexdiag__vq_config_default(&vc);
+    vc.codebook_size = m->cfg.image_vocab;
+    vc.grid_h = vc.grid_w = m->cfg.grid;
+    if (m->cfg.lm.hidden < 1024) { /* tiny/micro-janus: 3 levels of 32/64 channels, 4x upscale */
+        vc.ch = 32;
+        vc.z_channels = 64;
+        vc.n_levels = 3;
+        vc.ch_mult[0] = 1, vc.ch_mult[1] = 2, vc.ch_mult[2] = 2;
+        memset(vc.attn, 0, sizeof vc.attn);
+        vc.attn[2] = 1;
+        vc.res_blocks = 1;
+    }
+    FLEXDIAG_TRY(vq_backend(m, &vc));
+    return flexdiag__vq_create_random(m->vq_k, m->vq_s, &vc, seed ^ 0x5157, VQ_BATCH, &m->vq);
+}
+
 static flexdiag_status model_from_dir(flexdiag_model *m, const char *path) {
     flexdiag_runtime *rt = m->rt;
     m->dir = strdup(path);
@@ -138,7 +194,12 @@ static flexdiag_status model_from_dir(flexdiag_model *m, const char *path) {
         FLEXDIAG_TRY(flexdiag__tok_load(tj, &m->tok));
         FLEXDIAG_TRY(flexdiag__special_ids(m));
     }
-    return flexdiag__weights_load(&rt->arena, rt->s, &m->cfg, path, &m->w);
+    flexdiag_safetensors *st = NULL;
+    FLEXDIAG_TRY(flexdiag__st_open(path, &st));
+    flexdiag_status r = flexdiag__weights_load(&rt->arena, rt->s, &m->cfg, st, &m->w);
+    if (r == FLEXDIAG_OK) r = vq_from_dir(m, st, path);
+    flexdiag__st_close(st);
+    return r;
 }
 
 flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
@@ -156,6 +217,7 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     } else {
         st = flexdiag__config_builtin(p->arch, &m->cfg);
         if (st == FLEXDIAG_OK) st = flexdiag__weights_random(&rt->arena, rt->s, &m->cfg, p->seed, &m->w);
+        if (st == FLEXDIAG_OK) st = vq_builtin(m, p->seed);
     }
     if (st != FLEXDIAG_OK) {
         flexdiag_model_destroy(m);
@@ -167,10 +229,32 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
 
 void flexdiag_model_destroy(flexdiag_model *m) {
     if (!m) return;
+    flexdiag__vq_destroy(m->vq);
+    if (m->vq_s && m->vq_s != m->rt->s) m->vq_k->stream_destroy(m->vq_s);
+    flexdiag__arena_charge(&m->rt->arena, -(int64_t)m->vq_charge, "VQ decoder");
     flexdiag__weights_free(&m->rt->arena, &m->w);
     flexdiag__tok_destroy(m->tok);
     free(m->dir);
     free(m);
+}
+
+flexdiag_status flexdiag_model_image_size(const flexdiag_model *m, int32_t *h, int32_t *w) {
+    if (!m || !h || !w) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "image_size: NULL argument");
+    *h = *w = 0;
+    if (m->vq) flexdiag__vq_image_size(flexdiag__vq_get_config(m->vq), h, w);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag_decode_images(flexdiag_model *m, const int32_t *tokens, int32_t n,
+                                       float *pixels) {
+    flexdiag__err_clear();
+    if (!m || !tokens || !pixels || n < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "decode_images: NULL argument or n < 0");
+    if (!m->vq)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s has no image decoder (no gen_vision_model / vqmodel tensors)",
+                             m->dir ? m->dir : m->cfg.name);
+    return flexdiag__vq_decode(m->vq, m->vq_s, tokens, n, pixels);
 }
 
 /* ---- context ---- */
@@ -237,8 +321,9 @@ static flexdiag_status check_request(const flexdiag_context *c, const flexdiag_r
     if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "request needs n_prompts >= 1 and prompts or prompt_ids+prompt_lens");
-    if (r->images_per_prompt < 1)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "images_per_prompt must be >= 1");
+    if (r->images_per_prompt < 1 || r->first_image < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "images_per_prompt must be >= 1 and first_image >= 0");
     if (!(r->temperature > 0) || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1) ||
         !(r->cfg_weight == r->cfg_weight))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
@@ -274,7 +359,8 @@ static flexdiag_status generate_blocks(flexdiag_context *c, const flexdiag_reque
     flexdiag_status st = pp && pl ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no memory");
     for (int32_t img0 = 0; st == FLEXDIAG_OK && img0 < total; img0 += c->n_img) {
         flexdiag_block b = {.n_img = total - img0 < c->n_img ? total - img0 : c->n_img,
-                            .n_steps = per, .img0 = img0, .cfg_weight = r->cfg_weight,
+                            .n_steps = per, .img0 = r->first_image + img0,
+                            .cfg_weight = r->cfg_weight,
                             .sp = {r->temperature, r->top_k, r->top_p, r->seed},
                             .tokens = out->tokens + (size_t)img0 * (size_t)per,
                             .progress = c->p.progress, .progress_user = c->p.progress_user};

@@ -33,12 +33,19 @@ struct flexdiag_runtime {
     flexdiag_arena arena;        /* device memory under --gpu-mem */
 };
 
+struct flexdiag_vq;
+
 struct flexdiag_model {
     flexdiag_runtime *rt;            /* borrowed */
     flexdiag_model_config cfg;       /* resolved configuration */
     flexdiag_weights w;              /* device weights */
     struct flexdiag_tokenizer *tok;  /* NULL when the folder has no tokenizer.json */
     char *dir;                       /* model folder, NULL for builtin */
+    struct flexdiag_vq *vq;          /* image decoder, NULL when the model has none */
+    const flexdiag_kernels *vq_k;    /* backend of the decoder (the runtime's, or the CPU's
+                                        when the runtime's backend lacks the image ops) */
+    flexdiag_stream *vq_s;           /* its stream: rt->s, or an owned CPU stream */
+    size_t vq_charge;                /* bytes charged to the arena for the decoder */
 };
 
 /* Device buffers of a context, carved from one block (see ctx_layout in engine.c). */

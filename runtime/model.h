@@ -23,6 +23,7 @@
 #include "arena.h"
 #include "kernels.h"
 #include "kv_policy.h"
+#include "safetensors.h"
 
 typedef enum flexdiag_arch {
     FLEXDIAG_ARCH_JANUS = 0, /* Janus-Pro image generation */
@@ -97,10 +98,10 @@ int flexdiag__name_canonical(flexdiag_arch arch, const char *name, char *out, si
 
 /* Bytes of all weights of cfg on the device. */
 size_t flexdiag__weights_bytes(const flexdiag_model_config *cfg);
-/* Load weights from a model folder (safetensors) into memory of arena a's backend. */
+/* Load weights from an open checkpoint into memory of arena a's backend. */
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
-                                       const flexdiag_model_config *cfg, const char *dir,
-                                       flexdiag_weights *w);
+                                       const flexdiag_model_config *cfg,
+                                       const flexdiag_safetensors *st, flexdiag_weights *w);
 /* Seeded random weights (N(0, 0.02²) matrices, unit norms, zero biases). */
 flexdiag_status flexdiag__weights_random(flexdiag_arena *a, flexdiag_stream *s,
                                          const flexdiag_model_config *cfg, uint64_t seed,

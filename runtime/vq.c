@@ -342,9 +342,30 @@ static void normalise_rows(float *cb, int64_t rows, int32_t dim) {
     }
 }
 
-/* Read every entry into one host image of the weight block, then copy it to the device. */
+/* Seeded random entry i (no checkpoint): convolutions N(0, 1/fan_in) (Irwin-Hall(4)
+ * approximation), GroupNorm gammas 1, biases 0, a Gaussian codebook. Keyed by (seed, i, j). */
+static void random_entry(const vq_entry *e, int32_t i, uint64_t seed, char *dst) {
+    int64_t numel = 1, fan_in = 1;
+    for (int32_t d = 0; d < e->ndim; d++) numel *= e->shape[d];
+    for (int32_t d = 1; d < e->ndim; d++) fan_in *= e->shape[d];
+    size_t len = strlen(e->name);
+    int bias = len > 5 && !strcmp(e->name + len - 5, ".bias");
+    float scale = (float)(1.7320508 / sqrt((double)fan_in)); /* Irwin-Hall(4) has var 1/3 */
+    for (int64_t j = 0; j < numel; j++) {
+        uint64_t r = flexdiag__rng64(seed, (uint64_t)i, (uint64_t)j);
+        float u = (float)((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48)) /
+                      65536.0f - 2.0f;
+        float v = e->ndim == 1 ? (bias ? 0.0f : 1.0f) : u * (e->dst ? scale : 1.7320508f);
+        if (e->dst) ((uint16_t *)dst)[j] = flexdiag__f32_to_bf16(v);
+        else ((float *)dst)[j] = v;
+    }
+}
+
+/* Read every entry (or draw it when st is NULL) into one host image of the weight block, then
+ * copy it to the device. */
 static flexdiag_status load_weights(flexdiag_vq *vq, flexdiag_stream *s,
-                                    const flexdiag_safetensors *st, const vq_table *t) {
+                                    const flexdiag_safetensors *st, const vq_table *t,
+                                    uint64_t seed) {
     const flexdiag_kernels *k = vq->k;
     char *host = calloc(1, t->bytes);
     if (!host)
@@ -353,13 +374,11 @@ static flexdiag_status load_weights(flexdiag_vq *vq, flexdiag_stream *s,
     flexdiag_status st_ = FLEXDIAG_OK;
     for (int32_t i = 0; st_ == FLEXDIAG_OK && i < t->n; i++) {
         const vq_entry *e = &t->e[i];
-        if (e->dst) {
-            st_ = flexdiag__st_read_bf16(st, e->t, (uint16_t *)(host + e->offset));
-            continue;
-        }
-        st_ = flexdiag__st_read_f32(st, e->t, (float *)(host + e->offset));
-        if (st_ == FLEXDIAG_OK) normalise_rows((float *)(host + e->offset), e->shape[0],
-                                               (int32_t)e->shape[1]);
+        if (!st) random_entry(e, i, seed, host + e->offset);
+        else if (e->dst) st_ = flexdiag__st_read_bf16(st, e->t, (uint16_t *)(host + e->offset));
+        else st_ = flexdiag__st_read_f32(st, e->t, (float *)(host + e->offset));
+        if (st_ == FLEXDIAG_OK && !e->dst)
+            normalise_rows((float *)(host + e->offset), e->shape[0], (int32_t)e->shape[1]);
     }
     if (st_ == FLEXDIAG_OK) st_ = k->mem_alloc(t->bytes, &vq->wblock);
     if (st_ == FLEXDIAG_OK) {
@@ -489,12 +508,14 @@ static flexdiag_status check_backend(const flexdiag_kernels *k) {
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__vq_create(const flexdiag_kernels *k, flexdiag_stream *s,
-                                    const flexdiag_safetensors *st, const flexdiag_vq_config *cfg,
-                                    int64_t max_batch, flexdiag_vq **out) {
+/* Shared by create (st != NULL) and create_random (st == NULL, weights drawn from seed). */
+static flexdiag_status vq_build(const flexdiag_kernels *k, flexdiag_stream *s,
+                                const flexdiag_safetensors *st, uint64_t seed,
+                                const flexdiag_vq_config *cfg, int64_t max_batch,
+                                flexdiag_vq **out) {
     if (!out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "VQ decoder: out is NULL");
     *out = NULL;
-    if (!k || !st || !cfg)
+    if (!k || !cfg)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "VQ decoder: backend, reader and config "
                                                        "are required");
     if (max_batch < 1 || max_batch > (1 << 20))
@@ -510,8 +531,8 @@ flexdiag_status flexdiag__vq_create(const flexdiag_kernels *k, flexdiag_stream *
     vq->max_batch = max_batch;
     vq_table t = {0};
     flexdiag_status st_ = build_table(vq, &t);
-    if (st_ == FLEXDIAG_OK) st_ = match_table(st, &t);
-    if (st_ == FLEXDIAG_OK) st_ = load_weights(vq, s, st, &t);
+    if (st_ == FLEXDIAG_OK && st) st_ = match_table(st, &t);
+    if (st_ == FLEXDIAG_OK) st_ = load_weights(vq, s, st, &t, seed);
     if (st_ == FLEXDIAG_OK) st_ = alloc_scratch(vq);
     free(t.e);
     if (st_ != FLEXDIAG_OK) {
@@ -520,6 +541,22 @@ flexdiag_status flexdiag__vq_create(const flexdiag_kernels *k, flexdiag_stream *
     }
     *out = vq;
     return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__vq_create(const flexdiag_kernels *k, flexdiag_stream *s,
+                                    const flexdiag_safetensors *st, const flexdiag_vq_config *cfg,
+                                    int64_t max_batch, flexdiag_vq **out) {
+    if (!st) {
+        if (out) *out = NULL;
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "VQ decoder: no checkpoint reader");
+    }
+    return vq_build(k, s, st, 0, cfg, max_batch, out);
+}
+
+flexdiag_status flexdiag__vq_create_random(const flexdiag_kernels *k, flexdiag_stream *s,
+                                           const flexdiag_vq_config *cfg, uint64_t seed,
+                                           int64_t max_batch, flexdiag_vq **out) {
+    return vq_build(k, s, NULL, seed, cfg, max_batch, out);
 }
 
 flexdiag_status flexdiag__vq_load(const flexdiag_kernels *k, flexdiag_stream *s,

@@ -67,6 +67,10 @@ void flexdiag__vq_image_size(const flexdiag_vq_config *c, int32_t *h, int32_t *w
 flexdiag_status flexdiag__vq_create(const flexdiag_kernels *k, flexdiag_stream *s,
                                     const flexdiag_safetensors *st, const flexdiag_vq_config *cfg,
                                     int64_t max_batch, flexdiag_vq **out);
+/* A decoder of shape cfg with seeded random weights (builtin models, speed runs). */
+flexdiag_status flexdiag__vq_create_random(const flexdiag_kernels *k, flexdiag_stream *s,
+                                           const flexdiag_vq_config *cfg, uint64_t seed,
+                                           int64_t max_batch, flexdiag_vq **out);
 /* flexdiag__vq_create from a model folder: its config.json and safetensors file(s). */
 flexdiag_status flexdiag__vq_load(const flexdiag_kernels *k, flexdiag_stream *s,
                                   const char *model_dir, int64_t max_batch, flexdiag_vq **out);

@@ -349,10 +349,8 @@ static flexdiag_status upload_all(const flexdiag_kernels *k, flexdiag_stream *s,
 }
 
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
-                                       const flexdiag_model_config *cfg, const char *dir,
-                                       flexdiag_weights *w) {
-    flexdiag_safetensors *st = NULL;
-    FLEXDIAG_TRY(flexdiag__st_open(dir, &st));
+                                       const flexdiag_model_config *cfg,
+                                       const flexdiag_safetensors *st, flexdiag_weights *w) {
     wtable t = {0};
     model_off o;
     flexdiag_status r = build_table(cfg, &t, &o);
@@ -367,6 +365,5 @@ flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
     if (r != FLEXDIAG_OK) flexdiag__weights_free(a, w);
     free(src);
     free(t.e);
-    flexdiag__st_close(st);
     return r;
 }

@@ -46,7 +46,8 @@ struct flexdiag_stream {
 
 /* Run fn(ctx, t, scratch) for every t in [0, n_tasks) on the workers of s (serially on the
  * caller when s is NULL or has one worker); each worker's scratch holds at least scratch_bytes.
- * Returns when all tasks are done; FLEXDIAG_ERR_OOM_HOST if scratch cannot be allocated. */
+ * Returns when all tasks are done; FLEXDIAG_ERR_OOM_HOST if scratch cannot be allocated. Not
+ * re-entrant: a task must not call it on the same stream. */
 flexdiag_status flexdiag__cpu_parallel_for(flexdiag_stream *s, int64_t n_tasks,
                                            size_t scratch_bytes, flexdiag__cpu_task_fn fn,
                                            void *ctx);

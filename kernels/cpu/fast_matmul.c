@@ -13,7 +13,7 @@
  *
  * Rejected: a dot-product inner loop over k (vectorising it needs reassociation, which breaks
  * the fixed order); split-k across threads (needs a reduction whose order depends on the split).
- * Scratch per worker: the packed panel plus the tile's accumulators (~96 KiB).
+ * Scratch per worker: the packed panel plus the tile's accumulators (80 KiB).
  */
 #include <string.h>
 
@@ -22,7 +22,7 @@
 #include "cpu_stream.h"
 
 #define STRIP 16    /* columns per micro-kernel: 4 SSE / 2 AVX vectors */
-#define ROWS 4      /* rows per micro-kernel: 4 × STRIP accumulators fit the register file */
+#define ROWS 4      /* rows per micro-kernel: 4 × STRIP accumulators = 16 SSE registers */
 #define TILE_M 64   /* columns per task: a multiple of STRIP; 64 tasks for m = 4096 */
 #define TILE_N 64   /* rows per task: amortises widening a W block over up to 64 rows */
 #define BLOCK_K 256 /* k per panel: TILE_M·BLOCK_K fp32 = 64 KiB, stays in L2 */

@@ -12,8 +12,8 @@
 #include "cpu_stream.h"
 #include "ref_vq.h"
 
-/* Slots identical in both tables (everything but matmul, attn_prefill and attn_decode); the
- * image-decoder slots (vq_lookup .. to_nhwc) stay NULL until their CPU ops exist. */
+/* Slots identical in both tables (everything but matmul, attn_prefill, attn_decode and the two
+ * parallel image-decoder ops). */
 #define CPU_SHARED_OPS                                                                             \
     .act_bytes = 4,                                                                                \
     .stream_create = flexdiag__cpu_stream_create,                                                  \

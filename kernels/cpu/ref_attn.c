@@ -30,6 +30,13 @@ typedef struct key_rows {
 
 /* ---- argument checks ---- */
 
+/* Name of the first NULL of the n pointers p (names: NUL-separated), or NULL if none is. */
+static const char *first_null(const void *const *p, const char *names, int n) {
+    for (int i = 0; i < n; i++, names += strlen(names) + 1)
+        if (!p[i]) return names;
+    return NULL;
+}
+
 /* Shapes every attention-side op needs. */
 static flexdiag_status check_shape(const char *op, const flexdiag_attn_args *a) {
     if (!a) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: attention args are NULL", op);
@@ -77,13 +84,9 @@ flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const 
                                          int decode) {
     FLEXDIAG_TRY(check_shape(op, a));
     if (a->n_seq == 0) return FLEXDIAG_OK;
-    if (!out || !qkv || !k || !v || !a->lp)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op,
-                             !out   ? "out"
-                             : !qkv ? "qkv"
-                             : !k   ? "k"
-                             : !v   ? "v"
-                                    : "lp");
+    const void *ptrs[] = {out, qkv, k, v, a->lp};
+    const char *null = first_null(ptrs, "out\0qkv\0k\0v\0lp\0", 5);
+    if (null) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op, null);
     if (!(isfinite(a->scale)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: scale = %g is not finite", op,
                              (double)a->scale);
@@ -108,12 +111,9 @@ flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, const void *qkv, c
                              "tok_per_seq >= 1 and 0 <= n_tok <= n_seq·tok_per_seq",
                              (long long)n_tok, tok_per_seq, a->n_seq);
     if (n_tok == 0) return FLEXDIAG_OK;
-    if (!k || !v || !qkv || !rows)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu kv_append: %s is NULL",
-                             !k     ? "k"
-                             : !v   ? "v"
-                             : !qkv ? "qkv"
-                                    : "rows");
+    const void *ptrs[] = {k, v, qkv, rows};
+    const char *null = first_null(ptrs, "k\0v\0qkv\0rows\0", 4);
+    if (null) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu kv_append: %s is NULL", null);
     int64_t block = (int64_t)a->p_cap + a->ring, d_h = a->d_h;
     for (int64_t i = 0; i < n_tok * a->h_kv; i++)
         if (rows[i] < 0 || rows[i] >= block)

@@ -24,11 +24,10 @@ flexdiag_status flexdiag__cpu_matmul_check(const char *op, const void *out, cons
                              "cpu %s: FLEXDIAG_MM_ACCUM is for act outputs only, not with "
                              "FLEXDIAG_MM_OUT_F32",
                              op);
-    if (n > 0 && m > 0 && (!out || (k > 0 && (!x || !w))))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op,
-                             !out ? "out"
-                             : !x ? "x"
-                                  : "w");
+    if (n > 0 && m > 0 && !out)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: out is NULL", op);
+    if (n > 0 && m > 0 && k > 0 && (!x || !w))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op, x ? "w" : "x");
     return FLEXDIAG_OK;
 }
 

@@ -14,10 +14,18 @@
  * shared memory (the usual (m, l, acc) rescaling merge), and the result is written as bf16.
  * Per key, all g fp32 logits of the group sit in the registers of the row group's lanes: a
  * per-key reduction across the group (Diagonal's fused argmin, policies.md §2.6) plugs in at
- * the "per-key logits" step without changing the data flow.
+ * the "per-key logits" step of dec_attend without changing the data flow.
+ *
+ * Small batches (fewer than two CTAs per multiprocessor) split each key list over up to 16
+ * CTAs (grid z); each writes its unnormalised (acc, m, l) to the stream's workspace and a tiny
+ * second kernel merges them (policies.md §4.3). The workspace is stream-ordered scratch: no
+ * GEMM on the same stream can be using it while these two kernels run.
+ *
+ * lp, slots and n_slots live on the device and cannot be checked without a host sync: lp and
+ * n_slots are clamped to [0, p_cap] / [0, max_slots] and a slot outside the ring masks its key
+ * (logit -inf, no load), so bad metadata never reads outside the (sequence, head) block.
  * Rejected: a CTA per query head (re-reads K/V g times), staging K/V through shared memory
- * (every row is used by one row group only, registers suffice) and split-K (our batches give
- * B·H_kv >= 800 CTAs; policies.md §4.3 makes it optional for small batches).
+ * (every row is used by one row group only, registers suffice).
  */
 #include "attn.cuh"
 #include "cuda_common.cuh"
@@ -32,6 +40,13 @@
  * hint ptxas spills a few bytes at g = 1 (seen with nvcc 13.0); 4 keeps <= 128 registers and
  * no spills for every instantiation. g = 8 needs ~255 registers and gets no hint. */
 #define DEC_MIN_CTAS 4
+/* Split-K: at most this many CTAs per key list, each with at least DEC_SPLIT_KEYS keys (two
+ * iterations of the widest row-group layout, so a split never runs mostly empty). */
+#define DEC_MAX_SPLITS 16
+#define DEC_SPLIT_KEYS 64
+
+/* Floats per split-K partial: D outputs, m, l, 2 pad so every partial is 16-byte aligned. */
+#define DEC_PART(D) ((D) + 4)
 
 #define DEC_LOG2E 1.4426950408889634f
 
@@ -40,12 +55,14 @@ typedef struct decode_params {
     int32_t h_q, h_kv, g;         /* heads; g = h_q / h_kv */
     int32_t p_cap, ring;          /* rows per (seq, KV head) block: p_cap prompt + ring */
     int32_t max_slots;            /* stride of slots and logits_out */
+    int32_t splits;               /* CTAs per key list (grid z); 1 = no split */
     float scale;                  /* logit scale */
     const int32_t *lp;            /* (n_seq) prompt rows */
     const int32_t *slots;         /* (n_seq, h_kv, max_slots) ring rows */
     const int32_t *n_slots;       /* (n_seq, h_kv) valid slots */
     float *logits_out;            /* (n_seq, h_q, max_slots) or NULL */
     float *lse_out;               /* (n_seq, h_q) or NULL */
+    float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l */
 } decode_params;
 
 /* ---- small device helpers ---- */
@@ -76,66 +93,41 @@ static __device__ __forceinline__ float exp_shift(float x, float m) {
     return exp2f((x - (m == -INFINITY ? 0.0f : m)) * DEC_LOG2E);
 }
 
-/* ---- kernel ---- */
+/* ---- per-CTA pieces ---- */
 
-/* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
- * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration. */
-template <int D, int G, int U>
-static __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? DEC_MIN_CTAS : 1)
-attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
-                   const uint4 *__restrict__ kc, const uint4 *__restrict__ vc, decode_params p) {
-    constexpr int L = D / 8;              /* lanes per key row */
-    constexpr int RPW = 32 / L;           /* row groups per warp */
-    constexpr int NG = DEC_WARPS * RPW;   /* row groups per CTA */
-    __shared__ float sm_acc[DEC_WARPS][G][D];
-    __shared__ float sm_m[DEC_WARPS][G], sm_l[DEC_WARPS][G];
-
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    const int sub = lane % L, grp = warp * RPW + lane / L;
-    const int bh = (int)blockIdx.x; /* s·h_kv + h: also the index of the (s, h) cache block */
-    const int s = bh / p.h_kv, h = bh - s * p.h_kv;
-    const int hq0 = h * p.g + (int)blockIdx.y * G;
-    const int ng = min(G, p.g - (int)blockIdx.y * G);
-
-    /* this lane's 8 elements of each query head */
-    float q[G][8];
-    const int64_t qkv_w = (int64_t)(p.h_q + 2 * p.h_kv) * L;
-#pragma unroll
-    for (int i = 0; i < G; i++) {
-        uint4 w = make_uint4(0, 0, 0, 0);
-        if (i < ng) w = __ldg(qkv + s * qkv_w + (int64_t)(hq0 + i) * L + sub);
-        bf16x8_to_f32(w, q[i]);
-    }
-
-    /* key list: lp prompt rows, then ns ring slots (clamped: device data, file comment) */
-    const int lp = min(max(__ldg(p.lp + s), 0), p.p_cap);
-    const int ns = p.max_slots > 0 ? min(max(__ldg(p.n_slots + bh), 0), p.max_slots) : 0;
-    const int n = lp + ns;
-    const int64_t blk = (int64_t)bh * (p.p_cap + p.ring) * L + sub;
-    const uint4 *kb = kc + blk, *vb = vc + blk;
-    const int32_t *sl = p.slots + (int64_t)bh * p.max_slots;
-    float *lg = p.logits_out ? p.logits_out + ((int64_t)s * p.h_q + hq0) * p.max_slots : nullptr;
-
+/* One lane's online-softmax state for G query heads: max logit, normaliser, and the lane's 8
+ * elements of the unnormalised output. */
+template <int G> struct dec_state {
     float m[G], l[G], acc[G][8];
-#pragma unroll
-    for (int i = 0; i < G; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[i][e] = 0.0f;
-    }
+};
 
-    for (int j0 = 0; j0 < n; j0 += NG * U) {
+/* The keys of one CTA: cache block of its (sequence, KV head), offset to the lane's 16 bytes. */
+struct dec_keys {
+    const uint4 *kb, *vb; /* K / V row 0 of the block, + the lane's chunk */
+    const int32_t *sl;    /* slot list of the block */
+    float *lg;            /* logits_out of the first query head, or NULL */
+    int lp;               /* prompt keys: list entries 0..lp-1 */
+    int n;                /* list length lp + n_slots */
+    int jb, je;           /* this CTA's part of the list (split-K) */
+};
+
+/* Walk keys jb..je-1: row group grp takes keys jb + grp, jb + grp + NG, ..., U per iteration. */
+template <int D, int G, int U>
+static __device__ __forceinline__ void dec_attend(dec_state<G> &st, const float (&q)[G][8],
+                                                  const dec_keys &k, const decode_params &p,
+                                                  int grp, int sub, int ng) {
+    constexpr int L = D / 8, NG = DEC_WARPS * (32 / L);
+    for (int j0 = k.jb; j0 < k.je; j0 += NG * U) {
         /* rows of this group's U keys; an invalid slot index masks its key */
         int32_t row[U];
         bool ok[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = j0 + u * NG + grp;
-            ok[u] = j < n;
+            ok[u] = j < k.je;
             row[u] = j;
-            if (ok[u] && j >= lp) {
-                const int32_t slot = __ldg(sl + (j - lp));
+            if (ok[u] && j >= k.lp) {
+                const int32_t slot = __ldg(k.sl + (j - k.lp));
                 ok[u] = (uint32_t)slot < (uint32_t)p.ring;
                 row[u] = p.p_cap + slot;
             }
@@ -146,8 +138,8 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
         for (int u = 0; u < U; u++) {
             kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
             if (ok[u]) {
-                kr[u] = __ldg(kb + (int64_t)row[u] * L);
-                vr[u] = __ldg(vb + (int64_t)row[u] * L);
+                kr[u] = __ldg(k.kb + (int64_t)row[u] * L);
+                vr[u] = __ldg(k.vb + (int64_t)row[u] * L);
             }
         }
         /* per-key logits z[u][i] = scale·(q_i·k_u), complete in every lane of the group */
@@ -174,14 +166,14 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int i = 0; i < G; i++) z[u][i] = ok[u] ? z[u][i] * p.scale : -INFINITY;
-        if (lg && sub == 0) {
+        if (k.lg && sub == 0) {
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int j = j0 + u * NG + grp;
-                if (j >= lp && j < n)
+                if (j >= k.lp && j < k.je)
 #pragma unroll
                     for (int i = 0; i < G; i++)
-                        if (i < ng) lg[(int64_t)i * p.max_slots + (j - lp)] = z[u][i];
+                        if (i < ng) k.lg[(int64_t)i * p.max_slots + (j - k.lp)] = z[u][i];
             }
         }
         /* online softmax: one rescale per iteration and head */
@@ -193,53 +185,136 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
             float mx = z[0][i];
 #pragma unroll
             for (int u = 1; u < U; u++) mx = fmaxf(mx, z[u][i]);
-            const float mn = fmaxf(m[i], mx);
-            const float corr = exp_shift(m[i], mn);
+            const float mn = fmaxf(st.m[i], mx);
+            const float corr = exp_shift(st.m[i], mn);
             float pu[U], sum = 0.0f;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 pu[u] = exp_shift(z[u][i], mn);
                 sum += pu[u];
             }
-            l[i] = l[i] * corr + sum;
+            st.l[i] = st.l[i] * corr + sum;
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                float a = acc[i][e] * corr;
+                float a = st.acc[i][e] * corr;
 #pragma unroll
                 for (int u = 0; u < U; u++) a = fmaf(pu[u], vf[u][e], a);
-                acc[i][e] = a;
+                st.acc[i][e] = a;
             }
-            m[i] = mn;
+            st.m[i] = mn;
         }
     }
+}
 
-    /* merge the row groups of the warp (lanes L, 2L, ... apart hold the same elements) */
+/* Merge the row groups of a warp: lanes L, 2L, ... apart hold the same output elements. */
+template <int D, int G>
+static __device__ __forceinline__ void dec_merge_warp(dec_state<G> &st) {
 #pragma unroll
-    for (int o = L; o < 32; o <<= 1) {
+    for (int o = D / 8; o < 32; o <<= 1) {
 #pragma unroll
         for (int i = 0; i < G; i++) {
-            const float mo = __shfl_xor_sync(0xffffffffu, m[i], o);
-            const float lo = __shfl_xor_sync(0xffffffffu, l[i], o);
-            const float mn = fmaxf(m[i], mo);
-            const float ca = exp_shift(m[i], mn), cb = exp_shift(mo, mn);
-            l[i] = l[i] * ca + lo * cb;
+            const float mo = __shfl_xor_sync(0xffffffffu, st.m[i], o);
+            const float lo = __shfl_xor_sync(0xffffffffu, st.l[i], o);
+            const float mn = fmaxf(st.m[i], mo);
+            const float ca = exp_shift(st.m[i], mn), cb = exp_shift(mo, mn);
+            st.l[i] = st.l[i] * ca + lo * cb;
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                const float ao = __shfl_xor_sync(0xffffffffu, acc[i][e], o);
-                acc[i][e] = acc[i][e] * ca + ao * cb;
+                const float ao = __shfl_xor_sync(0xffffffffu, st.acc[i][e], o);
+                st.acc[i][e] = st.acc[i][e] * ca + ao * cb;
             }
-            m[i] = mn;
+            st.m[i] = mn;
         }
     }
+}
+
+/* Final (acc, m, l) of query head row sq (= s·h_q + hq), 8 elements from chunk c: bf16 output
+ * and lse, or (split-K) the unnormalised partial of split z. */
+template <int D>
+static __device__ __forceinline__ void dec_write(uint4 *out, const decode_params &p, int64_t sq,
+                                                 int c, float o[8], float mx, float lsum) {
+    if (p.splits > 1) {
+        float *dst = p.part + (sq * p.splits + blockIdx.z) * DEC_PART(D);
+        reinterpret_cast<float4 *>(dst)[2 * c] = make_float4(o[0], o[1], o[2], o[3]);
+        reinterpret_cast<float4 *>(dst)[2 * c + 1] = make_float4(o[4], o[5], o[6], o[7]);
+        if (c == 0) {
+            dst[D] = mx;
+            dst[D + 1] = lsum;
+        }
+        return;
+    }
+    /* no attended key (lp = 0, no slots): zeros and lse = -inf. __frcp_rn: a correctly rounded
+     * reciprocal without the division slow-path call (and its stack frame). */
+    const float inv = lsum == 0.0f ? 0.0f : __frcp_rn(lsum);
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] *= inv;
+    out[sq * (D / 8) + c] = f32_to_bf16x8(o);
+    if (c == 0 && p.lse_out) p.lse_out[sq] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
+}
+
+/* ---- kernels ---- */
+
+/* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
+ * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration. */
+template <int D, int G, int U>
+static __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? DEC_MIN_CTAS : 1)
+attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
+                   const uint4 *__restrict__ kc, const uint4 *__restrict__ vc, decode_params p) {
+    constexpr int L = D / 8;              /* lanes per key row */
+    constexpr int RPW = 32 / L;           /* row groups per warp */
+    __shared__ float sm_acc[DEC_WARPS][G][D];
+    __shared__ float sm_m[DEC_WARPS][G], sm_l[DEC_WARPS][G];
+
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int sub = lane % L, grp = warp * RPW + lane / L;
+    const int bh = (int)blockIdx.x; /* s·h_kv + h: also the index of the (s, h) cache block */
+    const int s = bh / p.h_kv, h = bh - s * p.h_kv;
+    const int hq0 = h * p.g + (int)blockIdx.y * G;
+    const int ng = min(G, p.g - (int)blockIdx.y * G);
+
+    /* this lane's 8 elements of each query head */
+    float q[G][8];
+    const int64_t qkv_w = (int64_t)(p.h_q + 2 * p.h_kv) * L;
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (i < ng) w = __ldg(qkv + s * qkv_w + (int64_t)(hq0 + i) * L + sub);
+        bf16x8_to_f32(w, q[i]);
+    }
+
+    /* key list: lp prompt rows, then ns ring slots (clamped: file comment); this CTA's part */
+    dec_keys k;
+    k.lp = min(max(__ldg(p.lp + s), 0), p.p_cap);
+    k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + bh), 0), p.max_slots) : 0);
+    const int per = (k.n + p.splits - 1) / p.splits;
+    k.jb = min(k.n, (int)blockIdx.z * per);
+    k.je = min(k.n, k.jb + per);
+    const int64_t blk = (int64_t)bh * (p.p_cap + p.ring) * L + sub;
+    k.kb = kc + blk;
+    k.vb = vc + blk;
+    k.sl = p.slots + (int64_t)bh * p.max_slots;
+    k.lg = p.logits_out ? p.logits_out + ((int64_t)s * p.h_q + hq0) * p.max_slots : nullptr;
+
+    dec_state<G> st;
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        st.m[i] = -INFINITY;
+        st.l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) st.acc[i][e] = 0.0f;
+    }
+    dec_attend<D, G, U>(st, q, k, p, grp, sub, ng);
+    dec_merge_warp<D, G>(st);
+
     /* merge the warps through shared memory */
     if (lane < L) {
 #pragma unroll
         for (int i = 0; i < G; i++) {
 #pragma unroll
-            for (int e = 0; e < 8; e++) sm_acc[warp][i][sub * 8 + e] = acc[i][e];
+            for (int e = 0; e < 8; e++) sm_acc[warp][i][sub * 8 + e] = st.acc[i][e];
             if (sub == 0) {
-                sm_m[warp][i] = m[i];
-                sm_l[warp][i] = l[i];
+                sm_m[warp][i] = st.m[i];
+                sm_l[warp][i] = st.l[i];
             }
         }
     }
@@ -258,38 +333,69 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = fmaf(sm_acc[w][i][c * 8 + e], f, o[e]);
         }
-        /* no attended key (lp = 0, no slots): zeros and lse = -inf. __frcp_rn: a correctly
-         * rounded reciprocal without the division slow-path call (and its stack frame). */
-        const float inv = lsum == 0.0f ? 0.0f : __frcp_rn(lsum);
-#pragma unroll
-        for (int e = 0; e < 8; e++) o[e] *= inv;
-        out[((int64_t)s * p.h_q + hq0 + i) * L + c] = f32_to_bf16x8(o);
-        if (c == 0 && p.lse_out)
-            p.lse_out[(int64_t)s * p.h_q + hq0 + i] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
+        dec_write<D>(out, p, (int64_t)s * p.h_q + hq0 + i, c, o, mx, lsum);
     }
+}
+
+/* Split-K merge: one warp per query head row sq; out (n_seq·h_q, D) bf16, lse (n_seq·h_q). */
+template <int D>
+static __global__ void __launch_bounds__(32)
+attn_decode_merge(__nv_bfloat16 *__restrict__ out, const float *__restrict__ part, int splits,
+                  float *__restrict__ lse_out) {
+    const int64_t sq = blockIdx.x;
+    const float *pp = part + sq * splits * DEC_PART(D);
+    float mx = -INFINITY, lsum = 0.0f;
+    for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * DEC_PART(D) + D]);
+    for (int z = 0; z < splits; z++)
+        lsum += pp[z * DEC_PART(D) + D + 1] * exp_shift(pp[z * DEC_PART(D) + D], mx);
+    const float inv = lsum == 0.0f ? 0.0f : __frcp_rn(lsum);
+    for (int e = (int)threadIdx.x; e < D; e += 32) {
+        float o = 0.0f;
+        for (int z = 0; z < splits; z++)
+            o = fmaf(pp[z * DEC_PART(D) + e], exp_shift(pp[z * DEC_PART(D) + D], mx), o);
+        out[sq * D + e] = __float2bfloat16_rn(o * inv);
+    }
+    if (threadIdx.x == 0 && lse_out) lse_out[sq] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
 }
 
 /* ---- launcher ---- */
 
-/* Launch the instantiation for D and the CTA head count G. */
+/* Launch the instantiation for D and the CTA head count G (+ the split-K merge). */
 template <int D, int G>
 static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv, const void *k,
-                          const void *v, const decode_params &p) {
+                          const void *v, const decode_params &p, int64_t n_rows) {
     /* keys in flight per row group: fewer for wide groups to stay clear of spills */
     constexpr int U = G <= 2 ? 4 : 2;
     attn_decode_kernel<D, G, U><<<grid, DEC_THREADS, 0, st>>>(
         (uint4 *)out, (const uint4 *)qkv, (const uint4 *)k, (const uint4 *)v, p);
+    if (p.splits > 1)
+        attn_decode_merge<D><<<(unsigned)n_rows, 32, 0, st>>>((__nv_bfloat16 *)out, p.part,
+                                                              p.splits, p.lse_out);
 }
 
 template <int D>
 static void decode_launch_g(int G, dim3 grid, cudaStream_t st, void *out, const void *qkv,
-                            const void *k, const void *v, const decode_params &p) {
+                            const void *k, const void *v, const decode_params &p,
+                            int64_t n_rows) {
     switch (G) {
-    case 1: decode_launch<D, 1>(grid, st, out, qkv, k, v, p); break;
-    case 2: decode_launch<D, 2>(grid, st, out, qkv, k, v, p); break;
-    case 4: decode_launch<D, 4>(grid, st, out, qkv, k, v, p); break;
-    default: decode_launch<D, 8>(grid, st, out, qkv, k, v, p); break;
+    case 1: decode_launch<D, 1>(grid, st, out, qkv, k, v, p, n_rows); break;
+    case 2: decode_launch<D, 2>(grid, st, out, qkv, k, v, p, n_rows); break;
+    case 4: decode_launch<D, 4>(grid, st, out, qkv, k, v, p, n_rows); break;
+    default: decode_launch<D, 8>(grid, st, out, qkv, k, v, p, n_rows); break;
     }
+}
+
+/* CTAs per key list: 1 unless the grid leaves multiprocessors idle (fewer than two CTAs each)
+ * and the lists are long enough to share; limited by the stream's workspace. */
+static int decode_splits(const flexdiag_attn_args *a, const flexdiag_stream *s, int64_t ctas) {
+    const int64_t keys = (int64_t)a->p_cap + a->max_slots, want = 2 * (int64_t)s->sm_count;
+    if (ctas >= want || keys < 2 * DEC_SPLIT_KEYS) return 1;
+    int64_t splits = (want + ctas - 1) / ctas;
+    if (splits > keys / DEC_SPLIT_KEYS) splits = keys / DEC_SPLIT_KEYS;
+    if (splits > DEC_MAX_SPLITS) splits = DEC_MAX_SPLITS;
+    const int64_t bytes = (int64_t)a->n_seq * a->h_q * splits * DEC_PART(a->d_h) * 4;
+    if (!s->workspace || bytes > (int64_t)s->workspace_bytes) return 1;
+    return (int)splits;
 }
 
 /* out (n_seq, h_q·d_h) bf16; qkv (n_seq, (h_q + 2·h_kv)·d_h) bf16; k, v caches (kernels.h);
@@ -305,24 +411,29 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "attn_decode: max_slots = %d needs >= 0 and, when > 0, the slots "
                              "and n_slots arrays", (int)a->max_slots);
-    if ((int64_t)a->n_seq * a->h_kv > INT32_MAX)
+    const int64_t n_rows = (int64_t)a->n_seq * a->h_q; /* query head rows */
+    if (n_rows > INT32_MAX || (int64_t)a->p_cap + a->max_slots > INT32_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "attn_decode: n_seq·h_kv = %lld exceeds the grid (2^31 - 1)",
-                             (long long)a->n_seq * a->h_kv);
+                             "attn_decode: n_seq·h_q = %lld or p_cap + max_slots exceeds 2^31 - 1",
+                             (long long)n_rows);
     const int g = a->h_q / a->h_kv;
-    if (g > 65535 * DEC_MAX_G)
+    const int G = g > 4 ? DEC_MAX_G : g > 2 ? 4 : g; /* 1, 2, 4 or 8: the smallest >= g */
+    const int chunks = (g + G - 1) / G;
+    if (chunks > 65535)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "attn_decode: group size h_q / h_kv = %d exceeds %d", g,
                              65535 * DEC_MAX_G);
-    const int G = g > 4 ? DEC_MAX_G : g > 2 ? 4 : g; /* 1, 2, 4 or 8: the smallest >= g */
-    decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, a->scale,
-                       a->lp, a->slots, a->n_slots, a->logits_out, a->lse_out};
-    const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)((g + G - 1) / G));
+    const int64_t ctas = (int64_t)a->n_seq * a->h_kv * chunks;
+    const int splits = decode_splits(a, s, ctas);
+    decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, splits, a->scale,
+                       a->lp, a->slots, a->n_slots, a->logits_out, a->lse_out,
+                       (float *)s->workspace};
+    const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
     switch (a->d_h) {
-    case 16: decode_launch_g<16>(G, grid, s->stream, out, qkv, k, v, p); break;
-    case 32: decode_launch_g<32>(G, grid, s->stream, out, qkv, k, v, p); break;
-    case 64: decode_launch_g<64>(G, grid, s->stream, out, qkv, k, v, p); break;
-    default: decode_launch_g<128>(G, grid, s->stream, out, qkv, k, v, p); break;
+    case 16: decode_launch_g<16>(G, grid, s->stream, out, qkv, k, v, p, n_rows); break;
+    case 32: decode_launch_g<32>(G, grid, s->stream, out, qkv, k, v, p, n_rows); break;
+    case 64: decode_launch_g<64>(G, grid, s->stream, out, qkv, k, v, p, n_rows); break;
+    default: decode_launch_g<128>(G, grid, s->stream, out, qkv, k, v, p, n_rows); break;
     }
     FLEXDIAG_CUDA_LAUNCH_CHECK(s->stream);
     return FLEXDIAG_OK;

@@ -34,8 +34,8 @@
 /* Threads per CTA for the elementwise / row kernels. */
 #define FLEXDIAG_CUDA_BLOCK 256
 
-/* Largest grid we launch in x: cudaDevProp.maxGridSize[0] is 2^31-1 on every sm >= 3.0; we stay
- * far below and use grid-stride loops beyond it. */
+/* Cap on the blocks we launch in x (about 2M, far below maxGridSize.x = 2^31-1): work beyond it
+ * is covered by the kernels' grid-stride loops, so no launch depends on the size limit. */
 #define FLEXDIAG_CUDA_MAX_GRID (65535u * 32u)
 
 struct flexdiag_stream {
@@ -53,8 +53,9 @@ struct flexdiag_stream {
 extern "C" {
 #endif
 
-/* Record "cuda device D: stmt failed: <cudaGetErrorString(e)> (func file:line)" and return
- * FLEXDIAG_ERR_CUDA (FLEXDIAG_ERR_OOM_DEVICE for cudaErrorMemoryAllocation). */
+/* Record "cuda device D: stmt failed: <cudaGetErrorString(e)> (func file:line)", clear the
+ * non-sticky last error and return FLEXDIAG_ERR_CUDA (OOM_DEVICE for cudaErrorMemoryAllocation,
+ * UNSUPPORTED for no device / an old driver). */
 flexdiag_status flexdiag__cuda_fail(cudaError_t e, const char *stmt, const char *func,
                                     const char *file, int line);
 /* Same for a cuBLAS / cuBLASLt status (cublasGetStatusString). */
@@ -68,7 +69,8 @@ flexdiag_status flexdiag__cublas_fail(cublasStatus_t e, const char *stmt, const 
 #define FLEXDIAG_CUDA_TRY(expr)                                                                    \
     do {                                                                                           \
         cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) return flexdiag__cuda_fail(e_, #expr, __func__, __FILE__, __LINE__); \
+        if (e_ != cudaSuccess)                                                                     \
+            return flexdiag__cuda_fail(e_, #expr, __func__, __FILE__, __LINE__);                   \
     } while (0)
 
 #define FLEXDIAG_CUBLAS_TRY(expr)                                                                  \

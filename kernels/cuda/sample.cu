@@ -259,7 +259,10 @@ static __device__ __forceinline__ bool kept(const row_ctx &c, int64_t j, float *
     return kept_p(c, j, *p);
 }
 
-/* Step 5: the first id whose cumulative kept p exceeds target; -1 if none. */
+/* Step 5: the first id whose cumulative kept p exceeds target; -1 if none. Only ids with
+ * p > 0 can be hits (as on the CPU, where a zero p never moves the sum past target); the hit
+ * test and the running sum use the same scanned values, so a hit is always a kept id even where
+ * the scan's association rounds differently from a sequential sum. */
 static __device__ int64_t walk(const row_ctx &c, double target, sample_smem *sm) {
     double run = 0.0;
     for (int64_t c0 = 0; c0 < c.V; c0 += blockDim.x) {
@@ -268,10 +271,9 @@ static __device__ int64_t walk(const row_ctx &c, double target, sample_smem *sm)
         const double v = (j < c.V && kept(c, j, &p)) ? (double)p : 0.0;
         double tot;
         const double incl = block_scan<double>(v, sm->red, &tot);
-        if (run + tot > target) { /* uniform */
-            const int64_t hit = (j < c.V && run + incl > target) ? j : INT64_MAX;
-            return block_reduce<int64_t>(hit, op_min(), (int64_t *)sm->red);
-        }
+        const int64_t hit = (v > 0.0 && run + incl > target) ? j : INT64_MAX;
+        const int64_t first = block_reduce<int64_t>(hit, op_min(), (int64_t *)sm->red);
+        if (first != INT64_MAX) return first; /* uniform */
         run += tot;
     }
     return -1;

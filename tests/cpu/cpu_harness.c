@@ -96,9 +96,19 @@ void ch_attn_fix_init(ch_attn_fix *f, const ch_attn_case *c, uint64_t seed) {
             random_slots(&r, f->slots + sh * c->max_slots, ns, c->ring);
         }
     }
-    flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, c->p_cap, c->ring,
-                            1.0f / sqrtf((float)c->d_h), f->lp, f->slots, f->n_slots,
-                            c->max_slots, NULL, NULL};
+    flexdiag_attn_args a = {c->n_seq,
+                            c->h_q,
+                            c->h_kv,
+                            c->d_h,
+                            c->p_cap,
+                            c->ring,
+                            1.0f / sqrtf((float)c->d_h),
+                            f->lp,
+                            f->slots,
+                            f->n_slots,
+                            c->max_slots,
+                            NULL,
+                            NULL};
     f->a = a;
 }
 

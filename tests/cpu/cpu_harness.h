@@ -12,8 +12,8 @@
 #include "kernels.h"
 #include "util.h"
 
-#define CH_GUARD 1024     /* guard floats on each side of an output */
-#define CH_ATOL 1e-5      /* style.md §7 fp32 tolerances */
+#define CH_GUARD 1024 /* guard floats on each side of an output */
+#define CH_ATOL 1e-5  /* style.md §7 fp32 tolerances */
 #define CH_RTOL 1.3e-6
 #define CH_NMSE 1e-7
 

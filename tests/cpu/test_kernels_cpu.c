@@ -26,11 +26,11 @@ static const int64_t n_list[] = {1, 3, 17};
 static const int64_t d_list[] = {8, 24, 130};
 
 static const ch_attn_case attn_cases[] = {
-    {1, 1, 1, 8, 5, 4, 4},      /* MHA, single sequence */
-    {3, 4, 2, 24, 17, 9, 6},    /* g = 2 */
-    {2, 8, 2, 130, 9, 12, 12},  /* g = 4, d_h not a multiple of 8 */
-    {4, 4, 4, 8, 3, 7, 5},      /* g = 1, short prompts */
-    {2, 4, 1, 24, 70, 40, 37},  /* g = 4, longer than one 32-key chunk */
+    {1, 1, 1, 8, 5, 4, 4},     /* MHA, single sequence */
+    {3, 4, 2, 24, 17, 9, 6},   /* g = 2 */
+    {2, 8, 2, 130, 9, 12, 12}, /* g = 4, d_h not a multiple of 8 */
+    {4, 4, 4, 8, 3, 7, 5},     /* g = 1, short prompts */
+    {2, 4, 1, 24, 70, 40, 37}, /* g = 4, longer than one 32-key chunk */
 };
 #define N_ATTN_CASES (sizeof attn_cases / sizeof attn_cases[0])
 
@@ -400,9 +400,9 @@ static void test_matmul(void **state) {
                 }
     float o[4], x[4] = {0};
     uint16_t w[4] = {0};
-    expect_invalid(ref()->matmul(o, x, w, NULL, 1, 4, 1, FLEXDIAG_MM_ACCUM | FLEXDIAG_MM_OUT_F32,
-                                 NULL),
-                   "ACCUM");
+    expect_invalid(
+        ref()->matmul(o, x, w, NULL, 1, 4, 1, FLEXDIAG_MM_ACCUM | FLEXDIAG_MM_OUT_F32, NULL),
+        "ACCUM");
     expect_invalid(ref()->matmul(o, x, w, NULL, -1, 4, 1, 0, NULL), "n = -1");
     expect_invalid(ref()->matmul(o, x, w, NULL, 1, 4, 1, 8, NULL), "flags");
 }
@@ -426,9 +426,9 @@ static void test_kv_append(void **state) {
              * rows t + h of each (sequence, head) (prefill) */
             for (int64_t i = 0; i < n_tok; i++)
                 for (int32_t h = 0; h < a->h_kv; h++)
-                    rows[i * a->h_kv + h] =
-                        tps == 1 ? a->p_cap + (int32_t)tu_rng_int(&r, 0, a->ring - 1)
-                                 : (int32_t)((i % tps + h) % block);
+                    rows[i * a->h_kv + h] = tps == 1
+                                                ? a->p_cap + (int32_t)tu_rng_int(&r, 0, a->ring - 1)
+                                                : (int32_t)((i % tps + h) % block);
             float *k = ch_guarded(f.cache_n, 0.0f), *v = ch_guarded(f.cache_n, 0.0f);
             memcpy(k, f.k, (size_t)f.cache_n * 4);
             memcpy(v, f.v, (size_t)f.cache_n * 4);
@@ -466,9 +466,8 @@ static void test_kv_append(void **state) {
 /* ---- attention vs double ---- */
 
 /* Softmax attention of q over the listed rows in double; returns lse, fills out and z. */
-static double attend_naive(double *out, double *z, const float *q, const float *kb,
-                           const float *vb, const int64_t *rows, int64_t n, int32_t d_h,
-                           double scale) {
+static double attend_naive(double *out, double *z, const float *q, const float *kb, const float *vb,
+                           const int64_t *rows, int64_t n, int32_t d_h, double scale) {
     double m = -INFINITY, l = 0;
     for (int64_t j = 0; j < n; j++) {
         double dot = 0;
@@ -518,8 +517,8 @@ static void test_attn_decode(void **state) {
         assert_int_equal(ref()->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), FLEXDIAG_OK);
         assert_true(tu_allclose("attn_decode out", out, want, n_out, CH_ATOL, CH_RTOL, CH_NMSE));
         assert_true(tu_allclose("attn_decode lse", lse, want_lse, n_hq, CH_ATOL, CH_RTOL, CH_NMSE));
-        assert_true(tu_allclose("attn_decode logits", logits, want_log, n_log, CH_ATOL, CH_RTOL,
-                                CH_NMSE));
+        assert_true(
+            tu_allclose("attn_decode logits", logits, want_log, n_log, CH_ATOL, CH_RTOL, CH_NMSE));
         ch_guard_check(out, n_out, "attn_decode out");
         ch_guard_check(lse, n_hq, "attn_decode lse");
         ch_guard_check(logits, n_log, "attn_decode logits");
@@ -561,7 +560,8 @@ static void test_attn_prefill(void **state) {
                     attend_naive(o, z, f.qkv_pre + row * f.width + (int64_t)hq * d_h,
                                  f.k + sh * block * d_h, f.v + sh * block * d_h, rows, r + 1, d_h,
                                  a->scale);
-                    for (int32_t i = 0; i < d_h; i++) want[row * out_w + hq * d_h + i] = (float)o[i];
+                    for (int32_t i = 0; i < d_h; i++)
+                        want[row * out_w + hq * d_h + i] = (float)o[i];
                 }
         float *out = ch_guarded(n_out, 9.0f); /* rows past lp must be overwritten with zeros */
         assert_int_equal(ref()->attn_prefill(out, f.qkv_pre, f.k, f.v, a, NULL), FLEXDIAG_OK);
@@ -611,13 +611,13 @@ static void test_attn_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tables),       cmocka_unit_test(test_memory),
-        cmocka_unit_test(test_streams),      cmocka_unit_test(test_act_conversions),
-        cmocka_unit_test(test_embed),        cmocka_unit_test(test_gather_rows),
-        cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu_gelu),  cmocka_unit_test(test_cfg_combine),
-        cmocka_unit_test(test_matmul),       cmocka_unit_test(test_kv_append),
-        cmocka_unit_test(test_attn_decode),  cmocka_unit_test(test_attn_prefill),
+        cmocka_unit_test(test_tables),      cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_streams),     cmocka_unit_test(test_act_conversions),
+        cmocka_unit_test(test_embed),       cmocka_unit_test(test_gather_rows),
+        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu_gelu), cmocka_unit_test(test_cfg_combine),
+        cmocka_unit_test(test_matmul),      cmocka_unit_test(test_kv_append),
+        cmocka_unit_test(test_attn_decode), cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

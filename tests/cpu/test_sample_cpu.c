@@ -185,9 +185,9 @@ static void test_errors(void **state) {
     assert_non_null(strstr(flexdiag__err_msg(), "temperature"));
     flexdiag__err_clear();
     logits[2 * V + 3] = 0.0f;
-    const flexdiag_sample_params bad[] = {params(0.0f, 0, 1.0f, 1), params(NAN, 0, 1.0f, 1),
+    const flexdiag_sample_params bad[] = {params(0.0f, 0, 1.0f, 1),  params(NAN, 0, 1.0f, 1),
                                           params(-1.0f, 0, 1.0f, 1), params(1.0f, -1, 1.0f, 1),
-                                          params(1.0f, 0, 0.0f, 1), params(1.0f, 0, NAN, 1)};
+                                          params(1.0f, 0, 0.0f, 1),  params(1.0f, 0, NAN, 1)};
     for (int i = 0; i < 6; i++) {
         assert_int_equal(ref()->sample(ids, logits, 4, V, &bad[i], 0, 0, NULL),
                          FLEXDIAG_ERR_INVALID_ARG);

@@ -644,7 +644,8 @@ static int run_matmul(const mm_case *mc, tu_rng *r) {
     OK(R->matmul(ref, xf, w, mc->bias ? b : NULL, n, k, m, mc->flags, NULL));
     matmul_f64(ref64, xf, wf, mc->bias ? bf : NULL, acc0, n, k, m);
 
-    dbuf dx = dbuf_make((size_t)(n * k), 2, mc->off_x), dw = dbuf_make((size_t)(m * k), 2, mc->off_w);
+    dbuf dx = dbuf_make((size_t)(n * k), 2, mc->off_x);
+    dbuf dw = dbuf_make((size_t)(m * k), 2, mc->off_w);
     dbuf db = dbuf_make((size_t)m, 2, mc->off_b);
     dbuf dout = dbuf_make((size_t)(n * m), f32 ? 4 : 2, mc->off_out);
     dbuf_put(&dx, x);
@@ -853,7 +854,8 @@ static int run_sample_case(const sample_case *sc, int ci, int64_t *rows_total,
             }
         }
         if (sc->top_k == 1)
-            for (int i = 0; i < ROWS; i++) bad_argmax += gids[i] != argmax_row(lg + i * V, V, sc->T);
+            for (int i = 0; i < ROWS; i++)
+                bad_argmax += gids[i] != argmax_row(lg + i * V, V, sc->T);
         if (s == 0) { /* repeatable, and row 5 alone (req0 + 5) draws what it drew in the batch */
             gpu_sample(again, &dl, ROWS, V, &p, req0, step);
             bad_repeat += memcmp(gids, again, sizeof gids) != 0;

@@ -25,13 +25,21 @@ float ph_logit(const ph_logits *lg, int32_t seq, int32_t layer, int32_t t, int32
     return (float)(r % (uint64_t)lg->levels) * lg->step;
 }
 
-float ph_lse(const ph_logits *lg, int32_t seq, int32_t layer, int32_t t, int32_t hq,
-             const int32_t *pos, int32_t n) {
+/* lse of the prompt part and the decode logits z (n, in ascending position order). */
+static float lse_of(const ph_logits *lg, int32_t seq, int32_t layer, int32_t t, int32_t hq,
+                    const float *z, int32_t n) {
     /* prompt part: a row-dependent log-mass in [1, 2.75] */
     uint64_t r = flexdiag__rng64(lg->seed, row_key(seq, layer, t, hq), 0);
     double sum = exp(1.0 + 0.25 * (double)(r % 8));
-    for (int32_t i = 0; i < n; i++) sum += exp((double)ph_logit(lg, seq, layer, t, hq, pos[i]));
+    for (int32_t i = 0; i < n; i++) sum += exp((double)z[i]);
     return (float)log(sum);
+}
+
+float ph_lse(const ph_logits *lg, int32_t seq, int32_t layer, int32_t t, int32_t hq,
+             const int32_t *pos, int32_t n) {
+    float z[256];
+    for (int32_t i = 0; i < n; i++) z[i] = ph_logit(lg, seq, layer, t, hq, pos[i]);
+    return lse_of(lg, seq, layer, t, hq, z, n);
 }
 
 static void sort_i32(int32_t *a, int32_t n) {
@@ -51,6 +59,10 @@ int ph_init(ph_state *st, const flexdiag_kvp_params *p, const ph_logits *lg) {
         return -1;
     }
     st->ms = flexdiag__kvp_max_slots(p);
+    if (st->ms > 256) {
+        fprintf(stderr, "harness: max_slots %d > 256\n", (int)st->ms);
+        return -1;
+    }
     size_t nh = (size_t)p->n_seq * (size_t)p->h_kv, nq = (size_t)p->n_seq * (size_t)p->h_q;
     st->ws = calloc(nh, sizeof(int32_t));
     st->ns = calloc(nh, sizeof(int32_t));
@@ -74,7 +86,8 @@ void ph_free(ph_state *st) {
     memset(st, 0, sizeof *st);
 }
 
-/* Logits and lse of one sequence after plan: the "kernel" of the harness. */
+/* Logits and lse of one sequence after plan: the "kernel" of the harness. The lse sums in
+ * ascending position order (tmp holds the plan index of each sorted position). */
 static void fill_scores(ph_state *st, int32_t layer, int32_t t, int32_t s) {
     const flexdiag_kvp_params *p = &st->p;
     int32_t g = p->h_q / p->h_kv;
@@ -86,18 +99,23 @@ static void fill_scores(ph_state *st, int32_t layer, int32_t t, int32_t s) {
             att[j] = flexdiag__kvp_slot_pos(st->kvp, layer, s, h, sl[j]);
             assert_true(att[j] >= 0 && att[j] <= t); /* every attended slot holds a token */
         }
+        for (int32_t j = 0; j < n; j++) st->tmp[j] = j;
+        for (int32_t i = 1; i < n; i++) { /* plan indices by ascending position */
+            int32_t v = st->tmp[i], j = i - 1;
+            for (; j >= 0 && att[st->tmp[j]] > att[v]; j--) st->tmp[j + 1] = st->tmp[j];
+            st->tmp[j + 1] = v;
+        }
         for (int32_t q = 0; q < g; q++) {
             int32_t hq = h * g + q;
             float *row = st->logits + ((size_t)s * (size_t)p->h_q + (size_t)hq) * (size_t)st->ms;
+            float z[256];
             for (int32_t j = 0; j < n; j++) row[j] = ph_logit(&st->lg, s, layer, t, hq, att[j]);
+            for (int32_t i = 0; i < n; i++) z[i] = row[st->tmp[i]];
+            size_t li = (size_t)s * (size_t)p->h_q + (size_t)hq;
+            st->lse[li] = lse_of(&st->lg, s, layer, t, hq, z, n);
         }
         sort_i32(att, n);
         for (int32_t j = 1; j < n; j++) assert_true(att[j] > att[j - 1]); /* distinct */
-        for (int32_t q = 0; q < g; q++) {
-            int32_t hq = h * g + q;
-            st->lse[(size_t)s * (size_t)p->h_q + (size_t)hq] =
-                ph_lse(&st->lg, s, layer, t, hq, att, n);
-        }
     }
 }
 

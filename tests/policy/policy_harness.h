@@ -5,9 +5,10 @@
  *
  * Logits are a pure function of (seed, seq, layer, t, query head, decode position), quantised to
  * a few levels so that ties are frequent (optionally some at -200, whose fp32 probability is
- * exactly 0, so that accumulated H2O/TOVA/ALISA scores tie too); each row also has a prompt part of fixed log-mass. The
- * row lse is computed over the prompt plus the attended positions in ascending position order,
- * so a reference that attends the same set gets a bit-identical lse.
+ * exactly 0, so that accumulated H2O/TOVA/ALISA scores tie too); each row also has a prompt
+ * part of fixed log-mass. The row lse is computed over the prompt plus the attended positions
+ * in ascending position order, so a reference that attends the same set gets a bit-identical
+ * lse.
  */
 #ifndef FLEXDIAG_TEST_POLICY_HARNESS_H
 #define FLEXDIAG_TEST_POLICY_HARNESS_H

@@ -165,7 +165,9 @@ static int32_t ref_step(const diag_cfg *c, alg1 *st, int32_t s, int32_t layer, i
                         int32_t h, int32_t *out) {
     float score[MAXT];
     int32_t a = c->p.n_att < c->p.n_r ? c->p.n_att : c->p.n_r;
-    group_scores(c, s, layer, t, h, score);
+    int32_t base = c->p.kind == FLEXDIAG_POLICY_DIAGONAL ? 0 : 4, ti = t - base;
+    if (ti >= a - base - 1 && ti < c->p.n_r) /* Algorithm 1 reads scores only in phase 2 */
+        group_scores(c, s, layer, t, h, score);
     if (c->p.kind == FLEXDIAG_POLICY_DIAGONAL)
         return alg1_step(st, t, c->p.n_r, c->p.n_att, score, out);
     if (t <= 3) {
@@ -192,9 +194,11 @@ static void check_invariants(const diag_cfg *c, const ph_state *st, int32_t laye
     int32_t ti = t - base, lo = ti - n_r + 1 > 0 ? ti - n_r + 1 : 0;
     int32_t want = ti < 0 ? t + 1 : base + ti - lo + 1;
     assert_int_equal(nres, want);
-    for (int32_t i = 0; i < n_att; i++) assert_true(in_list(res, nres, att[i]));
+    for (int32_t i = 0; i < nres; i++) /* resident: sinks, then inner tokens [lo, ti] */
+        assert_int_equal(res[i], ti < 0 || i < base ? i : lo + base + i - base);
+    for (int32_t i = 0; i < n_att; i++) /* attended tokens are resident */
+        assert_true(att[i] <= t && (att[i] < base || att[i] >= lo + base));
     if (ti < 0) return;
-    for (int32_t p = lo; p <= ti; p++) assert_true(in_list(res, nres, p + base));
     int32_t ai = a - base, sk = n_r - ai, d = ti - ai + 1; /* |D_t| = clamp(t-A+1, 0, S) */
     d = d < 0 ? 0 : d > sk ? sk : d;
     assert_int_equal((ti + 1 < n_r ? ti + 1 : n_r) - (n_att - base), d);
@@ -284,7 +288,7 @@ static void test_sink4_vs_reference(void **state) {
     (void)state;
     tu_rng r;
     tu_rng_seed(&r, 4);
-    for (int i = 0; i < 3000; i++) {
+    for (int i = 0; i < 2000; i++) {
         diag_cfg c = random_cfg(&r, FLEXDIAG_POLICY_DIAGONAL_SINK4);
         run_config(&c);
     }
