@@ -15,6 +15,7 @@ int flexdiag_cmd_generate(int argc, char **argv);
 int flexdiag_cmd_score(int argc, char **argv);
 int flexdiag_cmd_policy_trace(int argc, char **argv);
 int flexdiag_cmd_bench(int argc, char **argv);
+int flexdiag_cmd_bench_fidelity(int argc, char **argv); /* argv[0] = "fidelity" */
 int flexdiag_cmd_decode(int argc, char **argv);
 
 /* ---- flag parser ---- */

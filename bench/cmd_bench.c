@@ -21,8 +21,6 @@
 #include "core.h"
 #include "engine.h"
 
-int flexdiag_cmd_bench_fidelity(int argc, char **argv);
-
 typedef struct tp_opts {
     cli_model_opts mo;
     cli_policy_opts po;

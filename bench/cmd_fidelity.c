@@ -143,6 +143,8 @@ typedef struct fid_opts {
     const char *synthetic, *policies, *sparsities, *json;
     int64_t prompt_len, heads, d_head, seed, n_r;
     double alpha, sigma, prompt_logit;
+    cli_model_opts mo;  /* model-backed mode (no --synthetic) */
+    const char *prompt; /* its prompt text */
 } fid_opts;
 
 /* One (policy, sparsity) row; returns 0, 1 on a library error, -1 when skipped. */
@@ -244,9 +246,12 @@ static int synth_main(const fid_opts *o, const flexdiag_policy_kind *kinds, int 
 
 int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     fid_opts o = {NULL, "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4",
-                  "0.8,0.9,0.925,0.95,0.96", NULL, 50, 8, 64, 1, 0, 0.5, 0.5, 0.0};
+                  "0.8,0.9,0.925,0.95,0.96", NULL, 50, 8, 64, 1, 0, 0.5, 0.5, 0.0,
+                  {.seed = 1}, "a red apple on a wooden table"};
     const cli_opt opts[] = {
-        {"--synthetic", CLI_STR, &o.synthetic, "grid:W - synthetic 2-D locality model (required)"},
+        {"--synthetic", CLI_STR, &o.synthetic, "grid:W - synthetic 2-D locality model"},
+        CLI_MODEL_FLAGS(&o.mo),
+        {"--prompt", CLI_STR, &o.prompt, "model mode: prompt of the dense reference image"},
         {"--policies", CLI_STR, &o.policies, "comma list of policies (default: all eight)"},
         {"--sparsities", CLI_STR, &o.sparsities, "comma list (default 0.8,0.9,0.925,0.95,0.96)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "prompt keys (default 50)"},
@@ -261,11 +266,6 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     };
     int rc = cli_parse(FID_CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
-    if (!o.synthetic) {
-        fprintf(stderr, "flexdiag " FID_CMD ": --synthetic grid:W is required (the model-backed "
-                "mode is not available yet), e.g. --synthetic grid:24\n");
-        return 2;
-    }
     flexdiag_policy_kind kinds[FID_MAX_LIST];
     double sps[FID_MAX_LIST];
     int nk, ns;
@@ -276,5 +276,14 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
                 (long long)o.n_r);
         return 2;
     }
-    return synth_main(&o, kinds, nk, sps, ns);
+    if (o.synthetic) return synth_main(&o, kinds, nk, sps, ns);
+    FILE *json = NULL;
+    if (o.json && !(json = fopen(o.json, "a"))) {
+        fprintf(stderr, "flexdiag " FID_CMD ": --json %s: cannot open for appending\n", o.json);
+        return 1;
+    }
+    rc = flexdiag_fidelity_model(&o.mo, o.prompt, kinds, nk, sps, ns, (int32_t)o.n_r,
+                                 (uint64_t)o.seed, json);
+    if (json && fclose(json) != 0 && rc == 0) rc = 1;
+    return rc;
 }

@@ -43,7 +43,11 @@ void flexdiag_fidelity_md_row(FILE *f, const flexdiag_fidelity_row *r);
  * when the write failed. */
 int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r);
 
-/* The subcommand: argv[0] = "fidelity"; returns the process exit code. */
-int flexdiag_cmd_bench_fidelity(int argc, char **argv);
+/* Model-backed mode (fidelity_model.c): kinds x sparsities on the model of mo, prompt text,
+ * n_r for the Diagonal policies (0 = default); rows to stdout and json (may be NULL). */
+struct cli_model_opts;
+int flexdiag_fidelity_model(const struct cli_model_opts *mo, const char *prompt,
+                            const flexdiag_policy_kind *kinds, int nk, const double *sps, int ns,
+                            int32_t n_r, uint64_t seed, FILE *json);
 
 #endif /* FLEXDIAG_BENCH_FIDELITY_H */

@@ -66,6 +66,8 @@ typedef struct flexdiag_attn_args {
 typedef struct flexdiag_kernels {
     const char *name; /* "cpu-ref", "cpu", "cuda" */
     int act_bytes;    /* 4 (fp32) or 2 (bf16) */
+    size_t stream_bytes; /* device bytes each stream holds outside mem_alloc (workspaces); the
+                            runtime charges them to its memory budget */
 
     /* ---- streams and memory ---- */
     /* Create an execution queue; threads = CPU workers (0 = all cores), device = CUDA ordinal. */

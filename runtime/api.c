@@ -109,7 +109,10 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
                                "--gpu-mem asks for %.2f GiB but the device has %.2f GiB free",
                                (double)budget / (1 << 30), (double)free_b / (1 << 30));
     }
-    if (st == FLEXDIAG_OK) flexdiag__arena_init(&rt->arena, rt->k, budget);
+    if (st == FLEXDIAG_OK) {
+        flexdiag__arena_init(&rt->arena, rt->k, budget);
+        st = flexdiag__arena_charge(&rt->arena, (int64_t)rt->k->stream_bytes, "stream workspace");
+    }
     if (st != FLEXDIAG_OK) {
         flexdiag_runtime_destroy(rt);
         return st;

@@ -283,6 +283,15 @@ static flexdiag_status capture_hidden(const run_state *r, int32_t layer, const v
     return r->k->copy_d2h(dst, r->c->b.logits, (size_t)n * (size_t)d * 4, r->s);
 }
 
+/* Attention output of sequence 0 at decode step t, layer j -> b->attn_out. */
+static flexdiag_status capture_attn(const run_state *r, int32_t j, int32_t t) {
+    const flexdiag_lm_config *l = &r->c->m->cfg.lm;
+    size_t w = (size_t)l->heads * (size_t)l->head_dim;
+    FLEXDIAG_TRY(r->k->act_to_f32(r->c->b.logits, r->c->b.att, (int64_t)w, r->s));
+    float *dst = r->b->attn_out + ((size_t)t * (size_t)l->layers + (size_t)j) * w;
+    return r->k->copy_d2h(dst, r->c->b.logits, w * 4, r->s);
+}
+
 static flexdiag_status prefill_layer(const run_state *r, int32_t j, int32_t mb) {
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
@@ -300,12 +309,26 @@ static flexdiag_status prefill_layer(const run_state *r, int32_t j, int32_t mb) 
     return s0 == 0 ? capture_hidden(r, j, x, 0, r->lp[0]) : FLEXDIAG_OK;
 }
 
+/* Copy the host plan of (layer j, step t, sequences s0..) into b->plan_out. */
+static void record_plan(const run_state *r, int32_t j, int32_t t, int32_t s0, int32_t nb) {
+    const flexdiag_context *c = r->c;
+    size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, rec = 1 + ms;
+    size_t base = (((size_t)t * (size_t)c->kp.n_layers + (size_t)j) * (size_t)r->n_seq +
+                   (size_t)s0) * hkv * rec;
+    for (size_t i = 0; i < (size_t)nb * hkv; i++) {
+        int32_t *dst = r->b->plan_out + base + i * rec;
+        dst[0] = c->h_nslots[i];
+        memcpy(dst + 1, c->h_slots + i * ms, ms * 4);
+    }
+}
+
 /* Policy plan for (layer j, step t, micro-batch) -> device rows / slot lists. */
 static flexdiag_status plan_slots(const run_state *r, int32_t j, int32_t t, int32_t s0, int32_t nb) {
     flexdiag_context *c = r->c;
     size_t hkv = (size_t)c->kp.h_kv, n = (size_t)nb * hkv;
     flexdiag__kvp_plan(c->kvp, j, t, s0, nb, c->h_rows, c->h_slots, c->h_nslots);
     for (size_t i = 0; i < n; i++) c->h_rows[i] += c->p_cap; /* ring slot -> cache row */
+    if (r->b->plan_out) record_plan(r, j, t, s0, nb);
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.rows, c->h_rows, n * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.slots, c->h_slots, n * (size_t)c->max_slots * 4, r->s));
     return r->k->copy_h2d(c->b.nslots, c->h_nslots, n * 4, r->s);
@@ -326,6 +349,7 @@ static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t mb, i
                                  nb, 1, &a, r->s));
     FLEXDIAG_TRY(r->k->attn_decode(c->b.att, c->b.qkv, kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0),
                                    &a, r->s));
+    if (s0 == 0 && r->b->attn_out) FLEXDIAG_TRY(capture_attn(r, j, t));
     if (scores) {
         size_t nq = (size_t)nb * (size_t)l->heads;
         FLEXDIAG_TRY(r->k->copy_d2h(c->h_plog, c->b.plog, nq * (size_t)c->max_slots * 4, r->s));
@@ -476,8 +500,9 @@ static flexdiag_status validate_block(const flexdiag_context *c, const flexdiag_
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                                  "forced token %lld is id %d, outside [0, %d)", (long long)i,
                                  b->forced[i], c->vocab_out);
-    if (b->hidden && (int64_t)b->n_hidden_pos * m->lm.hidden > (int64_t)c->n_seq * c->vocab_out)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "too many hidden positions to capture");
+    if ((b->hidden && (int64_t)b->n_hidden_pos * m->lm.hidden > (int64_t)c->n_seq * c->vocab_out) ||
+        (b->attn_out && (int64_t)m->lm.heads * m->lm.head_dim > (int64_t)c->n_seq * c->vocab_out))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "captures do not fit the scratch buffer");
     return FLEXDIAG_OK;
 }
 

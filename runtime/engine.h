@@ -112,6 +112,11 @@ typedef struct flexdiag_block {
     float *logits;                 /* optional out (n_img, n_steps, V): CFG-combined (Janus) */
     float *raw_logits;             /* optional out (n_seq, n_steps, V): per-row logits */
     float *hidden;                 /* optional out (layers, n_hidden_pos, d): sequence 0 */
+    float *attn_out;               /* optional out (n_steps - 1, layers, h_q·d_h): decode-step
+                                      attention outputs of sequence 0 (fidelity) */
+    int32_t *plan_out;             /* optional out (n_steps - 1, layers, n_seq, h_kv, 1 +
+                                      max_slots): per decode step the attended ring slots of
+                                      every (sequence, KV head), count first (tests) */
     int32_t n_hidden_pos;          /* positions captured in hidden */
     flexdiag_progress_fn progress; /* optional, per decode step */
     void *progress_user;

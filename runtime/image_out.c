@@ -43,8 +43,8 @@ flexdiag_status flexdiag__png_tile(const uint8_t *const *imgs, int n, int w, int
     *out = NULL;
     if (n < 1 || w < 1 || h < 1 || cols < 1)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "image grid: %d images of %dx%d in %d columns: all must be >= 1", n,
-                             w, h, cols);
+                             "image grid: %d images of %dx%d in %d columns: all must be >= 1", n, w,
+                             h, cols);
     if (cols > n) cols = n;
     int rows = (n + cols - 1) / cols;
     uint64_t bytes;
@@ -52,15 +52,18 @@ flexdiag_status flexdiag__png_tile(const uint8_t *const *imgs, int n, int w, int
         !flexdiag__mul_ok((uint64_t)cols * (uint64_t)w * 3u, (uint64_t)rows * (uint64_t)h, &bytes))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "image grid: %d x %d cells of %dx%d exceed the PNG limit of %d pixels "
-                             "per side; use fewer columns or rows", rows, cols, w, h, PNG_MAX_SIDE);
+                             "per side; use fewer columns or rows",
+                             rows, cols, w, h, PNG_MAX_SIDE);
     uint8_t *g = calloc(1, (size_t)bytes);
-    if (!g) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "image grid: no memory for %llu bytes",
-                                 (unsigned long long)bytes);
+    if (!g)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "image grid: no memory for %llu bytes",
+                             (unsigned long long)bytes);
     size_t row = (size_t)w * 3, grid_row = row * (size_t)cols;
     for (int i = 0; i < n; i++) {
         if (!imgs[i]) continue; /* an image that failed stays black */
         uint8_t *dst = g + (size_t)(i / cols) * h * grid_row + (size_t)(i % cols) * row;
-        for (int y = 0; y < h; y++) memcpy(dst + (size_t)y * grid_row, imgs[i] + (size_t)y * row, row);
+        for (int y = 0; y < h; y++)
+            memcpy(dst + (size_t)y * grid_row, imgs[i] + (size_t)y * row, row);
     }
     *out = g;
     *out_w = cols * w;
@@ -89,8 +92,8 @@ static void on_png_warning(png_structp png, png_const_charp msg) {
 
 /* Encode the image to f; returns 0, or -1 with ctx filled. */
 static int png_encode(FILE *f, const uint8_t *rgb, int w, int h, png_errctx *ctx) {
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, ctx, on_png_error,
-                                              on_png_warning);
+    png_structp png =
+        png_create_write_struct(PNG_LIBPNG_VER_STRING, ctx, on_png_error, on_png_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!info) {
         png_destroy_write_struct(&png, NULL);
@@ -138,8 +141,7 @@ static flexdiag_status write_tmp(FILE *f, const char *tmp, const uint8_t *rgb, i
     if (!rc && (fflush(f) != 0 || fsync(fileno(f)) != 0)) rc = -1, err = errno;
     if (fclose(f) != 0 && !rc) rc = -1, err = errno;
     if (!rc) return FLEXDIAG_OK;
-    if (ctx.msg[0] && !err)
-        return flexdiag__err(FLEXDIAG_ERR_IO, "%s: libpng: %s", tmp, ctx.msg);
+    if (ctx.msg[0] && !err) return flexdiag__err(FLEXDIAG_ERR_IO, "%s: libpng: %s", tmp, ctx.msg);
     return io_fail(tmp, ctx.msg[0] ? ctx.msg : "write", err);
 }
 
@@ -147,7 +149,8 @@ flexdiag_status flexdiag__png_write_rgb(const char *path, const uint8_t *rgb, in
     if (!path || !*path || !rgb || w < 1 || h < 1 || w > PNG_MAX_SIDE || h > PNG_MAX_SIDE)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "PNG %s: %dx%d pixels: need a path, pixel data and 1..%d pixels per "
-                             "side", path ? path : "(null)", w, h, PNG_MAX_SIDE);
+                             "side",
+                             path ? path : "(null)", w, h, PNG_MAX_SIDE);
     char *tmp = NULL;
     if (asprintf(&tmp, "%s.tmp.%ld", path, (long)getpid()) < 0)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "PNG %s: no memory", path);

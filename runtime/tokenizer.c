@@ -61,7 +61,7 @@ typedef struct pretok_step {
 typedef struct added_token {
     const char *s;   /* content, borrowed from the JSON tree */
     size_t len;      /* bytes of s */
-    int32_t id;      /* model.vocab id if the content is there, else the file's id */
+    int32_t id;      /* as the library derives it (see added_id) */
     bool lstrip;     /* swallow whitespace on the left */
     bool rstrip;     /* swallow whitespace on the right */
     bool normalized; /* matched in the second pass */
@@ -80,25 +80,25 @@ typedef struct merge_slot {
 } merge_slot;
 
 struct flexdiag_tokenizer {
-    char *name;           /* path (or caller's label) for messages */
-    json_t *root;         /* the parsed file: owns every borrowed string */
-    vocab_slot *vocab;    /* open-addressing map token -> id, vocab_cap slots */
-    size_t vocab_cap;     /* power of two */
-    size_t vocab_count;   /* distinct model.vocab entries: the first id added tokens get */
-    merge_slot *merges;   /* open-addressing map pair -> (rank, new id), merge_cap slots */
-    size_t merge_cap;     /* power of two */
-    added_token *added;   /* added_tokens in file order */
+    char *name;         /* path (or caller's label) for messages */
+    json_t *root;       /* the parsed file: owns every borrowed string */
+    vocab_slot *vocab;  /* open-addressing map token -> id, vocab_cap slots */
+    size_t vocab_cap;   /* power of two */
+    size_t vocab_count; /* distinct model.vocab entries: the first id added tokens get */
+    merge_slot *merges; /* open-addressing map pair -> (rank, new id), merge_cap slots */
+    size_t merge_cap;   /* power of two */
+    added_token *added; /* added_tokens in file order */
     size_t n_added;
-    pretok_step *steps;   /* pre-tokenizer, flattened Sequence */
+    pretok_step *steps; /* pre-tokenizer, flattened Sequence */
     size_t n_steps;
-    const char **id_str;  /* id -> token string (added tokens win), n_ids entries, may be NULL */
-    uint32_t *id_len;     /* bytes of id_str[i] */
-    int64_t n_ids;        /* 1 + largest id */
-    int32_t unk_id;       /* model.unk_token id or NO_ID */
-    bool fuse_unk;        /* consecutive unknown chars become one unk */
-    bool byte_fallback;   /* unknown chars -> <0xXX> tokens */
-    bool ignore_merges;   /* a piece already in the vocab is emitted whole */
-    bool byte_level;      /* decode maps GPT-2 symbols back to bytes */
+    const char **id_str; /* id -> token string (added tokens win), n_ids entries, may be NULL */
+    uint32_t *id_len;    /* bytes of id_str[i] */
+    int64_t n_ids;       /* 1 + largest id */
+    int32_t unk_id;      /* model.unk_token id or NO_ID */
+    bool fuse_unk;       /* consecutive unknown chars become one unk */
+    bool byte_fallback;  /* unknown chars -> <0xXX> tokens */
+    bool ignore_merges;  /* a piece already in the vocab is emitted whole */
+    bool byte_level;     /* decode maps GPT-2 symbols back to bytes */
 };
 
 /* ---- UTF-8 and character classes ---- */
@@ -107,11 +107,16 @@ struct flexdiag_tokenizer {
  * (Rust str rules: no overlongs, no surrogates, nothing above U+10FFFF). False: not a lead. */
 static bool utf8_lead(unsigned c, size_t *k, unsigned *lo, unsigned *hi) {
     *lo = 0x80, *hi = 0xbf;
-    if (c < 0x80) *k = 0;
-    else if (c >= 0xc2 && c <= 0xdf) *k = 1;
-    else if (c >= 0xe0 && c <= 0xef) *k = 2;
-    else if (c >= 0xf0 && c <= 0xf4) *k = 3;
-    else return false;
+    if (c < 0x80)
+        *k = 0;
+    else if (c >= 0xc2 && c <= 0xdf)
+        *k = 1;
+    else if (c >= 0xe0 && c <= 0xef)
+        *k = 2;
+    else if (c >= 0xf0 && c <= 0xf4)
+        *k = 3;
+    else
+        return false;
     if (c == 0xe0) *lo = 0xa0;
     if (c == 0xed) *hi = 0x9f;
     if (c == 0xf0) *lo = 0x90;
@@ -258,7 +263,9 @@ static merge_slot *merge_find(const flexdiag_tokenizer *t, uint64_t key) {
         if (t->merges[i].key == key || t->merges[i].key == UINT64_MAX) return &t->merges[i];
 }
 
-static uint64_t pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
+static uint64_t pair_key(int32_t a, int32_t b) {
+    return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+}
 
 /* ---- loading: JSON helpers ---- */
 
@@ -343,7 +350,8 @@ static flexdiag_status merge_parts(const flexdiag_tokenizer *t, const json_t *e,
     }
     return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                          "%s: model.merges[%zu]: expected \"left right\" (one space) or "
-                         "[\"left\", \"right\"]", t->name, i);
+                         "[\"left\", \"right\"]",
+                         t->name, i);
 }
 
 static flexdiag_status merge_missing(const flexdiag_tokenizer *t, size_t i, const char *s,
@@ -359,7 +367,8 @@ static flexdiag_status load_merges(flexdiag_tokenizer *t, const json_t *merges) 
     if (n >= UINT32_MAX) return bad(t, "model.merges", "too many entries");
     t->merge_cap = table_cap(n);
     t->merges = malloc(t->merge_cap * sizeof *t->merges);
-    if (!t->merges) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory for merges", t->name);
+    if (!t->merges)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory for merges", t->name);
     memset(t->merges, 0xff, t->merge_cap * sizeof *t->merges);
     char *joined = NULL;
     size_t cap = 0;
@@ -444,10 +453,12 @@ static int32_t added_id(const flexdiag_tokenizer *t, const added_token *a) {
         if (t->added[j].id > max) max = t->added[j].id;
     if (max == NO_ID) return (int32_t)t->vocab_count;
     return (max >= (int32_t)t->vocab_count || t->vocab_count == 0) ? max + 1
-                                                                    : (int32_t)t->vocab_count;
+                                                                   : (int32_t)t->vocab_count;
 }
 
-static flexdiag_status load_added_token(flexdiag_tokenizer *t, const json_t *e, size_t i) {
+/* Parse added_tokens[i]; *moved = 1 when the library gives it an id other than the file's. */
+static flexdiag_status load_added_token(flexdiag_tokenizer *t, const json_t *e, size_t i,
+                                        int *moved) {
     char what[64];
     snprintf(what, sizeof what, "added_tokens[%zu]", i);
     const json_t *content = json_object_get(e, "content"), *id = json_object_get(e, "id");
@@ -473,9 +484,7 @@ static flexdiag_status load_added_token(flexdiag_tokenizer *t, const json_t *e, 
         }
     a.id = added_id(t, &a);
     if (a.id >= MAX_ID) return bad(t, what, "id beyond 2^24");
-    if (a.id != json_integer_value(id))
-        FLEXDIAG_WARN("%s: added token \"%s\" has id %lld in the file but gets id %d, as in the "
-                      "tokenizers library", t->name, a.s, (long long)json_integer_value(id), a.id);
+    *moved = a.id != json_integer_value(id);
     if (a.id >= t->n_ids) t->n_ids = a.id + 1;
     t->added[t->n_added++] = a;
     return FLEXDIAG_OK;
@@ -486,8 +495,16 @@ static flexdiag_status load_added(flexdiag_tokenizer *t, const json_t *list) {
     if (!json_is_array(list)) return bad(t, "added_tokens", "must be an array");
     t->added = calloc(json_array_size(list) + 1, sizeof *t->added);
     if (!t->added) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory", t->name);
-    for (size_t i = 0; i < json_array_size(list); i++)
-        FLEXDIAG_TRY(load_added_token(t, json_array_get(list, i), i));
+    size_t moved = 0, first = 0;
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        int m = 0;
+        FLEXDIAG_TRY(load_added_token(t, json_array_get(list, i), i, &m));
+        if (m && !moved++) first = i;
+    }
+    if (moved) /* the tokenizers library does the same re-derivation and also warns */
+        FLEXDIAG_WARN("%s: %zu added tokens (first: added_tokens[%zu]) get other ids than the "
+                      "file lists, derived like the tokenizers library does",
+                      t->name, moved, first);
     return FLEXDIAG_OK;
 }
 
@@ -504,47 +521,59 @@ static flexdiag_status load_normalizer(flexdiag_tokenizer *t, const json_t *n) {
                          t->name, type ? type : "(no type)");
 }
 
-/* Rewrite an Oniguruma pattern for PCRE2: \s \S \w \W take Oniguruma's Unicode meaning.
- * Returns a malloc'ed string or NULL (message set). */
+#define WORD_CLASS "\\p{L}\\p{M}\\p{Nd}\\p{Pc}" /* Oniguruma's Unicode \w */
+
+/* PCRE2 text for the Oniguruma escape \c inside or outside a bracket class: NULL keeps it as
+ * it is, "" means PCRE2 has no equivalent (\h is a hex digit in Oniguruma). */
+static const char *onig_escape(char c, bool in_class) {
+    switch (c) {
+    case 's': return "\\p{White_Space}";
+    case 'S': return "\\P{White_Space}";
+    case 'w': return in_class ? WORD_CLASS : "[" WORD_CLASS "]";
+    case 'W': return in_class ? "" : "[^" WORD_CLASS "]";
+    case 'h':
+    case 'H': return "";
+    default: return NULL;
+    }
+}
+
+/* Rewrite an Oniguruma pattern for PCRE2 (escapes above; bracket classes tracked so a rewrite
+ * inside one stays a class member). Returns a malloc'ed string, or NULL with *st set. */
 static char *translate_regex(const flexdiag_tokenizer *t, const char *src, flexdiag_status *st) {
     size_t n = strlen(src), o = 0;
-    char *out = malloc(n * 24 + 1);
+    char *out = malloc(n * 16 + 1); /* the longest rewrite turns 2 bytes into 25 */
     bool in_class = false;
-    *st = FLEXDIAG_OK;
     if (!out) return *st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory", t->name), NULL;
     for (size_t i = 0; i < n; i++) {
-        const char *rep = NULL;
-        if (src[i] == '\\' && i + 1 < n) {
-            char c = src[i + 1];
-            if (c == 's') rep = "\\p{White_Space}";
-            else if (c == 'S') rep = "\\P{White_Space}";
-            else if (c == 'w') rep = in_class ? "\\p{L}\\p{M}\\p{Nd}\\p{Pc}" : "[\\p{L}\\p{M}\\p{Nd}\\p{Pc}]";
-            else if (c == 'W' && !in_class) rep = "[^\\p{L}\\p{M}\\p{Nd}\\p{Pc}]";
-            else if (c == 'W' || c == 'h' || c == 'H') {
-                free(out);
-                *st = flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                                    "%s: pre_tokenizer regex \"%s\": \\%c at offset %zu differs "
-                                    "between Oniguruma and PCRE2", t->name, src, c, i);
-                return NULL;
-            }
-            if (rep) {
-                o += (size_t)sprintf(out + o, "%s", rep);
-            } else {
-                out[o++] = src[i];
-                out[o++] = c;
-            }
-            i++;
-            continue;
+        const char c = src[i], *rep = c == '\\' ? onig_escape(src[i + 1], in_class) : NULL;
+        if (rep && !*rep) {
+            free(out);
+            *st = flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                                "%s: pre_tokenizer regex \"%s\": \\%c at offset %zu means "
+                                "something else in PCRE2 than in Oniguruma",
+                                t->name, src, src[i + 1], i);
+            return NULL;
         }
-        if (src[i] == '[' && !in_class) {
+        size_t k = 1; /* source bytes copied verbatim */
+        if (rep) {
+            o += (size_t)sprintf(out + o, "%s", rep);
+            k = 0;
+            i++; /* the escape letter */
+        } else if (c == '\\' && i + 1 < n) {
+            k = 2;
+        } else if (c == '[' && !in_class) { /* "[", "[^", "[]" and "[^]" open a class */
             in_class = true;
-            out[o++] = src[i];
-            if (i + 1 < n && src[i + 1] == '^') out[o++] = src[++i];
-            if (i + 1 < n && src[i + 1] == ']') out[o++] = src[++i]; /* literal ] first */
-            continue;
+            k += src[i + k] == '^';
+            k += src[i + k] == ']';
+        } else if (c == '[' && src[i + 1] == ':') { /* POSIX [:name:] inside a class */
+            const char *end = strstr(src + i, ":]");
+            k = end ? (size_t)(end - (src + i)) + 2 : 1;
+        } else if (c == ']') {
+            in_class = false;
         }
-        if (src[i] == ']' && in_class) in_class = false;
-        out[o++] = src[i];
+        memcpy(out + o, src + i, k);
+        o += k;
+        i += k ? k - 1 : 0;
     }
     out[o] = 0;
     return out;
@@ -565,7 +594,8 @@ static flexdiag_status compile_regex(const flexdiag_tokenizer *t, const char *sr
     pcre2_get_error_message(code, msg, sizeof msg);
     return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                          "%s: pre_tokenizer regex \"%s\" does not compile: %s (near offset %zu of "
-                         "the PCRE2 form)", t->name, src, (const char *)msg, (size_t)off);
+                         "the PCRE2 form)",
+                         t->name, src, (const char *)msg, (size_t)off);
 }
 
 static flexdiag_status parse_behavior(const flexdiag_tokenizer *t, const json_t *v,
@@ -599,7 +629,8 @@ static flexdiag_status load_split(flexdiag_tokenizer *t, const json_t *p, pretok
 static flexdiag_status load_pretok(flexdiag_tokenizer *t, const json_t *p, int depth);
 
 static flexdiag_status load_pretok_list(flexdiag_tokenizer *t, const json_t *list, int depth) {
-    if (!json_is_array(list)) return bad(t, "pre_tokenizer Sequence", "needs a pretokenizers array");
+    if (!json_is_array(list))
+        return bad(t, "pre_tokenizer Sequence", "needs a pretokenizers array");
     for (size_t i = 0; i < json_array_size(list); i++)
         FLEXDIAG_TRY(load_pretok(t, json_array_get(list, i), depth + 1));
     return FLEXDIAG_OK;
@@ -615,7 +646,8 @@ static flexdiag_status load_pretok(flexdiag_tokenizer *t, const json_t *p, int d
     if (!split && !byte_level)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "%s: pre_tokenizer \"%s\" is not supported (flexdiag implements "
-                             "Sequence, Split and ByteLevel)", t->name, type ? type : "(no type)");
+                             "Sequence, Split and ByteLevel)",
+                             t->name, type ? type : "(no type)");
     pretok_step *s = realloc(t->steps, (t->n_steps + 1) * sizeof *s);
     if (!s) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory", t->name);
     t->steps = s;
@@ -625,8 +657,8 @@ static flexdiag_status load_pretok(flexdiag_tokenizer *t, const json_t *p, int d
     bool use_regex;
     s->kind = STEP_BYTE_LEVEL;
     t->byte_level = true;
-    FLEXDIAG_TRY(get_bool(t, p, "pre_tokenizer ByteLevel", "add_prefix_space", true,
-                           &s->prefix_space));
+    FLEXDIAG_TRY(
+        get_bool(t, p, "pre_tokenizer ByteLevel", "add_prefix_space", true, &s->prefix_space));
     FLEXDIAG_TRY(get_bool(t, p, "pre_tokenizer ByteLevel", "use_regex", true, &use_regex));
     return use_regex ? compile_regex(t, GPT2_REGEX, &s->re) : FLEXDIAG_OK;
 }
@@ -637,7 +669,8 @@ static flexdiag_status build_id_table(flexdiag_tokenizer *t) {
     size_t n = (size_t)t->n_ids;
     t->id_str = calloc(n ? n : 1, sizeof *t->id_str);
     t->id_len = calloc(n ? n : 1, sizeof *t->id_len);
-    if (!t->id_str || !t->id_len) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory", t->name);
+    if (!t->id_str || !t->id_len)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory", t->name);
     for (size_t i = 0; i < t->vocab_cap; i++) {
         const vocab_slot *v = &t->vocab[i];
         if (v->s && !t->id_str[v->id]) t->id_str[v->id] = v->s, t->id_len[v->id] = v->len;
@@ -660,7 +693,8 @@ static void check_byte_symbols(const flexdiag_tokenizer *t) {
         size_t k = utf8_encode(byte_to_symbol(b), sym);
         if (vocab_get(t, sym, k) == NO_ID) {
             FLEXDIAG_WARN("%s: byte 0x%02x has no symbol in model.vocab and there is no unk_token: "
-                          "text containing it loses that byte", t->name, b);
+                          "text containing it loses that byte",
+                          t->name, b);
             return;
         }
     }
@@ -794,17 +828,17 @@ typedef struct heap_item {
 
 typedef struct enc {
     const flexdiag_tokenizer *t;
-    char *buf;             /* text arena: the input, then byte-level mapped pieces */
+    char *buf; /* text arena: the input, then byte-level mapped pieces */
     size_t len, cap;
-    span_list seg, a, b;   /* segments after added tokens; pieces before / after a step */
-    match *m;              /* matches of the current piece */
+    span_list seg, a, b; /* segments after added tokens; pieces before / after a step */
+    match *m;            /* matches of the current piece */
     size_t nm, capm;
-    pcre2_match_data *md;  /* one ovector pair is all we read */
-    symbol *sym;           /* BPE word */
+    pcre2_match_data *md; /* one ovector pair is all we read */
+    symbol *sym;          /* BPE word */
     size_t capsym;
-    heap_item *heap;       /* BPE merge queue */
+    heap_item *heap; /* BPE merge queue */
     size_t nheap, capheap;
-    int32_t *ids;          /* output */
+    int32_t *ids; /* output */
     size_t nids, capids;
 } enc;
 
@@ -920,8 +954,10 @@ static flexdiag_status added_pass(enc *e, bool normalized) {
     e->a.n = 0;
     for (size_t i = 0; i < e->seg.n; i++) {
         const span sg = e->seg.v[i];
-        if (sg.id != NO_ID) FLEXDIAG_TRY(push_span(&e->a, sg.off, sg.len, sg.id));
-        else FLEXDIAG_TRY(split_added(e, &sg, normalized, &e->a));
+        if (sg.id != NO_ID)
+            FLEXDIAG_TRY(push_span(&e->a, sg.off, sg.len, sg.id));
+        else
+            FLEXDIAG_TRY(split_added(e, &sg, normalized, &e->a));
     }
     span_list tmp = e->seg;
     e->seg = e->a;
@@ -948,7 +984,8 @@ static flexdiag_status regex_matches(enc *e, const pcre2_code *re, size_t off, s
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
         size_t s = ov[0], end = ov[1];
-        if (s > end) return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "%s: regex uses \\K", e->t->name);
+        if (s > end)
+            return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "%s: regex uses \\K", e->t->name);
         last_end = end;
         if (s == end) { /* step over one character; drop an empty match right after a match */
             last_end += end < n ? utf8_len(subj[end]) : 1;
@@ -991,8 +1028,10 @@ static void apply_behavior(enc *e, split_behavior b) {
         k = e->nm;
         for (size_t i = e->nm; i-- > 0;) {
             match x = e->m[i];
-            if (x.hit && !prev_hit && k < e->nm) e->m[k].start = x.start;
-            else e->m[--k] = (match){x.start, x.end, false};
+            if (x.hit && !prev_hit && k < e->nm)
+                e->m[k].start = x.start;
+            else
+                e->m[--k] = (match){x.start, x.end, false};
             prev_hit = x.hit;
         }
         memmove(e->m, e->m + k, (e->nm - k) * sizeof *e->m);
@@ -1003,8 +1042,10 @@ static void apply_behavior(enc *e, split_behavior b) {
         const match x = e->m[i];
         bool join = (b == SPLIT_CONTIGUOUS && x.hit == prev_hit) ||
                     (b == SPLIT_MERGED_PREV && x.hit && !prev_hit);
-        if (join && k > 0) e->m[k - 1].end = x.end;
-        else e->m[k++] = (match){x.start, x.end, b == SPLIT_REMOVED && x.hit};
+        if (join && k > 0)
+            e->m[k - 1].end = x.end;
+        else
+            e->m[k++] = (match){x.start, x.end, b == SPLIT_REMOVED && x.hit};
         prev_hit = x.hit;
     }
     e->nm = k;
@@ -1020,8 +1061,8 @@ static flexdiag_status step_split(enc *e, const pretok_step *st, const span *p) 
     apply_behavior(e, st->behavior);
     for (size_t i = 0; i < e->nm; i++)
         if (!e->m[i].hit)
-            FLEXDIAG_TRY(push_span(&e->b, p->off + e->m[i].start, e->m[i].end - e->m[i].start,
-                                   NO_ID));
+            FLEXDIAG_TRY(
+                push_span(&e->b, p->off + e->m[i].start, e->m[i].end - e->m[i].start, NO_ID));
     return FLEXDIAG_OK;
 }
 
@@ -1059,7 +1100,8 @@ static flexdiag_status pretokenize(enc *e) {
         e->b.n = 0;
         for (size_t i = 0; i < e->a.n; i++) {
             const span p = e->a.v[i];
-            FLEXDIAG_TRY(st->kind == STEP_SPLIT ? step_split(e, st, &p) : step_byte_level(e, st, &p));
+            FLEXDIAG_TRY(st->kind == STEP_SPLIT ? step_split(e, st, &p)
+                                                : step_byte_level(e, st, &p));
         }
         span_list tmp = e->a;
         e->a = e->b;
@@ -1219,7 +1261,8 @@ flexdiag_status flexdiag__tok_encode(const flexdiag_tokenizer *t, const char *te
     if (ok != len)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "prompt is not valid UTF-8 at byte %zu (byte 0x%02x); re-encode the "
-                             "text as UTF-8", ok, (unsigned char)text[ok]);
+                             "text as UTF-8",
+                             ok, (unsigned char)text[ok]);
     enc e = {.t = t};
     flexdiag_status st = FLEXDIAG_OK;
     if (!(e.md = pcre2_match_data_create(1, NULL))) st = oom();
@@ -1284,8 +1327,10 @@ flexdiag_status flexdiag__tok_decode(const flexdiag_tokenizer *t, const int32_t 
     *len = 0;
     for (int64_t i = 0; i < n && !st; i++) {
         if (ids[i] < 0 || ids[i] >= t->n_ids || !t->id_str[ids[i]])
-            st = flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s: id %d (position %lld) is not a "
-                               "token of this tokenizer", t->name, ids[i], (long long)i);
+            st = flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                               "%s: id %d (position %lld) is not a "
+                               "token of this tokenizer",
+                               t->name, ids[i], (long long)i);
         else
             st = decode_token(t, t->id_str[ids[i]], t->id_len[ids[i]], &raw);
     }
@@ -1327,7 +1372,8 @@ flexdiag_status flexdiag__janus_prompt_ids(const flexdiag_tokenizer *t, const ch
     if (ok != plen)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "prompt is not valid UTF-8 at byte %zu (byte 0x%02x); re-encode the "
-                             "text as UTF-8", ok, (unsigned char)prompt[ok]);
+                             "text as UTF-8",
+                             ok, (unsigned char)prompt[ok]);
     size_t a, b, ta, tb;
     py_strip(prompt, plen, &a, &b);
     size_t tlen = sizeof head - 1 + (b - a) + sizeof tail - 1;

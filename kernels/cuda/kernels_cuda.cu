@@ -22,6 +22,7 @@ static flexdiag_kernels make_table(void) {
     flexdiag_kernels t = {};
     t.name = "cuda";
     t.act_bytes = 2;
+    t.stream_bytes = FLEXDIAG_CUDA_WORKSPACE_BYTES;
     t.stream_create = flexdiag__cuda_stream_create;
     t.stream_destroy = flexdiag__cuda_stream_destroy;
     t.stream_sync = flexdiag__cuda_stream_sync;

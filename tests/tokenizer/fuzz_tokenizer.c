@@ -40,8 +40,11 @@ static long first_invalid(const uint8_t *s, size_t n) {
     static const uint32_t min_cp[4] = {0, 0x80, 0x800, 0x10000}; /* shortest form per length */
     for (size_t i = 0; i < n;) {
         uint32_t cp = s[i];
-        size_t k = cp < 0x80 ? 0 : (cp & 0xe0) == 0xc0 ? 1 : (cp & 0xf0) == 0xe0 ? 2
-                 : (cp & 0xf8) == 0xf0 ? 3 : 4;
+        size_t k = cp < 0x80             ? 0
+                   : (cp & 0xe0) == 0xc0 ? 1
+                   : (cp & 0xf0) == 0xe0 ? 2
+                   : (cp & 0xf8) == 0xf0 ? 3
+                                         : 4;
         if (k == 4) return (long)i; /* continuation byte or F8..FF as a lead */
         if (k) cp &= 0x3fu >> k;
         for (size_t j = 1; j <= k; j++) {

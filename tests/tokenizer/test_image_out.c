@@ -21,8 +21,8 @@
 
 static void test_pixels_to_u8(void **state) {
     (void)state;
-    const float x[] = {-1.0f, 1.0f, 0.0f, NAN, 2.0f, -3.0f, 0.5f, -0.99f, INFINITY, -INFINITY,
-                       0.99607843f};
+    const float x[] = {-1.0f, 1.0f,   0.0f,     NAN,       2.0f,       -3.0f,
+                       0.5f,  -0.99f, INFINITY, -INFINITY, 0.99607843f};
     /* (x+1)/2*255 in fp32: 0, 255, 127.5, NaN, 382.5, -255, 191.25, 1.275, inf, -inf, 254.5 */
     const uint8_t want[] = {0, 255, 127, 0, 255, 0, 191, 1, 255, 0, 254};
     uint8_t out[sizeof want];

@@ -107,14 +107,14 @@ static void test_pretokenizer(void **state) {
     flexdiag_tokenizer *t = load_mini();
     EXPECT(t, "a\n\nb", 97, 10, 10, 98); /* each \n alone: the ĊĊ merge never applies */
     EXPECT(t, "\r\n", 13, 10);
-    EXPECT(t, "12345", 268, 52, 53);     /* one \p{N}+ piece */
+    EXPECT(t, "12345", 268, 52, 53); /* one \p{N}+ piece */
     EXPECT(t, "x12y", 120, 267, 121);
-    EXPECT(t, "  ", 265);                /* trailing whitespace piece merges to ĠĠ */
-    EXPECT(t, "a  b", 97, 32, 32, 98);   /* inner spaces: " b" then a lone " " */
+    EXPECT(t, "  ", 265);              /* trailing whitespace piece merges to ĠĠ */
+    EXPECT(t, "a  b", 97, 32, 32, 98); /* inner spaces: " b" then a lone " " */
     EXPECT(t, " hello  world ", 32, 259, 32, 264, 32);
     EXPECT(t, "na\xc3\xafve caf\xc3\xa9", 110, 97, 195, 175, 118, 101, 32, 273, 102, 195, 169);
-    EXPECT(t, "<begin_of_image>", 60, 98, 101, 103, 105, 110, 95, 111, 102, 95, 105, 109, 97,
-           103, 101, 62); /* a vocab entry, not an added token: encoded as text */
+    EXPECT(t, "<begin_of_image>", 60, 98, 101, 103, 105, 110, 95, 111, 102, 95, 105, 109, 97, 103,
+           101, 62); /* a vocab entry, not an added token: encoded as text */
     int32_t *ids = NULL;
     int64_t n = -1;
     assert_int_equal(flexdiag__tok_encode(t, "", 0, &ids, &n), FLEXDIAG_OK);
@@ -127,13 +127,15 @@ static void test_pretokenizer(void **state) {
 static void test_added_tokens(void **state) {
     (void)state;
     flexdiag_tokenizer *t = load_mini();
-    EXPECT(t, "QRST", 286, 83, 84);          /* leftmost wins over the longer RST */
-    EXPECT(t, "x<tag>+<tag>", 120, 289, 288); /* longest at the same position */
-    EXPECT(t, "WXYZ", 87, 290, 90);          /* normalized=false XY is split out first */
-    EXPECT(t, "a  <mask>  b", 97, 292, 98);  /* lstrip / rstrip swallow the spaces */
+    EXPECT(t, "QRST", 286, 83, 84);              /* leftmost wins over the longer RST */
+    EXPECT(t, "x<tag>+<tag>", 120, 289, 288);    /* longest at the same position */
+    EXPECT(t, "WXYZ", 87, 290, 90);              /* normalized=false XY is split out first */
+    EXPECT(t, "a  <mask>  b", 97, 292, 98);      /* lstrip / rstrip swallow the spaces */
     EXPECT(t, "\xc3\xb8\xe4\xbd\xa0", 248, 272); /* ø is an added token with the vocab's id */
-    EXPECT(t, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>hi", 281, 104,
-           105);
+    EXPECT(t,
+           "<\xef\xbd\x9c"
+           "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>hi",
+           281, 104, 105);
     flexdiag__tok_destroy(t);
 }
 
@@ -225,10 +227,10 @@ static void test_invalid_utf8(void **state) {
     (void)state;
     flexdiag_tokenizer *t = load_mini();
     expect_bad_utf8(t, "ab\xff", 3, "at byte 2");
-    expect_bad_utf8(t, "\xc0\xaf", 2, "at byte 0");          /* overlong '/' */
-    expect_bad_utf8(t, "x\xed\xa0\x80", 4, "at byte 1");     /* UTF-16 surrogate */
-    expect_bad_utf8(t, "xy\xe4\xbd", 4, "at byte 2");        /* truncated 你 */
-    expect_bad_utf8(t, "\xf4\x90\x80\x80", 4, "at byte 0");  /* above U+10FFFF */
+    expect_bad_utf8(t, "\xc0\xaf", 2, "at byte 0");         /* overlong '/' */
+    expect_bad_utf8(t, "x\xed\xa0\x80", 4, "at byte 1");    /* UTF-16 surrogate */
+    expect_bad_utf8(t, "xy\xe4\xbd", 4, "at byte 2");       /* truncated 你 */
+    expect_bad_utf8(t, "\xf4\x90\x80\x80", 4, "at byte 0"); /* above U+10FFFF */
     EXPECT(t, "a\0b", 97); /* strlen stops at the NUL; with an explicit length it is a byte: */
     int32_t *ids;
     int64_t n;
@@ -256,8 +258,12 @@ static void test_decode(void **state) {
     expect_decode(t, (const int32_t[]){281, 284, 58, 276, 275, 10, 10, 285, 58, 278}, 10,
                   FLEXDIAG_TOK_BOS "<|User|>: a cat\n\n<|Assistant|>:<begin_of_image>");
     expect_decode(t, (const int32_t[]){272}, 1, "\xe4\xbd\xa0");
-    expect_decode(t, (const int32_t[]){97, 228, 189, 98}, 4, "a\xef\xbf\xbd" "b"); /* cut 你 */
-    expect_decode(t, (const int32_t[]){248, 0x41}, 2, "\xef\xbf\xbd" "A"); /* byte F8 */
+    expect_decode(t, (const int32_t[]){97, 228, 189, 98}, 4,
+                  "a\xef\xbf\xbd"
+                  "b"); /* cut 你 */
+    expect_decode(t, (const int32_t[]){248, 0x41}, 2,
+                  "\xef\xbf\xbd"
+                  "A"); /* byte F8 */
     expect_decode(t, NULL, 0, "");
     char *s = (char *)1;
     size_t len;
@@ -342,7 +348,10 @@ static void test_split_behaviors(void **state) {
     assert_int_equal(load_doc(with_pretok(pre), &t), FLEXDIAG_OK);
     EXPECT(t, "a  b", 276, 32, 98);
     EXPECT(t, "ab\xc2\x85", 32, 270);
-    EXPECT(t, "a\xe3\x80\x80" "b", 276, 32, 98);
+    EXPECT(t,
+           "a\xe3\x80\x80"
+           "b",
+           276, 32, 98);
     flexdiag__tok_destroy(t);
     /* MergedWithPrevious on spaces, then MergedWithNext on digits */
     pre = sequence(split("Regex", "\\s+", "MergedWithPrevious", 0),
@@ -444,8 +453,9 @@ static void test_load_errors_file(void **state) {
 
 static void test_fuzz_replay(void **state) {
     (void)state;
-    static const char *seeds[] = {"", "hello world", "<tag>+<mask> \xc3\xb8", "\xff\xfe",
-                                  "a\xe4\xbd", "\n\n\r\n  \t", "<|User|>: x\n\n<|Assistant|>:"};
+    static const char *seeds[] = {
+        "",          "hello world",  "<tag>+<mask> \xc3\xb8",        "\xff\xfe",
+        "a\xe4\xbd", "\n\n\r\n  \t", "<|User|>: x\n\n<|Assistant|>:"};
     for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++)
         assert_int_equal(flexdiag__fuzz_tokenizer((const uint8_t *)seeds[i], strlen(seeds[i])), 0);
     tu_rng r;
@@ -462,22 +472,14 @@ static void test_fuzz_replay(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bpe_merges),
-        cmocka_unit_test(test_pretokenizer),
-        cmocka_unit_test(test_added_tokens),
-        cmocka_unit_test(test_lookup),
-        cmocka_unit_test(test_janus_template),
-        cmocka_unit_test(test_janus_missing_special),
-        cmocka_unit_test(test_invalid_utf8),
-        cmocka_unit_test(test_decode),
-        cmocka_unit_test(test_merges_as_pairs),
-        cmocka_unit_test(test_ignore_merges),
-        cmocka_unit_test(test_gpt2_byte_level),
-        cmocka_unit_test(test_split_behaviors),
-        cmocka_unit_test(test_load_errors_model),
-        cmocka_unit_test(test_load_errors_pipeline),
-        cmocka_unit_test(test_load_errors_file),
-        cmocka_unit_test(test_fuzz_replay),
+        cmocka_unit_test(test_bpe_merges),        cmocka_unit_test(test_pretokenizer),
+        cmocka_unit_test(test_added_tokens),      cmocka_unit_test(test_lookup),
+        cmocka_unit_test(test_janus_template),    cmocka_unit_test(test_janus_missing_special),
+        cmocka_unit_test(test_invalid_utf8),      cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_merges_as_pairs),   cmocka_unit_test(test_ignore_merges),
+        cmocka_unit_test(test_gpt2_byte_level),   cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_load_errors_model), cmocka_unit_test(test_load_errors_pipeline),
+        cmocka_unit_test(test_load_errors_file),  cmocka_unit_test(test_fuzz_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

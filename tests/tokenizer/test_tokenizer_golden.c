@@ -50,8 +50,8 @@ static void test_cases(void **state) {
         int32_t *ids;
         int64_t n;
         flexdiag__err_clear();
-        flexdiag_status st = flexdiag__tok_encode(tok, json_string_value(text),
-                                                  json_string_length(text), &ids, &n);
+        flexdiag_status st =
+            flexdiag__tok_encode(tok, json_string_value(text), json_string_length(text), &ids, &n);
         if (st) fprintf(stderr, "case %zu: %s\n", i, flexdiag__err_msg());
         assert_int_equal(st, FLEXDIAG_OK);
         bad += !same_ids("case", json_string_value(text), ids, n, json_object_get(c, "ids"));
@@ -92,12 +92,14 @@ static void test_round_trip(void **state) {
         int64_t n = (int64_t)json_array_size(want);
         int32_t *ids = malloc(((size_t)n + 1) * sizeof *ids);
         assert_non_null(ids);
-        for (int64_t k = 0; k < n; k++) ids[k] = (int32_t)json_integer_value(json_array_get(want, (size_t)k));
+        for (int64_t k = 0; k < n; k++)
+            ids[k] = (int32_t)json_integer_value(json_array_get(want, (size_t)k));
         char *s;
         size_t len;
         assert_int_equal(flexdiag__tok_decode(tok, ids, n, &s, &len), FLEXDIAG_OK);
         if (len != json_string_length(text) || memcmp(s, json_string_value(text), len))
-            fprintf(stderr, "decode of case %zu: \"%s\" != \"%s\"\n", i, s, json_string_value(text));
+            fprintf(stderr, "decode of case %zu: \"%s\" != \"%s\"\n", i, s,
+                    json_string_value(text));
         assert_memory_equal(s, json_string_value(text), len);
         assert_int_equal(len, json_string_length(text));
         free(s);
@@ -111,8 +113,10 @@ static int setup_data(void) {
     char *cj = tu_data_path("tokenizer/data/cases.json");
     int rc = 0;
     if (access(tj, R_OK) != 0 || access(cj, R_OK) != 0) {
-        fprintf(stderr, "skip: %s or %s is missing; generate them with tools/golden/ "
-                        "(the tokenizers library)\n", tj, cj);
+        fprintf(stderr,
+                "skip: %s or %s is missing; generate them with tools/golden/ "
+                "(the tokenizers library)\n",
+                tj, cj);
         rc = 77;
     } else if (flexdiag__tok_load(tj, &tok) != FLEXDIAG_OK) {
         fprintf(stderr, "%s\n", flexdiag__err_msg());

@@ -20,7 +20,6 @@ The weights are random: the speed is real, the images are noise. Exit status 0 o
 import argparse
 import datetime
 import json
-import os
 import sys
 import time
 import traceback
@@ -181,7 +180,7 @@ def generation_config(arch, cfg_weight):
     from transformers import GenerationConfig
     a = ARCHS[arch]
     return GenerationConfig(bos_token_id=a["bos"], eos_token_id=a["eos"], pad_token_id=a["pad"],
-                            guidance_scale=cfg_weight, temperature=1.0,
+                            guidance_scale=cfg_weight,
                             generation_kwargs={"boi_token_id": a["boi"]})
 
 
@@ -204,10 +203,12 @@ def randomize(torch, model, seed):
     """Fast seeded random weights on the GPU: matrices, convolutions and embeddings
     N(0, INIT_STD^2), 1-D weights (norms) 1, biases 0; every parameter made bf16."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    cast = 0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dtype != torch.bfloat16:
                 p.data = p.data.to(torch.bfloat16)
+                cast += 1
             if p.device.type != "cuda":
                 raise PeerError("parameter %s was built on %s, not on the GPU" % (name, p.device))
             if name.endswith("bias"):
@@ -216,6 +217,8 @@ def randomize(torch, model, seed):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, INIT_STD, generator=gen)
+    if cast:
+        log("%d parameters were built in another dtype and were cast to bf16" % cast)
 
 
 def set_attention(model, name):
@@ -319,8 +322,8 @@ def run_loop(torch, model, prompts, args, n_tokens):
     batch, plen = prompts.shape
     lm = model.model.language_model
     cache = new_cache(torch, model, args.cache, 2 * batch, plen + n_tokens)
-    out = torch.empty((batch, n_tokens), dtype=torch.long, device=prompts.device)
     with torch.inference_mode():
+        out = torch.empty((batch, n_tokens), dtype=torch.long, device=prompts.device)
         x = model.get_input_embeddings()(uncond_rows(torch, prompts, args.arch))
         for i in range(n_tokens):
             hidden = lm(inputs_embeds=x, past_key_values=cache, use_cache=True).last_hidden_state
@@ -387,6 +390,7 @@ def is_oom(torch, e):
 def warm_up(torch, model, prompts, args):
     """One short generation; picks the path. Returns (path, error text of a failed generate)."""
     n = min(WARM_TOKENS, args.tokens)
+    error = None
     if args.path in ("auto", "generate"):
         try:
             ids, s = timed(torch, lambda: run_generate(torch, model, prompts, args, n))
@@ -394,15 +398,18 @@ def warm_up(torch, model, prompts, args):
             log("warm-up: transformers generate, %d tokens in %.2f s" % (n, s))
             return "generate", None
         except Exception as e:  # reported; the loop is used only under --path auto
-            if is_oom(torch, e) or args.path == "generate":
+            if is_oom(torch, e):
                 raise
             error = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            traceback.print_exc(file=sys.stderr)
+            if args.path == "generate":
+                raise PeerError("transformers' generate(generation_mode='image') failed (%s); "
+                                "--path auto would measure the hand-written loop instead" % error)
             warn("transformers' generate(generation_mode='image') failed (%s); measuring the "
                  "hand-written loop instead, and the row says so" % error)
-            traceback.print_exc(file=sys.stderr)
     _, s = timed(torch, lambda: run_loop(torch, model, prompts, args, n))
     log("warm-up: hand-written loop, %d tokens in %.2f s" % (n, s))
-    return "loop", (error if args.path == "auto" else None)
+    return "loop", error
 
 
 def check_ids(ids, batch, n, what):
@@ -421,14 +428,14 @@ def bench_generate(torch, model, args, env):
     prompts = make_prompts(torch, args)
     torch.manual_seed(args.seed + 2)
     path, gen_error = warm_up(torch, model, prompts, args)
-    run = run_generate if path == "generate" else run_loop
+    generate = run_generate if path == "generate" else run_loop
     clock = LmClock(torch, model.model.language_model)
     torch.cuda.reset_peak_memory_stats()
     reps, prefill = [], []
     try:
         for r in range(args.reps):
             clock.reset()
-            ids, s = timed(torch, lambda: run(torch, model, prompts, args, args.tokens))
+            ids, s = timed(torch, lambda: generate(torch, model, prompts, args, args.tokens))
             check_ids(ids, args.batch, args.tokens, "rep %d" % (r + 1))
             reps.append(s)
             prefill.append(clock.prefill_s())
@@ -439,27 +446,27 @@ def bench_generate(torch, model, args, env):
                      % (clock.calls, args.tokens))
     finally:
         clock.close()
-    return generate_row(args, env, path, gen_error, reps, prefill)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    return generate_row(args, env, path, gen_error, reps, prefill, peak)
 
 
-def generate_row(args, env, path, gen_error, reps, prefill):
+def generate_row(args, env, path, gen_error, reps, prefill, peak):
     """Figures of the timed generations (means over reps)."""
     rows = 2 * args.batch
     total = sum(reps) / len(reps)
     pre = sum(prefill) / len(prefill)
     dec = max(total - pre, 0.0)
     steps = args.tokens - 1
-    row = dict(env["base"], kind="generate", path=path, attn=args.attn, cache=args.cache,
+    row = dict(env, kind="generate", path=path, attn=args.attn, cache=args.cache,
                batch=args.batch, prompt_len=args.prompt_len, gen_len=args.tokens,
                cfg_rows=2, cfg_weight=args.cfg, top_k=args.top_k, temperature=1.0,
                seed=args.seed, reps=args.reps, rep_s=[round(s, 6) for s in reps],
-               total_s=total, prefill_s=pre, decode_s=dec, img_per_s=args.batch / total,
-               tok_per_s=rows * args.tokens / total,
+               best_s=min(reps), total_s=total, prefill_s=pre, decode_s=dec,
+               img_per_s=args.batch / total, tok_per_s=rows * args.tokens / total,
                image_tok_per_s=args.batch * args.tokens / total,
                prefill_tok_s=rows * args.prompt_len / pre if pre > 0 else 0.0,
                decode_tok_s=rows * steps / dec if steps > 0 and dec > 0 else 0.0,
-               step_ms=1e3 * dec / steps if steps > 0 else 0.0,
-               peak_gpu_gib=env["torch"].cuda.max_memory_allocated() / 2**30)
+               step_ms=1e3 * dec / steps if steps > 0 else 0.0, peak_gpu_gib=peak)
     if gen_error:
         row["generate_error"] = gen_error
     return row
@@ -487,7 +494,7 @@ def bench_vq(torch, model, args, env):
         raise PeerError("decode_image_tokens returned shape %s, expected [%d, %d, %d, 3]"
                         % (list(pixels.shape), n, side, side))
     mean = sum(reps) / len(reps)
-    return dict(env["base"], kind="vq_decode", images=n, pixels=[side, side],
+    return dict(env, kind="vq_decode", images=n, pixels=[side, side],
                 dtype=str(pixels.dtype).replace("torch.", ""), seed=args.seed, reps=args.reps,
                 rep_s=[round(s, 6) for s in reps], total_s=mean, img_per_s=n / mean,
                 ms_per_image=1e3 * mean / n,
@@ -520,25 +527,28 @@ def print_vq_row(row):
 
 
 def append_json(path, row):
-    """Append one JSON object (one line) to path."""
+    """Append one JSON object (one line, with the UTC time) to path."""
     if not path:
         return
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(dict(time=now, **row)) + "\n")
     except OSError as e:
         raise PeerError("--json %s: cannot append: %s" % (path, e.strerror))
 
 
 def environment(torch, transformers, args, weights_gib, build_s):
-    """Fields shared by every JSON row: time, versions, device, model."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    base = {"time": now, "peer": "transformers", "backend": "transformers",
+    """Fields shared by every result row: versions, device, model shapes."""
+    a = ARCHS[args.arch]
+    shapes = {k: a[k] for k in ("hidden", "layers", "heads", "kv_heads", "ffn")}
+    shapes.update(text_vocab=TEXT_VOCAB, image_codes=VQ_CODES, grid=[VQ_GRID, VQ_GRID],
+                  bos=a["bos"], pad=a["pad"], boi=a["boi"])
+    return {"peer": "transformers", "backend": "transformers",
             "transformers": transformers.__version__, "torch": torch.__version__,
-            "device": torch.cuda.get_device_name(), "arch": args.arch, "random_weights": True,
-            "weights_dtype": "bfloat16", "weights_gib": weights_gib, "build_s": build_s,
-            "provenance": "measured"}
-    return {"torch": torch, "base": base}
+            "device": torch.cuda.get_device_name(), "arch": args.arch, "config": shapes,
+            "random_weights": True, "weights_dtype": "bfloat16", "weights_gib": weights_gib,
+            "build_s": build_s, "provenance": "measured"}
 
 
 def run(args):
@@ -548,11 +558,11 @@ def run(args):
     log("%s: transformers %s, torch %s, %s; arch %s, attention %s, cache %s"
         % (PROG, transformers.__version__, torch.__version__, torch.cuda.get_device_name(),
            args.arch, args.attn, args.cache))
-    model, build_s = build_model(torch, args)
-    weights_gib = torch.cuda.memory_allocated() / 2**30
-    describe_model(torch, model, build_s)
-    env = environment(torch, transformers, args, weights_gib, build_s)
     try:
+        model, build_s = build_model(torch, args)
+        weights_gib = torch.cuda.memory_allocated() / 2**30
+        describe_model(torch, model, build_s)
+        env = environment(torch, transformers, args, weights_gib, build_s)
         if not args.skip_generate:
             row = bench_generate(torch, model, args, env)
             print_generate_row(row)
@@ -589,5 +599,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.stdout.reconfigure(line_buffering=True)
     sys.exit(main())

@@ -1,0 +1,194 @@
+/*
+ * fidelity_model.c - model-backed `flexdiag bench fidelity`: every policy teacher-forced on the
+ * dense run's tokens, compared with dense.
+ *
+ * Flow: one dense generation per image (sampled, seed-keyed) gives the token sequence T and the
+ * dense CFG logits and per-layer attention outputs along it; then, per policy and sparsity, the
+ * same prompt is scored teacher-forced on T under that policy. Per step: KL(dense ‖ policy) of
+ * the CFG image-token distribution (softmax of the logits, T = 1), top-1 agreement of the two
+ * argmaxes, and the relative L2 error of the attention output of every layer (sequence 0, the
+ * conditional row). Because the runs are teacher-forced, every difference comes from the KV
+ * policy alone. Resident KV per sequence: all layers, K+V, bf16, prompt + the policy's peak
+ * decode rows.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "engine.h"
+#include "fidelity.h"
+#include "prompt.h"
+
+typedef struct dense_ref {
+    int32_t *prompt, np;  /* conditional prompt ids */
+    int32_t *tokens, n;   /* dense tokens (n) */
+    float *logits;        /* (n, V) CFG logits */
+    float *attn;          /* (n - 1, layers, h_q d_h) attention outputs */
+    int64_t V, attn_w;    /* vocabulary, attention row width (layers · h_q · d_h) */
+} dense_ref;
+
+/* KL(p ‖ q) of softmax(a) and softmax(b) in double; argmax agreement through *same. */
+static double kl_softmax(const float *a, const float *b, int64_t V, int *same) {
+    double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
+    int64_t ia = 0, ib = 0;
+    for (int64_t i = 0; i < V; i++) {
+        if (a[i] > ma) ma = a[i], ia = i;
+        if (b[i] > mb) mb = b[i], ib = i;
+    }
+    for (int64_t i = 0; i < V; i++) {
+        sa += exp(a[i] - ma);
+        sb += exp(b[i] - mb);
+    }
+    double la = log(sa), lb = log(sb);
+    for (int64_t i = 0; i < V; i++) {
+        double lpa = a[i] - ma - la, lpb = b[i] - mb - lb;
+        kl += exp(lpa) * (lpa - lpb);
+    }
+    *same = ia == ib;
+    return kl > 0 ? kl : 0;
+}
+
+static double rel_err(const float *got, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static flexdiag_context *fid_context(flexdiag_model *m, const flexdiag_policy_params *pol,
+                                     int32_t np) {
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 1;
+    cp.max_prompt_len = np;
+    cp.policy = *pol;
+    flexdiag_context *c = NULL;
+    flexdiag_status st = flexdiag_context_create(m, &cp, &c);
+    if (st != FLEXDIAG_OK) cli_fail("bench fidelity", st);
+    return c;
+}
+
+/* Teacher-forced run of ref's tokens under c's policy: CFG logits and attention outputs. */
+static flexdiag_status forced_run(flexdiag_context *c, const dense_ref *ref, const int32_t *forced,
+                                  float *logits, float *attn, int32_t *tokens, uint64_t seed) {
+    const int32_t *pp = ref->prompt;
+    flexdiag_block b = {.n_img = 1, .prompt = &pp, .prompt_len = &ref->np, .n_steps = ref->n,
+                        .forced = forced, .cfg_weight = 5.0f, .tokens = tokens,
+                        .logits = logits, .attn_out = attn, .sp = {1.0f, 0, 1.0f, seed}};
+    return flexdiag__engine_run(c, &b);
+}
+
+/* The dense reference: the sampled image with its CFG logits and attention outputs. */
+static int dense_reference(flexdiag_model *m, const char *prompt, uint64_t seed, dense_ref *ref) {
+    int64_t np = 0;
+    flexdiag_status st = flexdiag__prompt_ids(m, prompt, &ref->prompt, &np);
+    if (st != FLEXDIAG_OK) return cli_fail("bench fidelity", st);
+    ref->np = (int32_t)np;
+    flexdiag_policy_params dense;
+    flexdiag_policy_params_init(&dense);
+    flexdiag_context *c = fid_context(m, &dense, ref->np);
+    if (!c) return 1;
+    const flexdiag_lm_config *l = &m->cfg.lm;
+    ref->n = c->l_dec;
+    ref->V = c->vocab_out;
+    ref->attn_w = (int64_t)l->layers * l->heads * l->head_dim;
+    ref->tokens = malloc((size_t)ref->n * 4);
+    ref->logits = malloc((size_t)ref->n * (size_t)ref->V * 4);
+    ref->attn = malloc((size_t)(ref->n - 1 > 0 ? ref->n - 1 : 1) * (size_t)ref->attn_w * 4);
+    st = ref->tokens && ref->logits && ref->attn ? FLEXDIAG_OK : FLEXDIAG_ERR_OOM_HOST;
+    if (st == FLEXDIAG_OK) st = forced_run(c, ref, NULL, ref->logits, ref->attn, ref->tokens, seed);
+    flexdiag_context_destroy(c);
+    return st == FLEXDIAG_OK ? 0 : cli_fail("bench fidelity", st);
+}
+
+static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity_row *row,
+                      const flexdiag_policy_params *pol) {
+    flexdiag_context *c = fid_context(m, pol, ref->np);
+    if (!c) return 1;
+    const flexdiag_lm_config *l = &m->cfg.lm;
+    float *logits = malloc((size_t)ref->n * (size_t)ref->V * 4);
+    float *attn = malloc((size_t)(ref->n - 1 > 0 ? ref->n - 1 : 1) * (size_t)ref->attn_w * 4);
+    int32_t *tok = malloc((size_t)ref->n * 4);
+    flexdiag_status st = logits && attn && tok ? FLEXDIAG_OK : FLEXDIAG_ERR_OOM_HOST;
+    if (st == FLEXDIAG_OK) st = forced_run(c, ref, ref->tokens, logits, attn, tok, row->seed);
+    if (st == FLEXDIAG_OK) {
+        double kl = 0, top1 = 0, err = 0, err_max = 0;
+        int64_t lw = (int64_t)l->heads * l->head_dim, na = (int64_t)(ref->n - 1) * l->layers;
+        for (int32_t t = 0; t < ref->n; t++) {
+            int same = 0;
+            kl += kl_softmax(ref->logits + (size_t)t * (size_t)ref->V,
+                             logits + (size_t)t * (size_t)ref->V, ref->V, &same);
+            top1 += same;
+        }
+        for (int64_t i = 0; i < na; i++) {
+            double e = rel_err(attn + i * lw, ref->attn + i * lw, lw);
+            err += e;
+            err_max = e > err_max ? e : err_max;
+        }
+        row->kl = kl / ref->n;
+        row->top1 = top1 / ref->n;
+        row->attn_err = na ? err / (double)na : 0;
+        row->attn_err_max = err_max;
+        row->kind = c->kp.kind;
+        row->n_att = c->kp.n_att;
+        row->n_r = c->kp.kind >= FLEXDIAG_POLICY_DIAGONAL ? c->kp.n_r : 0;
+        row->reported_sparsity = flexdiag__kvp_reported_sparsity(&c->kp);
+        row->resident_rows = ref->np + flexdiag__kvp_resident_rows(&c->kp, ref->n - 1);
+        row->resident_bytes = (uint64_t)row->resident_rows * 2 * 2 * (uint64_t)l->kv_heads *
+                              (uint64_t)l->head_dim * (uint64_t)l->layers;
+        row->evictions = c->stats.evictions;
+    }
+    free(logits);
+    free(attn);
+    free(tok);
+    flexdiag_context_destroy(c);
+    return st == FLEXDIAG_OK ? 0 : cli_fail("bench fidelity", st);
+}
+
+int flexdiag_fidelity_model(const cli_model_opts *mo, const char *prompt,
+                            const flexdiag_policy_kind *kinds, int nk, const double *sps, int ns,
+                            int32_t n_r, uint64_t seed, FILE *json) {
+    flexdiag_runtime *rt = NULL;
+    flexdiag_model *m = NULL;
+    dense_ref ref = {0};
+    int rc = cli_open_model("bench fidelity", mo, &rt, &m);
+    if (rc == 0 && m->cfg.arch != FLEXDIAG_ARCH_JANUS) {
+        fprintf(stderr, "flexdiag bench fidelity: the model-backed mode needs a Janus model\n");
+        rc = 2;
+    }
+    if (rc == 0) rc = dense_reference(m, prompt, seed, &ref);
+    if (rc == 0) {
+        printf("fidelity on %s (%s backend), prompt \"%s\" (%d tokens), %d teacher-forced image "
+               "tokens, sampling seed %llu\n\n", mo->model ? mo->model : m->cfg.name, rt->k->name,
+               prompt, ref.np, ref.n, (unsigned long long)seed);
+        flexdiag_fidelity_md_header(stdout);
+    }
+    for (int i = 0; rc == 0 && i < nk; i++)
+        for (int j = 0; rc == 0 && j < (kinds[i] == FLEXDIAG_POLICY_DENSE ? 1 : ns); j++) {
+            flexdiag_policy_params pol;
+            flexdiag_policy_params_init(&pol);
+            pol.kind = kinds[i];
+            pol.sparsity = kinds[i] == FLEXDIAG_POLICY_DENSE ? 0 : sps[j];
+            pol.n_r = n_r;
+            flexdiag_fidelity_row row = {.mode = "model", .source = mo->model ? mo->model
+                                                                                : m->cfg.name,
+                                         .sparsity = pol.sparsity, .l_dec = ref.n,
+                                         .prompt_len = ref.np, .heads = m->cfg.lm.heads,
+                                         .d_head = m->cfg.lm.head_dim, .seed = seed};
+            rc = policy_row(m, &ref, &row, &pol);
+            if (rc == 0) flexdiag_fidelity_md_row(stdout, &row);
+            if (rc == 0 && json && flexdiag_fidelity_jsonl_row(json, &row) != 0) rc = 1;
+        }
+    free(ref.prompt);
+    free(ref.tokens);
+    free(ref.logits);
+    free(ref.attn);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    return rc;
+}
