@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int cli_mkdirs(const char *path) {
     char buf[4096];
@@ -42,6 +43,34 @@ int cli_parse_size(const char *s, uint64_t *out) {
     if (*end) return -1;
     *out = (uint64_t)(v * mul);
     return 0;
+}
+
+int cli_write_atomic(const char *path, const void *data, size_t n) {
+    char tmp[4400];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return -1;
+    int ok = fwrite(data, 1, n, f) == n;
+    int err = errno;
+    if (fclose(f) != 0 && ok) ok = 0, err = errno;
+    if (ok && rename(tmp, path) == 0) return 0;
+    err = ok ? errno : err;
+    unlink(tmp);
+    errno = err;
+    return -1;
+}
+
+uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 offset basis and prime */
+    for (int64_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= ((uint32_t)ids[i] >> (8 * b)) & 0xffu;
+            h *= 0x100000001b3ull;
+        }
+    return h;
 }
 
 static void print_help(const char *cmd, const cli_opt *opts, int n) {

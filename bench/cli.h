@@ -6,6 +6,7 @@
 #ifndef FLEXDIAG_CLI_H
 #define FLEXDIAG_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "flexdiag.h"
@@ -44,6 +45,13 @@ int cli_fail(const char *cmd, flexdiag_status st);
 int cli_mkdirs(const char *path);
 /* Parse a size like "24G"; returns 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
+/* Write n bytes (borrowed) to path atomically: "<path>.tmp.<pid>" in the same folder, then
+ * rename, so readers never see a partial file. 0 on success, else -1 with errno set and no
+ * temp file left. */
+int cli_write_atomic(const char *path, const void *data, size_t n);
+/* 64-bit FNV-1a of n token ids taken as little-endian int32 bytes (a fingerprint of a
+ * generated image that does not depend on the host's byte order). */
+uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n);
 
 /* ---- model and policy flags shared by generate, score, bench ---- */
 

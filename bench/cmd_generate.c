@@ -62,8 +62,8 @@ typedef struct prompt {
 } prompt;
 
 typedef struct prompt_set {
-    prompt *p;    /* n prompts, owned */
-    int n, cap;   /* count and capacity */
+    prompt *p;        /* n prompts, owned */
+    int n, cap;       /* count and capacity */
     const char *path; /* --prompts, for messages */
 } prompt_set;
 
@@ -71,25 +71,25 @@ typedef struct prompt_set {
 typedef struct gen_out {
     const gen_opts *o;
     const prompt_set *ps;
-    FILE *results;         /* <out>/results.jsonl */
-    FILE *tokens;          /* <out>/tokens.json.tmp.<pid> until the end */
-    char *tokens_tmp;      /* its path (NULL when closed) */
-    int32_t per_image;     /* tokens per image */
-    int32_t grid_w;        /* ids per row in tokens.json */
-    int32_t img_h, img_w;  /* decoded image size; 0 = no image decoder */
-    json_t *common;        /* record fields shared by all images (model, policy, sampling) */
-    uint8_t *dpg_cells;    /* dpg: per_prompt RGB images of the pending prompt */
-    json_t *dpg_records;   /* dpg: records of the pending prompt, written with its grid */
-    int64_t images_done;   /* images with all outputs written */
-    int64_t pngs;          /* PNG files written */
+    FILE *results;        /* <out>/results.jsonl */
+    FILE *tokens;         /* <out>/tokens.json.tmp.<pid> until the end */
+    char *tokens_tmp;     /* its path (NULL when closed) */
+    int32_t per_image;    /* tokens per image */
+    int32_t grid_w;       /* ids per row in tokens.json */
+    int32_t img_h, img_w; /* decoded image size; 0 = no image decoder */
+    json_t *common;       /* record fields shared by all images (model, policy, sampling) */
+    uint8_t *dpg_cells;   /* dpg: per_prompt RGB images of the pending prompt */
+    json_t *dpg_records;  /* dpg: records of the pending prompt, written with its grid */
+    int64_t images_done;  /* images with all outputs written */
+    int64_t pngs;         /* PNG files written */
 } gen_out;
 
 typedef struct gen_block {
-    int64_t first;   /* job index of the block's first image */
-    int32_t n;       /* images in the block */
+    int64_t first;         /* job index of the block's first image */
+    int32_t n;             /* images in the block */
     const int32_t *tokens; /* (n, per_image) ids */
     const uint8_t *rgb;    /* (n, H, W, 3) pixels, NULL without a decoder */
-    double seconds;  /* wall time of generate + decode */
+    double seconds;        /* wall time of generate + decode */
 } gen_block;
 
 __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...) {
@@ -104,9 +104,9 @@ __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, .
 
 /* ---- signals ---- */
 
-static volatile sig_atomic_t g_signal;      /* signal that asked the run to stop; 0 = none */
-static _Atomic(flexdiag_context *) g_ctx;   /* context the handler cancels; NULL = none */
-static atomic_int g_in_handler;             /* handlers running now: teardown waits for 0 */
+static volatile sig_atomic_t g_signal;    /* signal that asked the run to stop; 0 = none */
+static _Atomic(flexdiag_context *) g_ctx; /* context the handler cancels; NULL = none */
+static atomic_int g_in_handler;           /* handlers running now: teardown waits for 0 */
 
 /* Async-signal-safe: a flag, an atomic load and flexdiag_context_cancel (an atomic store). */
 static void on_signal(int sig) {
@@ -311,7 +311,7 @@ static int dpg_folder(prompt_set *s) {
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
-    if (!rc && n == 0) rc = fail(2, "--prompts %s: no <id>.txt prompt files in the folder", s->path);
+    if (!rc && n == 0) rc = fail(2, "--prompts %s: no <id>.txt prompt files here", s->path);
     return rc;
 }
 
@@ -347,30 +347,6 @@ static int load_prompts(const gen_opts *o, prompt_set *s) {
 }
 
 /* ---- output files ---- */
-
-/* 64-bit FNV-1a over the ids as little-endian int32 bytes: a fingerprint of the image. */
-static uint64_t fnv1a64(const int32_t *ids, int32_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int32_t i = 0; i < n; i++)
-        for (int b = 0; b < 4; b++) {
-            h ^= ((uint32_t)ids[i] >> (8 * b)) & 0xffu;
-            h *= 0x100000001b3ull;
-        }
-    return h;
-}
-
-/* Write a small file atomically (temp in the same folder, then rename). */
-static int write_atomic(const char *path, const char *data, size_t n) {
-    char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(data, 1, n, f) == n;
-    if (f && fclose(f) != 0) ok = 0;
-    if (ok && rename(tmp, path) == 0) return 0;
-    int err = errno;
-    unlink(tmp);
-    return fail(1, "cannot write '%s': %s", path, strerror(err));
-}
 
 /* One results.jsonl record as a single write of the whole line, flushed. */
 static int results_append(gen_out *w, json_t *rec) {
@@ -452,7 +428,8 @@ static int prompt_folder(const gen_out *w, int64_t p) {
     char dir[4200], path[4300];
     const char *fmt = w->o->layout == LAYOUT_GENEVAL ? "%s/%05lld/samples" : "%s/%lld";
     snprintf(dir, sizeof dir, fmt, w->o->out, (long long)p);
-    if (cli_mkdirs(dir)) return fail(1, "--out: cannot create folder '%s': %s", dir, strerror(errno));
+    if (cli_mkdirs(dir))
+        return fail(1, "--out: cannot create folder '%s': %s", dir, strerror(errno));
     if (w->o->layout != LAYOUT_GENEVAL) return 0;
     snprintf(path, sizeof path, "%s/%05lld/metadata.jsonl", w->o->out, (long long)p);
     const char *meta = w->ps->p[p].meta;
@@ -461,9 +438,9 @@ static int prompt_folder(const gen_out *w, int64_t p) {
     if (!line) return fail(1, "out of host memory");
     memcpy(line, meta, n);
     line[n] = '\n';
-    int rc = write_atomic(path, line, n + 1);
+    int rc = cli_write_atomic(path, line, n + 1);
     free(line);
-    return rc;
+    return rc ? fail(1, "cannot write '%s': %s", path, strerror(errno)) : 0;
 }
 
 static int write_png(const gen_out *w, const char *rel, const uint8_t *rgb, int pw, int ph) {
@@ -478,8 +455,8 @@ static json_t *image_record(const gen_out *w, const gen_block *b, int32_t i, con
     int64_t g = b->first + i, per = w->o->per_prompt;
     char hash[17];
     snprintf(hash, sizeof hash, "%016llx",
-             (unsigned long long)fnv1a64(b->tokens + (size_t)i * (size_t)w->per_image,
-                                         w->per_image));
+             (unsigned long long)cli_fnv1a64_ids(b->tokens + (size_t)i * (size_t)w->per_image,
+                                                 w->per_image));
     json_t *r = json_pack("{s:I, s:I, s:I, s:s, s:s?}", "prompt_index", (json_int_t)(g / per),
                           "sample", (json_int_t)(g % per), "image_index", (json_int_t)g,
                           "prompt", w->ps->p[g / per].text, "file", file);
@@ -747,7 +724,7 @@ static int check_opts(gen_opts *o) {
     if (o->layout != LAYOUT_PLAIN && !o->prompts_file)
         return fail(2, "--layout %s reads its prompts from --prompts (%s)", o->layout_name,
                     o->layout == LAYOUT_GENEVAL ? "GenEval's evaluation_metadata.jsonl"
-                                                : "a folder of <id>.txt or <id><TAB><prompt> lines");
+                                                : "a folder of <id>.txt, or <id><TAB><prompt>");
     if (o->per_prompt < 1 || o->per_prompt > 65536 || o->batch < 1 || o->batch > INT32_MAX ||
         o->micro_batch < 0 || o->micro_batch > INT32_MAX || o->max_prompt_len < 2 ||
         o->max_prompt_len > INT32_MAX)

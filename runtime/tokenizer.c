@@ -2,20 +2,20 @@
  * tokenizer.c - tokenizer.json (Hugging Face `tokenizers`) byte-level BPE, bit-exact with the
  * library for the options DeepSeek-LLM / Janus-Pro use, plus the Janus prompt template.
  *
- * Data flow of one encode (each stage mirrors the library's own algorithm, because "close" is
- * not enough: one different id changes the prompt the model sees):
- *   text -> UTF-8 check -> added tokens split out in two passes (tokens with normalized=false
- *   first, then normalized=true; each pass leftmost-longest like the library's Aho-Corasick)
- *   -> pre-tokenizer steps applied to every piece (Split: regex or literal, five delimiter
- *   behaviours; ByteLevel: optional prefix space, optional GPT-2 regex, bytes -> GPT-2 symbols)
- *   -> BPE per piece (priority queue of (rank, position) over a linked list of symbols, the
- *   library's merge loop) -> ids.
- * Text lives in one growable arena per call; pieces are (offset, length) spans into it, so no
- * piece owns memory and nothing global is cached. The loaded tokenizer is read-only.
- * Regexes are written for Oniguruma (the library's engine) and run on PCRE2: \s, \S and \w are
+ * One encode mirrors the library stage by stage (one different id changes the prompt):
+ *   UTF-8 check -> added tokens split out in two passes (normalized=false first, then true;
+ *   leftmost-longest like its Aho-Corasick) -> pre-tokenizer steps on every piece (Split: regex
+ *   or literal, five delimiter behaviours; ByteLevel: prefix space, GPT-2 regex, bytes -> GPT-2
+ *   symbols) -> BPE per piece (its merge loop: a (rank, position) heap over linked symbols).
+ * Text lives in one growable arena per call and pieces are (offset, length) spans into it;
+ * nothing global is cached, so a loaded tokenizer is read-only and shareable.
+ * Regexes are written for Oniguruma (the library's engine) and run on PCRE2: \s \S \w \W are
  * rewritten to Oniguruma's Unicode classes and `$`/`^` are line anchors (MULTILINE), as there.
- * Rejected alternative: a hand-written DeepSeek pre-tokenizer (llama.cpp style) - it cannot
- * follow the regexes a file actually ships.
+ * Known limit: \p{..} and \w use PCRE2's Unicode tables (14.0 in PCRE2 10.42), so characters
+ * assigned later may classify differently; DeepSeek's letter/CJK classes are explicit ranges.
+ * Added-token ids are re-derived like the library does (vocab id, else next free id).
+ * Rejected: a hand-written DeepSeek pre-tokenizer (llama.cpp style) - it cannot follow the
+ * regexes a file actually ships.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 
@@ -521,7 +521,8 @@ static flexdiag_status load_normalizer(flexdiag_tokenizer *t, const json_t *n) {
                          t->name, type ? type : "(no type)");
 }
 
-#define WORD_CLASS "\\p{L}\\p{M}\\p{Nd}\\p{Pc}" /* Oniguruma's Unicode \w */
+/* Oniguruma's Unicode \w: Alphabetic, marks, decimal digits, connector punctuation */
+#define WORD_CLASS "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}"
 
 /* PCRE2 text for the Oniguruma escape \c inside or outside a bracket class: NULL keeps it as
  * it is, "" means PCRE2 has no equivalent (\h is a hex digit in Oniguruma). */
@@ -541,7 +542,7 @@ static const char *onig_escape(char c, bool in_class) {
  * inside one stays a class member). Returns a malloc'ed string, or NULL with *st set. */
 static char *translate_regex(const flexdiag_tokenizer *t, const char *src, flexdiag_status *st) {
     size_t n = strlen(src), o = 0;
-    char *out = malloc(n * 16 + 1); /* the longest rewrite turns 2 bytes into 25 */
+    char *out = malloc(n * 18 + 1); /* the longest rewrite turns 2 bytes into 34 */
     bool in_class = false;
     if (!out) return *st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no memory", t->name), NULL;
     for (size_t i = 0; i < n; i++) {

@@ -12,6 +12,7 @@
  * machine and thread count.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,7 +219,51 @@ void flexdiag__weights_free(flexdiag_arena *a, flexdiag_weights *w) {
 
 /* ---- random weights ---- */
 
-#define CHUNK_ELEMS (1 << 22) /* 8 MiB of bf16 per upload */
+#define CHUNK_ELEMS (1 << 24) /* 32 MiB of bf16 per upload */
+#define FILL_THREADS 16       /* host threads drawing one chunk */
+
+typedef struct fill_job {
+    const wentry *e;  /* tensor */
+    uint64_t seed;    /* model seed */
+    uint64_t id;      /* tensor index (RNG stream) */
+    int64_t base;     /* first element of the chunk */
+    int64_t lo, hi;   /* this thread's range inside the chunk */
+    uint16_t *buf;    /* chunk buffer */
+} fill_job;
+
+static void *fill_part(void *arg) {
+    const fill_job *j = arg;
+    for (int64_t i = j->lo; i < j->hi; i++) {
+        float v = 0.0f;
+        if (j->e->kind == W_NORM) {
+            v = 1.0f;
+        } else if (j->e->kind == W_MATRIX) { /* Irwin-Hall(4) ~ N(0, 1/3): cheap, bounded */
+            uint64_t r = flexdiag__rng64(j->seed, j->id, (uint64_t)(j->base + i));
+            float u = (float)((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) +
+                              (r >> 48)) / 65536.0f - 2.0f;
+            v = u * 0.02f * 1.7320508f;
+        }
+        j->buf[i] = flexdiag__f32_to_bf16(v);
+    }
+    return NULL;
+}
+
+/* Draw elements [base, base + m) of e into buf; the values depend only on (seed, id, index), so
+ * the split over threads never changes them. */
+static void fill_chunk(const wentry *e, uint64_t seed, uint64_t id, int64_t base, int64_t m,
+                       uint16_t *buf) {
+    pthread_t th[FILL_THREADS];
+    fill_job jobs[FILL_THREADS];
+    int nt = m >= (1 << 20) ? FILL_THREADS : 1, started = 0;
+    for (int i = 0; i < nt; i++) {
+        jobs[i] = (fill_job){e, seed, id, base, m * i / nt, m * (i + 1) / nt, buf};
+        if (i > 0 && pthread_create(&th[i], NULL, fill_part, &jobs[i]) == 0) started |= 1 << i;
+        else if (i > 0) fill_part(&jobs[i]);
+    }
+    fill_part(&jobs[0]);
+    for (int i = 1; i < nt; i++)
+        if (started & (1 << i)) pthread_join(th[i], NULL);
+}
 
 static flexdiag_status fill_random(const flexdiag_kernels *k, flexdiag_stream *s,
                                    const wentry *e, void *block, uint64_t seed, uint64_t id,
@@ -226,18 +271,7 @@ static flexdiag_status fill_random(const flexdiag_kernels *k, flexdiag_stream *s
     int64_t n = e->rows * e->cols;
     for (int64_t base = 0; base < n; base += CHUNK_ELEMS) {
         int64_t m = n - base < CHUNK_ELEMS ? n - base : CHUNK_ELEMS;
-        for (int64_t i = 0; i < m; i++) {
-            float v = 0.0f;
-            if (e->kind == W_NORM) {
-                v = 1.0f;
-            } else if (e->kind == W_MATRIX) { /* Irwin-Hall(4) ~ N(0, 1/3): cheap, bounded */
-                uint64_t r = flexdiag__rng64(seed, id, (uint64_t)(base + i));
-                float u = (float)((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) +
-                                  (r >> 48)) / 65536.0f - 2.0f;
-                v = u * 0.02f * 1.7320508f;
-            }
-            buf[i] = flexdiag__f32_to_bf16(v);
-        }
+        fill_chunk(e, seed, id, base, m, buf);
         FLEXDIAG_TRY(k->copy_h2d((char *)block + e->offset + (size_t)base * 2, buf,
                                  (size_t)m * 2, s));
         FLEXDIAG_TRY(k->stream_sync(s)); /* buf is reused for the next chunk */
