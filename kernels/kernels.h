@@ -61,6 +61,8 @@ typedef struct flexdiag_attn_args {
                               attended ring rows, in slot-list order */
     float *lse_out;        /* (optional) (n_seq, h_q) fp32 log-sum-exp over the whole attended row
                               (prompt + ring): p = exp(logit - lse) */
+    int32_t shared_slots;  /* 1: slots (max_slots) and n_slots (1) hold ONE list that every
+                              (sequence, KV head) attends (position-only policies) */
 } flexdiag_attn_args;
 
 typedef struct flexdiag_kernels {
@@ -169,6 +171,12 @@ typedef struct flexdiag_kernels {
     /* out (n, h, w, 3) f32 = x (n, 3, h, w) act (NCHW -> NHWC, the float pixels before uint8) */
     flexdiag_status (*to_nhwc)(float *out, const void *x, int64_t n, int32_t c, int32_t hw,
                                flexdiag_stream *s);
+
+    /* ---- host staging ---- */
+    /* (optional) page-locked host memory, so copy_h2d / copy_d2h from it are asynchronous;
+     * default: the runtime uses malloc/free */
+    flexdiag_status (*host_alloc)(size_t bytes, void **out);
+    void (*host_free)(void *p);
 } flexdiag_kernels;
 
 /* ---- registry (kernels/registry.c) ---- */

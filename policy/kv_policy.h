@@ -78,6 +78,13 @@ void flexdiag__kvp_reset(flexdiag_kvp *kvp);
  * t = 0, 1, ... in order for each (layer, sequence). */
 void flexdiag__kvp_plan(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,
                         int32_t *write_slot, int32_t *slots, int32_t *n_slots);
+/* Position-only policies (dense, window, streaming) attend the same ring slots for every
+ * (sequence, layer, KV head) at a step. For them this plans step t for ALL sequences [0, n_seq)
+ * and layers at once: *write_slot, slots (max_slots) and *n_slots get the one common plan,
+ * evictions are counted for everyone, and per-(layer, sequence) plan() must not be used in the
+ * same run. Returns 1; returns 0 (and does nothing) for every other policy. */
+int flexdiag__kvp_plan_shared(flexdiag_kvp *kvp, int32_t t, int32_t n_seq, int32_t *write_slot,
+                              int32_t *slots, int32_t *n_slots);
 /* After attention of the same (layer, t, s0, n): logits (n, h_q, max_slots) fp32 scaled logits
  * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row.
  * Required only when flexdiag__kvp_needs_scores(kvp, t) is true (plan() asserts it was called);

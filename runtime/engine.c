@@ -34,7 +34,7 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     size_t d = (size_t)l->hidden, dh = (size_t)l->head_dim, hq = (size_t)l->heads;
     size_t hkv = (size_t)l->kv_heads, f = (size_t)l->ffn, S = (size_t)c->n_seq;
     size_t qkvw = (hq + 2 * hkv) * dh, mbt = (size_t)c->mb_seq * (size_t)c->p_cap;
-    size_t mbs = (size_t)c->mb_seq, V = (size_t)c->vocab_out, ms = (size_t)c->max_slots;
+    size_t V = (size_t)c->vocab_out, ms = (size_t)c->max_slots;
     size_t dm = m->head_dim_mid > l->hidden ? (size_t)m->head_dim_mid : d;
     size_t e8 = m->image_embed > 0 ? (size_t)m->image_embed : 1, off = 0;
 #define TAKE(field, bytes)                                                                         \
@@ -54,17 +54,19 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(emb, S * e8 * act);
     TAKE(logits, S * V * 4);
     TAKE(cfg, (size_t)c->n_img * V * 4);
-    TAKE(plog, mbs * hq * ms * 4);
-    TAKE(plse, mbs * hq * 4);
+    size_t L = (size_t)l->layers, lists = c->shared_plan ? 1 : L * S * hkv;
+    size_t scored = c->scored ? L * S : 0;
+    TAKE(plog, scored * hq * ms * 4);
+    TAKE(plse, scored * hq * 4);
     TAKE(ids_in, S * (size_t)c->p_cap * 4);
     TAKE(lp, S * 4);
     TAKE(pos_pf, mbt * 4);
     TAKE(rows_pf, mbt * hkv * 4);
     TAKE(pos, S * 4);
     TAKE(last, S * 4);
-    TAKE(rows, mbs * hkv * 4);
-    TAKE(slots, mbs * hkv * ms * 4);
-    TAKE(nslots, mbs * hkv * 4);
+    TAKE(rows, (c->shared_plan ? S * hkv : lists) * 4);
+    TAKE(slots, lists * ms * 4);
+    TAKE(nslots, lists * 4);
     TAKE(ids, S * 4);
 #undef TAKE
     return off;
@@ -94,6 +96,10 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->kp.h_kv = m->lm.kv_heads;
     c->ring = flexdiag__kvp_ring_rows(&c->kp);
     c->max_slots = flexdiag__kvp_max_slots(&c->kp);
+    flexdiag_policy_kind kind = c->kp.kind;
+    c->shared_plan = kind == FLEXDIAG_POLICY_DENSE || kind == FLEXDIAG_POLICY_WINDOW ||
+                     kind == FLEXDIAG_POLICY_STREAMING;
+    c->scored = !c->shared_plan;
     return FLEXDIAG_OK;
 }
 
@@ -144,6 +150,32 @@ static flexdiag_status upload_prefill_tables(flexdiag_context *c) {
     return st;
 }
 
+/* Host mirrors of the step plan, policy scores, ids and positions: one block, page-locked when
+ * the backend offers it so the per-step copies are asynchronous. */
+static flexdiag_status host_alloc(flexdiag_context *c) {
+    const flexdiag_kernels *k = c->m->rt->k;
+    size_t S = (size_t)c->n_seq, hkv = (size_t)c->kp.h_kv, hq = (size_t)c->kp.h_q;
+    size_t ms = (size_t)c->max_slots, L = (size_t)c->kp.n_layers;
+    size_t lists = c->shared_plan ? 1 : L * S * hkv, scored = c->scored ? L * S : 0;
+    size_t n_rows = c->shared_plan ? S * hkv : lists;
+    size_t sz[7] = {n_rows, lists * ms, lists, scored * hq * ms, scored * hq, S, S}, total = 0;
+    for (int i = 0; i < 7; i++) total += al(sz[i] * 4);
+    flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->host) : FLEXDIAG_OK;
+    if (!k->host_alloc) c->host = malloc(total);
+    if (st != FLEXDIAG_OK || !c->host)
+        return st != FLEXDIAG_OK ? st : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no host memory");
+    c->host_bytes = total;
+    char *p = c->host;
+    void **dst[7] = {(void **)&c->h_rows, (void **)&c->h_slots, (void **)&c->h_nslots,
+                     (void **)&c->h_plog, (void **)&c->h_plse, (void **)&c->h_ids,
+                     (void **)&c->h_pos};
+    for (int i = 0; i < 7; i++) {
+        *dst[i] = p;
+        p += al(sz[i] * 4);
+    }
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     flexdiag_runtime *rt = c->m->rt;
     FLEXDIAG_TRY(ctx_geometry(c));
@@ -153,15 +185,7 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(flexdiag__arena_alloc(&rt->arena, c->block_bytes, what, &c->block));
     ctx_layout(c, (size_t)rt->k->act_bytes, &c->b, c->block);
     FLEXDIAG_TRY(rt->k->memset0(c->block, c->block_bytes, rt->s));
-    size_t ms = (size_t)c->max_slots, mbs = (size_t)c->mb_seq, hkv = (size_t)c->kp.h_kv;
-    c->h_rows = malloc(mbs * hkv * 4);
-    c->h_slots = malloc(mbs * hkv * ms * 4);
-    c->h_nslots = malloc(mbs * hkv * 4);
-    c->h_plog = malloc(mbs * (size_t)c->kp.h_q * ms * 4);
-    c->h_plse = malloc(mbs * (size_t)c->kp.h_q * 4);
-    c->h_ids = malloc((size_t)c->n_seq * 4);
-    if (!c->h_rows || !c->h_slots || !c->h_nslots || !c->h_plog || !c->h_plse || !c->h_ids)
-        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no host memory");
+    FLEXDIAG_TRY(host_alloc(c));
     FLEXDIAG_TRY(flexdiag__kvp_create(&c->kp, &c->kvp));
     return upload_prefill_tables(c);
 }
@@ -169,12 +193,9 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
 void flexdiag__context_free(flexdiag_context *c) {
     flexdiag__arena_free(&c->m->rt->arena, c->block, c->block_bytes);
     flexdiag__kvp_destroy(c->kvp);
-    free(c->h_rows);
-    free(c->h_slots);
-    free(c->h_nslots);
-    free(c->h_plog);
-    free(c->h_plse);
-    free(c->h_ids);
+    const flexdiag_kernels *k = c->m->rt->k;
+    if (k->host_free) k->host_free(c->host);
+    else free(c->host);
 }
 
 /* ---- one run ---- */
@@ -227,15 +248,25 @@ static void *kv_ptr(const run_state *r, int32_t j, int kv, int32_t s0) {
                                  per_seq * r->act;
 }
 
-static flexdiag_attn_args attn_args(const run_state *r, int32_t s0, int32_t nb, int scores) {
+/* Index of the first plan list of (layer j, sequence s0) in the step plan arrays. */
+static size_t list_index(const flexdiag_context *c, int32_t j, int32_t s0) {
+    return c->shared_plan ? 0 : ((size_t)j * (size_t)c->n_seq + (size_t)s0) * (size_t)c->kp.h_kv;
+}
+
+/* Attention arguments of layer j for sequences s0..s0+nb (decode: the step plan's lists). */
+static flexdiag_attn_args attn_args(const run_state *r, int32_t j, int32_t s0, int32_t nb,
+                                    int scores) {
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
+    size_t li = list_index(c, j, s0), q0 = ((size_t)j * (size_t)c->n_seq + (size_t)s0) *
+                                           (size_t)l->heads;
     flexdiag_attn_args a = {
         .n_seq = nb, .h_q = l->heads, .h_kv = l->kv_heads, .d_h = l->head_dim,
         .p_cap = c->p_cap, .ring = c->ring, .scale = 1.0f / sqrtf((float)l->head_dim),
-        .lp = c->b.lp + s0, .slots = c->b.slots, .n_slots = c->b.nslots,
-        .max_slots = c->max_slots, .logits_out = scores ? c->b.plog : NULL,
-        .lse_out = scores ? c->b.plse : NULL};
+        .lp = c->b.lp + s0, .slots = c->b.slots + li * (size_t)c->max_slots,
+        .n_slots = c->b.nslots + li, .max_slots = c->max_slots,
+        .logits_out = scores ? c->b.plog + q0 * (size_t)c->max_slots : NULL,
+        .lse_out = scores ? c->b.plse + q0 : NULL, .shared_slots = c->shared_plan};
     return a;
 }
 
@@ -299,7 +330,7 @@ static flexdiag_status prefill_layer(const run_state *r, int32_t j, int32_t mb) 
     int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
     int64_t ntok = (int64_t)nb * c->p_cap;
     void *x = (char *)c->b.x + (size_t)s0 * (size_t)c->p_cap * (size_t)l->hidden * r->act;
-    flexdiag_attn_args a = attn_args(r, s0, nb, 0);
+    flexdiag_attn_args a = attn_args(r, j, s0, nb, 0);
     FLEXDIAG_TRY(qkv_proj(r, w, x, ntok, c->b.pos_pf));
     FLEXDIAG_TRY(r->k->kv_append(kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0), c->b.qkv, c->b.rows_pf,
                                  ntok, c->p_cap, &a, r->s));
@@ -309,29 +340,66 @@ static flexdiag_status prefill_layer(const run_state *r, int32_t j, int32_t mb) 
     return s0 == 0 ? capture_hidden(r, j, x, 0, r->lp[0]) : FLEXDIAG_OK;
 }
 
-/* Copy the host plan of (layer j, step t, sequences s0..) into b->plan_out. */
-static void record_plan(const run_state *r, int32_t j, int32_t t, int32_t s0, int32_t nb) {
+/* Copy step t's host plan into b->plan_out (layout in engine.h). */
+static void record_plan(const run_state *r, int32_t t) {
     const flexdiag_context *c = r->c;
     size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, rec = 1 + ms;
-    size_t base = (((size_t)t * (size_t)c->kp.n_layers + (size_t)j) * (size_t)r->n_seq +
-                   (size_t)s0) * hkv * rec;
-    for (size_t i = 0; i < (size_t)nb * hkv; i++) {
-        int32_t *dst = r->b->plan_out + base + i * rec;
-        dst[0] = c->h_nslots[i];
-        memcpy(dst + 1, c->h_slots + i * ms, ms * 4);
-    }
+    for (int32_t j = 0; j < c->kp.n_layers; j++)
+        for (size_t i = 0; i < (size_t)r->n_seq * hkv; i++) {
+            size_t li = c->shared_plan ? 0 : list_index(c, j, 0) + i;
+            int32_t *dst = r->b->plan_out +
+                           (((size_t)t * (size_t)c->kp.n_layers + (size_t)j) * (size_t)r->n_seq *
+                                hkv + i) * rec;
+            int32_t n = c->h_nslots[li];
+            dst[0] = n;
+            memcpy(dst + 1, c->h_slots + li * ms, (size_t)n * 4);
+            for (size_t q = 1 + (size_t)n; q < rec; q++) dst[q] = -1; /* unused tail */
+        }
 }
 
-/* Policy plan for (layer j, step t, micro-batch) -> device rows / slot lists. */
-static flexdiag_status plan_slots(const run_state *r, int32_t j, int32_t t, int32_t s0, int32_t nb) {
+/* Plan step t for every layer and micro-batch on the host, then one upload per array. */
+static flexdiag_status plan_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
-    size_t hkv = (size_t)c->kp.h_kv, n = (size_t)nb * hkv;
-    flexdiag__kvp_plan(c->kvp, j, t, s0, nb, c->h_rows, c->h_slots, c->h_nslots);
-    for (size_t i = 0; i < n; i++) c->h_rows[i] += c->p_cap; /* ring slot -> cache row */
-    if (r->b->plan_out) record_plan(r, j, t, s0, nb);
-    FLEXDIAG_TRY(r->k->copy_h2d(c->b.rows, c->h_rows, n * 4, r->s));
-    FLEXDIAG_TRY(r->k->copy_h2d(c->b.slots, c->h_slots, n * (size_t)c->max_slots * 4, r->s));
-    return r->k->copy_h2d(c->b.nslots, c->h_nslots, n * 4, r->s);
+    size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, S = (size_t)c->n_seq;
+    size_t lists = 1, n_rows = (size_t)r->n_seq * hkv;
+    if (c->shared_plan) {
+        int32_t ws = 0;
+        flexdiag__kvp_plan_shared(c->kvp, t, r->n_seq, &ws, c->h_slots, c->h_nslots);
+        for (size_t i = 0; i < n_rows; i++) c->h_rows[i] = c->p_cap + ws;
+    } else {
+        for (int32_t j = 0; j < c->kp.n_layers; j++)
+            for (int32_t mb = 0; mb < r->n_mb; mb++) {
+                int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0
+                                                                                : c->mb_seq;
+                size_t li = list_index(c, j, s0);
+                flexdiag__kvp_plan(c->kvp, j, t, s0, nb, c->h_rows + li, c->h_slots + li * ms,
+                                   c->h_nslots + li);
+            }
+        lists = n_rows = (size_t)c->kp.n_layers * S * hkv; /* whole arrays (capacity strides) */
+        for (size_t i = 0; i < n_rows; i++) c->h_rows[i] += c->p_cap; /* slot -> cache row */
+    }
+    if (r->b->plan_out) record_plan(r, t);
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.rows, c->h_rows, n_rows * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.slots, c->h_slots, lists * ms * 4, r->s));
+    return r->k->copy_h2d(c->b.nslots, c->h_nslots, lists * 4, r->s);
+}
+
+/* After step t: read back every layer's policy logits when the policy needs them; update. */
+static flexdiag_status update_step(const run_state *r, int32_t t) {
+    flexdiag_context *c = r->c;
+    if (!c->scored || !flexdiag__kvp_needs_scores(c->kvp, t)) return FLEXDIAG_OK;
+    size_t hq = (size_t)c->kp.h_q, ms = (size_t)c->max_slots;
+    size_t rows = (size_t)c->kp.n_layers * (size_t)c->n_seq * hq;
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_plog, c->b.plog, rows * ms * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_plse, c->b.plse, rows * 4, r->s));
+    for (int32_t j = 0; j < c->kp.n_layers; j++)
+        for (int32_t mb = 0; mb < r->n_mb; mb++) {
+            int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0
+                                                                            : c->mb_seq;
+            size_t q0 = ((size_t)j * (size_t)c->n_seq + (size_t)s0) * hq;
+            flexdiag__kvp_update(c->kvp, j, t, s0, nb, c->h_plog + q0 * ms, c->h_plse + q0);
+        }
+    return FLEXDIAG_OK;
 }
 
 static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t mb, int32_t t) {
@@ -340,23 +408,17 @@ static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t mb, i
     const flexdiag_layer_w *w = &c->m->w.layers[j];
     int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
     void *x = (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act;
-    int scores = flexdiag__kvp_needs_scores(c->kvp, t);
-    flexdiag_attn_args a = attn_args(r, s0, nb, scores);
+    int scores = c->scored && flexdiag__kvp_needs_scores(c->kvp, t);
+    flexdiag_attn_args a = attn_args(r, j, s0, nb, scores);
+    const int32_t *rows = c->b.rows + (c->shared_plan ? (size_t)s0 * (size_t)l->kv_heads
+                                                      : list_index(c, j, s0));
     FLEXDIAG_TRY(qkv_proj(r, w, x, nb, c->b.pos + s0));
     double t0 = prof_begin(r);
-    FLEXDIAG_TRY(plan_slots(r, j, t, s0, nb));
-    FLEXDIAG_TRY(r->k->kv_append(kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0), c->b.qkv, c->b.rows,
-                                 nb, 1, &a, r->s));
+    FLEXDIAG_TRY(r->k->kv_append(kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0), c->b.qkv, rows, nb, 1,
+                                 &a, r->s));
     FLEXDIAG_TRY(r->k->attn_decode(c->b.att, c->b.qkv, kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0),
                                    &a, r->s));
     if (s0 == 0 && r->b->attn_out) FLEXDIAG_TRY(capture_attn(r, j, t));
-    if (scores) {
-        size_t nq = (size_t)nb * (size_t)l->heads;
-        FLEXDIAG_TRY(r->k->copy_d2h(c->h_plog, c->b.plog, nq * (size_t)c->max_slots * 4, r->s));
-        FLEXDIAG_TRY(r->k->copy_d2h(c->h_plse, c->b.plse, nq * 4, r->s));
-    }
-    flexdiag__kvp_update(c->kvp, j, t, s0, nb, scores ? c->h_plog : NULL,
-                         scores ? c->h_plse : NULL);
     FLEXDIAG_TRY(prof_end(r, PROF_ATTN, t0));
     FLEXDIAG_TRY(out_and_mlp(r, w, x, nb));
     return s0 == 0 ? capture_hidden(r, j, x, r->lp[0] + t, 1) : FLEXDIAG_OK;
@@ -527,8 +589,11 @@ static flexdiag_status run_prefill(run_state *r) {
 static flexdiag_status run_decode_step(run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
-    for (int32_t s = 0; s < r->n_seq; s++) c->h_ids[s] = r->lp[s] + t; /* positions */
-    FLEXDIAG_TRY(r->k->copy_h2d(c->b.pos, c->h_ids, (size_t)r->n_seq * 4, r->s));
+    for (int32_t s = 0; s < r->n_seq; s++) c->h_pos[s] = r->lp[s] + t;
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.pos, c->h_pos, (size_t)r->n_seq * 4, r->s));
+    double t0 = prof_begin(r);
+    FLEXDIAG_TRY(plan_step(r, t));
+    FLEXDIAG_TRY(prof_end(r, PROF_ATTN, t0));
     FLEXDIAG_TRY(feedback(r));
     for (int32_t j = 0; j < l->layers; j++) {
         FLEXDIAG_TRY(cancelled(r));
@@ -538,7 +603,10 @@ static flexdiag_status run_decode_step(run_state *r, int32_t t) {
         int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
         FLEXDIAG_TRY(head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act, s0, nb));
     }
-    return take_step_output(r, t + 1);
+    FLEXDIAG_TRY(take_step_output(r, t + 1));
+    t0 = prof_begin(r);
+    FLEXDIAG_TRY(update_step(r, t));
+    return prof_end(r, PROF_ATTN, t0);
 }
 
 flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b) {
@@ -569,7 +637,7 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     c->stats.kv_bytes_per_seq = (uint64_t)l->layers * 2 * (uint64_t)l->kv_heads *
                                 (uint64_t)l->head_dim * r.act *
-                                (uint64_t)(r.lp[0] + flexdiag__kvp_resident_rows(&c->kp, b->n_steps - 1));
+                                (uint64_t)(r.lp[0] + flexdiag__kvp_resident_rows(&c->kp, c->l_dec - 1));
     free(r.lp);
     return st;
 }

@@ -62,17 +62,17 @@ typedef struct flexdiag_ctx_bufs {
     void *emb;         /* (n_seq, max(8, d)) feedback embedding input */
     float *logits;     /* (n_seq, V) */
     float *cfg;        /* (n_img, V) */
-    float *plog;       /* (mb_seq, h_q, max_slots) policy logits */
-    float *plse;       /* (mb_seq, h_q) */
+    float *plog;       /* (layers, n_seq, h_q, max_slots) policy logits (scored policies) */
+    float *plse;       /* (layers, n_seq, h_q) */
     int32_t *ids_in;   /* (n_seq, p_cap) prompt ids */
     int32_t *lp;       /* (n_seq) */
     int32_t *pos_pf;   /* (mb_tok) prefill positions r % p_cap */
     int32_t *rows_pf;  /* (mb_tok, h_kv) prefill cache rows */
     int32_t *pos;      /* (n_seq) decode positions */
     int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
-    int32_t *rows;     /* (mb_seq, h_kv) decode cache rows */
-    int32_t *slots;    /* (mb_seq, h_kv, max_slots) */
-    int32_t *nslots;   /* (mb_seq, h_kv) */
+    int32_t *rows;     /* decode cache rows: (layers, n_seq, h_kv); shared plan (n_seq, h_kv) */
+    int32_t *slots;    /* (layers, n_seq, h_kv, max_slots); shared plan (max_slots) */
+    int32_t *nslots;   /* (layers, n_seq, h_kv); shared plan (1) */
     int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
 } flexdiag_ctx_bufs;
 
@@ -90,9 +90,15 @@ struct flexdiag_context {
     void *block;                     /* device block holding every buffer */
     size_t block_bytes;              /* its size */
     flexdiag_ctx_bufs b;             /* carved buffers */
-    int32_t *h_rows, *h_slots, *h_nslots; /* host mirrors for the policy plan */
-    float *h_plog, *h_plse;          /* host mirrors for the policy update */
-    int32_t *h_ids;                  /* (n_img) */
+    int shared_plan;                 /* 1: one plan for every (seq, layer, KV head) (position-
+                                        only policies); else one per (layer, seq, KV head) */
+    int scored;                      /* the policy reads attention logits at some steps */
+    void *host;                      /* one host block (page-locked when the backend can) */
+    size_t host_bytes;               /* its size */
+    int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layout of b.rows/slots/...) */
+    float *h_plog, *h_plse;          /* host copies of a step's policy logits / lse */
+    int32_t *h_ids;                  /* (n_seq) sampled or forced ids */
+    int32_t *h_pos;                  /* (n_seq) decode positions of a step */
     atomic_int busy;                 /* a call is in flight */
     atomic_int cancel;               /* cancel requested */
     flexdiag_stats stats;            /* counters of the last call */

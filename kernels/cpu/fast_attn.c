@@ -154,8 +154,9 @@ static void decode_task(void *ctx, int64_t t, void *scratch) {
     int64_t hq0 = s * a->h_q + (int64_t)h * g; /* first (sequence, query head) of the group */
     key_list r = block_keys(jb, s, h);
     r.n_prompt = a->lp[s];
-    r.slots = a->slots ? a->slots + t * a->max_slots : NULL;
-    r.n_slots = a->n_slots[t];
+    int64_t li = a->shared_slots ? 0 : t; /* this (sequence, KV head)'s slot list */
+    r.slots = a->slots ? a->slots + li * a->max_slots : NULL;
+    r.n_slots = a->n_slots[li];
     group_out go = {jb->out + hq0 * a->d_h, a->lse_out ? a->lse_out + hq0 : NULL,
                     a->logits_out ? a->logits_out + hq0 * a->max_slots : NULL, a->max_slots};
     const float *q = jb->qkv + s * jb->width + (int64_t)h * g * a->d_h;

@@ -58,7 +58,8 @@ static flexdiag_status check_slots(const char *op, const flexdiag_attn_args *a) 
     if (!a->n_slots || (a->max_slots > 0 && !a->slots))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op,
                              a->n_slots ? "slots" : "n_slots");
-    for (int64_t sh = 0; sh < (int64_t)a->n_seq * a->h_kv; sh++) {
+    int64_t lists = a->shared_slots ? 1 : (int64_t)a->n_seq * a->h_kv;
+    for (int64_t sh = 0; sh < lists; sh++) {
         int32_t ns = a->n_slots[sh];
         if (ns < 0 || ns > a->max_slots)
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
@@ -210,7 +211,7 @@ flexdiag_status flexdiag__cpu_ref_attn_decode(void *out, const void *qkv, const 
     int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h;
     for (int64_t sq = 0; sq < a->n_seq; sq++)
         for (int32_t hq = 0; hq < a->h_q; hq++) {
-            int64_t sh = sq * a->h_kv + hq / g, shq = sq * a->h_q + hq;
+            int64_t sh = a->shared_slots ? 0 : sq * a->h_kv + hq / g, shq = sq * a->h_q + hq;
             key_rows kr = block_rows(a, k, v, sq, hq / g);
             kr.n_prompt = a->lp[sq];
             kr.slots = a->slots ? a->slots + sh * a->max_slots : NULL;

@@ -2,30 +2,20 @@
  * attn_decode.cu - the CUDA attn_decode op: one query token per sequence attends its prompt
  * rows and the ring rows its KV policy selected (policies.md §4.3), the hot kernel of decoding.
  *
- * Grid: one CTA per (sequence, KV head) (times ceil(g / 8) chunks when a group has more than 8
- * query heads); the CTA runs all query heads of the group, so every K/V row is read from HBM
- * once and used g times. The attended keys form one list: j < lp are prompt rows 0..lp-1
- * (contiguous), j >= lp are ring rows p_cap + slots[s][h][j - lp] (token-granular gather).
- * A key row of d_h bf16 is split over L = d_h / 8 lanes that each load 16 bytes (K and V); a
- * warp thus holds 32 / L rows per load, and each such "row group" takes every NG-th key of the
- * list, U keys per iteration, so U K rows and U V rows per lane are in flight before any use.
- * Each row group keeps its own online-softmax state (m, l, acc) per query head in fp32
- * registers; at the end the groups of a warp merge through shuffles and the warps through
- * shared memory (the usual (m, l, acc) rescaling merge), and the result is written as bf16.
- * Per key, all g fp32 logits of the group sit in the registers of the row group's lanes: a
- * per-key reduction across the group (Diagonal's fused argmin, policies.md §2.6) plugs in at
- * the "per-key logits" step of dec_attend without changing the data flow.
- *
- * Small batches (fewer than two CTAs per multiprocessor) split each key list over up to 16
- * CTAs (grid z); each writes its unnormalised (acc, m, l) to the stream's workspace and a tiny
- * second kernel merges them (policies.md §4.3). The workspace is stream-ordered scratch: no
- * GEMM on the same stream can be using it while these two kernels run.
- *
- * lp, slots and n_slots live on the device and cannot be checked without a host sync: lp and
- * n_slots are clamped to [0, p_cap] / [0, max_slots] and a slot outside the ring masks its key
- * (logit -inf, no load), so bad metadata never reads outside the (sequence, head) block.
- * Rejected: a CTA per query head (re-reads K/V g times), staging K/V through shared memory
- * (every row is used by one row group only, registers suffice).
+ * One CTA per (sequence, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
+ * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
+ * (contiguous), j >= lp ring rows p_cap + slots[s][h][j - lp] (token-granular gather). A row
+ * of d_h bf16 is split over L = d_h / 8 lanes with 16-byte loads; each such row group takes
+ * every NG-th key, U per iteration, all loads issued before use, and keeps its own fp32
+ * online-softmax state (m, l, acc) per head; groups merge by shuffles, warps through shared
+ * memory. All g logits of a key sit in the group's registers at the "per-key logits" step of
+ * dec_attend, where Diagonal's fused argmin (a max over the group, §2.6) will plug in.
+ * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
+ * (acc, m, l) to the stream's workspace (stream-ordered scratch), merged by a second kernel.
+ * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
+ * and a slot outside the ring masks its key (logit -inf, no load), so bad metadata never
+ * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
+ * memory (each row feeds one row group only).
  */
 #include "attn.cuh"
 #include "cuda_common.cuh"
@@ -60,6 +50,7 @@ typedef struct decode_params {
     const int32_t *lp;            /* (n_seq) prompt rows */
     const int32_t *slots;         /* (n_seq, h_kv, max_slots) ring rows */
     const int32_t *n_slots;       /* (n_seq, h_kv) valid slots */
+    int32_t shared;               /* 1: one slot list for every (seq, KV head) */
     float *logits_out;            /* (n_seq, h_q, max_slots) or NULL */
     float *lse_out;               /* (n_seq, h_q) or NULL */
     float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l */
@@ -285,14 +276,15 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     /* key list: lp prompt rows, then ns ring slots (clamped: file comment); this CTA's part */
     dec_keys k;
     k.lp = min(max(__ldg(p.lp + s), 0), p.p_cap);
-    k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + bh), 0), p.max_slots) : 0);
+    const int64_t li = p.shared ? 0 : bh; /* slot list of this (sequence, KV head) */
+    k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0);
     const int per = (k.n + p.splits - 1) / p.splits;
     k.jb = min(k.n, (int)blockIdx.z * per);
     k.je = min(k.n, k.jb + per);
     const int64_t blk = (int64_t)bh * (p.p_cap + p.ring) * L + sub;
     k.kb = kc + blk;
     k.vb = vc + blk;
-    k.sl = p.slots + (int64_t)bh * p.max_slots;
+    k.sl = p.slots + li * p.max_slots;
     k.lg = p.logits_out ? p.logits_out + ((int64_t)s * p.h_q + hq0) * p.max_slots : nullptr;
 
     dec_state<G> st;
@@ -426,7 +418,8 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
     const int64_t ctas = (int64_t)a->n_seq * a->h_kv * chunks;
     const int splits = decode_splits(a, s, ctas);
     decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, splits, a->scale,
-                       a->lp, a->slots, a->n_slots, a->logits_out, a->lse_out,
+                       a->lp, a->slots, a->n_slots, a->shared_slots ? 1 : 0, a->logits_out,
+                       a->lse_out,
                        (float *)s->workspace};
     const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
     switch (a->d_h) {

@@ -2,21 +2,18 @@
  * attn_prefill.cu - the CUDA attn_prefill op: causal attention of every prompt row over the
  * cached prompt rows 0..r of its sequence (varlen through lp), flash-style.
  *
- * Grid: one CTA per (sequence, query head, tile of PF_BM = 64 query rows); 4 warps, each owning
- * 16 query rows. The Q tile stays in tensor-core fragments; K/V tiles of PF_BN = 64 prompt rows
- * are staged in shared memory (16-byte loads, rows past the causal limit zero-filled so cache
- * garbage never reaches the math). Per K/V tile a warp computes S = Q·Kᵀ with bf16 WMMA
- * (fp32 accumulate) into shared memory, applies scale and the causal mask, updates its rows'
- * online-softmax state (m, l) in fp32 (two lanes per row), rescales its fp32 O rows and
- * accumulates O += P·V with WMMA, P split into two bf16 terms P_hi + P_lo (P_lo = bf16(P -
- * P_hi)): a single bf16 P would cost 2^-9 relative per weight, enough to break the bf16 output
- * tolerance where few keys cancel; the split keeps P to ~2^-17 for one more MMA per k-step.
- * The epilogue divides by l and writes bf16;
- * query rows lp..p_cap-1 are written as zeros (kernels.h), whole tiles past lp without any math.
- * WMMA rather than inline mma.sync: the accumulator layout is opaque, so O lives in shared
- * memory (fp32) between tiles; prompts are short (tens to hundreds of rows) and this op runs
- * once per request, so the simpler, layout-independent form is preferred over register-resident
- * accumulators. Heaviest tiles (last query rows) are scheduled first.
+ * One CTA per (sequence, query head, tile of PF_BM = 64 query rows), 4 warps of 16 rows; the
+ * Q tile lives in tensor-core fragments. Per K/V tile of PF_BN = 64 rows staged in shared
+ * memory (16-byte loads; rows past the causal limit zero-filled, so cache garbage never reaches
+ * the math) a warp computes S = Q·Kᵀ with bf16 WMMA (fp32 accumulate), masks and scales it,
+ * updates its rows' fp32 online softmax (m, l) (two lanes per row), rescales its fp32 O rows
+ * and accumulates O += P·V with P split as P_hi + P_lo (two bf16 terms): one bf16 P costs
+ * 2^-9 relative per weight, enough to break the bf16 output tolerance where a few keys cancel;
+ * the split keeps ~2^-17 for one more MMA. Query rows lp..p_cap-1 are written as zeros
+ * (kernels.h), whole tiles past lp without any math; heaviest tiles are scheduled first.
+ * WMMA rather than inline mma.sync: its accumulator layout is opaque, so O stays in shared
+ * memory between tiles; prompts are short and this op runs once per request, so the simpler,
+ * layout-independent form wins over register-resident accumulators.
  */
 #include <mma.h>
 
@@ -76,11 +73,114 @@ static __device__ __forceinline__ void pf_load_tile(__nv_bfloat16 *dst, int ldd,
     }
 }
 
+/* The 16 query rows one warp owns: its slices of the shared tiles (pf_layout strides). */
+template <int D> struct pf_warp {
+    float *sf;              /* S rows, fp32 */
+    __nv_bfloat16 *ph, *pl; /* P_hi / P_lo rows, bf16 */
+    float *of;              /* O rows, fp32 */
+};
+
+/* A 16 x 16 bf16 tile of Q (row-major) in tensor-core fragment form. */
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pf_qfrag;
+
+/* S = Q·Kᵀ of the warp's rows against the PF_BN keys of ks. */
+template <int D>
+static __device__ __forceinline__ void pf_scores(const pf_warp<D> &w, const __nv_bfloat16 *ks,
+                                                 const pf_qfrag (&qf)[D / 16]) {
+    typedef pf_layout<D> LY;
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 16; nt++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc;
+        wmma::fill_fragment(sacc, 0.0f);
+#pragma unroll
+        for (int kt = 0; kt < D / 16; kt++) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kb;
+            wmma::load_matrix_sync(kb, ks + nt * 16 * LY::LDQ + kt * 16, LY::LDQ);
+            wmma::mma_sync(sacc, qf[kt], kb, sacc);
+        }
+        wmma::store_matrix_sync(w.sf + nt * 16, sacc, LY::LDS, wmma::mem_row_major);
+    }
+}
+
+/* Row r of the warp (two lanes, half = column half): scale and causal mask of keys k0.., online
+ * softmax update of (m, l), P_hi / P_lo, and the O row rescaled. qr = query position. */
+template <int D>
+static __device__ __forceinline__ void pf_softmax(const pf_warp<D> &w, int r, int half, int k0,
+                                                  int qr, int lp, float scale, float &m,
+                                                  float &l) {
+    typedef pf_layout<D> LY;
+    float *srow = w.sf + r * LY::LDS;
+    float mx = -INFINITY;
+    for (int c = half * (PF_BN / 2); c < (half + 1) * (PF_BN / 2); c++) {
+        const int key = k0 + c;
+        const float z = (key <= qr && key < lp) ? srow[c] * scale : -INFINITY;
+        srow[c] = z;
+        mx = fmaxf(mx, z);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float mn = fmaxf(m, mx), corr = pf_exp_shift(m, mn);
+    float sum = 0.0f;
+    for (int c = half * (PF_BN / 2); c < (half + 1) * (PF_BN / 2); c++) {
+        const float pv = pf_exp_shift(srow[c], mn);
+        const __nv_bfloat16 hi = __float2bfloat16_rn(pv);
+        w.ph[r * LY::LDP + c] = hi;
+        w.pl[r * LY::LDP + c] = __float2bfloat16_rn(pv - __bfloat162float(hi));
+        sum += pv;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * corr + sum;
+    m = mn;
+    for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) w.of[r * LY::LDO + c] *= corr;
+}
+
+/* O += (P_hi + P_lo)·V for the warp's rows. */
+template <int D>
+static __device__ __forceinline__ void pf_accumulate(const pf_warp<D> &w,
+                                                     const __nv_bfloat16 *vs) {
+    typedef pf_layout<D> LY;
+#pragma unroll
+    for (int dt = 0; dt < D / 16; dt++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
+        wmma::load_matrix_sync(oacc, w.of + dt * 16, LY::LDO, wmma::mem_row_major);
+#pragma unroll
+        for (int kt = 0; kt < PF_BN / 16; kt++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vb;
+            wmma::load_matrix_sync(vb, vs + kt * 16 * LY::LDQ + dt * 16, LY::LDQ);
+            wmma::load_matrix_sync(pa, w.ph + kt * 16, LY::LDP);
+            wmma::mma_sync(oacc, pa, vb, oacc);
+            wmma::load_matrix_sync(pa, w.pl + kt * 16, LY::LDP);
+            wmma::mma_sync(oacc, pa, vb, oacc);
+        }
+        wmma::store_matrix_sync(w.of + dt * 16, oacc, LY::LDO, wmma::mem_row_major);
+    }
+}
+
+/* Half a row of output (D / 2 values from column half·D/2): O / l in bf16, or literal zeros
+ * for a padding row (never 0 · garbage). */
+template <int D>
+static __device__ __forceinline__ void pf_store(uint4 *dst, const float *orow, int half,
+                                                bool live, float l) {
+    const float inv = live ? __frcp_rn(l) : 0.0f;
+    for (int c = half * (D / 16); c < (half + 1) * (D / 16); c++) {
+        uint32_t u[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int e = 0; e < 4 && live; e++) {
+            __nv_bfloat162 b = __floats2bfloat162_rn(orow[c * 8 + 2 * e] * inv,
+                                                     orow[c * 8 + 2 * e + 1] * inv);
+            memcpy(&u[e], &b, 4);
+        }
+        dst[c] = make_uint4(u[0], u[1], u[2], u[3]);
+    }
+}
+
 /* ---- kernel ---- */
 
-/* out (n_seq·p_cap, h_q·D) bf16; qkv (n_seq·p_cap, (h_q + 2·h_kv)·D) bf16; kc, vc caches. */
+/* out (n_seq·p_cap, h_q·D) bf16; qkv (n_seq·p_cap, (h_q + 2·h_kv)·D) bf16; kc, vc caches.
+ * Two CTAs per multiprocessor: the shared-memory limit at D = 128; the hint also keeps ptxas
+ * (nvcc 13.0) from spilling at D = 32. */
 template <int D>
-static __global__ void __launch_bounds__(PF_THREADS)
+static __global__ void __launch_bounds__(PF_THREADS, 2)
 attn_prefill_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__restrict__ qkv,
                     const __nv_bfloat16 *__restrict__ kc, const __nv_bfloat16 *__restrict__ vc,
                     prefill_params p) {
@@ -90,8 +190,7 @@ attn_prefill_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__rest
     float *sf = reinterpret_cast<float *>(pf_smem); /* aliases qs (pf_layout) */
     __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(pf_smem + LY::qs_region);
     __nv_bfloat16 *vs = ks + PF_BN * LY::LDQ;
-    __nv_bfloat16 *pb = vs + PF_BN * LY::LDQ; /* P_hi */
-    __nv_bfloat16 *pl = pb + PF_BM * LY::LDP;                                    /* P_lo */
+    __nv_bfloat16 *ph = vs + PF_BN * LY::LDQ, *pl = ph + PF_BM * LY::LDP;
     float *of = reinterpret_cast<float *>(pl + PF_BM * LY::LDP);
 
     /* block -> (sequence, head, tile); tiles of one head adjacent, last (heaviest) first */
@@ -111,111 +210,43 @@ attn_prefill_kernel(__nv_bfloat16 *__restrict__ out, const __nv_bfloat16 *__rest
         return;
     }
 
-    /* Q tile and zeroed O */
+    /* Q tile (-> fragments) and zeroed O */
     pf_load_tile<D>(qs, LY::LDQ, qkv + ((int64_t)s * p.p_cap + q0) * qkv_ld + (int64_t)hq * D,
                     qkv_ld, PF_BM, lp - q0);
-    for (int x = (int)threadIdx.x; x < PF_BM * D; x += PF_THREADS) of[(x / D) * LY::LDO + x % D] = 0;
+    for (int x = (int)threadIdx.x; x < PF_BM * D; x += PF_THREADS)
+        of[(x / D) * LY::LDO + x % D] = 0.0f;
     __syncthreads();
-
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
-    const int wr = warp * 16;                    /* first tile row of this warp */
-    const int r = lane >> 1, half = lane & 1;    /* softmax: two lanes per row */
-    const int qr = q0 + wr + r;                  /* query row (prompt position) */
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qf[D / 16];
+    const int wr = warp * 16;                 /* first tile row of this warp */
+    const int r = lane >> 1, half = lane & 1; /* softmax: two lanes per row */
+    const int qr = q0 + wr + r;               /* query row (prompt position) */
+    pf_qfrag qf[D / 16];
 #pragma unroll
     for (int kt = 0; kt < D / 16; kt++)
         wmma::load_matrix_sync(qf[kt], qs + wr * LY::LDQ + kt * 16, LY::LDQ);
 
+    const pf_warp<D> w = {sf + wr * LY::LDS, ph + wr * LY::LDP, pl + wr * LY::LDP,
+                          of + wr * LY::LDO};
     float m = -INFINITY, l = 0.0f; /* this row's softmax state (both lanes hold it) */
-    float *srow = sf + (wr + r) * LY::LDS, *orow = of + (wr + r) * LY::LDO;
-    __nv_bfloat16 *prow = pb + (wr + r) * LY::LDP, *plrow = pl + (wr + r) * LY::LDP;
     const int64_t cache_blk = ((int64_t)s * p.h_kv + hk) * (p.p_cap + p.ring) * D;
     const int kmax = min(lp, q0 + PF_BM); /* keys any row of the tile may see */
-
     for (int k0 = 0; k0 < kmax; k0 += PF_BN) {
         __syncthreads(); /* all warps are done with the previous K/V tile and with qs (= sf) */
         pf_load_tile<D>(ks, LY::LDQ, kc + cache_blk + (int64_t)k0 * D, D, PF_BN, kmax - k0);
         pf_load_tile<D>(vs, LY::LDQ, vc + cache_blk + (int64_t)k0 * D, D, PF_BN, kmax - k0);
         __syncthreads();
-
-        /* S = Q·Kᵀ for the warp's 16 rows */
-#pragma unroll
-        for (int nt = 0; nt < PF_BN / 16; nt++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc;
-            wmma::fill_fragment(sacc, 0.0f);
-#pragma unroll
-            for (int kt = 0; kt < D / 16; kt++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> kb;
-                wmma::load_matrix_sync(kb, ks + nt * 16 * LY::LDQ + kt * 16, LY::LDQ);
-                wmma::mma_sync(sacc, qf[kt], kb, sacc);
-            }
-            wmma::store_matrix_sync(sf + wr * LY::LDS + nt * 16, sacc, LY::LDS,
-                                    wmma::mem_row_major);
-        }
+        pf_scores<D>(w, ks, qf);
         __syncwarp();
-
-        /* scale, causal mask, online softmax; P as P_hi + P_lo, l sums the fp32 P */
-        float mx = -INFINITY;
-        for (int c = half * (PF_BN / 2); c < (half + 1) * (PF_BN / 2); c++) {
-            const int key = k0 + c;
-            const float z = (key <= qr && key < lp) ? srow[c] * p.scale : -INFINITY;
-            srow[c] = z;
-            mx = fmaxf(mx, z);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float mn = fmaxf(m, mx), corr = pf_exp_shift(m, mn);
-        float sum = 0.0f;
-        for (int c = half * (PF_BN / 2); c < (half + 1) * (PF_BN / 2); c++) {
-            const float pv = pf_exp_shift(srow[c], mn);
-            const __nv_bfloat16 hi = __float2bfloat16_rn(pv);
-            prow[c] = hi;
-            plrow[c] = __float2bfloat16_rn(pv - __bfloat162float(hi));
-            sum += pv;
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l = l * corr + sum;
-        m = mn;
-        for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) orow[c] *= corr;
+        pf_softmax<D>(w, r, half, k0, qr, lp, p.scale, m, l);
         __syncwarp();
-
-        /* O += P·V */
-#pragma unroll
-        for (int dt = 0; dt < D / 16; dt++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
-            wmma::load_matrix_sync(oacc, of + wr * LY::LDO + dt * 16, LY::LDO,
-                                   wmma::mem_row_major);
-#pragma unroll
-            for (int kt = 0; kt < PF_BN / 16; kt++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vb;
-                wmma::load_matrix_sync(vb, vs + kt * 16 * LY::LDQ + dt * 16, LY::LDQ);
-                wmma::load_matrix_sync(pa, pb + wr * LY::LDP + kt * 16, LY::LDP);
-                wmma::mma_sync(oacc, pa, vb, oacc);
-                wmma::load_matrix_sync(pa, pl + wr * LY::LDP + kt * 16, LY::LDP);
-                wmma::mma_sync(oacc, pa, vb, oacc);
-            }
-            wmma::store_matrix_sync(of + wr * LY::LDO + dt * 16, oacc, LY::LDO,
-                                    wmma::mem_row_major);
-        }
+        pf_accumulate<D>(w, vs);
         __syncwarp();
     }
 
-    /* epilogue: O / l in bf16; rows >= lp are zeros; rows past p_cap belong to no sequence */
-    if (wr + r < rows_out) {
-        const bool live = qr < lp && l != 0.0f;
-        const float inv = live ? __frcp_rn(l) : 0.0f;
-        uint4 *dst = reinterpret_cast<uint4 *>(out_t + (int64_t)(wr + r) * out_ld);
-        for (int c = half * (D / 16); c < (half + 1) * (D / 16); c++) {
-            uint32_t u[4] = {0, 0, 0, 0}; /* literal zeros: never 0 · garbage */
-#pragma unroll
-            for (int e = 0; e < 4 && live; e++) {
-                __nv_bfloat162 b = __floats2bfloat162_rn(orow[c * 8 + 2 * e] * inv,
-                                                         orow[c * 8 + 2 * e + 1] * inv);
-                memcpy(&u[e], &b, 4);
-            }
-            dst[c] = make_uint4(u[0], u[1], u[2], u[3]);
-        }
-    }
+    /* rows >= lp are zeros; rows past p_cap belong to no sequence */
+    if (wr + r < rows_out)
+        pf_store<D>(reinterpret_cast<uint4 *>(out_t + (int64_t)(wr + r) * out_ld),
+                    w.of + r * LY::LDO, half, qr < lp && l != 0.0f, l);
 }
 
 /* ---- launcher ---- */

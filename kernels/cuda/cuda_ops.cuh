@@ -37,6 +37,9 @@ flexdiag_status flexdiag__cuda_stream_sync(flexdiag_stream *s);
 flexdiag_status flexdiag__cuda_mem_alloc(size_t bytes, void **out);
 /* cudaFree; NULL is a no-op; a failure is logged (nothing to return it to). */
 void flexdiag__cuda_mem_free(void *p);
+/* Page-locked host memory (cudaHostAlloc) and its release. */
+flexdiag_status flexdiag__cuda_host_alloc(size_t bytes, void **out);
+void flexdiag__cuda_host_free(void *p);
 /* cudaMemGetInfo of the current device. */
 flexdiag_status flexdiag__cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* Host (pageable or pinned) to device, ordered on s. */

@@ -47,6 +47,8 @@ static flexdiag_kernels make_table(void) {
     t.attn_decode = flexdiag__cuda_attn_decode;
     t.cfg_combine = flexdiag__cuda_cfg_combine;
     t.sample = flexdiag__cuda_sample;
+    t.host_alloc = flexdiag__cuda_host_alloc;
+    t.host_free = flexdiag__cuda_host_free;
     return t;
 }
 

@@ -192,3 +192,21 @@ extern "C" flexdiag_status flexdiag__cuda_memset0(void *dst, size_t bytes, flexd
     FLEXDIAG_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, flexdiag__cuda_st(s)));
     return FLEXDIAG_OK;
 }
+
+/* ---- page-locked host staging ---- */
+
+extern "C" flexdiag_status flexdiag__cuda_host_alloc(size_t bytes, void **out) {
+    *out = NULL;
+    if (bytes == 0) return FLEXDIAG_OK;
+    cudaError_t e = cudaHostAlloc(out, bytes, cudaHostAllocDefault);
+    if (e == cudaSuccess) return FLEXDIAG_OK;
+    *out = NULL;
+    (void)cudaGetLastError();
+    return flexdiag__err(FLEXDIAG_ERR_OOM_PINNED,
+                         "cuda: cannot pin %zu bytes of host memory (%s): check ulimit -l",
+                         bytes, cudaGetErrorString(e));
+}
+
+extern "C" void flexdiag__cuda_host_free(void *p) {
+    if (p) (void)cudaFreeHost(p);
+}

@@ -31,8 +31,8 @@
 
 #include "util.h"
 
-#define SIDE 32     /* micro-janus image side in pixels (8x8 tokens, 4x upsampling) */
-#define TOKENS 64   /* micro-janus tokens per image */
+#define SIDE   32 /* micro-janus image side in pixels (8x8 tokens, 4x upsampling) */
+#define TOKENS 64 /* micro-janus tokens per image */
 
 static const char *g_bin; /* $FLEXDIAG_BIN */
 
@@ -142,12 +142,12 @@ static const struct {
     const char *key;
     json_type type;
 } fields[] = {
-    {"prompt_index", JSON_INTEGER}, {"sample", JSON_INTEGER},     {"image_index", JSON_INTEGER},
-    {"prompt", JSON_STRING},        {"file", JSON_STRING},        {"seed", JSON_INTEGER},
-    {"model", JSON_STRING},         {"policy", JSON_STRING},      {"n_att", JSON_INTEGER},
-    {"n_r", JSON_INTEGER},          {"sparsity", JSON_REAL},      {"cfg_weight", JSON_REAL},
-    {"temperature", JSON_REAL},     {"top_k", JSON_INTEGER},      {"top_p", JSON_REAL},
-    {"tokens_fnv1a64", JSON_STRING}, {"block_s", JSON_REAL},      {"images_in_block", JSON_INTEGER},
+    {"prompt_index", JSON_INTEGER},  {"sample", JSON_INTEGER}, {"image_index", JSON_INTEGER},
+    {"prompt", JSON_STRING},         {"file", JSON_STRING},    {"seed", JSON_INTEGER},
+    {"model", JSON_STRING},          {"policy", JSON_STRING},  {"n_att", JSON_INTEGER},
+    {"n_r", JSON_INTEGER},           {"sparsity", JSON_REAL},  {"cfg_weight", JSON_REAL},
+    {"temperature", JSON_REAL},      {"top_k", JSON_INTEGER},  {"top_p", JSON_REAL},
+    {"tokens_fnv1a64", JSON_STRING}, {"block_s", JSON_REAL},   {"images_in_block", JSON_INTEGER},
 };
 
 /* Every line of out/results.jsonl parsed (whole lines only, all fields typed): a JSON array. */
@@ -308,7 +308,8 @@ static void test_geneval(void **state) {
     snprintf(meta, sizeof meta, "%s\n\n%s\n", lines[0], lines[1]);
     write_text(tmp, "evaluation_metadata.jsonl", meta);
     assert_int_equal(gen(tmp, "--layout geneval --prompts evaluation_metadata.jsonl "
-                              "--images-per-prompt 2 --out g"), 0);
+                              "--images-per-prompt 2 --out g"),
+                     0);
     char out[4096], path[4300], rel[64];
     snprintf(out, sizeof out, "%s/g", tmp);
     for (int p = 0; p < 2; p++) {
@@ -424,7 +425,8 @@ static void interrupt_run(const char *layout_args, const char *first_png, int si
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "cd '%s' && exec '%s' generate --cpu --arch micro-janus --quiet --batch 1 "
-             "--images-per-prompt 4 %s --out o 2>err.txt", tmp, g_bin, layout_args);
+             "--images-per-prompt 4 %s --out o 2>err.txt",
+             tmp, g_bin, layout_args);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -514,9 +516,9 @@ int main(void) {
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plain),         cmocka_unit_test(test_batch_invariance),
-        cmocka_unit_test(test_geneval),       cmocka_unit_test(test_dpg),
-        cmocka_unit_test(test_sigint_plain),  cmocka_unit_test(test_sigterm_dpg),
+        cmocka_unit_test(test_plain),        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_geneval),      cmocka_unit_test(test_dpg),
+        cmocka_unit_test(test_sigint_plain), cmocka_unit_test(test_sigterm_dpg),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -108,7 +108,8 @@ void ch_attn_fix_init(ch_attn_fix *f, const ch_attn_case *c, uint64_t seed) {
                             f->n_slots,
                             c->max_slots,
                             NULL,
-                            NULL};
+                            NULL,
+                            0};
     f->a = a;
 }
 

@@ -127,7 +127,8 @@ static void bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench
     const double med = ms[ms.size() / 2] * 1e-3;
     /* bytes the op must move: K and V rows, q, out, slot lists (+ logits, lse) */
     const double keys = (double)B * r.h_kv * (lp + r.n_slots);
-    double bytes = keys * 2 * d_h * 2 + 2.0 * B * r.h_q * d_h * 2 + (double)B * r.h_kv * r.n_slots * 4;
+    double bytes = keys * 2 * d_h * 2 + 2.0 * B * r.h_q * d_h * 2;
+    bytes += (double)B * r.h_kv * r.n_slots * 4;
     if (r.extras) bytes += (double)B * r.h_q * (r.n_slots + 1) * 4;
     printf("| %-28s | %8.1f | %8.2f | %8.1f | %5.1f %% | %8.2f | %8.2f |\n", r.name, bytes / 1e6,
            med * 1e6, bytes / med / 1e9, 100.0 * bytes / med / BENCH_HBM_BPS, ms.front() * 1e3,

@@ -206,6 +206,10 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     tu_fill_bf16(r, pb->kc, pb->cache_n, 1.0f);
     tu_fill_bf16(r, pb->vc, pb->cache_n, 1.0f);
     make_slots(pb, r);
+    if (c->n_seq == 8 && c->d_h == 16) { /* its head 0 attends no key at all: zeros, lse -inf */
+        pb->n_slots[2 * c->h_kv] = 0;
+        pb->dup[2 * c->h_kv] = 0;
+    }
     pb->kc32 = upcast(pb->kc, pb->cache_n);
     pb->vc32 = upcast(pb->vc, pb->cache_n);
     /* q and k ~ N(0, 1.5²): logits of a few units, softmax neither flat nor one-hot */
@@ -219,7 +223,7 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     tu_fill_bf16(r, pb->qkv_d, (int64_t)c->n_seq * pb->w, 1.5f);
     flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, P_CAP, c->ring,
                             1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
-                            pb->max_slots, NULL, NULL};
+                            pb->max_slots, NULL, NULL, 0};
     pb->a = a;
 }
 
@@ -329,6 +333,11 @@ static const float *row32(const problem *pb, const float *c, int64_t s, int32_t 
     return c + ((s * pb->c.h_kv + h) * (P_CAP + pb->c.ring) + r) * pb->c.d_h;
 }
 
+/* Cache row of attended key j of (sequence s, KV head block sh) at decode: prompt, then slots. */
+static int64_t key_row(const problem *pb, int64_t sh, int64_t s, int64_t j) {
+    return j < pb->lp[s] ? j : P_CAP + pb->slots[sh * pb->max_slots + j - pb->lp[s]];
+}
+
 /* ---- the three ops on one case ---- */
 
 /* Append the prompt (every row of the P_CAP block, padding rows carry NaN) on both backends. */
@@ -384,7 +393,8 @@ static void prefill_fa(const problem *pb, const float *qkv32, const float *got, 
 static void run_prefill(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *dlp, tu_rng *r,
                         const char *label) {
     const attn_case *c = &pb->c;
-    int64_t n_out = (int64_t)c->n_seq * P_CAP * c->h_q * c->d_h, np = (int64_t)c->n_seq * P_CAP * pb->w;
+    int64_t n_out = (int64_t)c->n_seq * P_CAP * c->h_q * c->d_h;
+    int64_t np = (int64_t)c->n_seq * P_CAP * pb->w;
     dbuf dout = dbuf_new(n_out, 2, r), dqkv = dbuf_new(np, 2, r);
     dbuf_up(&dqkv, pb->qkv_p);
     dbuf_poison(&dout);
@@ -447,8 +457,7 @@ static int check_logits(const problem *pb, const float *qkv32, const float *got_
             const float *q = qkv32 + s * pb->w + (int64_t)hq * d;
             double magmax = 0;
             for (int64_t j = 0; j < pb->lp[s] + pb->n_slots[sh]; j++) {
-                int64_t row = j < pb->lp[s] ? j : P_CAP + pb->slots[sh * pb->max_slots + j - pb->lp[s]];
-                const float *k = row32(pb, pb->kc32, s, hq / g, row);
+                const float *k = row32(pb, pb->kc32, s, hq / g, key_row(pb, sh, s, j));
                 double mag = 0;
                 for (int e = 0; e < d; e++) mag += fabs((double)q[e] * k[e]);
                 mag *= pb->a.scale;
@@ -495,16 +504,16 @@ static void decode_fa(const problem *pb, const float *qkv32, const float *got, f
     const attn_case *c = &pb->c;
     int g = c->h_q / c->h_kv, d = c->d_h;
     int64_t nmax = P_CAP + pb->max_slots;
-    const float **kr = xmalloc((size_t)nmax * sizeof *kr), **vr = xmalloc((size_t)nmax * sizeof *vr);
+    const float **kr = xmalloc((size_t)nmax * sizeof *kr);
+    const float **vr = xmalloc((size_t)nmax * sizeof *vr);
     double *o64 = xmalloc((size_t)d * sizeof *o64);
     float *on = xmalloc((size_t)d * sizeof *on), *zb = xmalloc((size_t)nmax * sizeof *zb);
     for (int64_t s = 0; s < c->n_seq; s++)
         for (int32_t hq = 0; hq < c->h_q; hq++) {
             int64_t sh = s * c->h_kv + hq / g, n = pb->lp[s] + pb->n_slots[sh];
             for (int64_t j = 0; j < n; j++) {
-                int64_t row = j < pb->lp[s] ? j : P_CAP + pb->slots[sh * pb->max_slots + j - pb->lp[s]];
-                kr[j] = row32(pb, pb->kc32, s, hq / g, row);
-                vr[j] = row32(pb, pb->vc32, s, hq / g, row);
+                kr[j] = row32(pb, pb->kc32, s, hq / g, key_row(pb, sh, s, j));
+                vr[j] = row32(pb, pb->vc32, s, hq / g, key_row(pb, sh, s, j));
             }
             attend_ref(qkv32 + s * pb->w + (int64_t)hq * d, kr, vr, n, d, pb->a.scale, o64, on, zb);
             fa_add(fe, got + (s * c->h_q + hq) * d, o64, on, d);
@@ -629,7 +638,7 @@ static void test_bad_args(void **state) {
     int32_t zeros[64] = {0};
     dbuf_up(&ints, zeros);
     void *p = buf.p;
-    flexdiag_attn_args ok = {2, 4, 2, 16, 4, 4, 0.25f, ints.p, ints.p, ints.p, 4, NULL, NULL};
+    flexdiag_attn_args ok = {2, 4, 2, 16, 4, 4, 0.25f, ints.p, ints.p, ints.p, 4, NULL, NULL, 0};
     flexdiag_attn_args a = ok;
     flexdiag__err_clear();
 

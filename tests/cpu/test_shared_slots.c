@@ -1,0 +1,127 @@
+/*
+ * test_shared_slots.c - attn_decode with one shared slot list (position-only policies) must
+ * equal the same list expanded to every (sequence, KV head): bit-identical on the CPU reference
+ * and fast tables (same order of summation), and on CUDA when a device is present (same kernel
+ * path, so also bit-identical). Logits and lse outputs included.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "core.h"
+#include "kernels.h"
+#include "util.h"
+
+enum { NS = 3, HQ = 4, HKV = 2, DH = 16, PCAP = 5, RING = 9, MS = 6 };
+
+typedef struct bufs {
+    void *q, *k, *v, *out;       /* device */
+    int32_t *lp, *slots, *nsl;   /* device */
+    float *lg, *lse;             /* device */
+} bufs;
+
+static void *dev_put(const flexdiag_kernels *k, flexdiag_stream *s, const void *h, size_t n) {
+    void *d = NULL;
+    assert_int_equal(k->mem_alloc(n, &d), FLEXDIAG_OK);
+    assert_int_equal(k->copy_h2d(d, h, n, s), FLEXDIAG_OK);
+    return d;
+}
+
+/* Act data from f32 host values, on the backend. */
+static void *act_put(const flexdiag_kernels *k, flexdiag_stream *s, const float *h, int64_t n) {
+    void *f = dev_put(k, s, h, (size_t)n * 4), *a = NULL;
+    assert_int_equal(k->mem_alloc((size_t)n * (size_t)k->act_bytes, &a), FLEXDIAG_OK);
+    assert_int_equal(k->act_from_f32(a, f, n, s), FLEXDIAG_OK);
+    assert_int_equal(k->stream_sync(s), FLEXDIAG_OK);
+    k->mem_free(f);
+    return a;
+}
+
+/* Run attn_decode shared (1) or expanded (0); returns host out|logits|lse concatenated. */
+static float *run(const flexdiag_kernels *k, int shared) {
+    flexdiag_stream *s = NULL;
+    assert_int_equal(k->stream_create(k->act_bytes == 2 ? 0 : -1, 2, &s), FLEXDIAG_OK);
+    tu_rng r;
+    tu_rng_seed(&r, 5);
+    int64_t w = (HQ + 2 * HKV) * DH, kvn = (int64_t)NS * HKV * (PCAP + RING) * DH;
+    float *q = malloc((size_t)NS * (size_t)w * 4), *kv = malloc((size_t)kvn * 4);
+    tu_fill_f32(&r, q, NS * w, 1.0f);
+    tu_fill_f32(&r, kv, kvn, 1.0f);
+    int32_t lp[NS] = {5, 2, 0}, list[MS] = {3, 0, 8, 8, 5, 1}, nsl[NS * HKV], sl[NS * HKV * MS];
+    for (int i = 0; i < NS * HKV; i++) {
+        nsl[i] = 5;
+        memcpy(sl + i * MS, list, sizeof list);
+    }
+    bufs b = {.q = act_put(k, s, q, NS * w), .k = act_put(k, s, kv, kvn)};
+    tu_fill_f32(&r, kv, kvn, 1.0f);
+    b.v = act_put(k, s, kv, kvn);
+    b.lp = dev_put(k, s, lp, sizeof lp);
+    b.slots = dev_put(k, s, sl, shared ? sizeof list : sizeof sl);
+    b.nsl = dev_put(k, s, nsl, shared ? 4 : sizeof nsl);
+    int64_t no = (int64_t)NS * HQ * DH, nl = (int64_t)NS * HQ * MS, ne = NS * HQ;
+    assert_int_equal(k->mem_alloc((size_t)no * (size_t)k->act_bytes, &b.out), FLEXDIAG_OK);
+    assert_int_equal(k->mem_alloc((size_t)nl * 4, (void **)&b.lg), FLEXDIAG_OK);
+    assert_int_equal(k->mem_alloc((size_t)ne * 4, (void **)&b.lse), FLEXDIAG_OK);
+    assert_int_equal(k->memset0(b.lg, (size_t)nl * 4, s), FLEXDIAG_OK);
+    flexdiag_attn_args a = {.n_seq = NS, .h_q = HQ, .h_kv = HKV, .d_h = DH, .p_cap = PCAP,
+                            .ring = RING, .scale = 0.25f, .lp = b.lp, .slots = b.slots,
+                            .n_slots = b.nsl, .max_slots = MS, .logits_out = b.lg,
+                            .lse_out = b.lse, .shared_slots = shared};
+    assert_int_equal(k->attn_decode(b.out, b.q, b.k, b.v, &a, s), FLEXDIAG_OK);
+    float *res = malloc((size_t)(no + nl + ne) * 4), *of = NULL;
+    assert_int_equal(k->mem_alloc((size_t)no * 4, (void **)&of), FLEXDIAG_OK);
+    assert_int_equal(k->act_to_f32(of, b.out, no, s), FLEXDIAG_OK);
+    assert_int_equal(k->copy_d2h(res, of, (size_t)no * 4, s), FLEXDIAG_OK);
+    assert_int_equal(k->copy_d2h(res + no, b.lg, (size_t)nl * 4, s), FLEXDIAG_OK);
+    assert_int_equal(k->copy_d2h(res + no + nl, b.lse, (size_t)ne * 4, s), FLEXDIAG_OK);
+    void *all[] = {b.q, b.k, b.v, b.out, b.lp, b.slots, b.nsl, b.lg, b.lse, of};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) k->mem_free(all[i]);
+    k->stream_destroy(s);
+    free(q);
+    free(kv);
+    return res;
+}
+
+static void check(const flexdiag_kernels *k) {
+    size_t n = (size_t)NS * HQ * (DH + MS + 1) * 4;
+    float *a = run(k, 0), *b = run(k, 1);
+    assert_memory_equal(a, b, n);
+    free(a);
+    free(b);
+}
+
+static void test_cpu_ref(void **state) {
+    (void)state;
+    check(flexdiag__kernels_cpu_ref());
+}
+
+static void test_cpu_fast(void **state) {
+    (void)state;
+    check(flexdiag__kernels_cpu());
+}
+
+static void test_cuda(void **state) {
+    (void)state;
+    const flexdiag_kernels *k = flexdiag__kernels_cuda();
+    size_t fb = 0, tb = 0;
+    if (!k || k->mem_info(&fb, &tb) != FLEXDIAG_OK || tb == 0) {
+        flexdiag__err_clear();
+        fprintf(stderr, "no CUDA device: the CUDA half is checked on GPU hosts\n");
+        return;
+    }
+    check(k);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_ref),
+        cmocka_unit_test(test_cpu_fast),
+        cmocka_unit_test(test_cuda),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
