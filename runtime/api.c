@@ -19,9 +19,6 @@
 
 #define GPU_MARGIN (1ull << 30) /* bytes left to the driver/other processes by default */
 
-flexdiag_status flexdiag__context_alloc(flexdiag_context *c);
-void flexdiag__context_free(flexdiag_context *c);
-
 /* ---- params ---- */
 
 void flexdiag_runtime_params_init(flexdiag_runtime_params *p) {

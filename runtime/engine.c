@@ -27,6 +27,16 @@
 
 static size_t al(size_t x) { return (x + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN; }
 
+/* Diagonal lag-list length a (policies.md §2.2: min(N_att, N_r); sink4 keeps 4 of it for the
+ * sinks) and the sink rows ahead of the ring. */
+static int32_t diag_len(const flexdiag_context *c) {
+    return c->max_slots - (c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0);
+}
+
+static int32_t diag_base(const flexdiag_context *c) {
+    return c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0;
+}
+
 /* Assign buffer pointers inside base (when non-NULL) and return the total size. */
 static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_bufs *b, char *base) {
     const flexdiag_model_config *m = &c->m->cfg;
@@ -64,10 +74,13 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(rows_pf, mbt * hkv * 4);
     TAKE(pos, S * 4);
     TAKE(last, S * 4);
-    TAKE(rows, (c->shared_plan ? S * hkv : lists) * 4);
+    TAKE(rows, (c->shared_rows ? S * hkv : lists) * 4);
     TAKE(slots, lists * ms * 4);
     TAKE(nslots, lists * 4);
     TAKE(ids, S * 4);
+    size_t dl = c->device_diag ? L * S * hkv : 0;
+    TAKE(lag, dl * (size_t)diag_len(c) * 2);
+    TAKE(cnt, dl * 2);
 #undef TAKE
     return off;
 }
@@ -97,9 +110,13 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->ring = flexdiag__kvp_ring_rows(&c->kp);
     c->max_slots = flexdiag__kvp_max_slots(&c->kp);
     flexdiag_policy_kind kind = c->kp.kind;
+    const flexdiag_kernels *k = c->m->rt->k;
     c->shared_plan = kind == FLEXDIAG_POLICY_DENSE || kind == FLEXDIAG_POLICY_WINDOW ||
                      kind == FLEXDIAG_POLICY_STREAMING;
     c->scored = !c->shared_plan;
+    c->device_diag = (kind == FLEXDIAG_POLICY_DIAGONAL || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) &&
+                     k->diag_slots && k->diag_update && !c->host_policy;
+    c->shared_rows = c->shared_plan || c->device_diag;
     return FLEXDIAG_OK;
 }
 
@@ -157,7 +174,7 @@ static flexdiag_status host_alloc(flexdiag_context *c) {
     size_t S = (size_t)c->n_seq, hkv = (size_t)c->kp.h_kv, hq = (size_t)c->kp.h_q;
     size_t ms = (size_t)c->max_slots, L = (size_t)c->kp.n_layers;
     size_t lists = c->shared_plan ? 1 : L * S * hkv, scored = c->scored ? L * S : 0;
-    size_t n_rows = c->shared_plan ? S * hkv : lists;
+    size_t n_rows = c->shared_rows ? S * hkv : lists;
     size_t sz[7] = {n_rows, lists * ms, lists, scored * hq * ms, scored * hq, S, S}, total = 0;
     for (int i = 0; i < 7; i++) total += al(sz[i] * 4);
     flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->host) : FLEXDIAG_OK;
@@ -357,9 +374,28 @@ static void record_plan(const run_state *r, int32_t t) {
         }
 }
 
+/* Device Diagonal: shared write row, lag lists planned by diag_slots for every list. */
+static flexdiag_status plan_device_diag(const run_state *r, int32_t t) {
+    flexdiag_context *c = r->c;
+    size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, n_rows = (size_t)r->n_seq * hkv;
+    size_t lists = (size_t)c->kp.n_layers * (size_t)c->n_seq * hkv;
+    int32_t base = diag_base(c), ti = t - base, ws = ti < 0 ? t : base + ti % c->kp.n_r;
+    for (size_t i = 0; i < n_rows; i++) c->h_rows[i] = c->p_cap + ws;
+    if (ti >= c->kp.n_r) c->dev_evictions += (uint64_t)c->kp.n_layers * n_rows;
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.rows, c->h_rows, n_rows * 4, r->s));
+    FLEXDIAG_TRY(r->k->diag_slots(c->b.slots, c->b.nslots, c->b.lag, c->b.cnt, (int64_t)lists,
+                                  c->max_slots, diag_len(c), t, c->kp.n_r, base, r->s));
+    if (!r->b->plan_out) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_slots, c->b.slots, lists * ms * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_nslots, c->b.nslots, lists * 4, r->s));
+    record_plan(r, t);
+    return FLEXDIAG_OK;
+}
+
 /* Plan step t for every layer and micro-batch on the host, then one upload per array. */
 static flexdiag_status plan_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
+    if (c->device_diag) return plan_device_diag(r, t);
     size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, S = (size_t)c->n_seq;
     size_t lists = 1, n_rows = (size_t)r->n_seq * hkv;
     if (c->shared_plan) {
@@ -388,6 +424,11 @@ static flexdiag_status plan_step(const run_state *r, int32_t t) {
 static flexdiag_status update_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     if (!c->scored || !flexdiag__kvp_needs_scores(c->kvp, t)) return FLEXDIAG_OK;
+    if (c->device_diag)
+        return r->k->diag_update(c->b.lag, c->b.plog,
+                                 (int64_t)c->kp.n_layers * c->n_seq * c->kp.h_kv, c->kp.h_kv,
+                                 c->kp.h_q / c->kp.h_kv, c->max_slots, diag_len(c), t,
+                                 diag_base(c), r->s);
     size_t hq = (size_t)c->kp.h_q, ms = (size_t)c->max_slots;
     size_t rows = (size_t)c->kp.n_layers * (size_t)c->n_seq * hq;
     FLEXDIAG_TRY(r->k->copy_d2h(c->h_plog, c->b.plog, rows * ms * 4, r->s));
@@ -410,7 +451,7 @@ static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t mb, i
     void *x = (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act;
     int scores = c->scored && flexdiag__kvp_needs_scores(c->kvp, t);
     flexdiag_attn_args a = attn_args(r, j, s0, nb, scores);
-    const int32_t *rows = c->b.rows + (c->shared_plan ? (size_t)s0 * (size_t)l->kv_heads
+    const int32_t *rows = c->b.rows + (c->shared_rows ? (size_t)s0 * (size_t)l->kv_heads
                                                       : list_index(c, j, s0));
     FLEXDIAG_TRY(qkv_proj(r, w, x, nb, c->b.pos + s0));
     double t0 = prof_begin(r);
@@ -617,6 +658,7 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
     r.lp = malloc((size_t)r.n_seq * 4);
     if (!r.lp) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "run: no host memory");
     flexdiag__kvp_reset(c->kvp);
+    c->dev_evictions = 0;
     double t0 = flexdiag__now();
     flexdiag_status st = run_prefill(&r);
     if (st == FLEXDIAG_OK) st = r.k->stream_sync(r.s);
@@ -633,7 +675,7 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
     c->stats.prefill_s += t1 - t0;
     c->stats.decode_s += t2 - t1;
     c->stats.tokens_generated += (uint64_t)r.n_seq * (uint64_t)b->n_steps;
-    c->stats.evictions = flexdiag__kvp_evictions(c->kvp);
+    c->stats.evictions = flexdiag__kvp_evictions(c->kvp) + c->dev_evictions;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     c->stats.kv_bytes_per_seq = (uint64_t)l->layers * 2 * (uint64_t)l->kv_heads *
                                 (uint64_t)l->head_dim * r.act *

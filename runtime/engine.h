@@ -74,6 +74,8 @@ typedef struct flexdiag_ctx_bufs {
     int32_t *slots;    /* (layers, n_seq, h_kv, max_slots); shared plan (max_slots) */
     int32_t *nslots;   /* (layers, n_seq, h_kv); shared plan (1) */
     int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
+    int16_t *lag;      /* device Diagonal: (layers, n_seq, h_kv, a) attended-lag lists */
+    int16_t *cnt;      /* device Diagonal: (layers, n_seq, h_kv) list fill */
 } flexdiag_ctx_bufs;
 
 struct flexdiag_context {
@@ -93,6 +95,10 @@ struct flexdiag_context {
     int shared_plan;                 /* 1: one plan for every (seq, layer, KV head) (position-
                                         only policies); else one per (layer, seq, KV head) */
     int scored;                      /* the policy reads attention logits at some steps */
+    int device_diag;                 /* Diagonal lag lists live on the device (diag_* ops) */
+    int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */
+    int host_policy;                 /* tests: force the host state machines (no diag_* ops) */
+    uint64_t dev_evictions;          /* evictions counted on the device-policy path */
     void *host;                      /* one host block (page-locked when the backend can) */
     size_t host_bytes;               /* its size */
     int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layout of b.rows/slots/...) */
@@ -138,6 +144,10 @@ flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_
  * 0 when not even one image fits. */
 int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
                               uint64_t avail);
+/* Size, allocate and carve c's buffers from c->m and c->p (c->host_policy may be preset). */
+flexdiag_status flexdiag__context_alloc(flexdiag_context *c);
+/* Free what flexdiag__context_alloc made (not c itself). */
+void flexdiag__context_free(flexdiag_context *c);
 /* Run one block on context c. */
 flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b);
 /* Teacher-forced scoring of one image (or text continuation): prompt (np ids, the conditional

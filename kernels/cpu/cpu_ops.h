@@ -65,6 +65,15 @@ flexdiag_status flexdiag__cpu_ref_sample(int32_t *ids, const float *logits, int6
                                          const flexdiag_sample_params *p, int64_t req0,
                                          int64_t step, flexdiag_stream *s);
 
+/* ---- device-resident Diagonal policy (ref_policy.c; kernels.h diag_slots / diag_update) ---- */
+flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
+                                         int16_t *cnt, int64_t n_lists, int32_t max_slots,
+                                         int32_t a, int32_t t, int32_t n_r, int32_t base,
+                                         flexdiag_stream *s);
+flexdiag_status flexdiag__cpu_diag_update(int16_t *lag, const float *logits, int64_t n_lists,
+                                          int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
+                                          int32_t t, int32_t base, flexdiag_stream *s);
+
 /* Validate matmul sizes, flags and pointers for op; INVALID_ARG naming the problem otherwise. */
 flexdiag_status flexdiag__cpu_matmul_check(const char *op, const void *out, const void *x,
                                            const uint16_t *w, int64_t n, int64_t k, int64_t m,

@@ -36,7 +36,9 @@
     .gather_rows = flexdiag__cpu_ref_gather_rows,                                                  \
     .kv_append = flexdiag__cpu_ref_kv_append,                                                      \
     .cfg_combine = flexdiag__cpu_ref_cfg_combine,                                                  \
-    .sample = flexdiag__cpu_ref_sample
+    .sample = flexdiag__cpu_ref_sample,                                                            \
+    .diag_slots = flexdiag__cpu_diag_slots,                                                        \
+    .diag_update = flexdiag__cpu_diag_update
 
 static const flexdiag_kernels cpu_ref_table = {
     .name = "cpu-ref",

@@ -104,6 +104,14 @@ flexdiag_status flexdiag__cuda_cfg_combine(float *out, const float *logits, int6
 flexdiag_status flexdiag__cuda_sample(int32_t *ids, const float *logits, int64_t n, int64_t V,
                                       const flexdiag_sample_params *p, int64_t req0,
                                       int64_t step, flexdiag_stream *s);
+/* Device-resident Diagonal policy (diag_policy.cu); contracts in kernels.h. */
+flexdiag_status flexdiag__cuda_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
+                                          int16_t *cnt, int64_t n_lists, int32_t max_slots,
+                                          int32_t a, int32_t t, int32_t n_r, int32_t base,
+                                          flexdiag_stream *s);
+flexdiag_status flexdiag__cuda_diag_update(int16_t *lag, const float *logits, int64_t n_lists,
+                                           int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
+                                           int32_t t, int32_t base, flexdiag_stream *s);
 
 #ifdef __cplusplus
 }

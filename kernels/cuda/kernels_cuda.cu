@@ -49,6 +49,8 @@ static flexdiag_kernels make_table(void) {
     t.sample = flexdiag__cuda_sample;
     t.host_alloc = flexdiag__cuda_host_alloc;
     t.host_free = flexdiag__cuda_host_free;
+    t.diag_slots = flexdiag__cuda_diag_slots;
+    t.diag_update = flexdiag__cuda_diag_update;
     return t;
 }
 

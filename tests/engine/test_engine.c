@@ -162,6 +162,56 @@ static void test_bad_input(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* Teacher-forced run of micro-janus under policy kind with the host state machines (host = 1)
+ * or the device-policy ops; returns logits and fills *plan (caller frees). */
+static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host, int32_t **plan) {
+    flexdiag_context *c = calloc(1, sizeof *c);
+    c->m = m;
+    flexdiag_context_params_init(&c->p);
+    c->p.max_images = 2;
+    c->p.max_prompt_len = 16;
+    c->p.policy.kind = kind;
+    c->p.policy.n_att = 9;
+    c->p.policy.n_r = 20;
+    c->host_policy = host;
+    assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
+    assert_int_equal(c->device_diag, !host);
+    int32_t p0[6] = {256, 259, 'a', 'b', 260, 261}, p1[4] = {256, 259, 'z', 261}, np[2] = {6, 4};
+    const int32_t *pp[2] = {p0, p1};
+    int32_t forced[2 * 64], tok[2 * 64];
+    for (int i = 0; i < 128; i++) forced[i] = (i * 37 + 11) % 256;
+    size_t rec = (size_t)1 + (size_t)c->max_slots;
+    *plan = calloc((size_t)63 * 2 * 4 * 4 * rec, 4);
+    float *logits = malloc((size_t)2 * 64 * 256 * 4);
+    flexdiag_block b = {.n_img = 2, .prompt = pp, .prompt_len = np, .n_steps = 64,
+                        .forced = forced, .cfg_weight = 5.0f, .tokens = tok, .logits = logits,
+                        .plan_out = *plan, .sp = {1.0f, 0, 1.0f, 0}};
+    assert_int_equal(flexdiag__engine_run(c, &b), FLEXDIAG_OK);
+    flexdiag_context_destroy(c);
+    return logits;
+}
+
+/* The device-resident Diagonal ops (diag_slots / diag_update) equal the host state machine:
+ * identical attended slots at every (step, layer, sequence, KV head) and identical logits. */
+static void test_device_policy(void **state) {
+    (void)state;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(2, &rt, &m);
+    const flexdiag_policy_kind kinds[2] = {FLEXDIAG_POLICY_DIAGONAL,
+                                           FLEXDIAG_POLICY_DIAGONAL_SINK4};
+    for (int i = 0; i < 2; i++) {
+        int32_t *ph, *pd;
+        float *lh = policy_run(m, kinds[i], 1, &ph), *ld = policy_run(m, kinds[i], 0, &pd);
+        size_t rec = (size_t)1 + 9;
+        assert_memory_equal(ph, pd, (size_t)63 * 2 * 4 * 4 * rec * 4);
+        assert_memory_equal(lh, ld, (size_t)2 * 64 * 256 * 4);
+        free(ph), free(pd), free(lh), free(ld);
+    }
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 static void test_cli_generate(void **state) {
     (void)state;
     const char *bin = getenv("FLEXDIAG_BIN");
@@ -204,6 +254,7 @@ int main(void) {
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_cancel_and_reuse),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_device_policy),
         cmocka_unit_test(test_cli_generate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
