@@ -295,11 +295,10 @@ static flexdiag_status qkv_proj(const run_state *r, const flexdiag_layer_w *w, c
     int64_t qkvw = (int64_t)(l->heads + 2 * l->kv_heads) * l->head_dim;
     TIMED(r, PROF_REST, r->k->rmsnorm(b->h, x, w->attn_norm, n, l->hidden, l->rms_eps, r->s));
     TIMED(r, PROF_GEMM, r->k->matmul(b->qkv, b->h, w->wqkv, NULL, n, l->hidden, qkvw, 0, r->s));
-    double t0 = prof_begin(r);
-    FLEXDIAG_TRY(r->k->rope(b->qkv, pos, n, qkvw, 0, l->heads, l->head_dim, l->rope_theta, r->s));
-    FLEXDIAG_TRY(r->k->rope(b->qkv, pos, n, qkvw, (int64_t)l->heads * l->head_dim, l->kv_heads,
-                            l->head_dim, l->rope_theta, r->s));
-    return prof_end(r, PROF_REST, t0);
+    /* q heads and k heads are adjacent in a qkv row: one RoPE launch rotates both */
+    TIMED(r, PROF_REST, r->k->rope(b->qkv, pos, n, qkvw, 0, l->heads + l->kv_heads, l->head_dim,
+                                   l->rope_theta, r->s));
+    return FLEXDIAG_OK;
 }
 
 /* x += o_proj(att); x += down(swiglu(gate_up(rmsnorm(x)))) for n rows. */

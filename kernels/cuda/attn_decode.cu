@@ -4,12 +4,13 @@
  *
  * One CTA per (sequence, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
  * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
- * (contiguous), j >= lp ring rows p_cap + slots[s][h][j - lp] (token-granular gather). A row
- * of d_h bf16 is split over L = d_h / 8 lanes with 16-byte loads; each such row group takes
- * every NG-th key, U per iteration, all loads issued before use, and keeps its own fp32
- * online-softmax state (m, l, acc) per head; groups merge by shuffles, warps through shared
- * memory. All g logits of a key sit in the group's registers at the "per-key logits" step of
- * dec_attend, where Diagonal's fused argmin (a max over the group, §2.6) will plug in.
+ * (contiguous), j >= lp ring rows p_cap + slots[s][h][j - lp] (token-granular gather; one
+ * list for all (s, h) when shared_slots). A row of d_h bf16 is split over L = d_h / 8 lanes
+ * with 16-byte loads; each such row group takes every NG-th key, U per iteration, all loads
+ * issued before use, and keeps its own fp32 online-softmax state (m, l, acc) per head; groups
+ * merge by shuffles, warps through shared memory. All g logits of a key sit in the group's
+ * registers at the "per-key logits" step of dec_attend, where Diagonal's fused argmin (a max
+ * over the group, §2.6) will plug in.
  * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
  * (acc, m, l) to the stream's workspace (stream-ordered scratch), merged by a second kernel.
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
@@ -50,7 +51,7 @@ typedef struct decode_params {
     const int32_t *lp;            /* (n_seq) prompt rows */
     const int32_t *slots;         /* (n_seq, h_kv, max_slots) ring rows */
     const int32_t *n_slots;       /* (n_seq, h_kv) valid slots */
-    int32_t shared;               /* 1: one slot list for every (seq, KV head) */
+    int32_t shared;               /* 1: one slot list (row 0) for every (seq, KV head) */
     float *logits_out;            /* (n_seq, h_q, max_slots) or NULL */
     float *lse_out;               /* (n_seq, h_q) or NULL */
     float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l */
@@ -419,8 +420,7 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
     const int splits = decode_splits(a, s, ctas);
     decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, splits, a->scale,
                        a->lp, a->slots, a->n_slots, a->shared_slots ? 1 : 0, a->logits_out,
-                       a->lse_out,
-                       (float *)s->workspace};
+                       a->lse_out, (float *)s->workspace};
     const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
     switch (a->d_h) {
     case 16: decode_launch_g<16>(G, grid, s->stream, out, qkv, k, v, p, n_rows); break;

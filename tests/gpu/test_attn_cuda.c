@@ -3,7 +3,8 @@
  * CPU reference (flexdiag__kernels_cpu_ref()) on the same bf16 inputs (upcast to fp32 for the
  * CPU), over a table of shapes: n_seq 1..64, MHA and GQA groups of 2, 3, 4, 8 and 12, d_h 16 to
  * 128, prompt lengths 0, 1, 7, 50, 130 varying per sequence, rings of 16..600 rows with random
- * slot lists (random order, some empty, duplicated key rows to force logit ties).
+ * slot lists (random order, some empty, duplicated key rows to force logit ties), one list per
+ * (sequence, KV head) or one shared list; small batches exercise decode's split-K path.
  *
  * Per case: the prompt is appended (padding qkv rows are NaN, so the kernels must never read
  * cache rows >= lp), prefill runs, one decode token is appended into a ring slot of each
@@ -44,15 +45,18 @@
 
 typedef struct attn_case {
     int32_t n_seq, h_q, h_kv, d_h, ring;
+    int32_t shared; /* decode with one slot list for every (sequence, KV head) */
 } attn_case;
 
 /* Shape table: every n_seq / head layout / d_h of the brief at least once, plus odd groups
- * (g = 3, g = 12 > 8 query heads per CTA) and the decode bench shape at a small ring. */
+ * (g = 3, g = 12 > 8 query heads per CTA), shared slot lists, and the decode bench shape at a
+ * small ring. On a 132-SM GPU the cases with n_seq·h_kv < 264 take the split-K path. */
 static const attn_case cases[] = {
-    {1, 4, 4, 16, 16},    {1, 32, 32, 128, 600}, {3, 8, 2, 64, 37},    {3, 4, 4, 128, 600},
-    {8, 32, 32, 64, 100}, {8, 8, 2, 16, 250},    {8, 16, 2, 128, 64},  {8, 8, 4, 32, 33},
-    {8, 12, 4, 64, 20},   {3, 24, 2, 64, 50},    {64, 4, 4, 64, 600},  {64, 8, 2, 128, 300},
-    {64, 32, 32, 128, 24},
+    {1, 4, 4, 16, 16, 0},    {1, 32, 32, 128, 600, 0}, {3, 8, 2, 64, 37, 0},
+    {3, 4, 4, 128, 600, 1},  {8, 32, 32, 64, 100, 0},  {8, 8, 2, 16, 250, 0},
+    {8, 16, 2, 128, 64, 0},  {8, 8, 4, 32, 33, 0},     {8, 12, 4, 64, 20, 0},
+    {3, 24, 2, 64, 50, 1},   {64, 4, 4, 64, 600, 0},   {64, 8, 2, 128, 300, 1},
+    {64, 32, 32, 128, 24, 0},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -138,9 +142,10 @@ typedef struct problem {
     int32_t max_slots;     /* slot list stride */
     int64_t cache_n;       /* elements of one cache (K or V) */
     int32_t *lp;           /* (n_seq) prompt rows */
-    int32_t *slots;        /* (n_seq, h_kv, max_slots) */
-    int32_t *n_slots;      /* (n_seq, h_kv) */
-    int32_t *dup;          /* (n_seq, h_kv): 1 when slot entries 1 and 2 hold identical keys */
+    int64_t n_lists;       /* slot lists: n_seq·h_kv, or 1 when shared */
+    int32_t *slots;        /* (n_lists, max_slots) */
+    int32_t *n_slots;      /* (n_lists) */
+    int32_t *dup;          /* (n_lists): 1 when slot entries 1 and 2 hold identical keys */
     uint16_t *kc, *vc;     /* caches, bf16 */
     float *kc32, *vc32;    /* the same, fp32 (the CPU reference's caches) */
     uint16_t *qkv_p;       /* (n_seq·P_CAP, w) prompt qkv; padding rows NaN */
@@ -154,12 +159,14 @@ static float *upcast(const uint16_t *x, int64_t n) {
     return f;
 }
 
-/* Random slot lists (distinct ring rows in random order, about one in six empty); ring rows no
- * list names are NaN; the key (and value) of entry 1 is copied to entry 2 to force ties. */
+/* The slot list (sequence, KV head) block sh attends. */
+static int64_t list_of(const problem *pb, int64_t sh) { return pb->c.shared ? 0 : sh; }
+
+/* Random slot lists (distinct ring rows in random order, about one in six empty). */
 static void make_slots(problem *pb, tu_rng *r) {
     const attn_case *c = &pb->c;
     int32_t *perm = xmalloc((size_t)c->ring * sizeof *perm);
-    for (int64_t sh = 0; sh < (int64_t)c->n_seq * c->h_kv; sh++) {
+    for (int64_t li = 0; li < pb->n_lists; li++) {
         for (int32_t i = 0; i < c->ring; i++) perm[i] = i;
         for (int32_t i = c->ring - 1; i > 0; i--) {
             int32_t j = (int32_t)tu_rng_int(r, 0, i), t = perm[i];
@@ -167,24 +174,37 @@ static void make_slots(problem *pb, tu_rng *r) {
             perm[j] = t;
         }
         int32_t ns = tu_rng_int(r, 0, 5) == 0 ? 0 : (int32_t)tu_rng_int(r, 1, c->ring);
-        pb->n_slots[sh] = ns;
+        pb->n_slots[li] = ns;
+        pb->dup[li] = ns >= 3;
         for (int32_t j = 0; j < pb->max_slots; j++)
-            pb->slots[sh * pb->max_slots + j] = j < ns ? perm[j] : -1;
-        uint16_t *kb = pb->kc + sh * ((int64_t)P_CAP + c->ring) * c->d_h;
-        uint16_t *vb = pb->vc + sh * ((int64_t)P_CAP + c->ring) * c->d_h;
-        for (int32_t j = ns; j < c->ring; j++)
-            for (int32_t e = 0; e < c->d_h; e++)
-                kb[((int64_t)P_CAP + perm[j]) * c->d_h + e] =
-                    vb[((int64_t)P_CAP + perm[j]) * c->d_h + e] = BF16_NAN;
-        pb->dup[sh] = ns >= 3;
-        if (ns >= 3) {
-            memcpy(kb + ((int64_t)P_CAP + perm[2]) * c->d_h,
-                   kb + ((int64_t)P_CAP + perm[1]) * c->d_h, (size_t)c->d_h * 2);
-            memcpy(vb + ((int64_t)P_CAP + perm[2]) * c->d_h,
-                   vb + ((int64_t)P_CAP + perm[1]) * c->d_h, (size_t)c->d_h * 2);
-        }
+            pb->slots[li * pb->max_slots + j] = j < ns ? perm[j] : -1;
     }
     free(perm);
+}
+
+/* Per cache block: ring rows its list does not name become NaN (never read); the key and
+ * value of list entry 1 are copied to entry 2 (forced logit ties). */
+static void mark_ring(problem *pb) {
+    const attn_case *c = &pb->c;
+    uint8_t *named = xmalloc((size_t)c->ring);
+    for (int64_t sh = 0; sh < (int64_t)c->n_seq * c->h_kv; sh++) {
+        const int32_t *sl = pb->slots + list_of(pb, sh) * pb->max_slots;
+        int32_t ns = pb->n_slots[list_of(pb, sh)];
+        uint16_t *kv[2] = {pb->kc + sh * ((int64_t)P_CAP + c->ring) * c->d_h,
+                           pb->vc + sh * ((int64_t)P_CAP + c->ring) * c->d_h};
+        memset(named, 0, (size_t)c->ring);
+        for (int32_t j = 0; j < ns; j++) named[sl[j]] = 1;
+        for (int t = 0; t < 2; t++) {
+            uint16_t *ring = kv[t] + (int64_t)P_CAP * c->d_h;
+            for (int32_t i = 0; i < c->ring; i++)
+                for (int32_t e = 0; e < c->d_h && !named[i]; e++)
+                    ring[(int64_t)i * c->d_h + e] = BF16_NAN;
+            if (pb->dup[list_of(pb, sh)])
+                memcpy(ring + (int64_t)sl[2] * c->d_h, ring + (int64_t)sl[1] * c->d_h,
+                       (size_t)c->d_h * 2);
+        }
+    }
+    free(named);
 }
 
 static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
@@ -197,19 +217,20 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     pb->lp = xmalloc((size_t)c->n_seq * sizeof *pb->lp);
     for (int32_t s = 0; s < c->n_seq; s++) pb->lp[s] = lps[(s + idx) % 4];
     if (c->n_seq == 8 && c->d_h == 16) pb->lp[2] = 0; /* a sequence without a prompt */
-    int64_t nsh = (int64_t)c->n_seq * c->h_kv;
-    pb->slots = xmalloc((size_t)(nsh * pb->max_slots) * sizeof *pb->slots);
-    pb->n_slots = xmalloc((size_t)nsh * sizeof *pb->n_slots);
-    pb->dup = xmalloc((size_t)nsh * sizeof *pb->dup);
+    pb->n_lists = c->shared ? 1 : (int64_t)c->n_seq * c->h_kv;
+    pb->slots = xmalloc((size_t)(pb->n_lists * pb->max_slots) * sizeof *pb->slots);
+    pb->n_slots = xmalloc((size_t)pb->n_lists * sizeof *pb->n_slots);
+    pb->dup = xmalloc((size_t)pb->n_lists * sizeof *pb->dup);
     pb->kc = xmalloc((size_t)pb->cache_n * 2);
     pb->vc = xmalloc((size_t)pb->cache_n * 2);
     tu_fill_bf16(r, pb->kc, pb->cache_n, 1.0f);
     tu_fill_bf16(r, pb->vc, pb->cache_n, 1.0f);
     make_slots(pb, r);
-    if (c->n_seq == 8 && c->d_h == 16) { /* its head 0 attends no key at all: zeros, lse -inf */
+    if (c->n_seq == 8 && c->d_h == 16 && !c->shared) { /* its head 0 attends no key at all */
         pb->n_slots[2 * c->h_kv] = 0;
         pb->dup[2 * c->h_kv] = 0;
     }
+    mark_ring(pb);
     pb->kc32 = upcast(pb->kc, pb->cache_n);
     pb->vc32 = upcast(pb->vc, pb->cache_n);
     /* q and k ~ N(0, 1.5²): logits of a few units, softmax neither flat nor one-hot */
@@ -223,7 +244,7 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     tu_fill_bf16(r, pb->qkv_d, (int64_t)c->n_seq * pb->w, 1.5f);
     flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, P_CAP, c->ring,
                             1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
-                            pb->max_slots, NULL, NULL, 0};
+                            pb->max_slots, NULL, NULL, c->shared};
     pb->a = a;
 }
 
@@ -335,7 +356,8 @@ static const float *row32(const problem *pb, const float *c, int64_t s, int32_t 
 
 /* Cache row of attended key j of (sequence s, KV head block sh) at decode: prompt, then slots. */
 static int64_t key_row(const problem *pb, int64_t sh, int64_t s, int64_t j) {
-    return j < pb->lp[s] ? j : P_CAP + pb->slots[sh * pb->max_slots + j - pb->lp[s]];
+    if (j < pb->lp[s]) return j;
+    return P_CAP + pb->slots[list_of(pb, sh) * pb->max_slots + j - pb->lp[s]];
 }
 
 /* ---- the three ops on one case ---- */
@@ -425,9 +447,11 @@ static void run_append_decode(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
     const attn_case *c = &pb->c;
     int64_t nsh = (int64_t)c->n_seq * c->h_kv;
     int32_t *rows = xmalloc((size_t)nsh * sizeof *rows);
-    for (int64_t sh = 0; sh < nsh; sh++)
-        rows[sh] = P_CAP + (pb->n_slots[sh] ? pb->slots[sh * pb->max_slots]
+    for (int64_t sh = 0; sh < nsh; sh++) {
+        int64_t li = list_of(pb, sh);
+        rows[sh] = P_CAP + (pb->n_slots[li] ? pb->slots[li * pb->max_slots]
                                             : (int32_t)tu_rng_int(r, 0, c->ring - 1));
+    }
     dbuf drows = dbuf_new(nsh, 4, r), dqkv = dbuf_new((int64_t)c->n_seq * pb->w, 2, r);
     dbuf_up(&drows, rows);
     dbuf_up(&dqkv, pb->qkv_d);
@@ -456,7 +480,7 @@ static int check_logits(const problem *pb, const float *qkv32, const float *got_
             int64_t sh = s * c->h_kv + hq / g, shq = s * c->h_q + hq;
             const float *q = qkv32 + s * pb->w + (int64_t)hq * d;
             double magmax = 0;
-            for (int64_t j = 0; j < pb->lp[s] + pb->n_slots[sh]; j++) {
+            for (int64_t j = 0; j < pb->lp[s] + pb->n_slots[list_of(pb, sh)]; j++) {
                 const float *k = row32(pb, pb->kc32, s, hq / g, key_row(pb, sh, s, j));
                 double mag = 0;
                 for (int e = 0; e < d; e++) mag += fabs((double)q[e] * k[e]);
@@ -485,10 +509,10 @@ static int check_ties_and_tail(const problem *pb, const float *got_lg) {
     for (int64_t shq = 0; shq < (int64_t)c->n_seq * c->h_q; shq++) {
         int64_t sh = (shq / c->h_q) * c->h_kv + (shq % c->h_q) / g;
         const float *lg = got_lg + shq * pb->max_slots;
-        if (pb->dup[sh] && memcmp(&lg[1], &lg[2], 4) != 0 && bad++ < 5)
+        if (pb->dup[list_of(pb, sh)] && memcmp(&lg[1], &lg[2], 4) != 0 && bad++ < 5)
             fprintf(stderr, "tie lost at (seq, head) %lld: %.9g vs %.9g\n", (long long)shq, lg[1],
                     lg[2]);
-        for (int32_t j = pb->n_slots[sh]; j < pb->max_slots; j++) {
+        for (int32_t j = pb->n_slots[list_of(pb, sh)]; j < pb->max_slots; j++) {
             uint32_t u;
             memcpy(&u, &lg[j], 4);
             if (u != 0xffffffffu && bad++ < 5)
@@ -510,7 +534,7 @@ static void decode_fa(const problem *pb, const float *qkv32, const float *got, f
     float *on = xmalloc((size_t)d * sizeof *on), *zb = xmalloc((size_t)nmax * sizeof *zb);
     for (int64_t s = 0; s < c->n_seq; s++)
         for (int32_t hq = 0; hq < c->h_q; hq++) {
-            int64_t sh = s * c->h_kv + hq / g, n = pb->lp[s] + pb->n_slots[sh];
+            int64_t sh = s * c->h_kv + hq / g, n = pb->lp[s] + pb->n_slots[list_of(pb, sh)];
             for (int64_t j = 0; j < n; j++) {
                 kr[j] = row32(pb, pb->kc32, s, hq / g, key_row(pb, sh, s, j));
                 vr[j] = row32(pb, pb->vc32, s, hq / g, key_row(pb, sh, s, j));
@@ -528,10 +552,10 @@ static void decode_fa(const problem *pb, const float *qkv32, const float *got, f
 static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *dlp, tu_rng *r,
                        const char *label) {
     const attn_case *c = &pb->c;
-    int64_t nsh = (int64_t)c->n_seq * c->h_kv, nq = (int64_t)c->n_seq * c->h_q;
+    int64_t nl = pb->n_lists, nq = (int64_t)c->n_seq * c->h_q;
     int64_t n_out = nq * c->d_h, n_lg = nq * pb->max_slots;
     dbuf dout = dbuf_new(n_out, 2, r), dqkv = dbuf_new((int64_t)c->n_seq * pb->w, 2, r);
-    dbuf dslots = dbuf_new(nsh * pb->max_slots, 4, r), dns = dbuf_new(nsh, 4, r);
+    dbuf dslots = dbuf_new(nl * pb->max_slots, 4, r), dns = dbuf_new(nl, 4, r);
     dbuf dlg = dbuf_new(n_lg, 4, r), dlse = dbuf_new(nq, 4, r);
     dbuf_up(&dqkv, pb->qkv_d);
     dbuf_up(&dslots, pb->slots);
