@@ -212,6 +212,41 @@ static void test_device_policy(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* An explicit batch over the memory budget fails before any work, naming bytes needed, bytes
+ * available and the largest batch that fits; that batch then works. */
+static void test_budget(void **state) {
+    (void)state;
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    rp.gpu_mem = 24ull << 20; /* 24 MiB: micro-janus weights fit, 1000 images do not */
+    flexdiag_runtime *rt = NULL;
+    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    flexdiag_model *m = NULL;
+    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 1000;
+    cp.max_prompt_len = 16;
+    flexdiag_context *c = NULL;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_OOM_DEVICE);
+    const char *msg = flexdiag_last_error(NULL), *p = strstr(msg, "largest batch that fits is ");
+    fprintf(stderr, "  %s\n", msg);
+    assert_non_null(strstr(msg, "GiB"));
+    assert_non_null(p);
+    int fit = atoi(p + strlen("largest batch that fits is "));
+    assert_true(fit > 0 && fit < 1000);
+    assert_int_equal(flexdiag__context_fit(m, &cp, flexdiag__arena_available(&rt->arena)), fit);
+    cp.max_images = fit;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 static void test_cli_generate(void **state) {
     (void)state;
     const char *bin = getenv("FLEXDIAG_BIN");
@@ -255,6 +290,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_and_reuse),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_device_policy),
+        cmocka_unit_test(test_budget),
         cmocka_unit_test(test_cli_generate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

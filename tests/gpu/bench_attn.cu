@@ -2,7 +2,7 @@
  * bench_attn.cu - manual timing of the CUDA attn_decode op at the decode-bench shape (not a
  * test; run by hand on a GPU host: build-dir/tests/gpu/bench_attn).
  *
- * Shape: B = 64 sequences × 32 heads (MHA, Janus-Pro-7B), d_h 128, 50 prompt rows, a ring of
+ * Shape: B = 64 / 128 / 222 sequences × 32 heads (MHA, Janus-Pro-7B), d_h 128, 50 prompt rows, a ring of
  * 576 rows attended densely (576 slots, ring order) and at 95 % sparsity (29 random slots), plus
  * the sparse case with logits_out / lse_out and a GQA (g = 4) row. Each row: 3 warm-up calls,
  * then 20 timed calls with CUDA events on the op's own stream, L2 flushed before each (memset
@@ -49,6 +49,7 @@ struct bench_row {
     int h_q, h_kv; /* heads */
     int n_slots;   /* attended ring rows per (sequence, KV head) */
     int extras;    /* 1: logits_out and lse_out */
+    int B;         /* sequences (CFG rows counted) */
 };
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -84,7 +85,7 @@ static int32_t *upload_i32(const std::vector<int32_t> &h) {
 /* Time one row; prints a markdown table line. */
 static void bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench_row &r,
                       void *flush, size_t flush_bytes) {
-    const int B = 64, d_h = 128, lp = 50, ring = 576, max_slots = ring;
+    const int B = r.B, d_h = 128, lp = 50, ring = 576, max_slots = ring;
     const size_t cache_n = (size_t)B * r.h_kv * (lp + ring) * d_h;
     const size_t qkv_n = (size_t)B * (r.h_q + 2 * r.h_kv) * d_h;
     void *kc = random_bf16(cache_n), *vc = random_bf16(cache_n), *qkv = random_bf16(qkv_n);
@@ -152,7 +153,7 @@ int main(void) {
     const size_t flush_bytes = 2 * (size_t)prop.l2CacheSize;
     void *flush = NULL;
     BENCH_CHECK(cudaMalloc(&flush, flush_bytes));
-    printf("attn_decode on %s (%d SMs, L2 %d MiB): B = 64, d_h 128, lp 50, ring 576, median of "
+    printf("attn_decode on %s (%d SMs, L2 %d MiB): B sequences, d_h 128, lp 50, ring 576, median of "
            "%d (L2 flushed)\n\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            BENCH_REPS);
     printf("| %-28s | %8s | %8s | %8s | %7s | %8s | %8s |\n", "case", "MB", "us", "GB/s",
@@ -160,10 +161,14 @@ int main(void) {
     printf("|------------------------------|----------|----------|----------|---------|----------"
            "|----------|\n");
     const bench_row rows[] = {
-        {"MHA 32/32 dense (576)", 32, 32, 576, 0},
-        {"MHA 32/32 sparse 95% (29)", 32, 32, 29, 0},
-        {"MHA sparse + logits, lse", 32, 32, 29, 1},
-        {"GQA 32/8 dense (576)", 32, 8, 576, 0},
+        {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64},
+        {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64},
+        {"B64 MHA sparse + logits, lse", 32, 32, 29, 1, 64},
+        {"B64 GQA 32/8 dense (576)", 32, 8, 576, 0, 64},
+        {"B128 MHA 32/32 dense (576)", 32, 32, 576, 0, 128},
+        {"B128 MHA 32/32 sparse (29)", 32, 32, 29, 0, 128},
+        {"B222 MHA 32/32 dense (576)", 32, 32, 576, 0, 222},
+        {"B222 MHA 32/32 sparse (29)", 32, 32, 29, 0, 222},
     };
     for (const bench_row &r : rows) bench_one(k, s, r, flush, flush_bytes);
     BENCH_CHECK(cudaFree(flush));
