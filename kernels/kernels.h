@@ -183,16 +183,16 @@ typedef struct flexdiag_kernels {
      * lags lag[i·a ..]; base = 4 for diagonal-sink4 (4 sink rows ahead of the ring), else 0;
      * inner step ti = t - base. ---- */
     /* (optional) Plan step t for n_lists lists: when 0 <= ti <= a-1 first append lag ti
-     * (ti == 0 resets the list to {0}); then slots[i] = sinks 0..base-1 followed by
-     * base + (ti - lag[j]) mod n_r for j < cnt, n_slots[i] = base + cnt. For ti < 0 (sink4,
-     * t <= 3): slots 0..t. slots (n_lists, max_slots), n_slots (n_lists). */
+     * (ti == 0 resets the list to {0}); then slots[i] = sinks 0..base-1 followed by list
+     * entry j at column base + cnt-1-j: base + (ti - lag[j]) mod n_r; n_slots[i] = base + cnt.
+     * For ti < 0 (sink4, t <= 3): slots 0..t. slots (n_lists, max_slots), n_slots (n_lists). */
     flexdiag_status (*diag_slots)(int32_t *slots, int32_t *n_slots, int16_t *lag, int16_t *cnt,
                                   int64_t n_lists, int32_t max_slots, int32_t a, int32_t t,
                                   int32_t n_r, int32_t base, flexdiag_stream *s);
     /* (optional) Build-up update after step t (only when a-1 <= ti <= n_r-2): for list i of
      * (seq·h_kv + h) (n_lists = rows·h_kv), score_j = max over the g query heads q of
-     * logits[((i / h_kv)·h_q + h·g + q)·max_slots + base + j] (h_q = g·h_kv), j* = argmin of
-     * (score, -lag) over j < a; lag[j*] = ti + 1. */
+     * logits[((i / h_kv)·h_q + h·g + q)·max_slots + base + a-1-j] (h_q = g·h_kv; entry j's
+     * column), j* = argmin of (score, -lag) over j < a; lag[j*] = ti + 1. */
     flexdiag_status (*diag_update)(int16_t *lag, const float *logits, int64_t n_lists,
                                    int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
                                    int32_t t, int32_t base, flexdiag_stream *s);

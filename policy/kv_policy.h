@@ -25,7 +25,8 @@
  *   diagonal        n_r          p mod n_r
  *   diagonal-sink4  4 + n_r      p for p = 0..3 (sinks); 4 + (p-4) mod n_r for p >= 4
  * Slot lists: dense/window/streaming/alisa/h2o/tova ascending slot or position order; diagonal:
- * attended-lag-list order (policies.md §2.3), sink4: the 4 sinks first, then the list.
+ * attended-lag list reversed (entry j at column cnt-1-j, oldest first while nothing is skipped,
+ * policies.md §2.3), sink4: the 4 sinks first, then the list the same way.
  *
  * Numerics of update(): probabilities p = expf(logit - lse) in fp32 (full-row normalisation,
  * policies.md §0.3); GQA group/head sums in fp32 in ascending head order (H2O: the group sum is

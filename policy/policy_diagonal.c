@@ -14,6 +14,9 @@
  * state: it needs a scan of the window per step; the lag list gives exactly A gathers.
  * Diagonal+sink4 runs the same machine on the inner step t - 4 with A - 4 entries behind 4 sink
  * slots that are always attended and never lag candidates.
+ * Slot lists carry list entry j at column base + cnt-1-j: while the list is [0, 1, .., cnt-1]
+ * (no skip yet) the slots come out oldest first, the order Dense uses, so with N_att >= L_dec
+ * the attention sums in the same order and Diagonal's output equals Dense's bit for bit.
  */
 #include "core.h"
 #include "kvp_internal.h"
@@ -35,9 +38,9 @@ static int32_t diag_head_slots(const flexdiag_kvp *k, int16_t *lag, int16_t *cnt
     }
     FLEXDIAG_DASSERT(*cnt == (ti + 1 < k->a ? ti + 1 : k->a));
     for (int32_t j = 0; j < base; j++) s[j] = j;
-    for (int32_t j = 0; j < *cnt; j++) {
+    for (int32_t j = 0; j < *cnt; j++) { /* list entry j at column base + cnt-1-j (see top) */
         FLEXDIAG_DASSERT(lag[j] >= 0 && lag[j] <= ti && lag[j] <= r - 1);
-        s[base + j] = base + (ti - lag[j]) % r;
+        s[base + *cnt - 1 - j] = base + (ti - lag[j]) % r;
     }
     return base + *cnt;
 }
@@ -84,9 +87,9 @@ void flexdiag__kvp_update_diagonal(flexdiag_kvp *k, int32_t layer, int32_t t, in
         int16_t *lag = k->lag + hi * (size_t)k->a;
         FLEXDIAG_DASSERT(k->cnt[hi] == k->a);
         int32_t best = 0;
-        float best_s = diag_score(k, logits, h, base);
+        float best_s = diag_score(k, logits, h, base + k->a - 1);
         for (int32_t j = 1; j < k->a; j++) { /* lexicographic min of (score, -lag) */
-            float s = diag_score(k, logits, h, base + j);
+            float s = diag_score(k, logits, h, base + k->a - 1 - j);
             if (s < best_s || (s == best_s && lag[j] > lag[best])) {
                 best = j;
                 best_s = s;

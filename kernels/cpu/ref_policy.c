@@ -27,7 +27,8 @@ flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16
             lg[cnt[i]++] = (int16_t)ti;
         }
         for (int32_t j = 0; j < base; j++) sl[j] = j;
-        for (int32_t j = 0; j < cnt[i]; j++) sl[base + j] = base + (ti - lg[j]) % n_r;
+        for (int32_t j = 0; j < cnt[i]; j++) /* entry j at column base + cnt-1-j */
+            sl[base + cnt[i] - 1 - j] = base + (ti - lg[j]) % n_r;
         n_slots[i] = base + cnt[i];
     }
     return FLEXDIAG_OK;
@@ -45,9 +46,10 @@ flexdiag_status flexdiag__cpu_diag_update(int16_t *lag, const float *logits, int
         int16_t *l = lag + i * a;
         float best_s = 0;
         for (int32_t j = 0; j < a; j++) {
-            float sc = lg[j];
+            int32_t col = a - 1 - j; /* entry j's column (list is full in build-up) */
+            float sc = lg[col];
             for (int32_t q = 1; q < g; q++)
-                if (lg[(int64_t)q * max_slots + j] > sc) sc = lg[(int64_t)q * max_slots + j];
+                if (lg[(int64_t)q * max_slots + col] > sc) sc = lg[(int64_t)q * max_slots + col];
             if (j == 0 || sc < best_s || (sc == best_s && l[j] > l[best])) {
                 best = j;
                 best_s = sc;

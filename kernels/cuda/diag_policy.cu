@@ -37,7 +37,7 @@ static __global__ void diag_slots_kernel(int32_t *__restrict__ slots, int32_t *_
     }
     cnt[i] = (int16_t)c;
     for (int32_t j = 0; j < base; j++) sl[j] = j;
-    for (int32_t j = 0; j < c; j++) sl[base + j] = base + (ti - lg[j]) % n_r;
+    for (int32_t j = 0; j < c; j++) sl[base + c - 1 - j] = base + (ti - lg[j]) % n_r;
     ns[i] = base + c;
 }
 
@@ -54,8 +54,9 @@ static __global__ void diag_update_kernel(int16_t *__restrict__ lag,
     int32_t best = 0;
     float best_s = 0.0f;
     for (int32_t j = 0; j < a; j++) {
-        float sc = lg[j];
-        for (int32_t q = 1; q < g; q++) sc = fmaxf(sc, lg[(int64_t)q * ms + j]);
+        const int32_t col = a - 1 - j; /* entry j's column (the list is full in build-up) */
+        float sc = lg[col];
+        for (int32_t q = 1; q < g; q++) sc = fmaxf(sc, lg[(int64_t)q * ms + col]);
         if (j == 0 || sc < best_s || (sc == best_s && l[j] > l[best])) {
             best = j;
             best_s = sc;

@@ -212,6 +212,37 @@ static void test_device_policy(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* With sparsity 0 (N_att = L_dec) every policy's teacher-forced logits equal dense bit for bit. */
+static void test_sparsity0_is_dense(void **state) {
+    (void)state;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(2, &rt, &m);
+    int32_t prompt[6] = {256, 259, 'h', 'i', 260, 261}, ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = (i * 53 + 7) % 256;
+    float *ref = NULL;
+    for (int k = FLEXDIAG_POLICY_DENSE; k <= FLEXDIAG_POLICY_DIAGONAL_SINK4; k++) {
+        flexdiag_context_params cp;
+        flexdiag_context_params_init(&cp);
+        cp.max_images = 1;
+        cp.max_prompt_len = 6;
+        cp.policy.kind = (flexdiag_policy_kind)k;
+        cp.policy.sparsity = 0.0;
+        flexdiag_context *c = NULL;
+        assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+        float *l = malloc(64 * 256 * 4);
+        assert_int_equal(flexdiag__context_score(c, prompt, 6, ids, 64, 5.0f, l, NULL),
+                         FLEXDIAG_OK);
+        if (!ref) ref = l;
+        else assert_memory_equal(l, ref, 64 * 256 * 4);
+        if (l != ref) free(l);
+        flexdiag_context_destroy(c);
+    }
+    free(ref);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 /* An explicit batch over the memory budget fails before any work, naming bytes needed, bytes
  * available and the largest batch that fits; that batch then works. */
 static void test_budget(void **state) {
@@ -291,6 +322,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_device_policy),
         cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_sparsity0_is_dense),
         cmocka_unit_test(test_cli_generate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

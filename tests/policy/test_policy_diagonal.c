@@ -101,11 +101,11 @@ static void test_worked_example(void **state) {
         /* lag list of this step, attended positions from the ring */
         int32_t att[4];
         float logits[4], lse = 5.0f;
-        for (int32_t j = 0; j < ns; j++) {
+        for (int32_t j = 0; j < ns; j++) { /* list entry j sits at column ns-1-j */
             assert_int_equal(k->lag[j], e->lag[j]);
-            att[j] = flexdiag__kvp_slot_pos(k, 0, 0, 0, slots[j]);
+            att[j] = flexdiag__kvp_slot_pos(k, 0, 0, 0, slots[ns - 1 - j]);
             assert_int_equal(att[j], t - e->lag[j]);
-            logits[j] = g[t - att[j]];
+            logits[ns - 1 - j] = g[t - att[j]];
         }
         for (int32_t j = 0; j < ns; j++) assert_true(in_list(att, ns, e->att[j]));
         /* resident range, evicted token, skip set in effect */
@@ -133,8 +133,8 @@ static void test_worked_example(void **state) {
         nb = na;
     }
     /* ring check at t = 10: lags {0,1,3,6} -> slots {3,2,0,4} -> positions {10,9,7,4} */
-    static const int32_t slot_of[4] = {3, 2, 4, 0};
-    for (int32_t j = 0; j < 4; j++) assert_int_equal(slots[j], slot_of[j]);
+    static const int32_t slot_of[4] = {3, 2, 4, 0}; /* by list entry; entry j at column 3-j */
+    for (int32_t j = 0; j < 4; j++) assert_int_equal(slots[3 - j], slot_of[j]);
     assert_int_equal(flexdiag__kvp_evictions(k), 4);
     flexdiag__kvp_destroy(k);
 }
