@@ -196,6 +196,16 @@ typedef struct flexdiag_kernels {
     flexdiag_status (*diag_update)(int16_t *lag, const float *logits, int64_t n_lists,
                                    int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
                                    int32_t t, int32_t base, flexdiag_stream *s);
+
+    /* ---- launch graphs (optional; NULL: the engine launches op by op) ---- */
+    /* Start recording the ops queued on s instead of running them (no sync, copy_d2h or
+     * allocation may happen until graph_end). */
+    flexdiag_status (*graph_begin)(flexdiag_stream *s);
+    /* Stop recording; *graph is a replayable instance of what was recorded. */
+    flexdiag_status (*graph_end)(flexdiag_stream *s, void **graph);
+    /* Replay graph on s (same buffers, their current contents). */
+    flexdiag_status (*graph_launch)(void *graph, flexdiag_stream *s);
+    void (*graph_destroy)(void *graph);
 } flexdiag_kernels;
 
 /* ---- registry (kernels/registry.c) ---- */

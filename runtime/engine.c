@@ -208,6 +208,8 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
 }
 
 void flexdiag__context_free(flexdiag_context *c) {
+    for (int i = 0; i < 2; i++)
+        if (c->graph[i]) c->m->rt->k->graph_destroy(c->graph[i]);
     flexdiag__arena_free(&c->m->rt->arena, c->block, c->block_bytes);
     flexdiag__kvp_destroy(c->kvp);
     const flexdiag_kernels *k = c->m->rt->k;
@@ -626,23 +628,67 @@ static flexdiag_status run_prefill(run_state *r) {
     return take_step_output(r, 0);
 }
 
-static flexdiag_status run_decode_step(run_state *r, int32_t t) {
+/* The device work of decode step t that reads only device buffers (ids, positions, plans):
+ * feedback embedding, every layer of every micro-batch, the heads. Recordable as a graph. */
+static flexdiag_status step_body(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
+    FLEXDIAG_TRY(feedback(r));
+    for (int32_t j = 0; j < l->layers; j++)
+        for (int32_t mb = 0; mb < r->n_mb; mb++) FLEXDIAG_TRY(decode_layer(r, j, mb, t));
+    for (int32_t mb = 0; mb < r->n_mb; mb++) {
+        int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
+        FLEXDIAG_TRY(head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act, s0, nb));
+    }
+    return FLEXDIAG_OK;
+}
+
+/* Graphs need the backend's support and a step without host-side captures or profiling. */
+static int use_graph(const run_state *r) {
+    return r->k->graph_begin && !r->c->graphs_off && !r->split && !r->b->hidden &&
+           !r->b->attn_out;
+}
+
+/* Replay the recorded step body (recording it first, for this variant and sequence count);
+ * a failed recording turns graphs off for the context and runs the step op by op. */
+static flexdiag_status step_body_graph(const run_state *r, int32_t t, int scores) {
+    flexdiag_context *c = r->c;
+    void **g = &c->graph[scores];
+    if (*g && c->graph_seq[scores] != r->n_seq) {
+        r->k->graph_destroy(*g);
+        *g = NULL;
+    }
+    if (!*g) {
+        FLEXDIAG_TRY(r->k->graph_begin(r->s));
+        flexdiag_status st = step_body(r, t);
+        void *ng = NULL;
+        flexdiag_status st2 = r->k->graph_end(r->s, &ng);
+        if (st != FLEXDIAG_OK || st2 != FLEXDIAG_OK) {
+            if (ng) r->k->graph_destroy(ng);
+            FLEXDIAG_WARN("decode-step graph not recorded (%s): launching op by op",
+                          flexdiag__err_msg());
+            flexdiag__err_clear();
+            c->graphs_off = 1;
+            return step_body(r, t);
+        }
+        *g = ng;
+        c->graph_seq[scores] = r->n_seq;
+    }
+    return r->k->graph_launch(*g, r->s);
+}
+
+static flexdiag_status run_decode_step(run_state *r, int32_t t) {
+    flexdiag_context *c = r->c;
+    FLEXDIAG_TRY(cancelled(r));
     for (int32_t s = 0; s < r->n_seq; s++) c->h_pos[s] = r->lp[s] + t;
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.pos, c->h_pos, (size_t)r->n_seq * 4, r->s));
     double t0 = prof_begin(r);
     FLEXDIAG_TRY(plan_step(r, t));
     FLEXDIAG_TRY(prof_end(r, PROF_ATTN, t0));
-    FLEXDIAG_TRY(feedback(r));
-    for (int32_t j = 0; j < l->layers; j++) {
-        FLEXDIAG_TRY(cancelled(r));
-        for (int32_t mb = 0; mb < r->n_mb; mb++) FLEXDIAG_TRY(decode_layer(r, j, mb, t));
-    }
-    for (int32_t mb = 0; mb < r->n_mb; mb++) {
-        int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
-        FLEXDIAG_TRY(head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act, s0, nb));
-    }
+    if (use_graph(r))
+        FLEXDIAG_TRY(step_body_graph(r, t, c->scored && flexdiag__kvp_needs_scores(c->kvp, t)));
+    else
+        FLEXDIAG_TRY(step_body(r, t));
     FLEXDIAG_TRY(take_step_output(r, t + 1));
     t0 = prof_begin(r);
     FLEXDIAG_TRY(update_step(r, t));

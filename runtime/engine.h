@@ -99,6 +99,10 @@ struct flexdiag_context {
     int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */
     int host_policy;                 /* tests: force the host state machines (no diag_* ops) */
     uint64_t dev_evictions;          /* evictions counted on the device-policy path */
+    void *graph[2];                  /* recorded decode-step bodies (without / with policy
+                                        logits), replayed every step */
+    int32_t graph_seq[2];            /* sequences each graph was recorded for */
+    int graphs_off;                  /* recording failed once: launch op by op */
     void *host;                      /* one host block (page-locked when the backend can) */
     size_t host_bytes;               /* its size */
     int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layout of b.rows/slots/...) */

@@ -37,6 +37,11 @@ flexdiag_status flexdiag__cuda_stream_sync(flexdiag_stream *s);
 flexdiag_status flexdiag__cuda_mem_alloc(size_t bytes, void **out);
 /* cudaFree; NULL is a no-op; a failure is logged (nothing to return it to). */
 void flexdiag__cuda_mem_free(void *p);
+/* CUDA graph capture of one stream's work (stream capture, instantiate, replay, destroy). */
+flexdiag_status flexdiag__cuda_graph_begin(flexdiag_stream *s);
+flexdiag_status flexdiag__cuda_graph_end(flexdiag_stream *s, void **graph);
+flexdiag_status flexdiag__cuda_graph_launch(void *graph, flexdiag_stream *s);
+void flexdiag__cuda_graph_destroy(void *graph);
 /* Page-locked host memory (cudaHostAlloc) and its release. */
 flexdiag_status flexdiag__cuda_host_alloc(size_t bytes, void **out);
 void flexdiag__cuda_host_free(void *p);
@@ -112,6 +117,37 @@ flexdiag_status flexdiag__cuda_diag_slots(int32_t *slots, int32_t *n_slots, int1
 flexdiag_status flexdiag__cuda_diag_update(int16_t *lag, const float *logits, int64_t n_lists,
                                            int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
                                            int32_t t, int32_t base, flexdiag_stream *s);
+
+/* ---- image decoder, VQ-16 (conv2d.cu, vq_ops.cu); contracts in kernels.h ---- */
+
+/* conv2d.cu: k×k conv (stride 1, zero padding) as cuBLAS GEMMs: 1×1 straight on x, k×k through
+ * im2col chunks in the stream workspace; bias inside the fp32 sum (k×k); s required. */
+flexdiag_status flexdiag__cuda_conv2d(void *out, const void *x, const uint16_t *w,
+                                      const uint16_t *b, int64_t n, int32_t cin, int32_t cout,
+                                      int32_t h, int32_t wd, int32_t k, unsigned flags,
+                                      flexdiag_stream *s);
+/* conv2d.cu: point s's cuBLAS handle at the workspace bytes from offset on (offset 0: all of
+ * it, the state stream_create leaves), so an op can keep the head for its own scratch. */
+flexdiag_status flexdiag__cuda_blas_ws_tail(flexdiag_stream *s, size_t offset);
+/* vq_ops.cu: out (n, c, hw) bf16 = codebook (V, c) f32 rows ids (n·hw, trusted). */
+flexdiag_status flexdiag__cuda_vq_lookup(void *out, const float *codebook, const int32_t *ids,
+                                         int64_t n, int32_t c, int32_t hw, flexdiag_stream *s);
+/* vq_ops.cu: GroupNorm (+ swish), sliced fp32 statistics merged in double; s required. */
+flexdiag_status flexdiag__cuda_groupnorm(void *out, const void *x, const uint16_t *gamma,
+                                         const uint16_t *beta, int64_t n, int32_t c, int32_t hw,
+                                         int32_t groups, float eps, int32_t swish,
+                                         flexdiag_stream *s);
+/* vq_ops.cu: nearest-neighbour ×2 of x (n, c, h, wd). */
+flexdiag_status flexdiag__cuda_upsample2x(void *out, const void *x, int64_t n, int32_t c,
+                                          int32_t h, int32_t wd, flexdiag_stream *s);
+/* vq_ops.cu: single-head attention over hw positions, scores and softmax fp32, P bf16 into a
+ * cuBLAS GEMM; s required. */
+flexdiag_status flexdiag__cuda_attn_spatial(void *out, const void *q, const void *k,
+                                            const void *v, int64_t n, int32_t c, int32_t hw,
+                                            flexdiag_stream *s);
+/* vq_ops.cu: out (n, hw, c) f32 = x (n, c, hw) bf16. */
+flexdiag_status flexdiag__cuda_to_nhwc(float *out, const void *x, int64_t n, int32_t c,
+                                       int32_t hw, flexdiag_stream *s);
 
 #ifdef __cplusplus
 }

@@ -210,3 +210,35 @@ extern "C" flexdiag_status flexdiag__cuda_host_alloc(size_t bytes, void **out) {
 extern "C" void flexdiag__cuda_host_free(void *p) {
     if (p) (void)cudaFreeHost(p);
 }
+
+/* ---- CUDA graphs: the engine records one decode step and replays it ---- */
+
+extern "C" flexdiag_status flexdiag__cuda_graph_begin(flexdiag_stream *s) {
+    FLEXDIAG_CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    return FLEXDIAG_OK;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_graph_end(flexdiag_stream *s, void **graph) {
+    *graph = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamEndCapture(s->stream, &g);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+    if (g) (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return flexdiag__err(FLEXDIAG_ERR_CUDA, "cuda: recording a launch graph failed: %s",
+                             cudaGetErrorString(e));
+    }
+    *graph = exec;
+    return FLEXDIAG_OK;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_graph_launch(void *graph, flexdiag_stream *s) {
+    FLEXDIAG_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)graph, s->stream));
+    return FLEXDIAG_OK;
+}
+
+extern "C" void flexdiag__cuda_graph_destroy(void *graph) {
+    if (graph) (void)cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
