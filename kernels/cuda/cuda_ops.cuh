@@ -8,9 +8,10 @@
  * (FLEXDIAG_ERR_INVALID_ARG naming the op and the value), enqueue on the stream, never
  * synchronise the host (copy_d2h excepted) and end with a launch check.
  *
- * Files: mem.cu (streams, memory, copies), convert.cu, gather.cu (embed + gather_rows: both are
- * row gathers), rmsnorm.cu, rope.cu, swiglu.cu, gelu.cu, matmul.cu (cuBLASLt / cuBLAS), cfg.cu,
- * sample.cu.
+ * Files: mem.cu (streams, memory, copies, graphs, page-locked staging), convert.cu, gather.cu
+ * (embed + gather_rows: both are row gathers), rmsnorm.cu, rope.cu, swiglu.cu, gelu.cu,
+ * matmul.cu (cuBLASLt / cuBLAS), cfg.cu, sample.cu, diag_policy.cu (device Diagonal policy),
+ * conv2d.cu and vq_ops.cu (VQ image decoder).
  */
 #ifndef FLEXDIAG_CUDA_OPS_CUH
 #define FLEXDIAG_CUDA_OPS_CUH

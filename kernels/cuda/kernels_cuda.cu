@@ -5,8 +5,8 @@
  * Only wiring: every slot points at a launcher of cuda_ops.cuh (streams, memory, conversions,
  * row ops, GEMM, CFG, sampling; one op per .cu file) or attn.cuh (KV append and attention, helper
  * F2's files). registry.c reaches this table through flexdiag__kernels_cuda_table() when the
- * build has CUDA. The image-decoder slots (vq_lookup .. to_nhwc) stay NULL until their CUDA
- * versions exist; the runtime decodes images with the CPU table meanwhile.
+ * build has CUDA. Image-decoder ops live in conv2d.cu and vq_ops.cu; the device-resident Diagonal
+ * policy in diag_policy.cu; graph capture and page-locked staging in mem.cu.
  *
  * Device-side contracts the runtime must keep (documented at the launchers): ids passed to
  * embed / gather_rows are in range; sample writes id -1 for a row with non-finite logits, and
@@ -49,8 +49,18 @@ static flexdiag_kernels make_table(void) {
     t.sample = flexdiag__cuda_sample;
     t.host_alloc = flexdiag__cuda_host_alloc;
     t.host_free = flexdiag__cuda_host_free;
+    t.graph_begin = flexdiag__cuda_graph_begin;
+    t.graph_end = flexdiag__cuda_graph_end;
+    t.graph_launch = flexdiag__cuda_graph_launch;
+    t.graph_destroy = flexdiag__cuda_graph_destroy;
     t.diag_slots = flexdiag__cuda_diag_slots;
     t.diag_update = flexdiag__cuda_diag_update;
+    t.vq_lookup = flexdiag__cuda_vq_lookup;
+    t.conv2d = flexdiag__cuda_conv2d;
+    t.groupnorm = flexdiag__cuda_groupnorm;
+    t.upsample2x = flexdiag__cuda_upsample2x;
+    t.attn_spatial = flexdiag__cuda_attn_spatial;
+    t.to_nhwc = flexdiag__cuda_to_nhwc;
     return t;
 }
 
