@@ -38,9 +38,7 @@
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
 #define ST_HEADER_CAP 100000000ull /* header bytes; the reference Rust reader's limit */
-#define ST_ENTRY_CAP 1000000       /* tensors per header or index: bounds parse work */
 #define ST_CHUNK ((size_t)8 << 20) /* bounce buffer for converting reads: bounded memory */
-#define ST_NAME_MSG 200            /* characters of a tensor name quoted in messages */
 #define ST_MAX_DEPTH 3             /* root { entry { shape [ : valid headers never nest deeper */
 
 /* ---- dtypes ---- */
@@ -190,10 +188,10 @@ static flexdiag_status prescan_header(const char *path, const char *h, size_t n)
                                  path, ST_MAX_DEPTH, i);
         } else if (c == '}' || c == ']') {
             depth--;
-        } else if (c == ',' && depth == 1 && ++commas > ST_ENTRY_CAP) { /* + __metadata__ */
+        } else if (c == ',' && depth == 1 && ++commas > FLEXDIAG_ST_MAX_ENTRIES) { /* + __metadata__ */
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: header lists over %d entries, more than the cap of %d",
-                                 path, ST_ENTRY_CAP + 1, ST_ENTRY_CAP);
+                                 path, FLEXDIAG_ST_MAX_ENTRIES + 1, FLEXDIAG_ST_MAX_ENTRIES);
         }
     }
     return FLEXDIAG_OK;
@@ -262,7 +260,7 @@ static flexdiag_status check_metadata(const char *path, json_t *meta) {
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: __metadata__ value '%.*s' is not a string (metadata "
                                  "values must be strings)",
-                                 path, ST_NAME_MSG, key);
+                                 path, FLEXDIAG_ST_NAME_MSG, key);
     }
     return FLEXDIAG_OK;
 }
@@ -281,12 +279,12 @@ static flexdiag_status parse_shape(const char *path, const char *name, json_t *s
     if (!json_is_array(sh))
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: tensor '%.*s': shape must be an array of non-negative integers",
-                             path, ST_NAME_MSG, name);
+                             path, FLEXDIAG_ST_NAME_MSG, name);
     size_t nd = json_array_size(sh);
     if (nd > FLEXDIAG_ST_MAX_DIMS)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "%s: tensor '%.*s': rank %zu exceeds flexdiag's limit of %d", path,
-                             ST_NAME_MSG, name, nd, FLEXDIAG_ST_MAX_DIMS);
+                             FLEXDIAG_ST_NAME_MSG, name, nd, FLEXDIAG_ST_MAX_DIMS);
     uint64_t numel = 1;
     int overflow = 0;
     t->ndim = (int32_t)nd;
@@ -295,7 +293,7 @@ static flexdiag_status parse_shape(const char *path, const char *name, json_t *s
         if (!json_is_integer(d) || json_integer_value(d) < 0)
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: tensor '%.*s': shape dim %zu is not a non-negative integer",
-                                 path, ST_NAME_MSG, name, i);
+                                 path, FLEXDIAG_ST_NAME_MSG, name, i);
         t->shape[i] = (int64_t)json_integer_value(d);
         overflow |= !flexdiag__mul_ok(numel, (uint64_t)t->shape[i], &numel);
     }
@@ -304,7 +302,7 @@ static flexdiag_status parse_shape(const char *path, const char *name, json_t *s
         fmt_shape(sbuf, sizeof sbuf, t->shape, t->ndim);
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: tensor '%.*s': element count of shape %s overflows 64 bits", path,
-                             ST_NAME_MSG, name, sbuf);
+                             FLEXDIAG_ST_NAME_MSG, name, sbuf);
     }
     t->numel = (int64_t)numel;
     return FLEXDIAG_OK;
@@ -318,14 +316,14 @@ static flexdiag_status parse_offsets(const char *path, const char *name, json_t 
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: tensor '%.*s': data_offsets must be [begin, end] of non-negative "
                              "integers",
-                             path, ST_NAME_MSG, name);
+                             path, FLEXDIAG_ST_NAME_MSG, name);
     *begin = (uint64_t)json_integer_value(b);
     *end = (uint64_t)json_integer_value(e);
     if (*end < *begin)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: tensor '%.*s': data_offsets [%" PRIu64 ", %" PRIu64 ") end "
                              "before they begin",
-                             path, ST_NAME_MSG, name, *begin, *end);
+                             path, FLEXDIAG_ST_NAME_MSG, name, *begin, *end);
     return FLEXDIAG_OK;
 }
 
@@ -336,17 +334,17 @@ static flexdiag_status parse_entry(const char *path, const char *name, json_t *v
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: tensor '%.*s': entry must be an object with dtype, shape and "
                              "data_offsets",
-                             path, ST_NAME_MSG, name);
+                             path, FLEXDIAG_ST_NAME_MSG, name);
     json_t *dt = json_object_get(v, "dtype");
     if (!json_is_string(dt))
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: tensor '%.*s': dtype must be a string", path, ST_NAME_MSG, name);
+                             "%s: tensor '%.*s': dtype must be a string", path, FLEXDIAG_ST_NAME_MSG, name);
     int code = flexdiag__dtype_parse(json_string_value(dt));
     if (code < 0)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "%s: tensor '%.*s': unknown dtype '%.32s' (flexdiag reads BF16, "
                              "F16, F32, I32, I64 and skips other standard safetensors dtypes)",
-                             path, ST_NAME_MSG, name, json_string_value(dt));
+                             path, FLEXDIAG_ST_NAME_MSG, name, json_string_value(dt));
     t->name = name;
     t->dtype = (flexdiag_dtype)code;
     FLEXDIAG_TRY(parse_shape(path, name, json_object_get(v, "shape"), t));
@@ -358,12 +356,12 @@ static flexdiag_status parse_entry(const char *path, const char *name, json_t *v
     if (!flexdiag__mul_ok((uint64_t)t->numel, (uint64_t)size, &nbytes) || nbytes > INT64_MAX)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: tensor '%.*s': byte size of shape %s of %s overflows 64 bits",
-                             path, ST_NAME_MSG, name, sbuf, flexdiag__dtype_name(t->dtype));
+                             path, FLEXDIAG_ST_NAME_MSG, name, sbuf, flexdiag__dtype_name(t->dtype));
     if (end - begin != nbytes)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: tensor '%.*s': data_offsets [%" PRIu64 ", %" PRIu64
                              ") hold %" PRIu64 " bytes but shape %s of %s needs %" PRIu64,
-                             path, ST_NAME_MSG, name, begin, end, end - begin, sbuf,
+                             path, FLEXDIAG_ST_NAME_MSG, name, begin, end, end - begin, sbuf,
                              flexdiag__dtype_name(t->dtype), nbytes);
     t->offset = begin;
     t->nbytes = nbytes;
@@ -387,25 +385,25 @@ static flexdiag_status check_layout(const char *path, flexdiag_st_tensor *t, int
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: tensor '%.*s': first tensor begins at %" PRIu64 ", not 0 "
                                  "(hole at the start of the data)",
-                                 path, ST_NAME_MSG, t[i].name, b);
+                                 path, FLEXDIAG_ST_NAME_MSG, t[i].name, b);
         if (b > pos)
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: tensor '%.*s': hole of %" PRIu64 " bytes before it (tensor "
                                  "'%.*s' ends at %" PRIu64 ", this one begins at %" PRIu64 ")",
-                                 path, ST_NAME_MSG, t[i].name, b - pos, ST_NAME_MSG, t[i - 1].name,
+                                 path, FLEXDIAG_ST_NAME_MSG, t[i].name, b - pos, FLEXDIAG_ST_NAME_MSG, t[i - 1].name,
                                  pos, b);
         if (b < pos)
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: tensor '%.*s': data_offsets [%" PRIu64 ", %" PRIu64 ") "
                                  "overlap tensor '%.*s', which ends at %" PRIu64,
-                                 path, ST_NAME_MSG, t[i].name, b, e, ST_NAME_MSG, t[i - 1].name,
+                                 path, FLEXDIAG_ST_NAME_MSG, t[i].name, b, e, FLEXDIAG_ST_NAME_MSG, t[i - 1].name,
                                  pos);
         if (e > data_size)
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: tensor '%.*s': data_offsets [%" PRIu64 ", %" PRIu64 ") run "
                                  "past the end of the %" PRIu64 "-byte data section (file "
                                  "truncated?)",
-                                 path, ST_NAME_MSG, t[i].name, b, e, data_size);
+                                 path, FLEXDIAG_ST_NAME_MSG, t[i].name, b, e, data_size);
         pos = e;
     }
     if (pos != data_size)
@@ -423,10 +421,10 @@ static flexdiag_status parse_entries(flexdiag_safetensors *st, int32_t fi, json_
     json_t *meta = json_object_get(root, "__metadata__");
     if (meta) FLEXDIAG_TRY(check_metadata(f->path, meta));
     size_t n = json_object_size(root) - (meta != NULL);
-    if (n > ST_ENTRY_CAP)
+    if (n > FLEXDIAG_ST_MAX_ENTRIES)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: header lists %zu tensors, more than the cap of %d", f->path, n,
-                             ST_ENTRY_CAP);
+                             FLEXDIAG_ST_MAX_ENTRIES);
     if (!reserve_tensors(st, (int64_t)n))
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory for %zu tensors", f->path,
                              n);
@@ -512,10 +510,10 @@ static flexdiag_status list_shards(const char *path, json_t *wm, const char ***o
     if (cnt == 0) /* also keeps "an open reader has at least one file" true */
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: weight_map is empty (no tensors)",
                              path);
-    if (cnt > ST_ENTRY_CAP)
+    if (cnt > FLEXDIAG_ST_MAX_ENTRIES)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: weight_map lists %zu tensors, more than the cap of %d", path,
-                             cnt, ST_ENTRY_CAP);
+                             cnt, FLEXDIAG_ST_MAX_ENTRIES);
     const char **names = malloc(sizeof *names * cnt);
     if (!names) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory", path);
     const char *key;
@@ -527,7 +525,7 @@ static flexdiag_status list_shards(const char *path, json_t *wm, const char ***o
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: tensor '%.*s': shard '%.*s' must be a plain file name in the "
                                  "index's folder (no '/', no '..')",
-                                 path, ST_NAME_MSG, key, ST_NAME_MSG, s ? s : "(not a string)");
+                                 path, FLEXDIAG_ST_NAME_MSG, key, FLEXDIAG_ST_NAME_MSG, s ? s : "(not a string)");
         }
         names[k++] = s;
     }
@@ -550,8 +548,8 @@ static flexdiag_status check_index_map(flexdiag_safetensors *st, const char *pat
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: tensor '%.*s' is in shard '%s' but the index %s%.*s%s "
                                  "(tensors must be listed once, under the shard holding them)",
-                                 path, ST_NAME_MSG, t->name, shards[t->file],
-                                 want ? "maps it to '" : "does not list it", ST_NAME_MSG,
+                                 path, FLEXDIAG_ST_NAME_MSG, t->name, shards[t->file],
+                                 want ? "maps it to '" : "does not list it", FLEXDIAG_ST_NAME_MSG,
                                  want ? want : "", want ? "'" : "");
     }
     if ((size_t)st->n_tensors == json_object_size(wm)) return FLEXDIAG_OK;
@@ -562,7 +560,7 @@ static flexdiag_status check_index_map(flexdiag_safetensors *st, const char *pat
             return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                                  "%s: index lists tensor '%.*s' in shard '%s', which does not "
                                  "hold it",
-                                 path, ST_NAME_MSG, key, json_string_value(v));
+                                 path, FLEXDIAG_ST_NAME_MSG, key, json_string_value(v));
     }
     return FLEXDIAG_OK;
 }
@@ -712,8 +710,8 @@ flexdiag_status flexdiag__pread_full(int fd, void *buf, size_t n, uint64_t off, 
 /* Bytes [from, from + n) of t's data into buf. */
 static flexdiag_status read_span(const flexdiag_safetensors *st, const flexdiag_st_tensor *t,
                                  void *buf, uint64_t from, size_t n) {
-    char what[ST_NAME_MSG + 16];
-    snprintf(what, sizeof what, "tensor '%.*s'", ST_NAME_MSG, t->name);
+    char what[FLEXDIAG_ST_NAME_MSG + 16];
+    snprintf(what, sizeof what, "tensor '%.*s'", FLEXDIAG_ST_NAME_MSG, t->name);
     const st_file *f = &st->files[t->file];
     return flexdiag__pread_full(f->fd, buf, n, t->offset + from, f->path, what);
 }
@@ -752,7 +750,7 @@ static flexdiag_status read_converted(const flexdiag_safetensors *st, const flex
     void *buf = malloc(total < per ? total * esz + 1 : ST_CHUNK);
     if (!buf)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
-                             "tensor '%.*s': out of memory for the read buffer", ST_NAME_MSG,
+                             "tensor '%.*s': out of memory for the read buffer", FLEXDIAG_ST_NAME_MSG,
                              t->name);
     flexdiag_status s = FLEXDIAG_OK;
     for (size_t done = 0; done < total && s == FLEXDIAG_OK; done += per) {
@@ -769,7 +767,7 @@ static flexdiag_status not_convertible(const flexdiag_safetensors *st, const fle
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "%s: tensor '%.*s': dtype %s cannot be read as %s (flexdiag converts "
                          "BF16, F16 and F32)",
-                         st->files[t->file].path, ST_NAME_MSG, t->name,
+                         st->files[t->file].path, FLEXDIAG_ST_NAME_MSG, t->name,
                          flexdiag__dtype_name(t->dtype), to);
 }
 
@@ -778,7 +776,7 @@ static flexdiag_status check_read_args(const flexdiag_safetensors *st, const fle
     FLEXDIAG_ASSERT(st && t && t->file >= 0 && t->file < st->n_files);
     if (!dst && t->numel > 0)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "tensor '%.*s': NULL destination",
-                             ST_NAME_MSG, t->name);
+                             FLEXDIAG_ST_NAME_MSG, t->name);
     return FLEXDIAG_OK;
 }
 
@@ -792,7 +790,7 @@ flexdiag_status flexdiag__st_read_bf16(const flexdiag_safetensors *st, const fle
         st_file *f = &st->files[t->file];
         if (!atomic_exchange(&f->rounding_logged, 1))
             FLEXDIAG_INFO("%s: F32 tensors are rounded to bf16 (nearest even), first '%.*s'",
-                          f->path, ST_NAME_MSG, t->name);
+                          f->path, FLEXDIAG_ST_NAME_MSG, t->name);
         return read_converted(st, t, dst, 2, f32_to_bf16);
     }
     default: return not_convertible(st, t, "bf16");
@@ -814,166 +812,4 @@ flexdiag_status flexdiag__st_read_raw(const flexdiag_safetensors *st, const flex
                                       void *dst) {
     FLEXDIAG_TRY(check_read_args(st, t, dst));
     return read_span(st, t, dst, 0, (size_t)t->nbytes);
-}
-
-/* ---- writer ---- */
-
-static flexdiag_status errno_status(int e) {
-    return e == ENOSPC || e == EDQUOT ? FLEXDIAG_ERR_NO_SPACE
-           : e == ENOENT              ? FLEXDIAG_ERR_NOT_FOUND
-                                      : FLEXDIAG_ERR_IO;
-}
-
-static flexdiag_status write_all(int fd, const void *p, size_t n, const char *path) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = w < 0 ? errno : EIO;
-            return flexdiag__err(errno_status(e), "%s: write failed: %s", path, strerror(e));
-        }
-        p = (const char *)p + w;
-        n -= (size_t)w;
-    }
-    return FLEXDIAG_OK;
-}
-
-/* Best effort: make the rename durable (some file systems refuse fsync on folders). */
-static void sync_parent(const char *path) {
-    char *copy = strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
-flexdiag_status flexdiag__write_file_atomic(const char *path, const flexdiag_wpart *parts,
-                                            int64_t n) {
-    char *tmp = NULL;
-    if (asprintf(&tmp, "%s.tmp.%ld", path, (long)getpid()) < 0)
-        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
-        flexdiag_status s =
-            flexdiag__err(errno_status(e), "%s: cannot create %s: %s%s", path, tmp, strerror(e),
-                          e == ENOENT ? " (does the folder exist?)" : "");
-        free(tmp);
-        return s;
-    }
-    flexdiag_status s = FLEXDIAG_OK;
-    for (int64_t i = 0; i < n && s == FLEXDIAG_OK; i++)
-        s = write_all(fd, parts[i].data, parts[i].len, path);
-    if (s == FLEXDIAG_OK && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-        s = flexdiag__err(errno_status(errno), "%s: fsync failed: %s", path, strerror(errno));
-    if (close(fd) != 0 && s == FLEXDIAG_OK)
-        s = flexdiag__err(errno_status(errno), "%s: close failed: %s", path, strerror(errno));
-    if (s == FLEXDIAG_OK && rename(tmp, path) != 0)
-        s = flexdiag__err(FLEXDIAG_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp,
-                          strerror(errno));
-    if (s != FLEXDIAG_OK)
-        unlink(tmp);
-    else
-        sync_parent(path);
-    free(tmp);
-    return s;
-}
-
-/* Validate entry e and return its byte size. */
-static flexdiag_status check_entry(const char *path, const flexdiag_st_entry *e, uint64_t *nbytes) {
-    const char *name = e->name ? e->name : "(null)";
-    if (!e->name || !*e->name || strcmp(e->name, "__metadata__") == 0)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s: tensor name '%s' is not allowed", path,
-                             name);
-    int size = flexdiag__dtype_size(e->dtype);
-    if (size == 0 || e->ndim < 0 || e->ndim > FLEXDIAG_ST_MAX_DIMS)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "%s: tensor '%.*s': bad dtype %d or rank %d", path, ST_NAME_MSG,
-                             name, (int)e->dtype, (int)e->ndim);
-    uint64_t numel = 1;
-    for (int32_t i = 0; i < e->ndim; i++)
-        if (e->shape[i] < 0 || !flexdiag__mul_ok(numel, (uint64_t)e->shape[i], &numel))
-            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                                 "%s: tensor '%.*s': dim %d is negative "
-                                 "or the shape overflows",
-                                 path, ST_NAME_MSG, name, (int)i);
-    if (!flexdiag__mul_ok(numel, (uint64_t)size, nbytes) || *nbytes > INT64_MAX)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s: tensor '%.*s': size overflows", path,
-                             ST_NAME_MSG, name);
-    if (*nbytes > 0 && !e->data)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s: tensor '%.*s': NULL data", path,
-                             ST_NAME_MSG, name);
-    return FLEXDIAG_OK;
-}
-
-/* JSON entry {dtype, shape, data_offsets}; NULL when out of memory. */
-static json_t *entry_json(const flexdiag_st_entry *e, uint64_t begin, uint64_t end) {
-    json_t *shape = json_array();
-    for (int32_t i = 0; shape && i < e->ndim; i++)
-        json_array_append_new(shape, json_integer((json_int_t)e->shape[i]));
-    return json_pack("{s:s, s:o, s:[I, I]}", "dtype", flexdiag__dtype_name(e->dtype), "shape",
-                     shape, "data_offsets", (json_int_t)begin, (json_int_t)end);
-}
-
-/* Header JSON (entries in data order), space-padded so the data starts 8-byte aligned. */
-static flexdiag_status build_header(const char *path, const flexdiag_st_entry *entries, int64_t n,
-                                    const uint64_t *sizes, char **out, size_t *len) {
-    json_t *root = json_object();
-    uint64_t pos = 0;
-    flexdiag_status s = root ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "out of memory");
-    for (int64_t i = 0; i < n && s == FLEXDIAG_OK; i++) {
-        const char *name = entries[i].name;
-        json_t *ej =
-            json_object_get(root, name) ? NULL : entry_json(&entries[i], pos, pos + sizes[i]);
-        if (!ej || json_object_set_new(root, name, ej) != 0) /* set_new frees ej on failure */
-            s = flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                              "%s: tensor '%.*s': duplicate or non-UTF-8 name", path,
-                              ST_NAME_MSG, name);
-        pos += sizes[i];
-    }
-    char *js = s == FLEXDIAG_OK ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(root);
-    if (s != FLEXDIAG_OK) return s;
-    size_t jl = js ? strlen(js) : 0, padded = (jl + 7) & ~(size_t)7;
-    char *hdr = js ? malloc(padded) : NULL;
-    if (!hdr) {
-        free(js);
-        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory for the header", path);
-    }
-    memcpy(hdr, js, jl);
-    memset(hdr + jl, ' ', padded - jl);
-    free(js);
-    *out = hdr;
-    *len = padded;
-    return FLEXDIAG_OK;
-}
-
-flexdiag_status flexdiag__st_write(const char *path, const flexdiag_st_entry *entries, int64_t n) {
-    if (!path || n < 0 || n > ST_ENTRY_CAP || (n > 0 && !entries))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "safetensors writer: bad path or %" PRId64 " entries", n);
-    uint64_t *sizes = malloc(sizeof *sizes * (size_t)(n + 1));
-    flexdiag_wpart *parts = malloc(sizeof *parts * (size_t)(n + 2));
-    flexdiag_status s =
-        sizes && parts ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "out of memory");
-    for (int64_t i = 0; i < n && s == FLEXDIAG_OK; i++)
-        s = check_entry(path, &entries[i], &sizes[i]);
-    char *hdr = NULL;
-    size_t hlen = 0;
-    if (s == FLEXDIAG_OK) s = build_header(path, entries, n, sizes, &hdr, &hlen);
-    if (s == FLEXDIAG_OK) {
-        unsigned char pre[8];
-        for (int i = 0; i < 8; i++) pre[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-        parts[0] = (flexdiag_wpart){pre, 8};
-        parts[1] = (flexdiag_wpart){hdr, hlen};
-        for (int64_t i = 0; i < n; i++) parts[i + 2] = (flexdiag_wpart){entries[i].data, sizes[i]};
-        s = flexdiag__write_file_atomic(path, parts, n + 2);
-    }
-    free(hdr);
-    free(parts);
-    free(sizes);
-    return s;
 }

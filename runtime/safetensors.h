@@ -25,6 +25,8 @@ typedef enum flexdiag_dtype {
 } flexdiag_dtype;
 
 #define FLEXDIAG_ST_MAX_DIMS 8
+#define FLEXDIAG_ST_MAX_ENTRIES 1000000 /* tensors per header or index (reliability.md §4) */
+#define FLEXDIAG_ST_NAME_MSG 200        /* characters of a tensor name quoted in messages */
 
 typedef struct flexdiag_st_tensor {
     const char *name;                     /* canonical-or-original name as stored in the file */
