@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "core.h"
+#include "kernels.h"
 
 void tu_rng_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
 
@@ -133,4 +134,22 @@ int tu_system(const char *fmt, ...) {
     int rc = system(cmd);
     if (rc == -1) return -1;
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+int tu_cuda_stream(const char *name, flexdiag_stream **s) {
+    const flexdiag_kernels *k = flexdiag__kernels_cuda();
+    if (!k) {
+        fprintf(stderr, "%s: skipped: this build has no CUDA backend\n", name);
+        return 77;
+    }
+    flexdiag_status st = k->stream_create(0, 0, s);
+    if (st == FLEXDIAG_ERR_UNSUPPORTED) {
+        fprintf(stderr, "%s: skipped: %s\n", name, flexdiag__err_msg());
+        return 77;
+    }
+    if (st != FLEXDIAG_OK) {
+        fprintf(stderr, "%s: stream_create(0) failed: %s\n", name, flexdiag__err_msg());
+        return 1;
+    }
+    return 0;
 }

@@ -33,6 +33,10 @@ char *tu_data_path(const char *rel);
 /* Write / read a whole file; read returns malloc'ed bytes (NUL-terminated) or NULL. */
 int tu_write_file(const char *path, const void *data, size_t n);
 void *tu_read_file(const char *path, size_t *n);
+/* A CUDA stream on device 0 for GPU test `name`: 0 with *s set, or the exit code to return
+ * from main() (77 = skip, with the reason on stderr; 1 = the device failed). */
+struct flexdiag_stream;
+int tu_cuda_stream(const char *name, struct flexdiag_stream **s);
 /* Run a shell command, return its exit status (-1 on failure to run). */
 int tu_system(const char *fmt, ...);
 

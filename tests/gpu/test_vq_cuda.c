@@ -497,21 +497,10 @@ static void test_timing(void **state) {
 }
 
 int main(void) {
-    if (!flexdiag__have_cuda()) {
-        fprintf(stderr, "test_vq_cuda: skipped: this build has no CUDA backend\n");
-        return 77;
-    }
+    int skip = tu_cuda_stream("test_vq_cuda", &S);
+    if (skip) return skip;
     G = flexdiag__kernels_cuda();
     R = flexdiag__kernels_cpu_ref();
-    flexdiag_status st = G->stream_create(0, 0, &S);
-    if (st == FLEXDIAG_ERR_UNSUPPORTED) {
-        fprintf(stderr, "test_vq_cuda: skipped: %s\n", flexdiag__err_msg());
-        return 77;
-    }
-    if (st != FLEXDIAG_OK) {
-        fprintf(stderr, "test_vq_cuda: stream_create(0) failed: %s\n", flexdiag__err_msg());
-        return 1;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),    cmocka_unit_test(test_conv),
         cmocka_unit_test(test_conv_errors), cmocka_unit_test(test_groupnorm),
