@@ -25,9 +25,9 @@
 
 #include "core.h"
 #include "kernels.h"
+#include "gpu_buf.h"
 #include "util.h"
 
-#define GUARD_N 1024 /* guard elements before and after every device buffer */
 
 /* style.md §7 tolerances. bf16 nmse: one bf16 rounding gives ≈ 2^-18/3 ≈ 1.3e-6, the GPU's and
  * the reference's paths may differ by two roundings, so 1e-4 still catches real errors. */
@@ -90,72 +90,7 @@ static void print_summary(void) {
 
 /* ---- device buffers between guard regions ---- */
 
-typedef struct dbuf {
-    uint8_t *base; /* device allocation */
-    size_t elem;   /* element size in bytes */
-    size_t n;      /* body elements */
-    size_t off;    /* extra elements before the body (misaligns it) */
-} dbuf;
-
-static uint8_t guard_byte(size_t i) { return (uint8_t)(0x5Au ^ (i * 131u) ^ (i >> 7)); }
-
-static size_t dbuf_total(const dbuf *b) { return (2 * GUARD_N + b->off + b->n) * b->elem; }
-static size_t dbuf_head(const dbuf *b) { return (GUARD_N + b->off) * b->elem; }
-
-/* n elements of elem bytes, off elements past the leading guard; body poisoned with 0xFF. */
-static dbuf dbuf_make(size_t n, size_t elem, size_t off) {
-    dbuf b = {NULL, elem, n, off};
-    const size_t total = dbuf_total(&b);
-    uint8_t *img = malloc(total);
-    assert_non_null(img);
-    for (size_t i = 0; i < total; i++) img[i] = guard_byte(i);
-    memset(img + dbuf_head(&b), 0xFF, n * elem);
-    void *p = NULL;
-    OK(G->mem_alloc(total, &p));
-    b.base = p;
-    OK(G->copy_h2d(b.base, img, total, S));
-    free(img);
-    return b;
-}
-
-static void *dptr(const dbuf *b) { return b->base + dbuf_head(b); }
-
-static void dbuf_put(const dbuf *b, const void *host) {
-    OK(G->copy_h2d(dptr(b), host, b->n * b->elem, S));
-}
-
-/* Copy the body to host; returns 0 (and says so) if a guard byte changed. */
-static int dbuf_get(const dbuf *b, void *host, const char *label) {
-    const size_t total = dbuf_total(b), head = dbuf_head(b), body = b->n * b->elem;
-    uint8_t *img = malloc(total);
-    assert_non_null(img);
-    OK(G->copy_d2h(img, b->base, total, S));
-    memcpy(host, img + head, body);
-    int ok = 1;
-    for (size_t i = 0; i < total && ok; i++) {
-        if (i == head) i += body;
-        if (i < total && img[i] != guard_byte(i)) {
-            fprintf(stderr, "%s: guard byte %zu (%s the output) changed\n", label, i,
-                    i < head ? "before" : "after");
-            ok = 0;
-        }
-    }
-    free(img);
-    return ok;
-}
-
-static void dbuf_free(dbuf *b) {
-    G->mem_free(b->base);
-    b->base = NULL;
-}
-
 /* ---- host data ---- */
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    assert_non_null(p);
-    return p;
-}
 
 static uint16_t *bf16_rand(tu_rng *r, int64_t n, float scale) {
     uint16_t *x = xmalloc((size_t)n * 2);
@@ -957,6 +892,7 @@ int main(void) {
     if (skip) return skip;
     G = flexdiag__kernels_cuda();
     R = flexdiag__kernels_cpu_ref();
+    gpu_buf_use(G, S);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),      cmocka_unit_test(test_copies),
         cmocka_unit_test(test_convert),     cmocka_unit_test(test_embed_gather),

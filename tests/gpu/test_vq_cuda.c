@@ -30,10 +30,10 @@
 #include "core.h"
 #include "kernels.h"
 #include "npy.h"
+#include "gpu_buf.h"
 #include "util.h"
 #include "vq.h"
 
-#define GUARD_N 1024 /* guard elements before and after every device output */
 
 /* style.md §7 bf16 tolerances. */
 #define BF16_ATOL 1e-3
@@ -56,72 +56,6 @@ static flexdiag_stream *S;        /* CUDA stream */
         if (st_ != FLEXDIAG_OK)                                                                    \
             fail_msg("%s: %s: %s", #expr, flexdiag_status_str(st_), flexdiag__err_msg());        \
     } while (0)
-
-/* ---- device buffers between guard regions ---- */
-
-typedef struct dbuf {
-    uint8_t *base; /* device allocation */
-    size_t elem;   /* element size in bytes */
-    size_t n;      /* body elements */
-    size_t off;    /* extra elements before the body (misaligns it) */
-} dbuf;
-
-static uint8_t guard_byte(size_t i) { return (uint8_t)(0xA5u ^ (i * 37u) ^ (i >> 9)); }
-static size_t dbuf_total(const dbuf *b) { return (2 * GUARD_N + b->off + b->n) * b->elem; }
-static size_t dbuf_head(const dbuf *b) { return (GUARD_N + b->off) * b->elem; }
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    assert_non_null(p);
-    return p;
-}
-
-/* n elements of elem bytes, off elements past the leading guard; body poisoned with 0xFF. */
-static dbuf dbuf_make(size_t n, size_t elem, size_t off) {
-    dbuf b = {NULL, elem, n, off};
-    const size_t total = dbuf_total(&b);
-    uint8_t *img = xmalloc(total);
-    for (size_t i = 0; i < total; i++) img[i] = guard_byte(i);
-    memset(img + dbuf_head(&b), 0xFF, n * elem);
-    void *p = NULL;
-    OK(G->mem_alloc(total, &p));
-    b.base = p;
-    OK(G->copy_h2d(b.base, img, total, S));
-    OK(G->stream_sync(S));
-    free(img);
-    return b;
-}
-
-static void *dptr(const dbuf *b) { return b->base + dbuf_head(b); }
-
-static void dbuf_put(const dbuf *b, const void *host) {
-    OK(G->copy_h2d(dptr(b), host, b->n * b->elem, S));
-    OK(G->stream_sync(S));
-}
-
-/* Copy the body to host; returns 0 (and says so) if a guard byte changed. */
-static int dbuf_get(const dbuf *b, void *host, const char *label) {
-    const size_t total = dbuf_total(b), head = dbuf_head(b), body = b->n * b->elem;
-    uint8_t *img = xmalloc(total);
-    OK(G->copy_d2h(img, b->base, total, S));
-    memcpy(host, img + head, body);
-    int ok = 1;
-    for (size_t i = 0; i < total && ok; i++) {
-        if (i == head) i += body;
-        if (i < total && img[i] != guard_byte(i)) {
-            fprintf(stderr, "%s: guard byte %zu (%s the output) changed\n", label, i,
-                    i < head ? "before" : "after");
-            ok = 0;
-        }
-    }
-    free(img);
-    return ok;
-}
-
-static void dbuf_free(dbuf *b) {
-    G->mem_free(b->base);
-    b->base = NULL;
-}
 
 /* ---- host data ---- */
 
@@ -501,6 +435,7 @@ int main(void) {
     if (skip) return skip;
     G = flexdiag__kernels_cuda();
     R = flexdiag__kernels_cpu_ref();
+    gpu_buf_use(G, S);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup),    cmocka_unit_test(test_conv),
         cmocka_unit_test(test_conv_errors), cmocka_unit_test(test_groupnorm),
