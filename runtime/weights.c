@@ -182,23 +182,16 @@ static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_w
 #undef P
 }
 
-/* Build the table and allocate + carve the device block. */
-static flexdiag_status prepare(flexdiag_arena *a, const flexdiag_model_config *c, wtable *t,
-                               flexdiag_weights *w) {
-    model_off o;
+/* Allocate the device block of a built table t and carve the weight pointers from it. */
+static flexdiag_status allocate(flexdiag_arena *a, const flexdiag_model_config *c,
+                                const wtable *t, const model_off *o, flexdiag_weights *w) {
     memset(w, 0, sizeof *w);
-    flexdiag_status st = build_table(c, t, &o);
-    if (st == FLEXDIAG_OK) {
-        w->layers = calloc((size_t)c->lm.layers, sizeof *w->layers);
-        st = w->layers ? flexdiag__arena_alloc(a, t->bytes, "model weights", &w->block)
-                       : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: out of memory");
-    }
-    if (st == FLEXDIAG_OK) {
-        w->bytes = t->bytes;
-        carve(c, &o, w);
-    }
-    free(o.layers);
-    return st;
+    w->layers = calloc((size_t)c->lm.layers, sizeof *w->layers);
+    if (!w->layers) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: out of memory");
+    FLEXDIAG_TRY(flexdiag__arena_alloc(a, t->bytes, "model weights", &w->block));
+    w->bytes = t->bytes;
+    carve(c, o, w);
+    return FLEXDIAG_OK;
 }
 
 size_t flexdiag__weights_bytes(const flexdiag_model_config *cfg) {
@@ -284,7 +277,11 @@ flexdiag_status flexdiag__weights_random(flexdiag_arena *a, flexdiag_stream *s,
                                          flexdiag_weights *w) {
     const flexdiag_kernels *k = a->k;
     wtable t = {0};
-    flexdiag_status st = prepare(a, cfg, &t, w);
+    model_off o;
+    memset(w, 0, sizeof *w);
+    flexdiag_status st = build_table(cfg, &t, &o);
+    if (st == FLEXDIAG_OK) st = allocate(a, cfg, &t, &o, w);
+    free(o.layers);
     uint16_t *buf = st == FLEXDIAG_OK ? malloc((size_t)CHUNK_ELEMS * 2) : NULL;
     if (st == FLEXDIAG_OK && !buf) st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory");
     for (int i = 0; st == FLEXDIAG_OK && i < t.n; i++)
@@ -387,15 +384,14 @@ flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
                                        const flexdiag_safetensors *st, flexdiag_weights *w) {
     wtable t = {0};
     model_off o;
+    memset(w, 0, sizeof *w);
     flexdiag_status r = build_table(cfg, &t, &o);
-    free(o.layers);
     const flexdiag_st_tensor **src = r == FLEXDIAG_OK ? calloc((size_t)t.n, sizeof *src) : NULL;
     if (r == FLEXDIAG_OK && !src) r = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory");
-    if (r == FLEXDIAG_OK) r = match_all(st, cfg, &t, src);
-    free(t.e);
-    t = (wtable){0};
-    if (r == FLEXDIAG_OK) r = prepare(a, cfg, &t, w); /* same table again, now allocated */
+    if (r == FLEXDIAG_OK) r = match_all(st, cfg, &t, src); /* all checks before allocating */
+    if (r == FLEXDIAG_OK) r = allocate(a, cfg, &t, &o, w);
     if (r == FLEXDIAG_OK) r = upload_all(a->k, s, st, &t, src, w->block);
+    free(o.layers);
     if (r != FLEXDIAG_OK) flexdiag__weights_free(a, w);
     free(src);
     free(t.e);
