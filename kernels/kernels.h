@@ -11,6 +11,7 @@
  *   weights      bf16 (uint16_t), Linear [out, in] row-major, y = x·Wᵀ + b;
  *   activations  "act": fp32 on the CPU backends (the oracle computes in fp32), bf16 on CUDA;
  *                act_bytes gives the element size, the runtime never reads them directly;
+ *                the image decoder's tensors are not act but fp32 on every backend;
  *   logits       fp32; ids and positions int32.
  * A qkv row holds [q heads (h_q·d_h) | k heads (h_kv·d_h) | v heads (h_kv·d_h)].
  * KV cache: per (sequence s, KV head h) a block of p_cap prompt rows then `ring` decode rows,
@@ -63,6 +64,10 @@ typedef struct flexdiag_attn_args {
                               (prompt + ring): p = exp(logit - lse) */
     int32_t shared_slots;  /* 1: slots (max_slots) and n_slots (1) hold ONE list that every
                               (sequence, KV head) attends (position-only policies) */
+    /* kv_append only (the attention ops ignore them) */
+    const int32_t *pos;    /* (optional) (n_tok) absolute positions of the appended tokens:
+                              RoPE is applied before the append; NULL = plain copy */
+    float rope_theta;      /* RoPE base (> 0) when pos is set */
 } flexdiag_attn_args;
 
 typedef struct flexdiag_kernels {
@@ -105,10 +110,6 @@ typedef struct flexdiag_kernels {
     flexdiag_status (*matmul)(void *out, const void *x, const uint16_t *w, const uint16_t *b,
                               int64_t n, int64_t k, int64_t m, unsigned flags,
                               flexdiag_stream *s);
-    /* x (n, stride) act, in place: n_heads heads of d_h from column col0 rotated by pos (n)
-     * (rotate-half; inv_freq[i] = theta^(-2i/d_h), cos/sin in fp32) */
-    flexdiag_status (*rope)(void *x, const int32_t *pos, int64_t n, int64_t stride, int64_t col0,
-                            int32_t n_heads, int32_t d_h, float theta, flexdiag_stream *s);
     /* out (n, f) act = silu(gu[:, :f]) ⊙ gu[:, f:]; gu (n, 2f) act */
     flexdiag_status (*swiglu)(void *out, const void *gu, int64_t n, int64_t f,
                               flexdiag_stream *s);
@@ -121,8 +122,12 @@ typedef struct flexdiag_kernels {
     /* ---- KV cache and attention ---- */
     /* Write K and V of n_tok tokens into the caches k, v (layout above). qkv (n_tok, qkv width)
      * act; token i belongs to sequence i / tok_per_seq and goes to cache row rows[i·h_kv + h]
-     * of KV head h. */
-    flexdiag_status (*kv_append)(void *k, void *v, const void *qkv, const int32_t *rows,
+     * of KV head h. With a->pos set, the h_q + h_kv q and k heads of qkv row i are first
+     * rotated in place by RoPE at position pos[i] (rotate-half, HF layout; inv_freq[j] =
+     * rope_theta^(-2j/d_h) and the angle in double, cos/sin rounded to fp32, fp32 rotation
+     * without fma contraction, one rounding to act), so the cache gets rotated keys and qkv
+     * rotated queries; with a->pos NULL it is a plain copy and qkv is not written. */
+    flexdiag_status (*kv_append)(void *k, void *v, void *qkv, const int32_t *rows,
                                  int64_t n_tok, int32_t tok_per_seq, const flexdiag_attn_args *a,
                                  flexdiag_stream *s);
     /* Causal prompt attention. out (n_seq·p_cap, h_q·d_h) act; qkv (n_seq·p_cap, qkv width);
@@ -146,29 +151,33 @@ typedef struct flexdiag_kernels {
                               const flexdiag_sample_params *p, int64_t req0, int64_t step,
                               flexdiag_stream *s);
 
-    /* ---- image decoder (VQ-16); tensors are NCHW act unless stated ---- */
-    /* out (n, c, hw) act: column j of image i = codebook row ids[i·hw + j]; codebook (V, c) f32,
+    /* ---- image decoder (VQ-16) ---- */
+    /* Tensors are NCHW f32 on every backend, not act: bf16 activations put the CUDA decode 0.022
+     * relative L2 from transformers' pixels (limit 2e-2). The void * activation pointers point
+     * to float; only CUDA conv2d rounds, its input to bf16 for the tensor-core GEMM. */
+    /* out (n, c, hw) f32: column j of image i = codebook row ids[i·hw + j]; codebook (V, c) f32,
      * already L2-normalised by the loader */
     flexdiag_status (*vq_lookup)(void *out, const float *codebook, const int32_t *ids, int64_t n,
                                  int32_t c, int32_t hw, flexdiag_stream *s);
-    /* out (n, cout, h, w) (+)= conv(x (n, cin, h, w), w (cout, cin, k, k) bf16) + b (cout) bf16
-     * (b may be NULL); stride 1, zero padding (k-1)/2, k odd; flags: FLEXDIAG_MM_ACCUM */
+    /* out (n, cout, h, w) f32 (+)= conv(x (n, cin, h, w) f32, w (cout, cin, k, k) bf16) + b (cout)
+     * bf16 (b may be NULL); stride 1, zero padding (k-1)/2, k odd; fp32 accumulation (CUDA: x
+     * rounded to bf16 for the GEMM); flags: FLEXDIAG_MM_ACCUM (adds onto out in fp32) */
     flexdiag_status (*conv2d)(void *out, const void *x, const uint16_t *w, const uint16_t *b,
                               int64_t n, int32_t cin, int32_t cout, int32_t h, int32_t wd,
                               int32_t k, unsigned flags, flexdiag_stream *s);
-    /* out (n, c, hw) = GroupNorm(groups, eps)(x) · gamma + beta (bf16 (c)), stats fp32; then
-     * swish x·sigmoid(x) when swish != 0 */
+    /* out (n, c, hw) f32 = GroupNorm(groups, eps)(x (n, c, hw) f32) · gamma + beta (bf16 (c)),
+     * stats fp32 or wider; then swish x·sigmoid(x) when swish != 0 */
     flexdiag_status (*groupnorm)(void *out, const void *x, const uint16_t *gamma,
                                  const uint16_t *beta, int64_t n, int32_t c, int32_t hw,
                                  int32_t groups, float eps, int32_t swish, flexdiag_stream *s);
-    /* out (n, c, 2h, 2w) = nearest-neighbour ×2 of x (n, c, h, w) */
+    /* out (n, c, 2h, 2w) f32 = nearest-neighbour ×2 of x (n, c, h, w) f32 */
     flexdiag_status (*upsample2x)(void *out, const void *x, int64_t n, int32_t c, int32_t h,
                                   int32_t wd, flexdiag_stream *s);
-    /* Single-head attention over positions: out (n, c, hw) = v · softmax_keys(qᵀk · c^-0.5)ᵀ,
-     * q, k, v (n, c, hw) act; softmax in fp32 */
+    /* Single-head attention over positions: out (n, c, hw) f32 = v · softmax_keys(qᵀk·c^-0.5)ᵀ,
+     * q, k, v (n, c, hw) f32; logits, softmax and both products in fp32 */
     flexdiag_status (*attn_spatial)(void *out, const void *q, const void *k, const void *v,
                                     int64_t n, int32_t c, int32_t hw, flexdiag_stream *s);
-    /* out (n, h, w, 3) f32 = x (n, 3, h, w) act (NCHW -> NHWC, the float pixels before uint8) */
+    /* out (n, h, w, 3) f32 = x (n, 3, h, w) f32 (NCHW -> NHWC, the float pixels before uint8) */
     flexdiag_status (*to_nhwc)(float *out, const void *x, int64_t n, int32_t c, int32_t hw,
                                flexdiag_stream *s);
 

@@ -141,7 +141,7 @@ static flexdiag_status vq_backend(flexdiag_model *m, const flexdiag_vq_config *v
         return FLEXDIAG_OK;
     }
     size_t wb = 0, sb = 0;
-    FLEXDIAG_TRY(flexdiag__vq_plan(vc, rt->k->act_bytes, VQ_BATCH, &wb, &sb));
+    FLEXDIAG_TRY(flexdiag__vq_plan(vc, VQ_BATCH, &wb, &sb));
     FLEXDIAG_TRY(flexdiag__arena_charge(&rt->arena, (int64_t)(wb + sb), "the VQ image decoder"));
     m->vq_charge = wb + sb;
     return FLEXDIAG_OK;

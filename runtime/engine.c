@@ -272,9 +272,11 @@ static size_t list_index(const flexdiag_context *c, int32_t j, int32_t s0) {
     return c->shared_plan ? 0 : ((size_t)j * (size_t)c->n_seq + (size_t)s0) * (size_t)c->kp.h_kv;
 }
 
-/* Attention arguments of layer j for sequences s0..s0+nb (decode: the step plan's lists). */
+/* Attention arguments of layer j for sequences s0..s0+nb (decode: the step plan's lists); pos
+ * holds the positions of the appended tokens, for the RoPE kv_append applies (the attention ops
+ * ignore it). */
 static flexdiag_attn_args attn_args(const run_state *r, int32_t j, int32_t s0, int32_t nb,
-                                    int scores) {
+                                    int scores, const int32_t *pos) {
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     size_t li = list_index(c, j, s0), q0 = ((size_t)j * (size_t)c->n_seq + (size_t)s0) *
@@ -285,21 +287,20 @@ static flexdiag_attn_args attn_args(const run_state *r, int32_t j, int32_t s0, i
         .lp = c->b.lp + s0, .slots = c->b.slots + li * (size_t)c->max_slots,
         .n_slots = c->b.nslots + li, .max_slots = c->max_slots,
         .logits_out = scores ? c->b.plog + q0 * (size_t)c->max_slots : NULL,
-        .lse_out = scores ? c->b.plse + q0 : NULL, .shared_slots = c->shared_plan};
+        .lse_out = scores ? c->b.plse + q0 : NULL, .shared_slots = c->shared_plan, .pos = pos,
+        .rope_theta = l->rope_theta};
     return a;
 }
 
-/* rmsnorm -> QKV GEMM -> RoPE on q and k heads, for n rows starting at x. */
+/* rmsnorm -> QKV GEMM for n rows starting at x (RoPE on the q and k heads is part of the
+ * kv_append that follows). */
 static flexdiag_status qkv_proj(const run_state *r, const flexdiag_layer_w *w, const void *x,
-                                int64_t n, const int32_t *pos) {
+                                int64_t n) {
     const flexdiag_lm_config *l = &r->c->m->cfg.lm;
     const flexdiag_ctx_bufs *b = &r->c->b;
     int64_t qkvw = (int64_t)(l->heads + 2 * l->kv_heads) * l->head_dim;
     TIMED(r, PROF_REST, r->k->rmsnorm(b->h, x, w->attn_norm, n, l->hidden, l->rms_eps, r->s));
     TIMED(r, PROF_GEMM, r->k->matmul(b->qkv, b->h, w->wqkv, NULL, n, l->hidden, qkvw, 0, r->s));
-    /* q heads and k heads are adjacent in a qkv row: one RoPE launch rotates both */
-    TIMED(r, PROF_REST, r->k->rope(b->qkv, pos, n, qkvw, 0, l->heads + l->kv_heads, l->head_dim,
-                                   l->rope_theta, r->s));
     return FLEXDIAG_OK;
 }
 
@@ -348,8 +349,8 @@ static flexdiag_status prefill_layer(const run_state *r, int32_t j, int32_t mb) 
     int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
     int64_t ntok = (int64_t)nb * c->p_cap;
     void *x = (char *)c->b.x + (size_t)s0 * (size_t)c->p_cap * (size_t)l->hidden * r->act;
-    flexdiag_attn_args a = attn_args(r, j, s0, nb, 0);
-    FLEXDIAG_TRY(qkv_proj(r, w, x, ntok, c->b.pos_pf));
+    flexdiag_attn_args a = attn_args(r, j, s0, nb, 0, c->b.pos_pf);
+    FLEXDIAG_TRY(qkv_proj(r, w, x, ntok));
     FLEXDIAG_TRY(r->k->kv_append(kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0), c->b.qkv, c->b.rows_pf,
                                  ntok, c->p_cap, &a, r->s));
     FLEXDIAG_TRY(r->k->attn_prefill(c->b.att, c->b.qkv, kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0),
@@ -451,10 +452,10 @@ static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t mb, i
     int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
     void *x = (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act;
     int scores = c->scored && flexdiag__kvp_needs_scores(c->kvp, t);
-    flexdiag_attn_args a = attn_args(r, j, s0, nb, scores);
+    flexdiag_attn_args a = attn_args(r, j, s0, nb, scores, c->b.pos + s0);
     const int32_t *rows = c->b.rows + (c->shared_rows ? (size_t)s0 * (size_t)l->kv_heads
                                                       : list_index(c, j, s0));
-    FLEXDIAG_TRY(qkv_proj(r, w, x, nb, c->b.pos + s0));
+    FLEXDIAG_TRY(qkv_proj(r, w, x, nb));
     double t0 = prof_begin(r);
     FLEXDIAG_TRY(r->k->kv_append(kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0), c->b.qkv, rows, nb, 1,
                                  &a, r->s));
@@ -650,13 +651,19 @@ static int use_graph(const run_state *r) {
 }
 
 /* Replay the recorded step body (recording it first, for this variant and sequence count);
- * a failed recording turns graphs off for the context and runs the step op by op. */
+ * a failed recording turns graphs off for the context and runs the step op by op. The first
+ * step at a new sequence count runs op by op, outside capture, so the backend builds (and
+ * autotunes) its GEMM plans there; nothing may synchronise the host while recording. */
 static flexdiag_status step_body_graph(const run_state *r, int32_t t, int scores) {
     flexdiag_context *c = r->c;
     void **g = &c->graph[scores];
     if (*g && c->graph_seq[scores] != r->n_seq) {
         r->k->graph_destroy(*g);
         *g = NULL;
+    }
+    if (!*g && c->eager_seq != r->n_seq) {
+        c->eager_seq = r->n_seq;
+        return step_body(r, t);
     }
     if (!*g) {
         FLEXDIAG_TRY(r->k->graph_begin(r->s));

@@ -102,6 +102,7 @@ struct flexdiag_context {
     void *graph[2];                  /* recorded decode-step bodies (without / with policy
                                         logits), replayed every step */
     int32_t graph_seq[2];            /* sequences each graph was recorded for */
+    int32_t eager_seq;               /* sequence count of the last op-by-op warm-up step */
     int graphs_off;                  /* recording failed once: launch op by op */
     void *host;                      /* one host block (page-locked when the backend can) */
     size_t host_bytes;               /* its size */

@@ -12,10 +12,11 @@
  *
  * Decode: ids -> vq_lookup -> post_quant_conv (1×1) -> conv_in -> mid -> levels from the
  * lowest resolution (ResBlocks [+ AttnBlocks], then nearest ×2 + 3×3 conv) -> GroupNorm +
- * swish -> conv_out -> NHWC f32 pixels. Scratch is three activation buffers (A holds the
- * running tensor, T1/T2 temporaries) sized for the largest tensor of the pass, plus K and V
- * buffers sized for the attention levels; residuals are added by the convs' ACCUM flag, so a
- * ResBlock needs no copy of its input. Batches larger than max_batch run in several passes.
+ * swish -> conv_out -> NHWC f32 pixels. Activations are fp32 on every backend (kernels.h).
+ * Scratch is three activation buffers (A holds the running tensor, T1/T2 temporaries) sized for
+ * the largest tensor of the pass, plus K and V buffers sized for the attention levels;
+ * residuals are added by the convs' ACCUM flag, so a ResBlock needs no copy of its input.
+ * Batches larger than max_batch run in several passes.
  */
 #include "vq.h"
 
@@ -77,8 +78,8 @@ struct flexdiag_vq {
     vq_attnblock mid_attn;
     vq_level level[FLEXDIAG_VQ_MAX_LEVELS]; /* by decoder block index */
     vq_norm norm_out;
-    void *buf[3];                    /* A, T1, T2: max_batch · act_elems act each */
-    void *kbuf, *vbuf;               /* max_batch · attn_elems act each */
+    void *buf[3];                    /* A, T1, T2: max_batch · act_elems f32 each */
+    void *kbuf, *vbuf;               /* max_batch · attn_elems f32 each */
     int32_t *ids;                    /* (max_batch, grid_h·grid_w) device ids */
     int64_t act_elems, attn_elems;   /* per image */
 };
@@ -400,10 +401,9 @@ static flexdiag_status load_weights(flexdiag_vq *vq, flexdiag_stream *s,
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Largest activation (act elements per image) written to A/T1/T2 by one pass, and the largest
+/* Largest activation (f32 elements per image) written to A/T1/T2 by one pass, and the largest
  * attention tensor (K, V buffers); walks the same stages as run_pass. */
-static void plan_scratch(const flexdiag_vq_config *c, int act_bytes, int64_t *act,
-                         int64_t *attn) {
+static void plan_scratch(const flexdiag_vq_config *c, int64_t *act, int64_t *attn) {
     int64_t h = c->grid_h, w = c->grid_w, top = level_ch(c, c->n_levels - 1), cin = top;
     int64_t m = max64(max64(c->embed_dim, c->z_channels), top) * h * w, a = top * h * w;
     for (int32_t b = 0; b < c->n_levels; b++) {
@@ -418,21 +418,20 @@ static void plan_scratch(const flexdiag_vq_config *c, int act_bytes, int64_t *ac
         }
         cin = cout;
     }
-    /* conv_out output, then the f32 NHWC pixels that reuse buffer A */
-    int64_t pix = c->out_channels * h * w;
-    *act = max64(m, max64(pix, (pix * 4 + act_bytes - 1) / act_bytes));
+    /* conv_out output, and the NHWC pixels of the same size that reuse buffer A */
+    *act = max64(m, c->out_channels * h * w);
     *attn = a;
 }
 
 /* Byte offsets of A, T1, T2, K, V and the id buffer inside one scratch block for max_batch
  * images, and its total size. */
-static flexdiag_status scratch_layout(const flexdiag_vq_config *c, int act_bytes,
-                                      int64_t max_batch, size_t off[6], size_t *total) {
+static flexdiag_status scratch_layout(const flexdiag_vq_config *c, int64_t max_batch,
+                                      size_t off[6], size_t *total) {
     int64_t act, attn, hw = (int64_t)c->grid_h * c->grid_w;
-    plan_scratch(c, act_bytes, &act, &attn);
+    plan_scratch(c, &act, &attn);
     uint64_t act_b, attn_b, ids_b;
-    if (!flexdiag__mul_ok((uint64_t)max_batch, (uint64_t)act * act_bytes, &act_b) ||
-        !flexdiag__mul_ok((uint64_t)max_batch, (uint64_t)attn * act_bytes, &attn_b) ||
+    if (!flexdiag__mul_ok((uint64_t)max_batch, (uint64_t)act * sizeof(float), &act_b) ||
+        !flexdiag__mul_ok((uint64_t)max_batch, (uint64_t)attn * sizeof(float), &attn_b) ||
         !flexdiag__mul_ok((uint64_t)max_batch, (uint64_t)hw * 4, &ids_b) ||
         act_b > ((uint64_t)1 << 50))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
@@ -451,8 +450,8 @@ static flexdiag_status scratch_layout(const flexdiag_vq_config *c, int act_bytes
 /* One backend allocation carved into A, T1, T2, K, V and the id buffer. */
 static flexdiag_status alloc_scratch(flexdiag_vq *vq) {
     size_t off[6], total = 0;
-    plan_scratch(&vq->cfg, vq->k->act_bytes, &vq->act_elems, &vq->attn_elems);
-    FLEXDIAG_TRY(scratch_layout(&vq->cfg, vq->k->act_bytes, vq->max_batch, off, &total));
+    plan_scratch(&vq->cfg, &vq->act_elems, &vq->attn_elems);
+    FLEXDIAG_TRY(scratch_layout(&vq->cfg, vq->max_batch, off, &total));
     flexdiag_status st = vq->k->mem_alloc(total, &vq->sblock);
     if (st != FLEXDIAG_OK)
         return flexdiag__err_prefix(st, "VQ decoder scratch (%zu bytes for %lld images)", total,
@@ -465,11 +464,10 @@ static flexdiag_status alloc_scratch(flexdiag_vq *vq) {
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__vq_plan(const flexdiag_vq_config *cfg, int act_bytes, int64_t max_batch,
+flexdiag_status flexdiag__vq_plan(const flexdiag_vq_config *cfg, int64_t max_batch,
                                   size_t *weight_bytes, size_t *scratch_bytes) {
-    if (!cfg || (act_bytes != 2 && act_bytes != 4) || max_batch < 1)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "VQ plan: need a config, act_bytes 2 or 4 and max_batch >= 1");
+    if (!cfg || max_batch < 1)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "VQ plan: need a config and max_batch >= 1");
     FLEXDIAG_TRY(flexdiag__vq_config_validate(cfg));
     flexdiag_vq *vq = calloc(1, sizeof *vq);
     if (!vq) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "VQ plan: no host memory");
@@ -477,7 +475,7 @@ flexdiag_status flexdiag__vq_plan(const flexdiag_vq_config *cfg, int act_bytes, 
     vq_table t = {0};
     size_t off[6];
     flexdiag_status st = build_table(vq, &t);
-    if (st == FLEXDIAG_OK) st = scratch_layout(cfg, act_bytes, max_batch, off, scratch_bytes);
+    if (st == FLEXDIAG_OK) st = scratch_layout(cfg, max_batch, off, scratch_bytes);
     if (st == FLEXDIAG_OK) *weight_bytes = t.bytes;
     free(t.e);
     free(vq);
@@ -598,7 +596,7 @@ typedef struct vq_run {
     const flexdiag_kernels *k;
     flexdiag_stream *s;
     int64_t n;                 /* images in this pass */
-    void *a, *t1, *t2;         /* act buffers (swapped by ResBlocks with a shortcut conv) */
+    void *a, *t1, *t2;         /* f32 buffers (swapped by ResBlocks with a shortcut conv) */
     int32_t h, w;              /* current spatial size */
 } vq_run;
 

@@ -82,9 +82,9 @@ flexdiag_status flexdiag__vq_decode(flexdiag_vq *vq, flexdiag_stream *s, const i
                                     int64_t n, float *pixels_out);
 /* The config the decoder was built with (borrowed, lives as long as vq). */
 const flexdiag_vq_config *flexdiag__vq_get_config(const flexdiag_vq *vq);
-/* Dry run: backend bytes flexdiag__vq_create would allocate for cfg on a backend with
- * act_bytes-wide activations (weights incl. the fp32 codebook; scratch for max_batch images). */
-flexdiag_status flexdiag__vq_plan(const flexdiag_vq_config *cfg, int act_bytes, int64_t max_batch,
+/* Dry run: backend bytes flexdiag__vq_create would allocate for cfg on any backend (weights
+ * incl. the fp32 codebook; fp32 scratch for max_batch images). */
+flexdiag_status flexdiag__vq_plan(const flexdiag_vq_config *cfg, int64_t max_batch,
                                   size_t *weight_bytes, size_t *scratch_bytes);
 /* Backend bytes held: weights and scratch. */
 void flexdiag__vq_bytes(const flexdiag_vq *vq, size_t *weight_bytes, size_t *scratch_bytes);

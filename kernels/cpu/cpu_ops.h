@@ -4,9 +4,9 @@
  * here only add what is specific to the CPU implementations.
  *
  * Files: ref_mem.c (memory, copies), ref_elementwise.c (conversions, embed, rmsnorm, rope,
- * swiglu, gelu, gather), ref_matmul.c, ref_attn.c (KV append, attention, argument checks),
- * ref_sample.c (CFG, sampling) are the scalar oracle; fast_matmul.c and fast_attn.c are the
- * multi-threaded replacements of the "cpu" table. act is fp32 throughout.
+ * swiglu, gelu, gather), ref_matmul.c, ref_attn.c (KV append with optional RoPE, attention,
+ * argument checks), ref_sample.c (CFG, sampling) are the scalar oracle; fast_matmul.c and
+ * fast_attn.c are the multi-threaded replacements of the "cpu" table. act is fp32 throughout.
  */
 #ifndef FLEXDIAG_CPU_OPS_H
 #define FLEXDIAG_CPU_OPS_H
@@ -33,7 +33,9 @@ flexdiag_status flexdiag__cpu_ref_rmsnorm(void *out, const void *x, const uint16
 flexdiag_status flexdiag__cpu_ref_matmul(void *out, const void *x, const uint16_t *w,
                                          const uint16_t *b, int64_t n, int64_t k, int64_t m,
                                          unsigned flags, flexdiag_stream *s);
-/* Rotate-half RoPE in place on n_heads heads of x from column col0. */
+/* Rotate-half RoPE in place on n_heads heads of d_h from column col0 of the n rows of x
+ * (stride elements apart), row i at position pos[i]; not a table slot: kv_append calls it when
+ * its args carry positions. */
 flexdiag_status flexdiag__cpu_ref_rope(void *x, const int32_t *pos, int64_t n, int64_t stride,
                                        int64_t col0, int32_t n_heads, int32_t d_h, float theta,
                                        flexdiag_stream *s);
@@ -45,8 +47,9 @@ flexdiag_status flexdiag__cpu_ref_gelu(void *x, int64_t n, flexdiag_stream *s);
 /* out (n, d) = in rows idx (n). */
 flexdiag_status flexdiag__cpu_ref_gather_rows(void *out, const void *in, const int32_t *idx,
                                               int64_t n, int64_t d, flexdiag_stream *s);
-/* Copy K and V of n_tok tokens of qkv into the cache rows given by rows. */
-flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, const void *qkv, const int32_t *rows,
+/* Copy K and V of n_tok tokens of qkv into the cache rows given by rows, after rotating the q
+ * and k heads of qkv in place when a->pos is set. */
+flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, void *qkv, const int32_t *rows,
                                             int64_t n_tok, int32_t tok_per_seq,
                                             const flexdiag_attn_args *a, flexdiag_stream *s);
 /* Causal prompt attention, three-pass softmax per query row. */

@@ -30,7 +30,6 @@
     .act_from_f32 = flexdiag__cpu_act_from_f32,                                                    \
     .embed = flexdiag__cpu_ref_embed,                                                              \
     .rmsnorm = flexdiag__cpu_ref_rmsnorm,                                                          \
-    .rope = flexdiag__cpu_ref_rope,                                                                \
     .swiglu = flexdiag__cpu_ref_swiglu,                                                            \
     .gelu = flexdiag__cpu_ref_gelu,                                                                \
     .gather_rows = flexdiag__cpu_ref_gather_rows,                                                  \

@@ -1,6 +1,6 @@
 /*
- * ref_attn.c - scalar reference KV append and attention (prompt and decode), plus the argument
- * checks the fast attention shares.
+ * ref_attn.c - scalar reference KV append (with the optional RoPE of its args) and attention
+ * (prompt and decode), plus the argument checks the fast attention shares.
  *
  * Attention is written as the textbook three passes per query head: the maximum logit, the
  * softmax normaliser, then the probability-weighted sum of V rows, recomputing each logit
@@ -101,11 +101,24 @@ flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const 
 
 /* ---- KV append ---- */
 
-flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, const void *qkv, const int32_t *rows,
+/* RoPE parameters of kv_append: with pos set, rope_theta > 0 and an even d_h. */
+static flexdiag_status check_rope(const flexdiag_attn_args *a) {
+    if (a->pos && !(a->rope_theta > 0.0f))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu kv_append: pos is set but rope_theta = %g (need > 0)",
+                             (double)a->rope_theta);
+    if (a->pos && a->d_h % 2 != 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu kv_append: pos is set but d_h = %d is odd (RoPE pairs element "
+                             "i with i + d_h/2)", a->d_h);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, void *qkv, const int32_t *rows,
                                             int64_t n_tok, int32_t tok_per_seq,
                                             const flexdiag_attn_args *a, flexdiag_stream *s) {
-    (void)s;
     FLEXDIAG_TRY(check_shape("kv_append", a));
+    FLEXDIAG_TRY(check_rope(a));
     if (n_tok < 0 || tok_per_seq < 1 || n_tok > (int64_t)a->n_seq * tok_per_seq)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "cpu kv_append: n_tok = %lld, tok_per_seq = %d, n_seq = %d: need "
@@ -124,6 +137,10 @@ flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, const void *qkv, c
                                  (long long)(i / a->h_kv), (long long)(i % a->h_kv), rows[i],
                                  (long long)block);
     int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h;
+    /* q and k heads are adjacent from column 0 of a qkv row: one pass rotates both */
+    if (a->pos)
+        FLEXDIAG_TRY(flexdiag__cpu_ref_rope(qkv, a->pos, n_tok, width, 0, a->h_q + a->h_kv,
+                                            a->d_h, a->rope_theta, s));
     for (int64_t i = 0; i < n_tok; i++)
         for (int32_t h = 0; h < a->h_kv; h++) {
             int64_t dst = (((i / tok_per_seq) * a->h_kv + h) * block + rows[i * a->h_kv + h]) * d_h;

@@ -1,6 +1,7 @@
 /*
  * ref_elementwise.c - scalar reference row and elementwise ops: act conversions, embedding
- * lookup, RMSNorm, rotate-half RoPE, SwiGLU, exact GELU and row gather.
+ * lookup, RMSNorm, rotate-half RoPE (not a table slot: the RoPE step of kv_append), SwiGLU,
+ * exact GELU and row gather.
  *
  * Written for obviousness: one loop nest per op, fp32 arithmetic in the order the formula in
  * kernels.h reads, bf16 weights widened with flexdiag__bf16_to_f32. These are the oracle the
@@ -154,7 +155,7 @@ flexdiag_status flexdiag__cpu_ref_gelu(void *x, int64_t n, flexdiag_stream *s) {
  * float once: the angle is then exact to double precision for any position, and the fp32 values
  * equal the correctly rounded ones. transformers builds inv_freq and the angle in fp32, which
  * differs from this by at most about pos·2^-24 rad (≈ 4e-5 rad at position 700); the CUDA
- * kernels compute the angle the same way as here before their fp32 sincos.
+ * kv_append computes inv_freq, the angle and its cos/sin in double too, then rounds to float.
  */
 static void rope_cos_sin(int32_t pos, int32_t j, int32_t d_h, float theta, float *c, float *sn) {
     double inv_freq = pow((double)theta, -2.0 * j / d_h);

@@ -20,8 +20,9 @@ extern "C" {
 #endif
 
 /* kernels.h kv_append: copy K and V of n_tok tokens (bf16, exact) into cache rows
- * rows[i·h_kv + h]; token i belongs to sequence i / tok_per_seq. */
-flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, const void *qkv, const int32_t *rows,
+ * rows[i·h_kv + h]; token i belongs to sequence i / tok_per_seq. With a->pos set, RoPE first
+ * rotates the q and k heads of qkv in place (one fused kernel, one CTA per token). */
+flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, void *qkv, const int32_t *rows,
                                          int64_t n_tok, int32_t tok_per_seq,
                                          const flexdiag_attn_args *a, flexdiag_stream *s);
 

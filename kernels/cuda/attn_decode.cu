@@ -5,7 +5,8 @@
  * One CTA per (sequence, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
  * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
  * (contiguous), j >= lp ring rows p_cap + slots[s][h][j - lp] (token-granular gather; one
- * list for all (s, h) when shared_slots). A row of d_h bf16 is split over L = d_h / 8 lanes
+ * list for all (s, h) when shared_slots), the CTA's slots staged in shared memory first so key
+ * loads never wait on a slot load. A row of d_h bf16 is split over L = d_h / 8 lanes
  * with 16-byte loads; each such row group takes every NG-th key, U per iteration, all loads
  * issued before use, and keeps its own fp32 online-softmax state (m, l, acc) per head; groups
  * merge by shuffles, warps through shared memory. All g logits of a key sit in the group's
@@ -35,6 +36,11 @@
  * iterations of the widest row-group layout, so a split never runs mostly empty). */
 #define DEC_MAX_SPLITS 16
 #define DEC_SPLIT_KEYS 64
+
+/* Ring slots of a CTA's key range staged in shared memory up front (one coalesced load, in
+ * flight together with the query), so no key load waits on its slot index; longer ranges read
+ * the slot list from global memory as they go. */
+#define DEC_SMEM_SLOTS 1024
 
 /* Floats per split-K partial: D outputs, m, l, 2 pad so every partial is 16-byte aligned. */
 #define DEC_PART(D) ((D) + 4)
@@ -96,7 +102,7 @@ template <int G> struct dec_state {
 /* The keys of one CTA: cache block of its (sequence, KV head), offset to the lane's 16 bytes. */
 struct dec_keys {
     const uint4 *kb, *vb; /* K / V row 0 of the block, + the lane's chunk */
-    const int32_t *sl;    /* slot list of the block */
+    const int32_t *sl;    /* slot list of the block, indexed by list entry - lp */
     float *lg;            /* logits_out of the first query head, or NULL */
     int lp;               /* prompt keys: list entries 0..lp-1 */
     int n;                /* list length lp + n_slots */
@@ -119,7 +125,7 @@ static __device__ __forceinline__ void dec_attend(dec_state<G> &st, const float 
             ok[u] = j < k.je;
             row[u] = j;
             if (ok[u] && j >= k.lp) {
-                const int32_t slot = __ldg(k.sl + (j - k.lp));
+                const int32_t slot = k.sl[j - k.lp];
                 ok[u] = (uint32_t)slot < (uint32_t)p.ring;
                 row[u] = p.p_cap + slot;
             }
@@ -256,6 +262,7 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     constexpr int RPW = 32 / L;           /* row groups per warp */
     __shared__ float sm_acc[DEC_WARPS][G][D];
     __shared__ float sm_m[DEC_WARPS][G], sm_l[DEC_WARPS][G];
+    __shared__ int32_t sm_slot[DEC_SMEM_SLOTS];
 
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int sub = lane % L, grp = warp * RPW + lane / L;
@@ -286,6 +293,12 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     k.kb = kc + blk;
     k.vb = vc + blk;
     k.sl = p.slots + li * p.max_slots;
+    const int s0 = max(k.jb - k.lp, 0), ns = max(k.je - k.lp, 0) - s0;
+    if (ns > 0 && ns <= DEC_SMEM_SLOTS) {
+        for (int t = (int)threadIdx.x; t < ns; t += DEC_THREADS) sm_slot[t] = __ldg(k.sl + s0 + t);
+        k.sl = sm_slot - s0;
+        __syncthreads();
+    }
     k.lg = p.logits_out ? p.logits_out + ((int64_t)s * p.h_q + hq0) * p.max_slots : nullptr;
 
     dec_state<G> st;

@@ -3,15 +3,15 @@
  *
  * Each launcher implements one kernels.h entry with the same signature (outputs first, then
  * inputs, sizes, the flexdiag_stream last) so kernels_cuda.cu can point the table straight at
- * it. Activations are bf16 (__nv_bfloat16 on the device, uint16_t bit patterns on the host);
- * math is fp32; bf16 results are rounded to nearest even. Launchers validate sizes on the host
+ * it. Activations are bf16 (__nv_bfloat16 on the device, uint16_t bit patterns on the host),
+ * except the image decoder's, which are fp32 (kernels.h); math is fp32; bf16 results are rounded to nearest even. Launchers validate sizes on the host
  * (FLEXDIAG_ERR_INVALID_ARG naming the op and the value), enqueue on the stream, never
  * synchronise the host (copy_d2h excepted) and end with a launch check.
  *
  * Files: mem.cu (streams, memory, copies, graphs, page-locked staging), convert.cu, gather.cu
- * (embed + gather_rows: both are row gathers), rmsnorm.cu, rope.cu, swiglu.cu, gelu.cu,
- * matmul.cu (cuBLASLt / cuBLAS), cfg.cu, sample.cu, diag_policy.cu (device Diagonal policy),
- * conv2d.cu and vq_ops.cu (VQ image decoder).
+ * (embed + gather_rows: both are row gathers), rmsnorm.cu, swiglu.cu, gelu.cu, matmul.cu
+ * (cuBLASLt / cuBLAS), cfg.cu, sample.cu, diag_policy.cu (device Diagonal policy), conv2d.cu
+ * and vq_ops.cu (VQ image decoder). RoPE is fused into kv_append (attn.cuh).
  */
 #ifndef FLEXDIAG_CUDA_OPS_CUH
 #define FLEXDIAG_CUDA_OPS_CUH
@@ -81,10 +81,6 @@ flexdiag_status flexdiag__cuda_gather_rows(void *out, const void *in, const int3
 /* rmsnorm.cu: out (n, d) = bf16(bf16(x / sqrt(mean(x²) + eps)) · w), statistic fp32. */
 flexdiag_status flexdiag__cuda_rmsnorm(void *out, const void *x, const uint16_t *w, int64_t n,
                                        int64_t d, float eps, flexdiag_stream *s);
-/* rope.cu: rotate-half RoPE in place; angles in double, cos/sin rounded to fp32. */
-flexdiag_status flexdiag__cuda_rope(void *x, const int32_t *pos, int64_t n, int64_t stride,
-                                    int64_t col0, int32_t n_heads, int32_t d_h, float theta,
-                                    flexdiag_stream *s);
 /* swiglu.cu: out (n, f) = silu(gu[:, :f]) ⊙ gu[:, f:], fp32 math, one rounding. */
 flexdiag_status flexdiag__cuda_swiglu(void *out, const void *gu, int64_t n, int64_t f,
                                       flexdiag_stream *s);
@@ -119,10 +115,11 @@ flexdiag_status flexdiag__cuda_diag_update(int16_t *lag, const float *logits, in
                                            int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
                                            int32_t t, int32_t base, flexdiag_stream *s);
 
-/* ---- image decoder, VQ-16 (conv2d.cu, vq_ops.cu); contracts in kernels.h ---- */
+/* ---- image decoder, VQ-16 (conv2d.cu, vq_ops.cu); contracts in kernels.h; activations
+ * f32 ---- */
 
-/* conv2d.cu: k×k conv (stride 1, zero padding) as cuBLAS GEMMs: 1×1 straight on x, k×k through
- * im2col chunks in the stream workspace; bias inside the fp32 sum (k×k); s required. */
+/* conv2d.cu: k×k conv (stride 1, zero padding) as cuBLAS GEMMs over bf16 im2col chunks in the
+ * stream workspace, fp32 out; bias inside the fp32 sum; s required. */
 flexdiag_status flexdiag__cuda_conv2d(void *out, const void *x, const uint16_t *w,
                                       const uint16_t *b, int64_t n, int32_t cin, int32_t cout,
                                       int32_t h, int32_t wd, int32_t k, unsigned flags,
@@ -130,7 +127,7 @@ flexdiag_status flexdiag__cuda_conv2d(void *out, const void *x, const uint16_t *
 /* conv2d.cu: point s's cuBLAS handle at the workspace bytes from offset on (offset 0: all of
  * it, the state stream_create leaves), so an op can keep the head for its own scratch. */
 flexdiag_status flexdiag__cuda_blas_ws_tail(flexdiag_stream *s, size_t offset);
-/* vq_ops.cu: out (n, c, hw) bf16 = codebook (V, c) f32 rows ids (n·hw, trusted). */
+/* vq_ops.cu: out (n, c, hw) f32 = codebook (V, c) f32 rows ids (n·hw, trusted). */
 flexdiag_status flexdiag__cuda_vq_lookup(void *out, const float *codebook, const int32_t *ids,
                                          int64_t n, int32_t c, int32_t hw, flexdiag_stream *s);
 /* vq_ops.cu: GroupNorm (+ swish), sliced fp32 statistics merged in double; s required. */
@@ -141,12 +138,11 @@ flexdiag_status flexdiag__cuda_groupnorm(void *out, const void *x, const uint16_
 /* vq_ops.cu: nearest-neighbour ×2 of x (n, c, h, wd). */
 flexdiag_status flexdiag__cuda_upsample2x(void *out, const void *x, int64_t n, int32_t c,
                                           int32_t h, int32_t wd, flexdiag_stream *s);
-/* vq_ops.cu: single-head attention over hw positions, scores and softmax fp32, P bf16 into a
- * cuBLAS GEMM; s required. */
+/* vq_ops.cu: single-head attention over hw positions, fp32 GEMMs and softmax; s required. */
 flexdiag_status flexdiag__cuda_attn_spatial(void *out, const void *q, const void *k,
                                             const void *v, int64_t n, int32_t c, int32_t hw,
                                             flexdiag_stream *s);
-/* vq_ops.cu: out (n, hw, c) f32 = x (n, c, hw) bf16. */
+/* vq_ops.cu: out (n, hw, c) f32 = x (n, c, hw) f32. */
 flexdiag_status flexdiag__cuda_to_nhwc(float *out, const void *x, int64_t n, int32_t c,
                                        int32_t hw, flexdiag_stream *s);
 

@@ -1,6 +1,7 @@
 /*
- * kernels_cuda.cu - the CUDA op table ("cuda"): bf16 activations (act_bytes 2), bf16 weights,
- * fp32 logits, one cudaStream_t + cuBLAS/cuBLASLt handles per flexdiag_stream.
+ * kernels_cuda.cu - the CUDA op table ("cuda"): bf16 activations (act_bytes 2; the image
+ * decoder's are fp32), bf16 weights, fp32 logits, one cudaStream_t + cuBLAS/cuBLASLt handles
+ * per flexdiag_stream.
  *
  * Only wiring: every slot points at a launcher of cuda_ops.cuh (streams, memory, conversions,
  * row ops, GEMM, CFG, sampling; one op per .cu file) or attn.cuh (KV append and attention, helper
@@ -38,7 +39,6 @@ static flexdiag_kernels make_table(void) {
     t.embed = flexdiag__cuda_embed;
     t.rmsnorm = flexdiag__cuda_rmsnorm;
     t.matmul = flexdiag__cuda_matmul;
-    t.rope = flexdiag__cuda_rope;
     t.swiglu = flexdiag__cuda_swiglu;
     t.gelu = flexdiag__cuda_gelu;
     t.gather_rows = flexdiag__cuda_gather_rows;

@@ -1,16 +1,28 @@
 /*
  * kv_append.cu - the CUDA kv_append op: copy the K and V heads of n_tok qkv rows into their
- * KV-cache rows, plus the host-side argument checks every attention launcher shares.
+ * KV-cache rows, with RoPE on the q and k heads fused in front when the args carry positions,
+ * plus the host-side argument checks every attention launcher shares.
  *
  * Data flow: qkv row i = [q (h_q·d_h) | k (h_kv·d_h) | v (h_kv·d_h)] bf16; token i belongs to
  * sequence i / tok_per_seq and its KV head h goes to cache row rows[i·h_kv + h] of the block of
  * (sequence, h) (kernels.h layout). The copy is exact (bf16 in, bf16 out) and moves 16-byte
- * vectors: one thread per 16-byte chunk of a (token, KV head) row, so a warp writes whole rows
- * of K and of V with coalesced stores. The row indices live on the device and cannot be checked
- * without a host synchronisation; a row outside [0, p_cap + ring) is skipped (nothing written)
- * so a bad index never corrupts another sequence's cache.
- * Rejected: one CTA per token (too little work per CTA at decode, n_tok = batch) and a fused
- * K/V + RoPE kernel (RoPE is its own op in the table; fusing is a later step of the decode path).
+ * vectors. The row indices live on the device and cannot be checked without a host
+ * synchronisation; a row outside [0, p_cap + ring) is skipped (nothing written) so a bad index
+ * never corrupts another sequence's cache.
+ *
+ * Plain copy (a->pos NULL): one thread per 16-byte chunk of a (token, KV head) row, so a warp
+ * writes whole rows of K and of V with coalesced stores.
+ * RoPE + copy (a->pos set): one CTA per token (grid-stride). It computes inv_freq[i] =
+ * theta^(-2i/d_h) once into shared memory, per token the d_h/2 cos/sin pairs (double sincos of
+ * pos·inv_freq rounded to fp32, as the CPU reference: fp32 angles would be off by up to 2^-10
+ * rad at position 16384, a large share of a bf16 ulp; H200 has full-rate fp64 and there are
+ * only d_h/2 per token), rotates the h_q + h_kv heads of its qkv row in place (rotate-half, fp32
+ * with explicit round-to-nearest multiplies: no fma contraction, as on the CPU; one rounding to
+ * bf16), then after a barrier copies the token's rotated K heads, read back from qkv, and its V
+ * heads in 16-byte chunks. One launch and one pass over the row replace RoPE's own launch.
+ * Rejected: one CTA per token for the plain copy (too little work per CTA at decode, n_tok =
+ * batch), and keeping the rotated K heads in shared memory instead of reading them back (up to
+ * h_kv·d_h·2 bytes per token, while the read-back of what the CTA just wrote hits in cache).
  */
 #include "attn.cuh"
 #include "cuda_common.cuh"
@@ -18,7 +30,8 @@
 /* Threads per CTA of the copy kernel. */
 #define KV_APPEND_BLOCK 256
 
-/* Largest d_h the copy kernel handles: 256 chunks of 8 elements fill one CTA. */
+/* Largest d_h the kernels handle: 256 chunks of 8 elements fill one CTA, and the RoPE tables
+ * (8·d_h bytes of shared memory) stay at 16 KiB, under the 48 KiB default. */
 #define KV_APPEND_MAX_DH 2048
 
 /* ---- shared argument checks ---- */
@@ -77,7 +90,7 @@ flexdiag_status flexdiag__cuda_attn_check(const char *op, const flexdiag_attn_ar
     return FLEXDIAG_OK;
 }
 
-/* ---- kernel ---- */
+/* ---- copy kernel ---- */
 
 /* k, v caches; qkv (n_tok, qkv_w); rows (n_tok, h_kv). vpr = d_h / 8 chunks per row; a CTA
  * handles KV_APPEND_BLOCK / vpr (token, KV head) rows per grid step. */
@@ -104,16 +117,114 @@ kv_append_kernel(uint4 *__restrict__ k, uint4 *__restrict__ v, const uint4 *__re
     }
 }
 
+/* ---- RoPE + copy kernel ---- */
+
+/* cs[i] = cos, cs[half + i] = sin of p·inv_freq[i], computed in double and rounded to fp32. */
+static __device__ void rope_cos_sin(float *cs, const double *inv_freq, double p, int half) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double sn, cn;
+        sincos(p * inv_freq[i], &sn, &cn);
+        cs[i] = (float)cn;
+        cs[half + i] = (float)sn;
+    }
+}
+
+/* Rotate n_heads heads of d_h at xr in place: threads over (head, pair); element i pairs with
+ * i + half. */
+static __device__ void rope_rotate(__nv_bfloat16 *xr, const float *cs, int n_heads, int d_h) {
+    const int half = d_h / 2;
+    for (int e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
+        const int h = e / half, i = e - h * half;
+        __nv_bfloat16 *xh = xr + (int64_t)h * d_h;
+        const float a = __bfloat162float(xh[i]), b = __bfloat162float(xh[i + half]);
+        const float c = cs[i], s = cs[half + i];
+        xh[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+        xh[i + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+    }
+}
+
+/* Copy the K heads (kr, rotated by this CTA: plain loads, not the read-only cache) and V heads
+ * (h_kv·vpr chunks further) of token tok of sequence seq to their cache rows. */
+static __device__ void append_token(uint4 *__restrict__ k, uint4 *__restrict__ v, const uint4 *kr,
+                                    const int32_t *__restrict__ rows, int64_t tok, int64_t seq,
+                                    int32_t h_kv, int32_t vpr, int32_t rows_cap) {
+    for (int e = threadIdx.x; e < h_kv * vpr; e += blockDim.x) {
+        const int32_t h = e / vpr, c = e - h * vpr;
+        const int32_t row = __ldg(rows + tok * h_kv + h);
+        if (row < 0 || row >= rows_cap) continue; /* bad device index: skip (file comment) */
+        const int64_t dst = ((seq * h_kv + h) * rows_cap + row) * vpr + c;
+        k[dst] = kr[e];
+        v[dst] = kr[e + h_kv * vpr];
+    }
+}
+
+/* k, v caches; qkv (n_tok, (h_q + 2·h_kv)·d_h) rotated in place; rows (n_tok, h_kv); pos
+ * (n_tok). Dynamic shared memory: inv_freq (d_h/2) double, then cos and sin (d_h/2 each) fp32. */
+static __global__ void __launch_bounds__(KV_APPEND_BLOCK)
+kv_append_rope_kernel(uint4 *__restrict__ k, uint4 *__restrict__ v, __nv_bfloat16 *qkv,
+                      const int32_t *__restrict__ rows, const int32_t *__restrict__ pos,
+                      int64_t n_tok, int32_t tok_per_seq, int32_t h_q, int32_t h_kv, int32_t d_h,
+                      int32_t rows_cap, float theta) {
+    extern __shared__ double smem[];
+    const int half = d_h / 2;
+    double *inv_freq = smem;
+    float *cs = (float *)(smem + half);
+    const int64_t qkv_w = (int64_t)(h_q + 2 * h_kv) * d_h;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        inv_freq[i] = pow((double)theta, -2.0 * i / d_h);
+    for (int64_t tok = blockIdx.x; tok < n_tok; tok += gridDim.x) {
+        __nv_bfloat16 *xr = qkv + tok * qkv_w;
+        __syncthreads(); /* inv_freq written / previous token's cs consumed */
+        rope_cos_sin(cs, inv_freq, (double)__ldg(pos + tok), half);
+        __syncthreads();
+        rope_rotate(xr, cs, h_q + h_kv, d_h);
+        __syncthreads(); /* the rotated K heads are visible to the whole CTA */
+        append_token(k, v, (const uint4 *)(xr + (int64_t)h_q * d_h), rows, tok, tok / tok_per_seq,
+                     h_kv, d_h / 8, rows_cap);
+    }
+}
+
 /* ---- launcher ---- */
 
+/* Launch the fused kernel for n_tok >= 1 tokens: one CTA per token, grid-stride. */
+static flexdiag_status launch_rope(void *k, void *v, void *qkv, const int32_t *rows,
+                                   int64_t n_tok, int32_t tok_per_seq,
+                                   const flexdiag_attn_args *a, cudaStream_t st) {
+    const size_t smem = (size_t)(a->d_h / 2) * (sizeof(double) + 2 * sizeof(float));
+    kv_append_rope_kernel<<<flexdiag__cuda_blocks(n_tok, 1), KV_APPEND_BLOCK, smem, st>>>(
+        (uint4 *)k, (uint4 *)v, (__nv_bfloat16 *)qkv, rows, a->pos, n_tok, tok_per_seq, a->h_q,
+        a->h_kv, a->d_h, a->p_cap + a->ring, a->rope_theta);
+    FLEXDIAG_CUDA_LAUNCH_CHECK(st);
+    return FLEXDIAG_OK;
+}
+
+/* Launch the plain copy kernel for n_tok >= 1 tokens. */
+static flexdiag_status launch_copy(void *k, void *v, const void *qkv, const int32_t *rows,
+                                   int64_t n_tok, int32_t tok_per_seq,
+                                   const flexdiag_attn_args *a, cudaStream_t st) {
+    const int32_t vpr = a->d_h / 8;
+    const int64_t n_rows = n_tok * a->h_kv;
+    const unsigned grid = flexdiag__cuda_blocks(n_rows, KV_APPEND_BLOCK / vpr);
+    kv_append_kernel<<<grid, KV_APPEND_BLOCK, 0, st>>>(
+        (uint4 *)k, (uint4 *)v, (const uint4 *)qkv, rows, n_rows, tok_per_seq, a->h_q, a->h_kv,
+        vpr, a->p_cap + a->ring);
+    FLEXDIAG_CUDA_LAUNCH_CHECK(st);
+    return FLEXDIAG_OK;
+}
+
 /* k, v (n_seq·h_kv·(p_cap + ring), d_h) bf16 caches; qkv (n_tok, (h_q + 2·h_kv)·d_h) bf16;
- * rows (n_tok, h_kv) int32 */
-extern "C" flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, const void *qkv,
+ * rows (n_tok, h_kv) int32; a->pos (optional) (n_tok) int32 */
+extern "C" flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, void *qkv,
                                                     const int32_t *rows, int64_t n_tok,
                                                     int32_t tok_per_seq,
                                                     const flexdiag_attn_args *a,
                                                     flexdiag_stream *s) {
     FLEXDIAG_TRY(flexdiag__cuda_attn_check("kv_append", a, s, 0, k, v, qkv, NULL));
+    /* RoPE also needs an even d_h: the check above already requires a multiple of 8 */
+    if (a->pos && !(a->rope_theta > 0.0f))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "kv_append: pos is set but rope_theta = %g (need > 0)",
+                             (double)a->rope_theta);
     if (n_tok < 0 || tok_per_seq < 1)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "kv_append: bad n_tok %lld or tok_per_seq %d (need >= 0 and >= 1)",
@@ -126,12 +237,6 @@ extern "C" flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, const void
     if (n_tok == 0) return FLEXDIAG_OK;
     if (!k || !v || !qkv || !rows)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "kv_append: NULL k, v, qkv or rows");
-    const int32_t vpr = a->d_h / 8;
-    const int64_t n_rows = n_tok * a->h_kv;
-    const unsigned grid = flexdiag__cuda_blocks(n_rows, KV_APPEND_BLOCK / vpr);
-    kv_append_kernel<<<grid, KV_APPEND_BLOCK, 0, s->stream>>>(
-        (uint4 *)k, (uint4 *)v, (const uint4 *)qkv, rows, n_rows, tok_per_seq, a->h_q, a->h_kv,
-        vpr, a->p_cap + a->ring);
-    FLEXDIAG_CUDA_LAUNCH_CHECK(s->stream);
-    return FLEXDIAG_OK;
+    if (a->pos) return launch_rope(k, v, qkv, rows, n_tok, tok_per_seq, a, s->stream);
+    return launch_copy(k, v, qkv, rows, n_tok, tok_per_seq, a, s->stream);
 }

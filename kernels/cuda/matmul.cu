@@ -17,6 +17,14 @@
  * unsupported epilogue) the plan falls back to cublasGemmEx (+ the bias kernel), and k == 0
  * reduces to the bias kernel alone.
  *
+ * Autotuning: the heuristic's first choice is often not the fastest for the skinny decode
+ * GEMMs (n = a few dozen rows streaming a whole weight matrix), so when a plan is built outside
+ * stream capture the heuristic's top MM_TUNE_ALGOS candidates are each timed on the call's own
+ * operands (output into a temporary buffer, so out and an ACCUM input are untouched) and the
+ * fastest is kept. The choice is a timing, so two processes may pick different algorithms (and
+ * round differently); FLEXDIAG_GEMM_TUNE=0 in the environment keeps the heuristic's first
+ * choice for run-to-run reproducible bits. Plans built during graph capture are never timed.
+ *
  * Heuristic queries cost tens of microseconds, so each stream keeps a small cache of plans
  * (descriptors + algorithm) keyed by shape, flags, bias presence and pointer alignments; the
  * runtime issues a handful of distinct shapes, reused every layer and step. A stream is used by
@@ -31,6 +39,10 @@
 /* Plans kept per stream: a decoder issues < 10 distinct GEMM shapes per phase (qkv, o, gate|up,
  * down, head; prefill and decode), so 32 is ample; the oldest plan is replaced when full. */
 #define MM_CACHE_SLOTS 32
+/* Autotuning: candidates asked of the heuristic, timed launches of each (the best counts, after
+ * one untimed warm-up launch). */
+#define MM_TUNE_ALGOS 8
+#define MM_TUNE_REPS 3
 
 typedef struct mm_key {
     int64_t n, k, m;  /* GEMM shape */
@@ -48,7 +60,7 @@ typedef struct mm_plan {
     cublasLtMatrixLayout_t la;  /* A = W: bf16 k × m, ld k */
     cublasLtMatrixLayout_t lb;  /* B = xᵀ: bf16 k × n, ld k */
     cublasLtMatrixLayout_t lc;  /* C = D = outᵀ: bf16 / fp32 m × n, ld m */
-    cublasLtMatmulAlgo_t algo;  /* heuristic's first choice */
+    cublasLtMatmulAlgo_t algo;  /* the heuristic's first choice, or the fastest when tuned */
 } mm_plan;
 
 typedef struct mm_cache {
@@ -144,9 +156,80 @@ static flexdiag_status plan_describe(mm_plan *p, const uint16_t *b) {
     return FLEXDIAG_OK;
 }
 
-/* Ask the heuristic for an algorithm for p under the stream's workspace and the pointer
- * alignments of the key; *found = 0 when it has none (not an error: the caller falls back). */
-static flexdiag_status plan_heuristic(flexdiag_stream *s, mm_plan *p, int *found) {
+/* The operands of the call a plan is built for (what autotuning times). */
+typedef struct mm_operands {
+    const void *x;     /* B: activations */
+    const uint16_t *w; /* A: weights */
+    const uint16_t *b; /* bias or NULL */
+} mm_operands;
+
+/* Whether plans built now may be timed: not while the stream is being captured into a graph
+ * (a host sync there breaks the capture) and not when FLEXDIAG_GEMM_TUNE=0. */
+static int tuning_allowed(flexdiag_stream *s) {
+    const char *env = getenv("FLEXDIAG_GEMM_TUNE");
+    if (env && !strcmp(env, "0")) return 0;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s->stream, &cap) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return cap == cudaStreamCaptureStatusNone;
+}
+
+/* Milliseconds of the best of MM_TUNE_REPS launches of algo into d (a scratch output), or
+ * INFINITY when the algorithm fails to launch. */
+static float time_algo(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulAlgo_t *algo,
+                       const mm_operands *o, void *d, cudaEvent_t ev[2]) {
+    const float alpha = 1.0f, beta = (p->key.flags & FLEXDIAG_MM_ACCUM) ? 1.0f : 0.0f;
+    float best = INFINITY;
+    for (int r = 0; r <= MM_TUNE_REPS; r++) {
+        if (cudaEventRecord(ev[0], s->stream) != cudaSuccess ||
+            cublasLtMatmul(s->lt, p->op, &alpha, o->w, p->la, o->x, p->lb, &beta, d, p->lc, d,
+                           p->lc, algo, s->workspace, s->workspace_bytes,
+                           s->stream) != CUBLAS_STATUS_SUCCESS ||
+            cudaEventRecord(ev[1], s->stream) != cudaSuccess ||
+            cudaEventSynchronize(ev[1]) != cudaSuccess)
+            return INFINITY;
+        float ms = INFINITY;
+        if (r > 0 && cudaEventElapsedTime(&ms, ev[0], ev[1]) == cudaSuccess && ms < best)
+            best = ms;
+    }
+    return best;
+}
+
+/* Index of the fastest of the n candidates on the call's operands; 0 when they cannot be
+ * timed (no memory for the scratch output, events unavailable). */
+static int tune_pick(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulHeuristicResult_t *res,
+                     int n, const mm_operands *o) {
+    const size_t elt = (p->key.flags & FLEXDIAG_MM_OUT_F32) ? 4 : 2;
+    void *d = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int pick = 0;
+    if (cudaMalloc(&d, (size_t)(p->key.n * p->key.m) * elt) == cudaSuccess &&
+        cudaMemsetAsync(d, 0, (size_t)(p->key.n * p->key.m) * elt, s->stream) == cudaSuccess &&
+        cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess) {
+        float best = INFINITY;
+        for (int i = 0; i < n; i++) {
+            const float ms = time_algo(s, p, &res[i].algo, o, d, ev);
+            if (ms < best) {
+                best = ms;
+                pick = i;
+            }
+        }
+    }
+    (void)cudaStreamSynchronize(s->stream);
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) (void)cudaEventDestroy(ev[i]);
+    if (d) (void)cudaFree(d);
+    (void)cudaGetLastError(); /* a failed candidate or allocation only means "not that one" */
+    return pick;
+}
+
+/* Ask the heuristic for algorithms for p under the stream's workspace and the pointer
+ * alignments of the key, and keep the first (or, tuning, the fastest); *found = 0 when it has
+ * none (not an error: the caller falls back). */
+static flexdiag_status plan_heuristic(flexdiag_stream *s, mm_plan *p, const mm_operands *o,
+                                      int *found) {
     cublasLtMatmulPreference_t pref = NULL;
     FLEXDIAG_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = s->workspace_bytes;
@@ -168,33 +251,38 @@ static flexdiag_status plan_heuristic(flexdiag_stream *s, mm_plan *p, int *found
     cublasStatus_t e = CUBLAS_STATUS_SUCCESS;
     for (size_t i = 0; i < sizeof set / sizeof set[0] && e == CUBLAS_STATUS_SUCCESS; i++)
         e = cublasLtMatmulPreferenceSetAttribute(pref, set[i].attr, set[i].v, set[i].size);
-    cublasLtMatmulHeuristicResult_t res;
-    memset(&res, 0, sizeof res);
+    cublasLtMatmulHeuristicResult_t res[MM_TUNE_ALGOS];
+    memset(res, 0, sizeof res);
     int n_res = 0;
+    const int want = tuning_allowed(s) ? MM_TUNE_ALGOS : 1;
     if (e == CUBLAS_STATUS_SUCCESS) {
         /* NOT_SUPPORTED (or any refusal) here only means "no Lt algorithm": fall back. */
-        if (cublasLtMatmulAlgoGetHeuristic(s->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                           &res, &n_res) != CUBLAS_STATUS_SUCCESS)
+        if (cublasLtMatmulAlgoGetHeuristic(s->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, want,
+                                           res, &n_res) != CUBLAS_STATUS_SUCCESS)
             n_res = 0;
     }
     (void)cublasLtMatmulPreferenceDestroy(pref);
     FLEXDIAG_CUBLAS_TRY(e);
-    *found = n_res > 0 && res.state == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= ws;
-    if (*found) p->algo = res.algo;
+    int usable = 0; /* candidates that succeeded and fit the workspace, compacted */
+    for (int i = 0; i < n_res; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws)
+            res[usable++] = res[i];
+    *found = usable > 0;
+    if (*found) p->algo = res[usable > 1 ? tune_pick(s, p, res, usable, o) : 0].algo;
     return FLEXDIAG_OK;
 }
 
 /* Build p for key: Lt with the bias epilogue if possible, then Lt without it, else GemmEx. */
 static flexdiag_status plan_build(flexdiag_stream *s, mm_plan *p, const mm_key *key,
-                                  const uint16_t *b) {
+                                  const mm_operands *o) {
     const int want_bias = key->has_bias && !(key->flags & FLEXDIAG_MM_OUT_F32);
     for (int attempt = want_bias ? 0 : 1; attempt < 2; attempt++) {
         plan_release(p);
         p->key = *key;
         p->lt_bias = attempt == 0;
-        FLEXDIAG_TRY(plan_describe(p, b));
+        FLEXDIAG_TRY(plan_describe(p, o->b));
         int found = 0;
-        FLEXDIAG_TRY(plan_heuristic(s, p, &found));
+        FLEXDIAG_TRY(plan_heuristic(s, p, o, &found));
         if (found) {
             p->use_lt = 1;
             p->used = 1;
@@ -208,7 +296,7 @@ static flexdiag_status plan_build(flexdiag_stream *s, mm_plan *p, const mm_key *
 }
 
 /* The cached plan for key, building it on a miss. */
-static flexdiag_status plan_get(flexdiag_stream *s, const mm_key *key, const uint16_t *b,
+static flexdiag_status plan_get(flexdiag_stream *s, const mm_key *key, const mm_operands *o,
                                 mm_plan **out) {
     if (!s->mm_cache) {
         s->mm_cache = calloc(1, sizeof(mm_cache));
@@ -225,7 +313,7 @@ static flexdiag_status plan_get(flexdiag_stream *s, const mm_key *key, const uin
         }
     mm_plan *p = &c->plan[c->next];
     c->next = (c->next + 1) % MM_CACHE_SLOTS;
-    flexdiag_status st = plan_build(s, p, key, b);
+    flexdiag_status st = plan_build(s, p, key, o);
     if (st != FLEXDIAG_OK) {
         plan_release(p);
         return st;
@@ -299,8 +387,9 @@ extern "C" flexdiag_status flexdiag__cuda_matmul(void *out, const void *x, const
     const mm_key key = {n, k, m, flags, b != NULL,
                         align_log2(x) | align_log2(w) << 4 | align_log2(out) << 8 |
                             (b ? align_log2(b) : 0u) << 12};
+    const mm_operands ops = {x, w, b};
     mm_plan *p = NULL;
-    FLEXDIAG_TRY(plan_get(s, &key, b, &p));
+    FLEXDIAG_TRY(plan_get(s, &key, &ops, &p));
     FLEXDIAG_TRY(gemm_run(s, p, out, x, w, b));
     if (b && !p->lt_bias) return bias_launch(out, b, n, m, 1, out_f32, s->stream);
     FLEXDIAG_CUDA_LAUNCH_CHECK(s->stream);

@@ -109,7 +109,9 @@ void ch_attn_fix_init(ch_attn_fix *f, const ch_attn_case *c, uint64_t seed) {
                             c->max_slots,
                             NULL,
                             NULL,
-                            0};
+                            0,
+                            NULL,
+                            0.0f};
     f->a = a;
 }
 

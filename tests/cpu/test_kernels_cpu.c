@@ -4,8 +4,11 @@
  * d = 8, 24, 130; GQA g = 1, 2, 4; varying prompt lengths, ring slot lists in random order,
  * heads with no slots, a sequence with no keys at all). Outputs are compared with the fp32
  * tolerances of style.md §7 and sit between guard regions that must come back bit-identical.
- * Data movement (embed, gather, KV append, copies) must be exact. Bad arguments must fail with
- * FLEXDIAG_ERR_INVALID_ARG and a message naming the culprit.
+ * Data movement (embed, gather, KV append, copies) must be exact. RoPE (not a table slot: the
+ * internal flexdiag__cpu_ref_rope that kv_append runs when its args carry positions) is checked
+ * against the closed form, and kv_append with positions must equal RoPE then the plain append
+ * bit for bit. Bad arguments must fail with FLEXDIAG_ERR_INVALID_ARG and a message naming the
+ * culprit.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -19,6 +22,7 @@
 
 #include "core.h"
 #include "cpu/cpu_harness.h"
+#include "cpu/cpu_ops.h"
 #include "kernels.h"
 #include "util.h"
 
@@ -58,7 +62,7 @@ static void test_tables(void **state) {
         assert_true(K->stream_create && K->stream_destroy && K->stream_sync && K->mem_alloc &&
                     K->mem_free && K->copy_h2d && K->copy_d2h && K->copy_d2d && K->memset0 &&
                     K->act_to_f32 && K->act_from_f32 && K->embed && K->rmsnorm && K->matmul &&
-                    K->rope && K->swiglu && K->gelu && K->gather_rows && K->kv_append &&
+                    K->swiglu && K->gelu && K->gather_rows && K->kv_append &&
                     K->attn_prefill && K->attn_decode && K->cfg_combine && K->sample);
     }
     assert_ptr_not_equal(tabs[0]->matmul, tabs[1]->matmul);
@@ -266,7 +270,7 @@ static void test_rope(void **state) {
                 rope_closed_form(head, x0 + off, pos[i], d_h, theta);
                 for (int32_t c = 0; c < d_h; c++) want[off + c] = (float)head[c];
             }
-        assert_int_equal(ref()->rope(x, pos, n, stride, col0, heads, d_h, theta, NULL),
+        assert_int_equal(flexdiag__cpu_ref_rope(x, pos, n, stride, col0, heads, d_h, theta, NULL),
                          FLEXDIAG_OK);
         /* columns outside the rotated heads come back unchanged (want holds them as copied) */
         assert_true(tu_allclose("rope", x, want, n * stride, CH_ATOL, CH_RTOL, CH_NMSE));
@@ -282,8 +286,8 @@ static void test_rope(void **state) {
     }
     float x[16] = {0};
     int32_t pos[1] = {0};
-    expect_invalid(ref()->rope(x, pos, 1, 16, 0, 2, 7, 10000.0f, NULL), "even d_h");
-    expect_invalid(ref()->rope(x, pos, 1, 16, 4, 2, 8, 10000.0f, NULL), "stride");
+    expect_invalid(flexdiag__cpu_ref_rope(x, pos, 1, 16, 0, 2, 7, 10000.0f, NULL), "even d_h");
+    expect_invalid(flexdiag__cpu_ref_rope(x, pos, 1, 16, 4, 2, 8, 10000.0f, NULL), "stride");
 }
 
 static void test_swiglu_gelu(void **state) {
@@ -445,7 +449,12 @@ static void test_kv_append(void **state) {
                             qkv[i * f.width + (int64_t)(a->h_q + a->h_kv + h) * a->d_h + c];
                     }
                 }
+            float *qkv0 = malloc((size_t)(n_tok * f.width) * 4);
+            memcpy(qkv0, qkv, (size_t)(n_tok * f.width) * 4);
             assert_int_equal(ref()->kv_append(k, v, qkv, rows, n_tok, tps, a, NULL), FLEXDIAG_OK);
+            /* without positions qkv is only read */
+            assert_memory_equal(qkv, qkv0, (size_t)(n_tok * f.width) * 4);
+            free(qkv0);
             assert_memory_equal(k, wk, (size_t)f.cache_n * 4);
             assert_memory_equal(v, wv, (size_t)f.cache_n * 4);
             ch_guard_check(k, f.cache_n, "kv_append k");
@@ -459,6 +468,78 @@ static void test_kv_append(void **state) {
             free(wv);
             free(qkv);
             free(rows);
+            ch_attn_fix_free(&f);
+        }
+}
+
+/* kv_append with positions on (qkv, k, v) equals RoPE on the q and k heads of qkv followed by the
+ * plain append, bit for bit; a rejected call leaves qkv unrotated. */
+static void kv_append_rope_case(const ch_attn_fix *f, const float *qkv0, const int32_t *rows,
+                                const int32_t *pos, int64_t n_tok, int32_t tps, float theta) {
+    const flexdiag_attn_args *a = &f->a;
+    size_t qkv_bytes = (size_t)(n_tok * f->width) * 4, cache_bytes = (size_t)f->cache_n * 4;
+    float *qkv = ch_guarded(n_tok * f->width, 0.0f), *want_qkv = malloc(qkv_bytes);
+    float *k = ch_guarded(f->cache_n, 0.0f), *v = ch_guarded(f->cache_n, 0.0f);
+    float *wk = malloc(cache_bytes), *wv = malloc(cache_bytes);
+    memcpy(qkv, qkv0, qkv_bytes);
+    memcpy(want_qkv, qkv0, qkv_bytes);
+    memcpy(k, f->k, cache_bytes);
+    memcpy(v, f->v, cache_bytes);
+    memcpy(wk, f->k, cache_bytes);
+    memcpy(wv, f->v, cache_bytes);
+    assert_int_equal(flexdiag__cpu_ref_rope(want_qkv, pos, n_tok, f->width, 0, a->h_q + a->h_kv,
+                                            a->d_h, theta, NULL),
+                     FLEXDIAG_OK);
+    assert_int_equal(ref()->kv_append(wk, wv, want_qkv, rows, n_tok, tps, a, NULL), FLEXDIAG_OK);
+    flexdiag_attn_args ar = *a;
+    ar.pos = pos;
+    ar.rope_theta = theta;
+    assert_int_equal(ref()->kv_append(k, v, qkv, rows, n_tok, tps, &ar, NULL), FLEXDIAG_OK);
+    assert_memory_equal(qkv, want_qkv, qkv_bytes);
+    assert_memory_equal(k, wk, cache_bytes);
+    assert_memory_equal(v, wv, cache_bytes);
+    ch_guard_check(qkv, n_tok * f->width, "kv_append rope qkv");
+    ch_guard_check(k, f->cache_n, "kv_append rope k");
+    ch_guard_check(v, f->cache_n, "kv_append rope v");
+    /* rejected calls: nothing rotated */
+    memcpy(qkv, qkv0, qkv_bytes);
+    ar.rope_theta = 0.0f;
+    expect_invalid(ref()->kv_append(k, v, qkv, rows, n_tok, tps, &ar, NULL), "rope_theta");
+    ar.rope_theta = theta;
+    expect_invalid(ref()->kv_append(k, v, qkv, rows, n_tok + 1, tps, &ar, NULL), "n_tok");
+    assert_memory_equal(qkv, qkv0, qkv_bytes);
+    ar.d_h = a->d_h - 1;
+    expect_invalid(ref()->kv_append(k, v, qkv, rows, n_tok, tps, &ar, NULL), "odd");
+    ch_guarded_free(qkv);
+    ch_guarded_free(k);
+    ch_guarded_free(v);
+    free(want_qkv);
+    free(wk);
+    free(wv);
+}
+
+static void test_kv_append_rope(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 19);
+    for (size_t ci = 0; ci < N_ATTN_CASES; ci++)
+        for (int32_t tps = 1; tps <= 3; tps += 2) {
+            ch_attn_fix f;
+            ch_attn_fix_init(&f, &attn_cases[ci], 200 + ci);
+            int64_t n_tok = (int64_t)f.a.n_seq * tps, block = (int64_t)f.a.p_cap + f.a.ring;
+            float *qkv0 = malloc((size_t)(n_tok * f.width) * 4);
+            int32_t *rows = malloc((size_t)(n_tok * f.a.h_kv) * 4);
+            int32_t *pos = malloc((size_t)n_tok * 4);
+            tu_fill_f32(&r, qkv0, n_tok * f.width, 1.0f);
+            for (int64_t i = 0; i < n_tok; i++) {
+                pos[i] = i == 0 ? 0 : (int32_t)tu_rng_int(&r, 1, 20000);
+                for (int32_t h = 0; h < f.a.h_kv; h++)
+                    rows[i * f.a.h_kv + h] = (int32_t)((i % tps + h) % block);
+            }
+            kv_append_rope_case(&f, qkv0, rows, pos, n_tok, tps, ci % 2 ? 1e6f : 10000.0f);
+            free(qkv0);
+            free(rows);
+            free(pos);
             ch_attn_fix_free(&f);
         }
 }
@@ -617,6 +698,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu_gelu), cmocka_unit_test(test_cfg_combine),
         cmocka_unit_test(test_matmul),      cmocka_unit_test(test_kv_append),
+        cmocka_unit_test(test_kv_append_rope),
         cmocka_unit_test(test_attn_decode), cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_errors),
     };

@@ -2,10 +2,12 @@
  * test_vq_cuda.c - the CUDA image-decoder ops (vq_lookup, conv2d, groupnorm, upsample2x,
  * attn_spatial, to_nhwc) against the scalar CPU reference flexdiag__kernels_cpu_ref(), then the
  * whole VQ-16 decoder on CUDA (style.md §7):
- *   - inputs are bf16 (the CUDA act type); the reference runs on the same values upcast to fp32;
- *   - data movement (lookup, upsample, transpose) is exact; conv2d and groupnorm use bf16
- *     tolerances (see CONV_ATOL); attn_spatial also meets flash-attention's rule against an
- *     fp64 reference (error ≤ 2x that of a naive computation with the same bf16 roundings);
+ *   - activations are fp32 on both backends (kernels.h); weights bf16, as in the decoder;
+ *   - data movement (lookup, upsample, transpose) is exact; groupnorm and attn_spatial use fp32
+ *     tolerances; conv2d rounds its input to bf16 for the tensor cores, so its reference gets x
+ *     already rounded while the GPU gets the raw x: a correct op then differs only by fp32
+ *     summation order (see CONV_ATOL); attn_spatial also meets flash-attention's rule in fp32
+ *     against an fp64 reference (error ≤ 2x that of the scalar fp32 reference, see ATTN_FLOOR);
  *   - shapes cover c = 32, 64, 96, odd planes (3 x 5), n = 1 and 3, k = 1, 3 and 5, bias and
  *     ACCUM on and off, and sizes that make conv2d / attn_spatial chunk through the workspace;
  *   - every device output sits between guard regions that must come back unchanged, and starts
@@ -35,16 +37,33 @@
 #include "vq.h"
 
 
-/* style.md §7 bf16 tolerances. */
-#define BF16_ATOL 1e-3
-#define BF16_RTOL 1.6e-2
-#define BF16_NMSE 1e-4
-/* conv2d: the CUDA output is bf16 while the reference keeps fp32, and with a bias on a 1×1 conv
- * (or ACCUM) the CUDA path rounds (old + b) to bf16 before the GEMM adds onto it. When the sum
- * then cancels, that intermediate rounding (≈ |old + b|·2^-9 ≈ 4e-3 for values near 2) is not
- * covered by rtol·|result|, so atol is 1e-2 instead of 1e-3. Sums over cin·k² ≤ 2304 products in
- * fp32 differ between the two summation orders by far less than that. */
-#define CONV_ATOL 1e-2
+/* style.md §7 default for fp32 outputs. */
+#define F32_NMSE 1e-7
+/* conv2d: every product of a bf16-rounded x and a bf16 weight is exact in fp32 (8 + 8
+ * significant bits) and the bias enters as b·1, so GPU and reference differ only in the order
+ * the cin·k² + 1 ≤ 2305 terms are summed in fp32. With x ~ N(0, 1), w ~ N(0, 1/(cin·k²)) and
+ * bias and ACCUM input O(1), partial sums stay below ~6 (ulp ≤ 4.8e-7): as a random walk each
+ * side is off by ≈ sqrt(2305)·ulp/2 ≈ 1e-5, and a CPU emulation of a pessimistic tensor-core
+ * model (16-term steps truncated into the accumulator) stays ≤ 2.1e-5 on these shapes. 1e-4
+ * both ways leaves ≥ 5x margin, while a bf16 rounding of the output or of an accumulation
+ * (≈ 2^-9 relative) still fails. */
+#define CONV_ATOL 1e-4
+#define CONV_RTOL 1e-4
+/* groupnorm: fp32 slice sums merged in double vs all-double statistics in the reference put
+ * ≈ |mean|·2^-24·sqrt(terms summed per thread) on the mean, and the fp32 affine and swish
+ * (device expf ≤ 2 ulp) a few ulps more: an emulation of the slices, the merge and the affine
+ * gives ≤ 1.5e-6 on these cases (mean 4 the worst), so 1e-5 both ways leaves ≥ 20x margin. */
+#define GN_ATOL 1e-5
+#define GN_RTOL 1e-5
+/* attn_spatial vs the scalar reference: fp32 logits over c ≤ 512 terms and an fp32 output sum
+ * over hw ≤ 3000 terms in another order (emulated: ≤ 1.6e-6 on outputs of size ≤ 2.2); atol
+ * covers outputs near 0 (averages over many keys shrink like hw^-1/2). */
+#define ATTN_ATOL 1e-5
+#define ATTN_RTOL 1e-4
+/* Floor of the flash-attention rule: absolute error vs fp64 the rule always accepts (≈ 8 fp32
+ * ulps of an O(1) output), so a reference that happens to round luckily on a small case does
+ * not make the rule flaky. */
+#define ATTN_FLOOR 1e-6
 
 static const flexdiag_kernels *G; /* CUDA table under test */
 static const flexdiag_kernels *R; /* scalar reference (fp32 act) */
@@ -59,31 +78,32 @@ static flexdiag_stream *S;        /* CUDA stream */
 
 /* ---- host data ---- */
 
-/* n bf16 values N(mean, scale²) and their fp32 upcast (*up, malloc'ed). */
-static uint16_t *bf16_rand(tu_rng *r, int64_t n, float mean, float scale, float **up) {
-    uint16_t *x = xmalloc((size_t)n * 2);
-    *up = xmalloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = flexdiag__f32_to_bf16(mean + scale * (float)tu_rng_normal(r));
-        (*up)[i] = flexdiag__bf16_to_f32(x[i]);
-    }
+/* n fp32 values N(mean, scale²) (malloc'ed). */
+static float *f32_rand(tu_rng *r, int64_t n, float mean, float scale) {
+    float *x = xmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) x[i] = mean + scale * (float)tu_rng_normal(r);
     return x;
 }
 
-/* A bf16 host array as a new guarded device buffer. */
-static dbuf dev_bf16(const uint16_t *x, int64_t n, size_t off) {
-    dbuf b = dbuf_make((size_t)n, 2, off);
+/* n bf16 values N(mean, scale²) (weights, malloc'ed). */
+static uint16_t *bf16_rand(tu_rng *r, int64_t n, float mean, float scale) {
+    uint16_t *x = xmalloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = flexdiag__f32_to_bf16(mean + scale * (float)tu_rng_normal(r));
+    return x;
+}
+
+/* A host array of n elements of elem bytes as a new guarded device buffer. */
+static dbuf dev_put(const void *x, int64_t n, size_t elem, size_t off) {
+    dbuf b = dbuf_make((size_t)n, elem, off);
     dbuf_put(&b, x);
     return b;
 }
 
-/* Download a bf16 device output (guards checked into *ok) as fp32. */
-static float *get_bf16(const dbuf *b, const char *label, int *ok) {
-    uint16_t *h = xmalloc(b->n * 2);
-    *ok = dbuf_get(b, h, label) && *ok;
+/* Download an fp32 device output (guards checked into *ok). */
+static float *get_f32(const dbuf *b, const char *label, int *ok) {
     float *f = xmalloc(b->n * 4);
-    for (size_t i = 0; i < b->n; i++) f[i] = flexdiag__bf16_to_f32(h[i]);
-    free(h);
+    *ok = dbuf_get(b, f, label) && *ok;
     return f;
 }
 
@@ -103,14 +123,13 @@ static void test_lookup(void **state) {
         for (int64_t i = 0; i < n * hw; i++) ids[i] = (int32_t)tu_rng_int(&r, 0, V - 1);
         OK(R->vq_lookup(ref, cb, ids, n, c, hw, NULL));
         dbuf dcb = dbuf_make((size_t)(V * c), 4, 0), did = dbuf_make((size_t)(n * hw), 4, 0);
-        dbuf dout = dbuf_make((size_t)(n * c * hw), 2, t);
+        dbuf dout = dbuf_make((size_t)(n * c * hw), 4, t);
         dbuf_put(&dcb, cb);
         dbuf_put(&did, ids);
         OK(G->vq_lookup(dptr(&dout), dptr(&dcb), dptr(&did), n, c, hw, S));
         int ok = 1;
-        float *got = get_bf16(&dout, "vq_lookup", &ok);
-        for (int64_t i = 0; i < n * c * hw; i++)
-            ok = ok && flexdiag__f32_to_bf16(ref[i]) == flexdiag__f32_to_bf16(got[i]);
+        float *got = get_f32(&dout, "vq_lookup", &ok);
+        ok = memcmp(got, ref, (size_t)(n * c * hw) * 4) == 0 && ok;
         if (!ok) fail_msg("vq_lookup n=%lld c=%d hw=%d: output differs", (long long)n, c, hw);
         dbuf_free(&dcb), dbuf_free(&did), dbuf_free(&dout);
         free(cb), free(ref), free(ids), free(got);
@@ -128,28 +147,28 @@ static int conv_one(tu_rng *r, const conv_case *cc, size_t off) {
     const int64_t nx = (int64_t)cc->n * cc->cin * cc->h * cc->w;
     const int64_t no = (int64_t)cc->n * cc->cout * cc->h * cc->w;
     const int64_t nw = (int64_t)cc->cout * cc->cin * cc->k * cc->k;
-    float *xf, *wf, *bf, *of;
-    uint16_t *x = bf16_rand(r, nx, 0.0f, 1.0f, &xf);
-    uint16_t *w = bf16_rand(r, nw, 0.0f, 1.0f / sqrtf((float)(cc->cin * cc->k * cc->k)), &wf);
-    uint16_t *b = bf16_rand(r, cc->cout, 0.0f, 0.5f, &bf);
-    uint16_t *o0 = bf16_rand(r, no, 0.0f, 1.0f, &of); /* the ACCUM input */
+    float *x = f32_rand(r, nx, 0.0f, 1.0f), *xr = xmalloc((size_t)nx * 4);
+    for (int64_t i = 0; i < nx; i++) xr[i] = flexdiag__bf16_to_f32(flexdiag__f32_to_bf16(x[i]));
+    uint16_t *w = bf16_rand(r, nw, 0.0f, 1.0f / sqrtf((float)(cc->cin * cc->k * cc->k)));
+    uint16_t *b = bf16_rand(r, cc->cout, 0.0f, 0.5f);
+    float *ref = f32_rand(r, no, 0.0f, 1.0f); /* the ACCUM input, then the reference output */
     const unsigned flags = cc->accum ? FLEXDIAG_MM_ACCUM : 0u;
-    OK(R->conv2d(of, xf, w, cc->bias ? b : NULL, cc->n, cc->cin, cc->cout, cc->h, cc->w, cc->k,
+    dbuf dx = dev_put(x, nx, 4, 0), dw = dev_put(w, nw, 2, 0), db = dev_put(b, cc->cout, 2, 0);
+    dbuf dout = dbuf_make((size_t)no, 4, off);
+    if (cc->accum) dbuf_put(&dout, ref);
+    OK(R->conv2d(ref, xr, w, cc->bias ? b : NULL, cc->n, cc->cin, cc->cout, cc->h, cc->w, cc->k,
                  flags, NULL));
-    dbuf dx = dev_bf16(x, nx, 0), dw = dev_bf16(w, nw, 0), db = dev_bf16(b, cc->cout, 0);
-    dbuf dout = dbuf_make((size_t)no, 2, off);
-    if (cc->accum) dbuf_put(&dout, o0);
     OK(G->conv2d(dptr(&dout), dptr(&dx), dptr(&dw), cc->bias ? dptr(&db) : NULL, cc->n, cc->cin,
                  cc->cout, cc->h, cc->w, cc->k, flags, S));
     char label[128];
     snprintf(label, sizeof label, "conv2d n=%d cin=%d cout=%d %dx%d k=%d bias=%d accum=%d off=%zu",
              cc->n, cc->cin, cc->cout, cc->h, cc->w, cc->k, cc->bias, cc->accum, off);
     int ok = 1;
-    float *got = get_bf16(&dout, label, &ok);
-    ok = tu_allclose(label, got, of, no, CONV_ATOL, BF16_RTOL, BF16_NMSE) && ok;
+    float *got = get_f32(&dout, label, &ok);
+    ok = tu_allclose(label, got, ref, no, CONV_ATOL, CONV_RTOL, F32_NMSE) && ok;
     if (!ok) fprintf(stderr, "FAILED: %s\n", label);
     dbuf_free(&dx), dbuf_free(&dw), dbuf_free(&db), dbuf_free(&dout);
-    free(x), free(w), free(b), free(o0), free(xf), free(wf), free(bf), free(of), free(got);
+    free(x), free(xr), free(w), free(b), free(ref), free(got);
     return ok;
 }
 
@@ -211,25 +230,24 @@ static void test_groupnorm(void **state) {
     int fails = 0;
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
         const int64_t nx = (int64_t)cases[t].n * cases[t].c * cases[t].hw;
-        float *xf, *gf, *bf, *ref = xmalloc((size_t)nx * 4);
-        uint16_t *x = bf16_rand(&r, nx, cases[t].mean, 1.0f, &xf);
-        uint16_t *g = bf16_rand(&r, cases[t].c, 1.0f, 0.2f, &gf);
-        uint16_t *b = bf16_rand(&r, cases[t].c, 0.0f, 0.2f, &bf);
-        OK(R->groupnorm(ref, xf, g, b, cases[t].n, cases[t].c, cases[t].hw, cases[t].groups,
+        float *x = f32_rand(&r, nx, cases[t].mean, 1.0f), *ref = xmalloc((size_t)nx * 4);
+        uint16_t *g = bf16_rand(&r, cases[t].c, 1.0f, 0.2f);
+        uint16_t *b = bf16_rand(&r, cases[t].c, 0.0f, 0.2f);
+        OK(R->groupnorm(ref, x, g, b, cases[t].n, cases[t].c, cases[t].hw, cases[t].groups,
                         1e-6f, cases[t].swish, NULL));
-        dbuf dx = dev_bf16(x, nx, t % 2), dg = dev_bf16(g, cases[t].c, 0);
-        dbuf db = dev_bf16(b, cases[t].c, 0), dout = dbuf_make((size_t)nx, 2, t % 2);
+        dbuf dx = dev_put(x, nx, 4, t % 2), dg = dev_put(g, cases[t].c, 2, 0);
+        dbuf db = dev_put(b, cases[t].c, 2, 0), dout = dbuf_make((size_t)nx, 4, t % 2);
         OK(G->groupnorm(dptr(&dout), dptr(&dx), dptr(&dg), dptr(&db), cases[t].n, cases[t].c,
                         cases[t].hw, cases[t].groups, 1e-6f, cases[t].swish, S));
         char label[96];
         snprintf(label, sizeof label, "groupnorm n=%d c=%d hw=%d groups=%d swish=%d",
                  cases[t].n, cases[t].c, cases[t].hw, cases[t].groups, cases[t].swish);
         int ok = 1;
-        float *got = get_bf16(&dout, label, &ok);
-        ok = tu_allclose(label, got, ref, nx, BF16_ATOL, BF16_RTOL, BF16_NMSE) && ok;
+        float *got = get_f32(&dout, label, &ok);
+        ok = tu_allclose(label, got, ref, nx, GN_ATOL, GN_RTOL, F32_NMSE) && ok;
         fails += !ok;
         dbuf_free(&dx), dbuf_free(&dg), dbuf_free(&db), dbuf_free(&dout);
-        free(x), free(g), free(b), free(xf), free(gf), free(bf), free(ref), free(got);
+        free(x), free(g), free(b), free(ref), free(got);
     }
     assert_int_equal(fails, 0);
 }
@@ -246,89 +264,83 @@ static void test_upsample_nhwc(void **state) {
     for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
         const int32_t n = cases[t][0], c = cases[t][1], h = cases[t][2], w = cases[t][3];
         const int64_t nx = (int64_t)n * c * h * w, no = 4 * nx;
-        float *xf, *ref = xmalloc((size_t)no * 4), *nref = xmalloc((size_t)nx * 4);
-        float *ngot = xmalloc((size_t)nx * 4);
-        uint16_t *x = bf16_rand(&r, nx, 0.0f, 1.0f, &xf);
-        OK(R->upsample2x(ref, xf, n, c, h, w, NULL));
-        OK(R->to_nhwc(nref, xf, n, c, h * w, NULL));
-        dbuf dx = dev_bf16(x, nx, 0), dout = dbuf_make((size_t)no, 2, (size_t)cases[t][4]);
+        float *x = f32_rand(&r, nx, 0.0f, 1.0f), *ref = xmalloc((size_t)no * 4);
+        float *nref = xmalloc((size_t)nx * 4), *ngot = xmalloc((size_t)nx * 4);
+        OK(R->upsample2x(ref, x, n, c, h, w, NULL));
+        OK(R->to_nhwc(nref, x, n, c, h * w, NULL));
+        dbuf dx = dev_put(x, nx, 4, 0), dout = dbuf_make((size_t)no, 4, (size_t)cases[t][4]);
         dbuf dn = dbuf_make((size_t)nx, 4, (size_t)cases[t][4]);
         OK(G->upsample2x(dptr(&dout), dptr(&dx), n, c, h, w, S));
         OK(G->to_nhwc(dptr(&dn), dptr(&dx), n, c, h * w, S));
         int ok = 1;
-        float *got = get_bf16(&dout, "upsample2x", &ok);
+        float *got = get_f32(&dout, "upsample2x", &ok);
         ok = memcmp(got, ref, (size_t)no * 4) == 0 && ok;
         ok = dbuf_get(&dn, ngot, "to_nhwc") && memcmp(ngot, nref, (size_t)nx * 4) == 0 && ok;
         if (!ok) fail_msg("upsample2x / to_nhwc n=%d c=%d %dx%d: output differs", n, c, h, w);
         dbuf_free(&dx), dbuf_free(&dout), dbuf_free(&dn);
-        free(x), free(xf), free(ref), free(nref), free(ngot), free(got);
+        free(x), free(ref), free(nref), free(ngot), free(got);
     }
 }
 
 /* ---- attn_spatial ---- */
 
-static double bf16_round(double v) {
-    return flexdiag__bf16_to_f32(flexdiag__f32_to_bf16((float)v));
-}
-
-/* Image i of attention in double (exact = 1) or rounded like a naive bf16 implementation
- * (exact = 0: fp32 logits, P rounded to bf16, output rounded to bf16). */
-static void attn_naive(double *out, const float *q, const float *k, const float *v, int32_t c,
-                       int32_t hw, int exact) {
+/* Image 0 of attention in double: out (c, hw). */
+static void attn_exact(double *out, const float *q, const float *k, const float *v, int32_t c,
+                       int32_t hw) {
     double *p = xmalloc((size_t)hw * sizeof *p), scale = 1.0 / sqrt((double)c);
-    if (!exact) scale = (float)scale;
     for (int32_t i = 0; i < hw; i++) {
         double m = -INFINITY, sum = 0;
         for (int32_t j = 0; j < hw; j++) {
             double d = 0;
             for (int32_t ch = 0; ch < c; ch++) d += (double)q[ch * hw + i] * k[ch * hw + j];
-            p[j] = exact ? d * scale : (double)(float)((float)d * (float)scale);
+            p[j] = d * scale;
             m = p[j] > m ? p[j] : m;
         }
         for (int32_t j = 0; j < hw; j++) sum += (p[j] = exp(p[j] - m));
-        for (int32_t j = 0; j < hw; j++) p[j] = exact ? p[j] / sum : bf16_round(p[j] / sum);
         for (int32_t ch = 0; ch < c; ch++) {
             double o = 0;
-            for (int32_t j = 0; j < hw; j++) o += p[j] * v[ch * hw + j];
-            out[ch * hw + i] = exact ? o : bf16_round(o);
+            for (int32_t j = 0; j < hw; j++) o += p[j] / sum * v[ch * hw + j];
+            out[ch * hw + i] = o;
         }
     }
     free(p);
 }
 
+/* flash-attention's rule with fp32 as the working precision, on image 0: the GPU's max error
+ * vs fp64 is at most twice the scalar fp32 reference's (plus ATTN_FLOOR). */
+static int attn_rule(const char *label, const float *got, const float *ref, const float *q,
+                     const float *k, const float *v, int32_t c, int32_t hw) {
+    const int64_t img = (int64_t)c * hw;
+    double *ex = xmalloc((size_t)img * sizeof *ex), e_gpu = 0, e_ref = 0;
+    attn_exact(ex, q, k, v, c, hw);
+    for (int64_t i = 0; i < img; i++) {
+        e_gpu = fmax(e_gpu, fabs(got[i] - ex[i]));
+        e_ref = fmax(e_ref, fabs(ref[i] - ex[i]));
+    }
+    free(ex);
+    if (e_gpu <= 2 * e_ref + ATTN_FLOOR) return 1;
+    fprintf(stderr, "%s: max error vs fp64 %.3g > 2 x the fp32 reference's %.3g + %g\n", label,
+            e_gpu, e_ref, ATTN_FLOOR);
+    return 0;
+}
+
 static int attn_one(tu_rng *r, int32_t n, int32_t c, int32_t hw, float qscale) {
     const int64_t nx = (int64_t)n * c * hw;
-    float *qf, *kf, *vf, *ref = xmalloc((size_t)nx * 4);
-    uint16_t *q = bf16_rand(r, nx, 0.0f, qscale, &qf), *k = bf16_rand(r, nx, 0.0f, 1.0f, &kf);
-    uint16_t *v = bf16_rand(r, nx, 0.0f, 1.0f, &vf);
-    OK(R->attn_spatial(ref, qf, kf, vf, n, c, hw, NULL));
-    dbuf dq = dev_bf16(q, nx, 0), dk = dev_bf16(k, nx, 0), dv = dev_bf16(v, nx, 0);
-    dbuf dout = dbuf_make((size_t)nx, 2, (size_t)(hw % 2));
+    float *q = f32_rand(r, nx, 0.0f, qscale), *k = f32_rand(r, nx, 0.0f, 1.0f);
+    float *v = f32_rand(r, nx, 0.0f, 1.0f), *ref = xmalloc((size_t)nx * 4);
+    OK(R->attn_spatial(ref, q, k, v, n, c, hw, NULL));
+    dbuf dq = dev_put(q, nx, 4, 0), dk = dev_put(k, nx, 4, 0), dv = dev_put(v, nx, 4, 0);
+    dbuf dout = dbuf_make((size_t)nx, 4, (size_t)(hw % 2));
     OK(G->attn_spatial(dptr(&dout), dptr(&dq), dptr(&dk), dptr(&dv), n, c, hw, S));
     char label[96];
     snprintf(label, sizeof label, "attn_spatial n=%d c=%d hw=%d qscale=%g", n, c, hw, qscale);
     int ok = 1;
-    float *got = get_bf16(&dout, label, &ok);
-    ok = tu_allclose(label, got, ref, nx, BF16_ATOL, BF16_RTOL, BF16_NMSE) && ok;
-    /* flash-attention's rule on image 0 */
-    const int64_t img = (int64_t)c * hw;
-    double *ex = xmalloc((size_t)img * sizeof *ex), *nv = xmalloc((size_t)img * sizeof *nv);
-    attn_naive(ex, qf, kf, vf, c, hw, 1);
-    attn_naive(nv, qf, kf, vf, c, hw, 0);
-    double e_gpu = 0, e_naive = 0;
-    for (int64_t i = 0; i < img; i++) {
-        e_gpu = fmax(e_gpu, fabs(got[i] - ex[i]));
-        e_naive = fmax(e_naive, fabs(nv[i] - ex[i]));
-    }
-    if (e_gpu > 2 * e_naive + 1e-6) {
-        fprintf(stderr, "%s: max error vs fp64 %.3g > 2 x naive bf16 %.3g\n", label, e_gpu,
-                e_naive);
-        ok = 0;
-    }
+    float *got = get_f32(&dout, label, &ok);
+    ok = tu_allclose(label, got, ref, nx, ATTN_ATOL, ATTN_RTOL, F32_NMSE) && ok;
+    ok = attn_rule(label, got, ref, q, k, v, c, hw) && ok;
     if (!ok) fprintf(stderr, "FAILED: %s\n", label);
     dbuf_free(&dq), dbuf_free(&dk), dbuf_free(&dv), dbuf_free(&dout);
-    free(q), free(k), free(v), free(qf), free(kf), free(vf), free(ref), free(got), free(ex);
-    free(nv);
+    free(q), free(k), free(v), free(ref), free(got);
     return ok;
 }
 
@@ -340,7 +352,7 @@ static void test_attn(void **state) {
     } cases[] = {
         {1, 32, 9, 1.0f},  {3, 64, 15, 1.0f}, {3, 96, 64, 2.0f}, {1, 32, 576, 1.0f},
         {2, 512, 576, 0.5f}, /* VQ-16's attention level */
-        {1, 32, 2500, 1.0f}, /* scores larger than the workspace: query-row chunks */
+        {1, 32, 3000, 1.0f}, /* 36 MB of scores > the workspace head: query-row chunks */
     };
     tu_rng r;
     tu_rng_seed(&r, 5);
