@@ -12,17 +12,19 @@
  *
  * Plain copy (a->pos NULL): one thread per 16-byte chunk of a (token, KV head) row, so a warp
  * writes whole rows of K and of V with coalesced stores.
- * RoPE + copy (a->pos set): one CTA per token (grid-stride). It computes inv_freq[i] =
- * theta^(-2i/d_h) once into shared memory, per token the d_h/2 cos/sin pairs (double sincos of
- * pos·inv_freq rounded to fp32, as the CPU reference: fp32 angles would be off by up to 2^-10
- * rad at position 16384, a large share of a bf16 ulp; H200 has full-rate fp64 and there are
- * only d_h/2 per token), rotates the h_q + h_kv heads of its qkv row in place (rotate-half, fp32
- * with explicit round-to-nearest multiplies: no fma contraction, as on the CPU; one rounding to
- * bf16), then after a barrier copies the token's rotated K heads, read back from qkv, and its V
- * heads in 16-byte chunks. One launch and one pass over the row replace RoPE's own launch.
+ * RoPE + copy (a->pos set, d_h % 16 == 0): one CTA per (token, chunk of KVR_HEADS heads of
+ * the qkv row), so a decode step's 64 tokens still fill the GPU. A CTA computes inv_freq[i] =
+ * theta^(-2i/d_h) once into shared memory and per token the d_h/2 cos/sin pairs (double sincos
+ * of pos·inv_freq rounded to fp32, as the CPU reference: fp32 angles would be off by up to
+ * 2^-10 rad at position 16384, a large share of a bf16 ulp; H200 has full-rate fp64 and there
+ * are only d_h/2 per token). A thread takes 8 pairs (i, i + d_h/2) of one head as two 16-byte
+ * vectors, rotates them (rotate-half, fp32 with explicit round-to-nearest operations: no fma
+ * contraction, as on the CPU; one rounding to bf16) and stores them back; for a k head it also
+ * writes them to the cache row, for a v head it only copies. One launch and one pass over the
+ * row replace RoPE's own launch.
  * Rejected: one CTA per token for the plain copy (too little work per CTA at decode, n_tok =
- * batch), and keeping the rotated K heads in shared memory instead of reading them back (up to
- * h_kv·d_h·2 bytes per token, while the read-back of what the CTA just wrote hits in cache).
+ * batch); one CTA per token for the fused path (64 CTAs on 132 SMs and 16 dependent 2-byte
+ * loads per thread: 9 us per layer on the H200 where this takes about 3).
  */
 #include "attn.cuh"
 #include "cuda_common.cuh"
@@ -119,81 +121,103 @@ kv_append_kernel(uint4 *__restrict__ k, uint4 *__restrict__ v, const uint4 *__re
 
 /* ---- RoPE + copy kernel ---- */
 
-/* cs[i] = cos, cs[half + i] = sin of p·inv_freq[i], computed in double and rounded to fp32. */
-static __device__ void rope_cos_sin(float *cs, const double *inv_freq, double p, int half) {
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double sn, cn;
-        sincos(p * inv_freq[i], &sn, &cn);
-        cs[i] = (float)cn;
-        cs[half + i] = (float)sn;
+/* Threads per CTA and heads (q, k or v, in qkv order) per CTA of the fused kernel. */
+#define KVR_THREADS 128
+#define KVR_HEADS 16
+
+/* Geometry of one fused launch (passed by value). */
+typedef struct kvr_geom {
+    int64_t n_tok;
+    int32_t tok_per_seq, h_q, h_kv, d_h, rows_cap;
+    float theta;
+} kvr_geom;
+
+/* a' = a·c − b·s, b' = b·c + a·s for 8 pairs (lo[e], hi[e]) with angles i0 + e, fp32 with
+ * explicit round-to-nearest operations, one rounding to bf16 each. */
+static __device__ __forceinline__ void rope8(uint4 &lo, uint4 &hi, const float *cs, int i0,
+                                             int half) {
+    __nv_bfloat162 *l2 = (__nv_bfloat162 *)&lo, *h2 = (__nv_bfloat162 *)&hi;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 a = __bfloat1622float2(l2[e]), b = __bfloat1622float2(h2[e]);
+        const int i = i0 + 2 * e;
+        const float c0 = cs[i], s0 = cs[half + i], c1 = cs[i + 1], s1 = cs[half + i + 1];
+        l2[e] = __floats2bfloat162_rn(__fsub_rn(__fmul_rn(a.x, c0), __fmul_rn(b.x, s0)),
+                                      __fsub_rn(__fmul_rn(a.y, c1), __fmul_rn(b.y, s1)));
+        h2[e] = __floats2bfloat162_rn(__fadd_rn(__fmul_rn(b.x, c0), __fmul_rn(a.x, s0)),
+                                      __fadd_rn(__fmul_rn(b.y, c1), __fmul_rn(a.y, s1)));
     }
 }
 
-/* Rotate n_heads heads of d_h at xr in place: threads over (head, pair); element i pairs with
- * i + half. */
-static __device__ void rope_rotate(__nv_bfloat16 *xr, const float *cs, int n_heads, int d_h) {
-    const int half = d_h / 2;
-    for (int e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
-        const int h = e / half, i = e - h * half;
-        __nv_bfloat16 *xh = xr + (int64_t)h * d_h;
-        const float a = __bfloat162float(xh[i]), b = __bfloat162float(xh[i + half]);
-        const float c = cs[i], s = cs[half + i];
-        xh[i] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-        xh[i + half] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
-    }
-}
-
-/* Copy the K heads (kr, rotated by this CTA: plain loads, not the read-only cache) and V heads
- * (h_kv·vpr chunks further) of token tok of sequence seq to their cache rows. */
-static __device__ void append_token(uint4 *__restrict__ k, uint4 *__restrict__ v, const uint4 *kr,
-                                    const int32_t *__restrict__ rows, int64_t tok, int64_t seq,
-                                    int32_t h_kv, int32_t vpr, int32_t rows_cap) {
-    for (int e = threadIdx.x; e < h_kv * vpr; e += blockDim.x) {
-        const int32_t h = e / vpr, c = e - h * vpr;
-        const int32_t row = __ldg(rows + tok * h_kv + h);
-        if (row < 0 || row >= rows_cap) continue; /* bad device index: skip (file comment) */
-        const int64_t dst = ((seq * h_kv + h) * rows_cap + row) * vpr + c;
-        k[dst] = kr[e];
-        v[dst] = kr[e + h_kv * vpr];
-    }
-}
-
-/* k, v caches; qkv (n_tok, (h_q + 2·h_kv)·d_h) rotated in place; rows (n_tok, h_kv); pos
- * (n_tok). Dynamic shared memory: inv_freq (d_h/2) double, then cos and sin (d_h/2 each) fp32. */
-static __global__ void __launch_bounds__(KV_APPEND_BLOCK)
-kv_append_rope_kernel(uint4 *__restrict__ k, uint4 *__restrict__ v, __nv_bfloat16 *qkv,
+/* CTA (token, head chunk y): heads y·KVR_HEADS.. of the token's qkv row. q heads are rotated
+ * in place, k heads rotated in place and written to their cache rows from registers, v heads
+ * copied; 16-byte vectors throughout (d_h % 16 == 0). Dynamic shared memory: inv_freq (d_h/2)
+ * double, then cos and sin (d_h/2 each) fp32 of the current token. */
+static __global__ void __launch_bounds__(KVR_THREADS)
+kv_append_rope_kernel(uint4 *__restrict__ k, uint4 *__restrict__ v, uint4 *__restrict__ qkv,
                       const int32_t *__restrict__ rows, const int32_t *__restrict__ pos,
-                      int64_t n_tok, int32_t tok_per_seq, int32_t h_q, int32_t h_kv, int32_t d_h,
-                      int32_t rows_cap, float theta) {
+                      kvr_geom g) {
     extern __shared__ double smem[];
-    const int half = d_h / 2;
+    const int half = g.d_h / 2, vpr = g.d_h / 8, hv = vpr / 2; /* vectors per row, per half */
     double *inv_freq = smem;
     float *cs = (float *)(smem + half);
-    const int64_t qkv_w = (int64_t)(h_q + 2 * h_kv) * d_h;
+    const int rot_heads = g.h_q + g.h_kv, all_heads = rot_heads + g.h_kv;
+    const int h0 = (int)blockIdx.y * KVR_HEADS, h1 = min(h0 + KVR_HEADS, all_heads);
+    const int r1 = min(h1, rot_heads); /* rotated heads of this CTA: h0 .. r1-1 */
+    const int64_t qkv_w = (int64_t)all_heads * vpr;
     for (int i = threadIdx.x; i < half; i += blockDim.x)
-        inv_freq[i] = pow((double)theta, -2.0 * i / d_h);
-    for (int64_t tok = blockIdx.x; tok < n_tok; tok += gridDim.x) {
-        __nv_bfloat16 *xr = qkv + tok * qkv_w;
-        __syncthreads(); /* inv_freq written / previous token's cs consumed */
-        rope_cos_sin(cs, inv_freq, (double)__ldg(pos + tok), half);
-        __syncthreads();
-        rope_rotate(xr, cs, h_q + h_kv, d_h);
-        __syncthreads(); /* the rotated K heads are visible to the whole CTA */
-        append_token(k, v, (const uint4 *)(xr + (int64_t)h_q * d_h), rows, tok, tok / tok_per_seq,
-                     h_kv, d_h / 8, rows_cap);
+        inv_freq[i] = pow((double)g.theta, -2.0 * i / g.d_h);
+    for (int64_t tok = blockIdx.x; tok < g.n_tok; tok += gridDim.x) {
+        uint4 *xr = qkv + tok * qkv_w;
+        const int64_t seq = tok / g.tok_per_seq;
+        if (h0 < r1) {
+            __syncthreads(); /* inv_freq written / previous token's cs consumed */
+            const double p = (double)__ldg(pos + tok);
+            for (int i = threadIdx.x; i < half; i += blockDim.x) {
+                double sn, cn;
+                sincos(p * inv_freq[i], &sn, &cn);
+                cs[i] = (float)cn;
+                cs[half + i] = (float)sn;
+            }
+            __syncthreads();
+        }
+        for (int e = threadIdx.x; e < (r1 - h0) * hv; e += blockDim.x) {
+            const int h = h0 + e / hv, c = e % hv;
+            uint4 lo = xr[h * vpr + c], hi = xr[h * vpr + hv + c];
+            rope8(lo, hi, cs, 8 * c, half);
+            xr[h * vpr + c] = lo;
+            xr[h * vpr + hv + c] = hi;
+            if (h < g.h_q) continue;
+            const int32_t row = __ldg(rows + tok * g.h_kv + (h - g.h_q));
+            if (row < 0 || row >= g.rows_cap) continue; /* bad device index: skip */
+            uint4 *dst = k + ((seq * g.h_kv + (h - g.h_q)) * g.rows_cap + row) * vpr;
+            dst[c] = lo;
+            dst[hv + c] = hi;
+        }
+        const int v0 = max(h0, rot_heads);
+        for (int e = threadIdx.x; e < (h1 - v0) * vpr; e += blockDim.x) {
+            const int h = v0 + e / vpr - rot_heads, c = e % vpr;
+            const int32_t row = __ldg(rows + tok * g.h_kv + h);
+            if (row < 0 || row >= g.rows_cap) continue;
+            v[((seq * g.h_kv + h) * g.rows_cap + row) * vpr + c] = xr[(rot_heads + h) * vpr + c];
+        }
     }
 }
 
 /* ---- launcher ---- */
 
-/* Launch the fused kernel for n_tok >= 1 tokens: one CTA per token, grid-stride. */
+/* Launch the fused kernel for n_tok >= 1 tokens: a CTA per (token, chunk of KVR_HEADS heads),
+ * grid-stride over tokens. */
 static flexdiag_status launch_rope(void *k, void *v, void *qkv, const int32_t *rows,
                                    int64_t n_tok, int32_t tok_per_seq,
                                    const flexdiag_attn_args *a, cudaStream_t st) {
     const size_t smem = (size_t)(a->d_h / 2) * (sizeof(double) + 2 * sizeof(float));
-    kv_append_rope_kernel<<<flexdiag__cuda_blocks(n_tok, 1), KV_APPEND_BLOCK, smem, st>>>(
-        (uint4 *)k, (uint4 *)v, (__nv_bfloat16 *)qkv, rows, a->pos, n_tok, tok_per_seq, a->h_q,
-        a->h_kv, a->d_h, a->p_cap + a->ring, a->rope_theta);
+    const int chunks = (a->h_q + 2 * a->h_kv + KVR_HEADS - 1) / KVR_HEADS;
+    const kvr_geom g = {n_tok, tok_per_seq, a->h_q, a->h_kv, a->d_h, a->p_cap + a->ring,
+                        a->rope_theta};
+    const dim3 grid(flexdiag__cuda_blocks(n_tok, 1), (unsigned)chunks);
+    kv_append_rope_kernel<<<grid, KVR_THREADS, smem, st>>>((uint4 *)k, (uint4 *)v, (uint4 *)qkv,
+                                                           rows, a->pos, g);
     FLEXDIAG_CUDA_LAUNCH_CHECK(st);
     return FLEXDIAG_OK;
 }
@@ -220,11 +244,14 @@ extern "C" flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, void *qkv,
                                                     const flexdiag_attn_args *a,
                                                     flexdiag_stream *s) {
     FLEXDIAG_TRY(flexdiag__cuda_attn_check("kv_append", a, s, 0, k, v, qkv, NULL));
-    /* RoPE also needs an even d_h: the check above already requires a multiple of 8 */
     if (a->pos && !(a->rope_theta > 0.0f))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "kv_append: pos is set but rope_theta = %g (need > 0)",
                              (double)a->rope_theta);
+    if (a->pos && a->d_h % 16 != 0)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "kv_append: RoPE on CUDA needs d_h a multiple of 16 (8 pairs per "
+                             "16-byte vector), got %d: use the CPU backend", (int)a->d_h);
     if (n_tok < 0 || tok_per_seq < 1)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "kv_append: bad n_tok %lld or tok_per_seq %d (need >= 0 and >= 1)",

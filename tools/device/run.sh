@@ -25,7 +25,7 @@ for step in "$@"; do
     tests)
         meson test -C build-gpu --suite gpu --suite golden --print-errorlogs --no-rebuild >"$log" 2>&1
         summary+=("tests: $(grep -E '^(Ok|Fail|Skipped):' "$log" | tr -s ' ' | tr '\n' ' ')")
-        grep -hE "rel L2|plan entries|PASS|FAIL|mismatch" build-gpu/meson-logs/testlog.txt | head -60 >"$OUT/test_lines.txt"
+        grep -hE "rel L2|relative L2|VQ-16 decode|plan entries|FAIL|mismatch" build-gpu/meson-logs/testlog.txt | head -60 >"$OUT/test_lines.txt"
         ;;
     attn)
         build-gpu/tests/gpu/bench_attn >"$log" 2>&1
