@@ -85,7 +85,8 @@ static int32_t *upload_i32(const std::vector<int32_t> &h) {
 /* Time one row; prints a markdown table line. */
 static void bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench_row &r,
                       void *flush, size_t flush_bytes) {
-    const int B = r.B, d_h = 128, lp = 50, ring = 576, max_slots = ring;
+    /* max_slots = the list length, as the engine passes its policy's longest list */
+    const int B = r.B, d_h = 128, lp = 50, ring = 576, max_slots = r.n_slots;
     const size_t cache_n = (size_t)B * r.h_kv * (lp + ring) * d_h;
     const size_t qkv_n = (size_t)B * (r.h_q + 2 * r.h_kv) * d_h;
     void *kc = random_bf16(cache_n), *vc = random_bf16(cache_n), *qkv = random_bf16(qkv_n);
@@ -99,7 +100,7 @@ static void bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench
         for (int i = 0; i < ring; i++) perm[i] = i;
         if (r.n_slots < ring)
             for (int i = ring - 1; i > 0; i--) std::swap(perm[i], perm[rng_next() % (i + 1)]);
-        std::copy(perm.begin(), perm.end(), slots.begin() + sh * max_slots);
+        std::copy(perm.begin(), perm.begin() + max_slots, slots.begin() + sh * max_slots);
     }
     int32_t *d_slots = upload_i32(slots), *d_ns = upload_i32(ns), *d_lp = upload_i32(lps);
     float *logits = NULL, *lse = NULL;
