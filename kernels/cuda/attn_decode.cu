@@ -6,10 +6,9 @@
  * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
  * (contiguous), j >= lp ring rows p_cap + slots[s][h][j - lp] (token-granular gather; one
  * list for all (s, h) when shared_slots), the CTA's slots staged in shared memory first so key
- * loads never wait on a slot load (a first chunk of prompt rows is loaded before the staging).
- * A row of d_h bf16 is split over L = d_h / 8 lanes with 16-byte loads; each such row group
- * takes every NG-th key, U per iteration, the next iteration's loads issued before this one's
- * math, and keeps its own fp32 online-softmax state (m, l, acc) per head; groups
+ * loads never wait on a slot load. A row of d_h bf16 is split over L = d_h / 8 lanes
+ * with 16-byte loads; each such row group takes every NG-th key, U per iteration, all loads
+ * issued before use, and keeps its own fp32 online-softmax state (m, l, acc) per head; groups
  * merge by shuffles, warps through shared memory. All g logits of a key sit in the group's
  * registers at the "per-key logits" step of dec_attend, where Diagonal's fused argmin (a max
  * over the group, §2.6) will plug in.
@@ -212,16 +211,17 @@ static __device__ __forceinline__ void dec_consume(dec_state<G> &st, const float
     }
 }
 
-/* Walk keys jb..je-1 (cur already holds the chunk at jb): row group grp takes keys jb + grp,
- * jb + grp + NG, ..., U per iteration; the next iteration's loads are issued before this one's
- * math (one chunk of prefetch), so the loads of consecutive chunks overlap. */
+/* Walk keys jb..je-1: row group grp takes keys jb + grp, jb + grp + NG, ..., U per iteration;
+ * the next iteration's loads are issued before this one's math (one chunk of prefetch), so a
+ * short list costs about one memory round trip rather than one per iteration. */
 template <int D, int G, int U>
 static __device__ __forceinline__ void dec_attend(dec_state<G> &st, const float (&q)[G][8],
-                                                  dec_chunk<U> &cur, const dec_keys &k,
-                                                  const decode_params &p, int grp, int sub,
-                                                  int ng) {
+                                                  const dec_keys &k, const decode_params &p,
+                                                  int grp, int sub, int ng) {
     constexpr int L = D / 8, NG = DEC_WARPS * (32 / L);
-    dec_chunk<U> nxt;
+    if (k.jb >= k.je) return;
+    dec_chunk<U> cur, nxt;
+    dec_fetch<D, U>(cur, k, p, k.jb, grp);
     for (int j0 = k.jb; j0 < k.je; j0 += NG * U) {
         const bool more = j0 + NG * U < k.je;
         if (more) dec_fetch<D, U>(nxt, k, p, j0 + NG * U, grp);
@@ -319,18 +319,12 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     k.kb = kc + blk;
     k.vb = vc + blk;
     k.sl = p.slots + li * p.max_slots;
-    /* a first chunk of prompt rows only needs no slot: its loads go out before the staging */
-    constexpr int CHUNK = DEC_WARPS * (32 / L) * U;
-    const bool early = k.jb + CHUNK <= k.lp;
-    dec_chunk<U> cur;
-    if (early) dec_fetch<D, U>(cur, k, p, k.jb, grp);
     const int s0 = max(k.jb - k.lp, 0), ns = max(k.je - k.lp, 0) - s0;
     if (ns > 0 && ns <= DEC_SMEM_SLOTS) {
         for (int t = (int)threadIdx.x; t < ns; t += DEC_THREADS) sm_slot[t] = __ldg(k.sl + s0 + t);
         k.sl = sm_slot - s0;
         __syncthreads();
     }
-    if (!early) dec_fetch<D, U>(cur, k, p, k.jb, grp);
     k.lg = p.logits_out ? p.logits_out + ((int64_t)s * p.h_q + hq0) * p.max_slots : nullptr;
 
     dec_state<G> st;
@@ -341,7 +335,7 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 #pragma unroll
         for (int e = 0; e < 8; e++) st.acc[i][e] = 0.0f;
     }
-    dec_attend<D, G, U>(st, q, cur, k, p, grp, sub, ng);
+    dec_attend<D, G, U>(st, q, k, p, grp, sub, ng);
     dec_merge_warp<D, G>(st);
 
     /* merge the warps through shared memory */
