@@ -32,6 +32,9 @@
  * hint ptxas spills a few bytes at g = 1 (seen with nvcc 13.0); 4 keeps <= 128 registers and
  * no spills for every instantiation. g = 8 needs ~255 registers and gets no hint. */
 #define DEC_MIN_CTAS 4
+/* The short-list instantiation (g = 1, U = 2) is latency-bound: ask for 8 CTAs (64 registers,
+ * no spills with nvcc 13.0) so twice the loads are in flight per multiprocessor. */
+#define DEC_SHORT_CTAS 8
 /* Split-K: at most this many CTAs per key list, each with at least DEC_SPLIT_KEYS keys (two
  * iterations of the widest row-group layout, so a split never runs mostly empty). */
 #define DEC_MAX_SPLITS 16
@@ -281,7 +284,8 @@ static __device__ __forceinline__ void dec_write(uint4 *out, const decode_params
 /* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
  * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration. */
 template <int D, int G, int U>
-static __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? DEC_MIN_CTAS : 1)
+static __global__ void __launch_bounds__(DEC_THREADS, G == 1 && U == 2 ? DEC_SHORT_CTAS
+                                                   : G <= 4 ? DEC_MIN_CTAS : 1)
 attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
                    const uint4 *__restrict__ kc, const uint4 *__restrict__ vc, decode_params p) {
     constexpr int L = D / 8;              /* lanes per key row */

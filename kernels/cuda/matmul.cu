@@ -41,7 +41,7 @@
 #define MM_CACHE_SLOTS 32
 /* Autotuning: candidates asked of the heuristic, timed launches of each (the best counts, after
  * one untimed warm-up launch). */
-#define MM_TUNE_ALGOS 8
+#define MM_TUNE_ALGOS 32
 #define MM_TUNE_REPS 3
 
 typedef struct mm_key {
