@@ -6,8 +6,9 @@
  * --batch images (or `auto`: the largest that fits --gpu-mem), an untimed warm-up of three
  * tokens (GEMM plans built and tuned, the step graph recorded), one timed generation (prefill +
  * all decode steps, or --steps of them: then img/s is projected to the full image and the row
- * says so), then a short profiling run (stream syncs around every op group) for the per-step
- * split GEMM / attention / rest. The roofline is measured in the same process through the same
+ * says so), then a profiling run (stream syncs around every op group) of --profile-steps decode
+ * steps from the middle of the generation, at the mean context, for the per-step split GEMM /
+ * attention / rest (fractions of those steps' wall time). The roofline is measured in the same process through the same
  * op table: device copy bandwidth (bytes read + written) and the bf16 GEMM rate; the decode
  * step's bytes (weights + KV read and written) and FLOPs over those rates give its floor.
  * Markdown on stdout, one JSON object per row with --json FILE (appended, flushed per row).
@@ -162,7 +163,7 @@ static int32_t *make_prompt(const flexdiag_model *m, int32_t len) {
 }
 
 static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int32_t lp,
-                                 int32_t batch, int32_t steps, double *split) {
+                                 int32_t batch, int32_t steps, double *split, int32_t split_from) {
     const int32_t **pp = malloc((size_t)batch * sizeof *pp);
     int32_t *pl = malloc((size_t)batch * 4), *tok = malloc((size_t)batch * (size_t)steps * 4);
     for (int32_t i = 0; pp && pl && i < batch; i++) {
@@ -171,7 +172,7 @@ static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int
     }
     flexdiag_block b = {.n_img = batch, .prompt = pp, .prompt_len = pl, .n_steps = steps,
                         .cfg_weight = 5.0f, .sp = {1.0f, 0, 1.0f, 1}, .tokens = tok,
-                        .split = split};
+                        .split = split, .split_from = split_from};
     memset(&c->stats, 0, sizeof c->stats);
     flexdiag_status st = pp && pl && tok ? flexdiag__engine_run(c, &b) : FLEXDIAG_ERR_OOM_HOST;
     free(pp);
@@ -184,15 +185,17 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     int32_t lp = (int32_t)o->prompt_len, steps = row->steps;
     int32_t *prompt = make_prompt(m, lp);
     /* untimed warm-up (prefill + 2 steps): GEMM plans tuned, the step graph recorded */
-    flexdiag_status st = run_block(c, prompt, lp, row->batch, steps < 3 ? steps : 3, NULL);
-    if (st == FLEXDIAG_OK) st = run_block(c, prompt, lp, row->batch, steps, NULL);
+    flexdiag_status st = run_block(c, prompt, lp, row->batch, steps < 3 ? steps : 3, NULL, 0);
+    if (st == FLEXDIAG_OK) st = run_block(c, prompt, lp, row->batch, steps, NULL, 0);
     row->prefill_s = c->stats.prefill_s;
     row->decode_s = c->stats.decode_s;
     row->kv_mib_seq = (double)c->stats.kv_bytes_per_seq / (1 << 20);
-    double split[3] = {0};
-    int32_t prof = (int32_t)(o->profile_steps + 1 < steps ? o->profile_steps + 1 : steps);
-    if (st == FLEXDIAG_OK && prof > 1) st = run_block(c, prompt, lp, row->batch, prof, split);
-    double prof_step = prof > 1 ? c->stats.decode_s / (prof - 1) : 0;
+    /* profile --profile-steps decode steps from the middle of the run (mean context) */
+    double split[4] = {0};
+    int32_t mid = (steps - 1) / 2, prof = (int32_t)o->profile_steps;
+    if (prof > steps - 1 - mid) prof = steps - 1 - mid;
+    if (st == FLEXDIAG_OK && prof > 0)
+        st = run_block(c, prompt, lp, row->batch, mid + prof + 1, split, mid);
     free(prompt);
     if (st != FLEXDIAG_OK) return cli_fail("bench", st);
     double rows = (double)row->batch * c->rows_per_img, dec_steps = steps - 1;
@@ -201,8 +204,7 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     row->img_s = row->batch / full;
     row->prefill_tps = rows * lp / row->prefill_s;
     row->decode_tps = dec_steps > 0 ? rows * dec_steps / row->decode_s : 0;
-    for (int i = 0; i < 3; i++)
-        row->split[i] = prof_step > 0 ? split[i] / (prof_step * (prof - 1)) : 0;
+    for (int i = 0; i < 3; i++) row->split[i] = split[3] > 0 ? split[i] / split[3] : 0;
     row->peak_gib = (double)atomic_load(&m->rt->arena.peak) / (1 << 30);
     return 0;
 }
@@ -312,7 +314,7 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         {"--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: batch)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)"},
         {"--steps", CLI_INT, &o.steps, "tokens per image to run (default all; fewer = projected)"},
-        {"--profile-steps", CLI_INT, &o.profile_steps, "decode steps of the split profile (8)"},
+        {"--profile-steps", CLI_INT, &o.profile_steps, "decode steps of the split profile, from mid-run (8)"},
         {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
     };
     int rc = cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));

@@ -702,6 +702,18 @@ static flexdiag_status run_decode_step(run_state *r, int32_t t) {
     return prof_end(r, PROF_ATTN, t0);
 }
 
+/* One decode step; when profiled, its whole wall time (between stream syncs) goes to
+ * split[3]. */
+static flexdiag_status profiled_step(run_state *r, int32_t t) {
+    if (!r->split) return run_decode_step(r, t);
+    FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    double t0 = flexdiag__now();
+    FLEXDIAG_TRY(run_decode_step(r, t));
+    FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    r->split[3] += flexdiag__now() - t0;
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b) {
     FLEXDIAG_TRY(validate_block(c, b));
     run_state r = {.c = c, .b = b, .k = c->m->rt->k, .s = c->m->rt->s,
@@ -715,9 +727,9 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
     flexdiag_status st = run_prefill(&r);
     if (st == FLEXDIAG_OK) st = r.k->stream_sync(r.s);
     double t1 = flexdiag__now();
-    r.split = b->split; /* decode steps only */
     for (int32_t t = 0; st == FLEXDIAG_OK && t + 1 < b->n_steps; t++) {
-        st = run_decode_step(&r, t);
+        r.split = b->split && t >= b->split_from ? b->split : NULL; /* decode steps only */
+        st = profiled_step(&r, t);
         if (st == FLEXDIAG_OK && b->progress &&
             !b->progress(1, (uint64_t)t + 2, (uint64_t)b->n_steps, b->progress_user))
             st = flexdiag__err(FLEXDIAG_ERR_CANCELLED, "cancelled by the progress callback");

@@ -137,9 +137,12 @@ typedef struct flexdiag_block {
     int32_t n_hidden_pos;          /* positions captured in hidden */
     flexdiag_progress_fn progress; /* optional, per decode step */
     void *progress_user;
-    double *split;                 /* optional (3): decode seconds in GEMMs, attention (incl. the
-                                      policy), everything else; each op group is bracketed by
-                                      stream syncs, so use it on a separate profiling run */
+    double *split;                 /* optional (4): decode seconds in GEMMs, attention (incl. the
+                                      policy), everything else, and the profiled steps' whole
+                                      wall time; each op group is bracketed by stream syncs, so
+                                      use it on a separate profiling run */
+    int32_t split_from;            /* first decode step profiled into split (earlier steps run
+                                      normally, graphs included) */
 } flexdiag_block;
 
 /* Device bytes a context with these params needs (for --batch auto and error messages). */
