@@ -15,13 +15,6 @@
 static const flexdiag_kernels *K;
 static flexdiag_stream *S;
 
-#define OK(expr)                                                                                   \
-    do {                                                                                           \
-        flexdiag_status st_ = (expr);                                                              \
-        if (st_ != FLEXDIAG_OK)                                                                    \
-            fail_msg("%s: %s: %s", #expr, flexdiag_status_str(st_), flexdiag__err_msg());        \
-    } while (0)
-
 void gpu_buf_use(const flexdiag_kernels *k, flexdiag_stream *s) {
     K = k;
     S = s;

@@ -14,6 +14,15 @@
 
 #define GUARD_N 1024 /* guard elements before and after every device buffer */
 
+/* Fail the current cmocka test, naming the call, the status and the error message, unless expr
+ * returns FLEXDIAG_OK (needs <cmocka.h> and core.h where it is used). */
+#define OK(expr)                                                                                   \
+    do {                                                                                           \
+        flexdiag_status st_ = (expr);                                                              \
+        if (st_ != FLEXDIAG_OK)                                                                    \
+            fail_msg("%s: %s: %s", #expr, flexdiag_status_str(st_), flexdiag__err_msg());        \
+    } while (0)
+
 typedef struct dbuf {
     uint8_t *base; /* device allocation */
     size_t elem;   /* element size in bytes */

@@ -43,13 +43,6 @@ static const flexdiag_kernels *G; /* CUDA table under test */
 static const flexdiag_kernels *R; /* scalar reference (fp32 act) */
 static flexdiag_stream *S;        /* CUDA stream */
 
-#define OK(expr)                                                                                   \
-    do {                                                                                           \
-        flexdiag_status st_ = (expr);                                                              \
-        if (st_ != FLEXDIAG_OK)                                                                    \
-            fail_msg("%s: %s: %s", #expr, flexdiag_status_str(st_), flexdiag__err_msg());        \
-    } while (0)
-
 /* ---- summary table ---- */
 
 typedef struct srow {
