@@ -20,10 +20,12 @@
  * Autotuning: the heuristic's first choice is often not the fastest for the skinny decode
  * GEMMs (n = a few dozen rows streaming a whole weight matrix), so when a plan is built outside
  * stream capture the heuristic's top MM_TUNE_ALGOS candidates are each timed on the call's own
- * operands (output into a temporary buffer, so out and an ACCUM input are untouched) and the
- * fastest is kept. The choice is a timing, so two processes may pick different algorithms (and
- * round differently); FLEXDIAG_GEMM_TUNE=0 in the environment keeps the heuristic's first
- * choice for run-to-run reproducible bits. Plans built during graph capture are never timed.
+ * operands and the fastest is kept. The output goes to scratch carved from the stream workspace,
+ * so out and an ACCUM input are untouched and no memory outside the budget is taken; shapes whose
+ * output does not fit there (the large prefill GEMMs) keep the first choice. The choice is a
+ * timing, so two processes may pick different algorithms (and round differently);
+ * FLEXDIAG_GEMM_TUNE=0 in the environment keeps the heuristic's first choice for run-to-run
+ * reproducible bits. Plans built during graph capture are never timed.
  *
  * Heuristic queries cost tens of microseconds, so each stream keeps a small cache of plans
  * (descriptors + algorithm) keyed by shape, flags, bias presence and pointer alignments; the
@@ -179,14 +181,13 @@ static int tuning_allowed(flexdiag_stream *s) {
 /* Milliseconds of the best of MM_TUNE_REPS launches of algo into d (a scratch output), or
  * INFINITY when the algorithm fails to launch. */
 static float time_algo(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulAlgo_t *algo,
-                       const mm_operands *o, void *d, cudaEvent_t ev[2]) {
+                       const mm_operands *o, void *d, size_t ws, cudaEvent_t ev[2]) {
     const float alpha = 1.0f, beta = (p->key.flags & FLEXDIAG_MM_ACCUM) ? 1.0f : 0.0f;
     float best = INFINITY;
     for (int r = 0; r <= MM_TUNE_REPS; r++) {
         if (cudaEventRecord(ev[0], s->stream) != cudaSuccess ||
             cublasLtMatmul(s->lt, p->op, &alpha, o->w, p->la, o->x, p->lb, &beta, d, p->lc, d,
-                           p->lc, algo, s->workspace, s->workspace_bytes,
-                           s->stream) != CUBLAS_STATUS_SUCCESS ||
+                           p->lc, algo, s->workspace, ws, s->stream) != CUBLAS_STATUS_SUCCESS ||
             cudaEventRecord(ev[1], s->stream) != cudaSuccess ||
             cudaEventSynchronize(ev[1]) != cudaSuccess)
             return INFINITY;
@@ -197,20 +198,32 @@ static float time_algo(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulAlgo_
     return best;
 }
 
-/* Index of the fastest of the n candidates on the call's operands; 0 when they cannot be
- * timed (no memory for the scratch output, events unavailable). */
+static size_t round256(size_t x) { return (x + 255) / 256 * 256; }
+
+/* Index of the fastest of the n candidates on the call's operands. The scratch output lives in
+ * the stream workspace behind the largest workspace a timed candidate needs, so tuning stays
+ * inside the memory budget: a candidate whose workspace does not fit beside the output is not
+ * timed, and when that excludes the heuristic's first choice (large prefill outputs), or events
+ * fail, the answer is 0. */
 static int tune_pick(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulHeuristicResult_t *res,
                      int n, const mm_operands *o) {
     const size_t elt = (p->key.flags & FLEXDIAG_MM_OUT_F32) ? 4 : 2;
-    void *d = NULL;
+    const size_t dbytes = (size_t)(p->key.n * p->key.m) * elt;
+    size_t used = 0; /* workspace bytes the timed candidates may use; the output follows */
+    for (int i = 0; i < n; i++)
+        if (round256(res[i].workspaceSize) + dbytes <= s->workspace_bytes &&
+            round256(res[i].workspaceSize) > used)
+            used = round256(res[i].workspaceSize);
+    if (round256(res[0].workspaceSize) + dbytes > s->workspace_bytes) return 0;
+    void *d = (char *)s->workspace + used;
     cudaEvent_t ev[2] = {NULL, NULL};
     int pick = 0;
-    if (cudaMalloc(&d, (size_t)(p->key.n * p->key.m) * elt) == cudaSuccess &&
-        cudaMemsetAsync(d, 0, (size_t)(p->key.n * p->key.m) * elt, s->stream) == cudaSuccess &&
+    if (cudaMemsetAsync(d, 0, dbytes, s->stream) == cudaSuccess &&
         cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess) {
         float best = INFINITY;
         for (int i = 0; i < n; i++) {
-            const float ms = time_algo(s, p, &res[i].algo, o, d, ev);
+            if (round256(res[i].workspaceSize) > used) continue; /* does not fit: not timed */
+            const float ms = time_algo(s, p, &res[i].algo, o, d, used, ev);
             if (ms < best) {
                 best = ms;
                 pick = i;
@@ -220,8 +233,7 @@ static int tune_pick(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulHeurist
     (void)cudaStreamSynchronize(s->stream);
     for (int i = 0; i < 2; i++)
         if (ev[i]) (void)cudaEventDestroy(ev[i]);
-    if (d) (void)cudaFree(d);
-    (void)cudaGetLastError(); /* a failed candidate or allocation only means "not that one" */
+    (void)cudaGetLastError(); /* a failed candidate only means "not that one" */
     return pick;
 }
 
