@@ -43,6 +43,16 @@ void tu_fill_bf16(tu_rng *r, uint16_t *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = flexdiag__f32_to_bf16((float)(tu_rng_normal(r) * scale));
 }
 
+float *tu_bf16_to_f32(const uint16_t *x, int64_t n) {
+    float *f = malloc((size_t)(n > 0 ? n : 1) * sizeof *f);
+    if (!f) {
+        fprintf(stderr, "tu_bf16_to_f32: no memory for %lld values\n", (long long)n);
+        abort();
+    }
+    for (int64_t i = 0; i < n; i++) f[i] = flexdiag__bf16_to_f32(x[i]);
+    return f;
+}
+
 int tu_allclose(const char *label, const float *got, const float *ref, int64_t n, double atol,
                 double rtol, double max_nmse) {
     int bad = 0;

@@ -18,6 +18,8 @@ double tu_rng_normal(tu_rng *r);           /* N(0, 1) */
 int64_t tu_rng_int(tu_rng *r, int64_t lo, int64_t hi); /* [lo, hi] inclusive */
 void tu_fill_f32(tu_rng *r, float *x, int64_t n, float scale);     /* N(0, scale²) */
 void tu_fill_bf16(tu_rng *r, uint16_t *x, int64_t n, float scale); /* N(0, scale²) rounded */
+/* n bf16 values widened to a new fp32 array (malloc'ed; aborts when memory runs out). */
+float *tu_bf16_to_f32(const uint16_t *x, int64_t n);
 
 /* style.md §7 comparison; prints up to 5 mismatches with label; returns 1 when all hold. */
 int tu_allclose(const char *label, const float *got, const float *ref, int64_t n, double atol,

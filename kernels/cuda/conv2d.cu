@@ -39,8 +39,6 @@
 #define CONV_MIN_CHUNK 2048
 
 static __host__ __device__ __forceinline__ int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
-static size_t round256(size_t x) { return (x + 255) / 256 * 256; }
-
 /* ---- kernels ---- */
 
 /* wp (cout, kp) = [w (cout, kw) | b | 0 ...]: the bias column exists when b != NULL. */
@@ -171,7 +169,7 @@ static void plan_chunks(const conv_args *c, size_t region, int64_t kp, int64_t *
 /* im2col chunks of the workspace, one strided-batched GEMM per chunk. */
 static flexdiag_status conv_run(const conv_args *c, flexdiag_stream *s) {
     const int64_t kw = (int64_t)c->cin * c->k * c->k, kp = round8(kw + (c->b ? 1 : 0));
-    const size_t wp_bytes = round256((size_t)(c->cout * kp) * 2);
+    const size_t wp_bytes = flexdiag__round256((size_t)(c->cout * kp) * 2);
     if (wp_bytes + CONV_BLAS_WS + (size_t)kp * 16 > s->workspace_bytes || kp > INT_MAX)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "cuda conv2d: cin = %d, cout = %d, k = %d: the padded weights and "

@@ -100,6 +100,14 @@ static inline cudaStream_t flexdiag__cuda_st(const flexdiag_stream *s) {
 
 /* ---- device helpers ---- */
 
+/* x rounded up to a multiple of 256 bytes (carving aligned regions out of a workspace). */
+static inline size_t flexdiag__round256(size_t x) { return (x + 255) / 256 * 256; }
+
+/* p allows 16-byte vector accesses. */
+static __host__ __device__ __forceinline__ bool flexdiag__aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
 /* Blocks for `work` items at `per_block` items each, capped (kernels use grid-stride loops). */
 static inline unsigned flexdiag__cuda_blocks(int64_t work, int64_t per_block) {
     int64_t b = (work + per_block - 1) / per_block;

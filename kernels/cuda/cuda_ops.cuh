@@ -4,7 +4,8 @@
  * Each launcher implements one kernels.h entry with the same signature (outputs first, then
  * inputs, sizes, the flexdiag_stream last) so kernels_cuda.cu can point the table straight at
  * it. Activations are bf16 (__nv_bfloat16 on the device, uint16_t bit patterns on the host),
- * except the image decoder's, which are fp32 (kernels.h); math is fp32; bf16 results are rounded to nearest even. Launchers validate sizes on the host
+ * except the image decoder's, which are fp32 (kernels.h); math is fp32; bf16 results are
+ * rounded to nearest even. Launchers validate sizes on the host
  * (FLEXDIAG_ERR_INVALID_ARG naming the op and the value), enqueue on the stream, never
  * synchronise the host (copy_d2h excepted) and end with a launch check.
  *

@@ -26,7 +26,7 @@ static __global__ void gather_kernel(T *__restrict__ out, const T *__restrict__ 
 /* Copy n rows of d bf16 elements: out row i = in row idx[i / rep]. */
 static flexdiag_status gather_launch(void *out, const void *in, const int32_t *idx, int64_t n,
                                      int64_t d, int32_t rep, cudaStream_t st) {
-    const int vec = d % 8 == 0 && ((uintptr_t)out | (uintptr_t)in) % 16 == 0;
+    const int vec = d % 8 == 0 && flexdiag__aligned16(out) && flexdiag__aligned16(in);
     const int64_t dv = vec ? d / 8 : d;
     int64_t threads = (dv + 31) / 32 * 32;
     if (threads > FLEXDIAG_CUDA_BLOCK) threads = FLEXDIAG_CUDA_BLOCK;

@@ -198,8 +198,6 @@ static float time_algo(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulAlgo_
     return best;
 }
 
-static size_t round256(size_t x) { return (x + 255) / 256 * 256; }
-
 /* Index of the fastest of the n candidates on the call's operands. The scratch output lives in
  * the stream workspace behind the largest workspace a timed candidate needs, so tuning stays
  * inside the memory budget: a candidate whose workspace does not fit beside the output is not
@@ -211,10 +209,10 @@ static int tune_pick(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulHeurist
     const size_t dbytes = (size_t)(p->key.n * p->key.m) * elt;
     size_t used = 0; /* workspace bytes the timed candidates may use; the output follows */
     for (int i = 0; i < n; i++)
-        if (round256(res[i].workspaceSize) + dbytes <= s->workspace_bytes &&
-            round256(res[i].workspaceSize) > used)
-            used = round256(res[i].workspaceSize);
-    if (round256(res[0].workspaceSize) + dbytes > s->workspace_bytes) return 0;
+        if (flexdiag__round256(res[i].workspaceSize) + dbytes <= s->workspace_bytes &&
+            flexdiag__round256(res[i].workspaceSize) > used)
+            used = flexdiag__round256(res[i].workspaceSize);
+    if (flexdiag__round256(res[0].workspaceSize) + dbytes > s->workspace_bytes) return 0;
     void *d = (char *)s->workspace + used;
     cudaEvent_t ev[2] = {NULL, NULL};
     int pick = 0;
@@ -222,7 +220,7 @@ static int tune_pick(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulHeurist
         cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess) {
         float best = INFINITY;
         for (int i = 0; i < n; i++) {
-            if (round256(res[i].workspaceSize) > used) continue; /* does not fit: not timed */
+            if (flexdiag__round256(res[i].workspaceSize) > used) continue; /* cannot be timed */
             const float ms = time_algo(s, p, &res[i].algo, o, d, used, ev);
             if (ms < best) {
                 best = ms;

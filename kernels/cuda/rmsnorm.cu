@@ -103,7 +103,8 @@ extern "C" flexdiag_status flexdiag__cuda_rmsnorm(void *out, const void *x, cons
     if (threads < 32) threads = 32;
     if (threads > FLEXDIAG_CUDA_BLOCK) threads = FLEXDIAG_CUDA_BLOCK;
     cudaStream_t st = flexdiag__cuda_st(s);
-    const int aligned = ((uintptr_t)out | (uintptr_t)x | (uintptr_t)w) % 16 == 0;
+    const bool aligned =
+        flexdiag__aligned16(out) && flexdiag__aligned16(x) && flexdiag__aligned16(w);
     if (aligned && d % 8 == 0 && d / 8 <= (int64_t)RMS_VEC_MAX * threads)
         rmsnorm_vec_kernel<<<flexdiag__cuda_blocks(n, 1), (unsigned)threads, 0, st>>>(
             (uint4 *)out, (const uint4 *)x, (const uint4 *)w, n, (int32_t)(d / 8), eps);

@@ -55,7 +55,7 @@ extern "C" flexdiag_status flexdiag__cuda_swiglu(void *out, const void *gu, int6
                              (long long)n, (long long)f);
     if (n == 0 || f == 0) return FLEXDIAG_OK;
     cudaStream_t st = flexdiag__cuda_st(s);
-    if (f % 8 == 0 && ((uintptr_t)out | (uintptr_t)gu) % 16 == 0)
+    if (f % 8 == 0 && flexdiag__aligned16(out) && flexdiag__aligned16(gu))
         swiglu_vec_kernel<<<flexdiag__cuda_blocks(n * f / 8, FLEXDIAG_CUDA_BLOCK),
                             FLEXDIAG_CUDA_BLOCK, 0, st>>>((uint4 *)out, (const uint4 *)gu, n,
                                                           f / 8);

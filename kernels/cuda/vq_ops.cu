@@ -38,11 +38,6 @@
 #define GN_CTAS_PER_SM 8
 #define GN_MIN_SLICE 4096
 
-static __host__ __device__ __forceinline__ bool aligned16(const void *p) {
-    return ((uintptr_t)p & 15) == 0;
-}
-static size_t round256(size_t x) { return (x + 255) / 256 * 256; }
-
 static flexdiag_status bad_shape(const char *op, const char *need) {
     return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cuda %s: %s", op, need);
 }
@@ -84,7 +79,7 @@ static __device__ float slice_acc(const float *__restrict__ p, int64_t len, floa
                                   bool square) {
     float acc = 0.0f;
     int64_t tail = 0;
-    if (aligned16(p)) {
+    if (flexdiag__aligned16(p)) {
         const float4 *pv = (const float4 *)p;
         for (int64_t v = threadIdx.x; v < len / 4; v += blockDim.x) {
             const float4 f = pv[v];
@@ -196,7 +191,7 @@ extern "C" flexdiag_status flexdiag__cuda_groupnorm(void *out, const void *x,
     const int64_t most = (glen + GN_MIN_SLICE - 1) / GN_MIN_SLICE;
     const int32_t splits = (int32_t)(want < 1 ? 1 : (want > most ? most : want));
     const int64_t slice = ((glen + splits - 1) / splits + 3) / 4 * 4; /* 16-byte slice starts */
-    const size_t part_b = round256((size_t)(n_groups * splits) * sizeof(float2));
+    const size_t part_b = flexdiag__round256((size_t)(n_groups * splits) * sizeof(float2));
     if (part_b + (size_t)n_groups * sizeof(float2) > s->workspace_bytes ||
         n_groups * splits > INT_MAX)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
@@ -214,7 +209,7 @@ extern "C" flexdiag_status flexdiag__cuda_groupnorm(void *out, const void *x,
     FLEXDIAG_CUDA_LAUNCH_CHECK(st);
     const gn_shape sh = {n * c * hw, c, hw, c / groups, swish};
     const __nv_bfloat16 *gm = (const __nv_bfloat16 *)gamma, *bt = (const __nv_bfloat16 *)beta;
-    if (hw % 4 == 0 && aligned16(out) && aligned16(x))
+    if (hw % 4 == 0 && flexdiag__aligned16(out) && flexdiag__aligned16(x))
         gn_apply_kernel<4><<<flexdiag__cuda_blocks(sh.total / 4, FLEXDIAG_CUDA_BLOCK),
                              FLEXDIAG_CUDA_BLOCK, 0, st>>>((float *)out, xf, stats, gm, bt, sh);
     else
@@ -262,7 +257,7 @@ extern "C" flexdiag_status flexdiag__cuda_upsample2x(void *out, const void *x, i
     const int64_t planes = n * c;
     float *o = (float *)out;
     const float *xf = (const float *)x;
-    if (wd % 2 == 0 && aligned16(out) && ((uintptr_t)x & 7) == 0)
+    if (wd % 2 == 0 && flexdiag__aligned16(out) && ((uintptr_t)x & 7) == 0)
         upsample2_kernel<<<flexdiag__cuda_blocks(planes * h * (wd / 2), FLEXDIAG_CUDA_BLOCK),
                            FLEXDIAG_CUDA_BLOCK, 0, st>>>(o, xf, planes, h, wd);
     else

@@ -154,12 +154,6 @@ typedef struct problem {
     flexdiag_attn_args a;  /* host view (pointers into this struct) */
 } problem;
 
-static float *upcast(const uint16_t *x, int64_t n) {
-    float *f = xmalloc((size_t)n * sizeof *f);
-    for (int64_t i = 0; i < n; i++) f[i] = flexdiag__bf16_to_f32(x[i]);
-    return f;
-}
-
 /* The slot list (sequence, KV head) block sh attends. */
 static int64_t list_of(const problem *pb, int64_t sh) { return pb->c.shared ? 0 : sh; }
 
@@ -232,8 +226,8 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
         pb->dup[2 * c->h_kv] = 0;
     }
     mark_ring(pb);
-    pb->kc32 = upcast(pb->kc, pb->cache_n);
-    pb->vc32 = upcast(pb->vc, pb->cache_n);
+    pb->kc32 = tu_bf16_to_f32(pb->kc, pb->cache_n);
+    pb->vc32 = tu_bf16_to_f32(pb->vc, pb->cache_n);
     /* q and k ~ N(0, 1.5²): logits of a few units, softmax neither flat nor one-hot */
     int64_t np = (int64_t)c->n_seq * P_CAP * pb->w;
     pb->qkv_p = xmalloc((size_t)np * 2);
@@ -327,7 +321,7 @@ static void fa_check(const fa_err *fe, const char *label) {
 static float *download_bf16(const dbuf *b, int64_t n) {
     uint16_t *h = xmalloc((size_t)n * 2);
     dbuf_down(b, h);
-    float *f = upcast(h, n);
+    float *f = tu_bf16_to_f32(h, n);
     free(h);
     return f;
 }
@@ -373,7 +367,7 @@ static void run_append_prompt(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
     dbuf drows = dbuf_new(n_tok * c->h_kv, 4, r), dqkv = dbuf_new(np, 2, r);
     dbuf_up(&drows, rows);
     dbuf_up(&dqkv, pb->qkv_p);
-    float *qkv32 = upcast(pb->qkv_p, np);
+    float *qkv32 = tu_bf16_to_f32(pb->qkv_p, np);
     flexdiag_attn_args ga = pb->a;
     ck(gk->kv_append(dk->p, dv->p, dqkv.p, drows.p, n_tok, P_CAP, &ga, gs), "cuda kv_append");
     ck(rk->kv_append(pb->kc32, pb->vc32, qkv32, rows, n_tok, P_CAP, &pb->a, rs), "ref kv_append");
@@ -424,7 +418,7 @@ static void run_prefill(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf 
     flexdiag_attn_args ga = pb->a;
     ga.lp = dlp->p;
     ck(gk->attn_prefill(dout.p, dqkv.p, dk->p, dv->p, &ga, gs), "cuda attn_prefill");
-    float *qkv32 = upcast(pb->qkv_p, np), *ref = xmalloc((size_t)n_out * sizeof *ref);
+    float *qkv32 = tu_bf16_to_f32(pb->qkv_p, np), *ref = xmalloc((size_t)n_out * sizeof *ref);
     ck(rk->attn_prefill(ref, qkv32, pb->kc32, pb->vc32, &pb->a, rs), "ref attn_prefill");
     float *got = download_bf16(&dout, n_out);
     char lab[160];
@@ -456,7 +450,7 @@ static void run_append_decode(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
     dbuf drows = dbuf_new(nsh, 4, r), dqkv = dbuf_new((int64_t)c->n_seq * pb->w, 2, r);
     dbuf_up(&drows, rows);
     dbuf_up(&dqkv, pb->qkv_d);
-    float *qkv32 = upcast(pb->qkv_d, (int64_t)c->n_seq * pb->w);
+    float *qkv32 = tu_bf16_to_f32(pb->qkv_d, (int64_t)c->n_seq * pb->w);
     flexdiag_attn_args ga = pb->a;
     ck(gk->kv_append(dk->p, dv->p, dqkv.p, drows.p, c->n_seq, 1, &ga, gs), "cuda kv_append");
     ck(rk->kv_append(pb->kc32, pb->vc32, qkv32, rows, c->n_seq, 1, &pb->a, rs), "ref kv_append");
@@ -572,7 +566,7 @@ static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *
     ga.lse_out = dlse.p;
     ck(gk->attn_decode(dout.p, dqkv.p, dk->p, dv->p, &ga, gs), "cuda attn_decode");
 
-    float *qkv32 = upcast(pb->qkv_d, (int64_t)c->n_seq * pb->w);
+    float *qkv32 = tu_bf16_to_f32(pb->qkv_d, (int64_t)c->n_seq * pb->w);
     float *ref = xmalloc((size_t)n_out * 4), *ref_lg = xmalloc((size_t)n_lg * 4);
     float *ref_lse = xmalloc((size_t)nq * 4), *got_lg = xmalloc((size_t)n_lg * 4);
     float *got_lse = xmalloc((size_t)nq * 4);

@@ -92,12 +92,6 @@ static uint16_t *bf16_rand(tu_rng *r, int64_t n, float scale) {
     return x;
 }
 
-static float *bf16_up(const uint16_t *x, int64_t n) {
-    float *y = xmalloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) y[i] = flexdiag__bf16_to_f32(x[i]);
-    return y;
-}
-
 /* Max |got − ref| and nmse over the entries where both are finite. */
 static void err_stats(const float *got, const float *ref, int64_t n, double *max_err,
                       double *nmse) {
@@ -130,7 +124,7 @@ static int compare(const char *op, const char *shape, const float *got, const fl
 static float *get_bf16(const dbuf *b, const char *label, int *guards_ok) {
     uint16_t *h = xmalloc(b->n * 2);
     *guards_ok = dbuf_get(b, h, label);
-    float *f = bf16_up(h, (int64_t)b->n);
+    float *f = tu_bf16_to_f32(h, (int64_t)b->n);
     free(h);
     return f;
 }
@@ -265,7 +259,7 @@ typedef struct gather_case {
 static int run_gather(const gather_case *gc, int embed, tu_rng *r) {
     const int64_t n = gc->n, d = gc->d, n_ids = embed ? (n + gc->rep - 1) / gc->rep : n;
     uint16_t *table = bf16_rand(r, (int64_t)gc->V * d, 1.0f);
-    float *table_f = bf16_up(table, (int64_t)gc->V * d), *ref = xmalloc((size_t)(n * d) * 4);
+    float *table_f = tu_bf16_to_f32(table, (int64_t)gc->V * d), *ref = xmalloc((size_t)(n * d) * 4);
     int32_t *ids = xmalloc((size_t)n_ids * 4);
     for (int64_t i = 0; i < n_ids; i++) ids[i] = (int32_t)tu_rng_int(r, 0, gc->V - 1);
 
@@ -332,7 +326,7 @@ static void test_rmsnorm(void **state) {
                 x[d + j] = flexdiag__f32_to_bf16(300.0f * flexdiag__bf16_to_f32(x[d + j]));
         if (n > 2) memset(x + 2 * d, 0, (size_t)d * 2); /* an all-zero row: output zeros */
         if (n > 3) x[3 * d + d / 2] = 0x7FC0;           /* a NaN: the whole row NaN */
-        float *xf = bf16_up(x, n * d), *ref = xmalloc((size_t)(n * d) * 4);
+        float *xf = tu_bf16_to_f32(x, n * d), *ref = xmalloc((size_t)(n * d) * 4);
         OK(R->rmsnorm(ref, xf, w, n, d, eps, NULL));
 
         dbuf dx = dbuf_make((size_t)(n * d), 2, 0), dw = dbuf_make((size_t)d, 2, 0);
@@ -371,7 +365,7 @@ static void test_swiglu(void **state) {
         uint16_t *gu = bf16_rand(&r, n * 2 * f, 2.0f);
         gu[0] = flexdiag__f32_to_bf16(-90.0f); /* exp(90) overflows: silu -> -0 */
         if (f > 1) gu[1] = flexdiag__f32_to_bf16(90.0f);
-        float *guf = bf16_up(gu, n * 2 * f), *ref = xmalloc((size_t)(n * f) * 4);
+        float *guf = tu_bf16_to_f32(gu, n * 2 * f), *ref = xmalloc((size_t)(n * f) * 4);
         OK(R->swiglu(ref, guf, n, f, NULL));
         dbuf dg = dbuf_make((size_t)(n * 2 * f), 2, 0), dout = dbuf_make((size_t)(n * f), 2, 0);
         dbuf_put(&dg, gu);
@@ -403,7 +397,7 @@ static void test_gelu(void **state) {
         const int64_t n = ns[c];
         uint16_t *x = bf16_rand(&r, n, 3.0f);
         for (int64_t i = 0; i < n && i < 8; i++) x[i] = flexdiag__f32_to_bf16(specials[i]);
-        float *ref = bf16_up(x, n);
+        float *ref = tu_bf16_to_f32(x, n);
         OK(R->gelu(ref, n, NULL));
         dbuf dx = dbuf_make((size_t)n, 2, 1);
         dbuf_put(&dx, x);
@@ -505,10 +499,11 @@ static int run_matmul(const mm_case *mc, tu_rng *r) {
     uint16_t *w = bf16_rand(r, m * k, (float)(1.0 / sqrt((double)(k > 0 ? k : 1))));
     uint16_t *b = bf16_rand(r, m, 0.5f), *o0 = bf16_rand(r, n * m, 1.0f);
     if (mc->nan) x[0] = 0x7FC0;
-    float *xf = bf16_up(x, n * k), *wf = bf16_up(w, m * k), *bf = bf16_up(b, m);
-    float *ref = acc ? bf16_up(o0, n * m) : xmalloc((size_t)(n * m) * 4);
+    float *xf = tu_bf16_to_f32(x, n * k), *wf = tu_bf16_to_f32(w, m * k);
+    float *bf = tu_bf16_to_f32(b, m);
+    float *ref = acc ? tu_bf16_to_f32(o0, n * m) : xmalloc((size_t)(n * m) * 4);
     double *ref64 = xmalloc((size_t)(n * m) * 8);
-    float *acc0 = acc ? bf16_up(o0, n * m) : NULL;
+    float *acc0 = acc ? tu_bf16_to_f32(o0, n * m) : NULL;
     OK(R->matmul(ref, xf, w, mc->bias ? b : NULL, n, k, m, mc->flags, NULL));
     matmul_f64(ref64, xf, wf, mc->bias ? bf : NULL, acc0, n, k, m);
 

@@ -34,17 +34,6 @@
 static const flexdiag_kernels *gk, *rk;
 static flexdiag_stream *gs, *rs;
 
-static void ck(flexdiag_status st, const char *what) {
-    if (st != FLEXDIAG_OK) fail_msg("%s: %s", what, flexdiag_last_error(NULL));
-}
-
-/* bf16 host array as a new fp32 array. */
-static float *upcast(const uint16_t *x, int64_t n) {
-    float *f = xmalloc((size_t)n * sizeof *f);
-    for (int64_t i = 0; i < n; i++) f[i] = flexdiag__bf16_to_f32(x[i]);
-    return f;
-}
-
 typedef struct rope_case {
     int32_t n_seq, h_q, h_kv, d_h, tok_per_seq; /* n_tok = n_seq·tok_per_seq */
     float theta;
@@ -114,7 +103,7 @@ static void rope_reference(const rope_case *c, float *kc, float *vc, float *qkv3
     flexdiag_attn_args a = {.n_seq = c->n_seq, .h_q = c->h_q, .h_kv = c->h_kv, .d_h = c->d_h,
                             .p_cap = P_CAP, .ring = ROPE_RING, .pos = pos,
                             .rope_theta = c->theta};
-    ck(rk->kv_append(kc, vc, qkv32, rr, n_tok, c->tok_per_seq, &a, rs), "ref kv_append rope");
+    OK(rk->kv_append(kc, vc, qkv32, rr, n_tok, c->tok_per_seq, &a, rs));
     int64_t off = ((((n_tok - 1) / c->tok_per_seq) * c->h_kv) * block + last) * c->d_h;
     memcpy(kc + off, k0 + off, (size_t)c->d_h * sizeof *kc);
     memcpy(vc + off, v0 + off, (size_t)c->d_h * sizeof *vc);
@@ -151,11 +140,12 @@ static void run_rope_case(const rope_case *c, int idx, tu_rng *r) {
     flexdiag_attn_args ga = {.n_seq = c->n_seq, .h_q = c->h_q, .h_kv = c->h_kv, .d_h = c->d_h,
                              .p_cap = P_CAP, .ring = ROPE_RING, .pos = dptr(&dp),
                              .rope_theta = c->theta};
-    ck(gk->kv_append(dptr(&dk), dptr(&dv), dptr(&dq), dptr(&dr), n_tok, c->tok_per_seq, &ga, gs),
-       "cuda kv_append rope");
+    void *gq_in = dptr(&dq), *gk_c = dptr(&dk), *gv_c = dptr(&dv);
+    OK(gk->kv_append(gk_c, gv_c, gq_in, dptr(&dr), n_tok, c->tok_per_seq, &ga, gs));
 
-    float *q32 = upcast(qkv, n_tok * w), *k32 = upcast(kc, cache_n), *v32 = upcast(vc, cache_n);
-    float *k0 = upcast(kc, cache_n), *v0 = upcast(vc, cache_n);
+    float *q32 = tu_bf16_to_f32(qkv, n_tok * w), *k32 = tu_bf16_to_f32(kc, cache_n);
+    float *v32 = tu_bf16_to_f32(vc, cache_n), *k0 = tu_bf16_to_f32(kc, cache_n);
+    float *v0 = tu_bf16_to_f32(vc, cache_n);
     rope_reference(c, k32, v32, q32, rows, pos, n_tok, k0, v0);
     char lab[128];
     snprintf(lab, sizeof lab, "rope case %d (n_tok %lld, h_q %d, h_kv %d, d_h %d, theta %g)", idx,
