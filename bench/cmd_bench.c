@@ -211,11 +211,17 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
 
 /* ---- output ---- */
 
+/* The memory budget in GiB, or a negative value when there is none (CPU, no --gpu-mem). */
+static double budget_gib(const flexdiag_runtime *rt) {
+    return rt->arena.budget == UINT64_MAX ? -1.0 : (double)rt->arena.budget / (1 << 30);
+}
+
 static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp_opts *o,
                          const flexdiag_model *m) {
+    char budget[32] = "none";
+    if (budget_gib(rt) >= 0) snprintf(budget, sizeof budget, "%.1f GiB", budget_gib(rt));
     printf("flexdiag bench: backend %s, model %s (random weights), prompt %lld tokens, "
-           "gpu budget %.1f GiB\n", rt->k->name, m->cfg.name, (long long)o->prompt_len,
-           (double)rt->arena.budget / (1 << 30));
+           "memory budget %s\n", rt->k->name, m->cfg.name, (long long)o->prompt_len, budget);
     printf("measured ceilings: copy %.0f GB/s (read + write), bf16 GEMM %.1f TFLOP/s\n\n",
            r->bw / 1e9, r->gemm / 1e12);
     printf("| policy | N_att | N_r | batch | img/s | prefill tok/s | decode tok/s | step ms | "
@@ -237,6 +243,8 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
                         const roofline *rf, const tp_row *r) {
     FILE *f = path ? fopen(path, "a") : NULL;
     if (!f) return;
+    char budget[32] = "null"; /* JSON null: no budget */
+    if (budget_gib(c->m->rt) >= 0) snprintf(budget, sizeof budget, "%.3f", budget_gib(c->m->rt));
     time_t now = time(NULL);
     char ts[32];
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
@@ -247,14 +255,14 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
             "\"provenance\":\"%s\",\"prefill_s\":%.6f,\"decode_s\":%.6f,\"img_per_s\":%.6f,"
             "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"step_ms\":%.4f,\"split_gemm\":%.4f,"
             "\"split_attn\":%.4f,\"split_rest\":%.4f,\"peak_gpu_gib\":%.4f,\"kv_mib_per_seq\":%.4f,"
-            "\"gpu_budget_gib\":%.3f,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
+            "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
             "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f}\n",
             ts, c->m->rt->k->name, c->m->cfg.name, flexdiag__kvp_name(c->kp.kind), c->kp.n_att,
             c->kp.n_r, flexdiag__kvp_reported_sparsity(&c->kp), r->batch, c->mb_img,
             (long long)o->prompt_len, r->l_dec, c->rows_per_img,
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
             r->prefill_tps, r->decode_tps, r->step_ms, r->split[0], r->split[1], r->split[2],
-            r->peak_gib, r->kv_mib_seq, (double)c->m->rt->arena.budget / (1 << 30), rf->bw / 1e9,
+            r->peak_gib, r->kv_mib_seq, budget, rf->bw / 1e9,
             rf->gemm / 1e12, r->step_bytes, r->step_flops, r->roof_ms, r->roof_frac);
     fclose(f);
 }
@@ -314,13 +322,16 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         {"--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: batch)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)"},
         {"--steps", CLI_INT, &o.steps, "tokens per image to run (default all; fewer = projected)"},
-        {"--profile-steps", CLI_INT, &o.profile_steps, "decode steps of the split profile, from mid-run (8)"},
+        {"--profile-steps", CLI_INT, &o.profile_steps,
+         "decode steps of the split profile, from mid-run (8)"},
         {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
     };
     int rc = cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
     if (o.prompt_len < 2 || o.steps < 0 || o.profile_steps < 0) {
-        fprintf(stderr, "flexdiag bench: --prompt-len must be >= 2, --steps >= 0\n");
+        fprintf(stderr, "flexdiag bench: --prompt-len %lld, --steps %lld, --profile-steps %lld: "
+                "need --prompt-len >= 2 and the others >= 0\n", (long long)o.prompt_len,
+                (long long)o.steps, (long long)o.profile_steps);
         return 2;
     }
     return throughput(&o);
