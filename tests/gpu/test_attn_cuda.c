@@ -33,8 +33,6 @@
 
 /* Guard elements before and after every device buffer. */
 #define GUARD 1024
-/* Prompt rows reserved per (sequence, KV head): not a multiple of the 64-row prefill tile. */
-#define P_CAP 133
 /* bf16 quiet NaN: the content of padding qkv rows and of ring rows no slot list names. */
 #define BF16_NAN 0x7fc0u
 
@@ -47,17 +45,21 @@
 typedef struct attn_case {
     int32_t n_seq, h_q, h_kv, d_h, ring;
     int32_t shared; /* decode with one slot list for every (sequence, KV head) */
+    int32_t p_cap;  /* prompt rows per (sequence, KV head); 133 is not a multiple of the 64-row
+                       prefill tile */
 } attn_case;
 
 /* Shape table: every n_seq / head layout / d_h of the brief at least once, plus odd groups
  * (g = 3, g = 12 > 8 query heads per CTA), shared slot lists, and the decode bench shape at a
  * small ring. On a 132-SM GPU the cases with n_seq·h_kv < 264 take the split-K path. */
 static const attn_case cases[] = {
-    {1, 4, 4, 16, 16, 0},    {1, 32, 32, 128, 600, 0}, {3, 8, 2, 64, 37, 0},
-    {3, 4, 4, 128, 600, 1},  {8, 32, 32, 64, 100, 0},  {8, 8, 2, 16, 250, 0},
-    {8, 16, 2, 128, 64, 0},  {8, 8, 4, 32, 33, 0},     {8, 12, 4, 64, 20, 0},
-    {3, 24, 2, 64, 50, 1},   {64, 4, 4, 64, 600, 0},   {64, 8, 2, 128, 300, 1},
-    {64, 32, 32, 128, 24, 0},
+    {1, 4, 4, 16, 16, 0, 133},    {1, 32, 32, 128, 600, 0, 133}, {3, 8, 2, 64, 37, 0, 133},
+    {3, 4, 4, 128, 600, 1, 133},  {8, 32, 32, 64, 100, 0, 133},  {8, 8, 2, 16, 250, 0, 133},
+    {8, 16, 2, 128, 64, 0, 133},  {8, 8, 4, 32, 33, 0, 133},     {8, 12, 4, 64, 20, 0, 133},
+    {3, 24, 2, 64, 50, 1, 133},   {64, 4, 4, 64, 600, 0, 133},   {64, 8, 2, 128, 300, 1, 133},
+    {64, 32, 32, 128, 24, 0, 133},
+    /* short lists (p_cap + max_slots <= 96 keys, single-head CTAs): the staged decode kernel */
+    {64, 32, 32, 128, 29, 0, 50}, {64, 16, 16, 64, 40, 1, 40},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -149,7 +151,7 @@ typedef struct problem {
     int32_t *dup;          /* (n_lists): 1 when slot entries 1 and 2 hold identical keys */
     uint16_t *kc, *vc;     /* caches, bf16 */
     float *kc32, *vc32;    /* the same, fp32 (the CPU reference's caches) */
-    uint16_t *qkv_p;       /* (n_seq·P_CAP, w) prompt qkv; padding rows NaN */
+    uint16_t *qkv_p;       /* (n_seq·p_cap, w) prompt qkv; padding rows NaN */
     uint16_t *qkv_d;       /* (n_seq, w) decode qkv */
     flexdiag_attn_args a;  /* host view (pointers into this struct) */
 } problem;
@@ -185,12 +187,12 @@ static void mark_ring(problem *pb) {
     for (int64_t sh = 0; sh < (int64_t)c->n_seq * c->h_kv; sh++) {
         const int32_t *sl = pb->slots + list_of(pb, sh) * pb->max_slots;
         int32_t ns = pb->n_slots[list_of(pb, sh)];
-        uint16_t *kv[2] = {pb->kc + sh * ((int64_t)P_CAP + c->ring) * c->d_h,
-                           pb->vc + sh * ((int64_t)P_CAP + c->ring) * c->d_h};
+        uint16_t *kv[2] = {pb->kc + sh * ((int64_t)pb->c.p_cap + c->ring) * c->d_h,
+                           pb->vc + sh * ((int64_t)pb->c.p_cap + c->ring) * c->d_h};
         memset(named, 0, (size_t)c->ring);
         for (int32_t j = 0; j < ns; j++) named[sl[j]] = 1;
         for (int t = 0; t < 2; t++) {
-            uint16_t *ring = kv[t] + (int64_t)P_CAP * c->d_h;
+            uint16_t *ring = kv[t] + (int64_t)pb->c.p_cap * c->d_h;
             for (int32_t i = 0; i < c->ring; i++)
                 for (int32_t e = 0; e < c->d_h && !named[i]; e++)
                     ring[(int64_t)i * c->d_h + e] = BF16_NAN;
@@ -208,9 +210,12 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     pb->c = *c;
     pb->w = (c->h_q + 2 * c->h_kv) * c->d_h;
     pb->max_slots = c->ring + 3; /* a stride that is not the list length */
-    pb->cache_n = (int64_t)c->n_seq * c->h_kv * (P_CAP + c->ring) * c->d_h;
+    pb->cache_n = (int64_t)c->n_seq * c->h_kv * (pb->c.p_cap + c->ring) * c->d_h;
     pb->lp = xmalloc((size_t)c->n_seq * sizeof *pb->lp);
-    for (int32_t s = 0; s < c->n_seq; s++) pb->lp[s] = lps[(s + idx) % 4];
+    for (int32_t s = 0; s < c->n_seq; s++) {
+        int32_t lp = lps[(s + idx) % 4];
+        pb->lp[s] = lp < pb->c.p_cap ? lp : pb->c.p_cap;
+    }
     if (c->n_seq == 8 && c->d_h == 16) pb->lp[2] = 0; /* a sequence without a prompt */
     pb->n_lists = c->shared ? 1 : (int64_t)c->n_seq * c->h_kv;
     pb->slots = xmalloc((size_t)(pb->n_lists * pb->max_slots) * sizeof *pb->slots);
@@ -229,15 +234,15 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     pb->kc32 = tu_bf16_to_f32(pb->kc, pb->cache_n);
     pb->vc32 = tu_bf16_to_f32(pb->vc, pb->cache_n);
     /* q and k ~ N(0, 1.5²): logits of a few units, softmax neither flat nor one-hot */
-    int64_t np = (int64_t)c->n_seq * P_CAP * pb->w;
+    int64_t np = (int64_t)c->n_seq * pb->c.p_cap * pb->w;
     pb->qkv_p = xmalloc((size_t)np * 2);
     tu_fill_bf16(r, pb->qkv_p, np, 1.5f);
     for (int32_t s = 0; s < c->n_seq; s++)
-        for (int64_t i = (int64_t)pb->lp[s] * pb->w; i < (int64_t)P_CAP * pb->w; i++)
-            pb->qkv_p[(int64_t)s * P_CAP * pb->w + i] = BF16_NAN;
+        for (int64_t i = (int64_t)pb->lp[s] * pb->w; i < (int64_t)pb->c.p_cap * pb->w; i++)
+            pb->qkv_p[(int64_t)s * pb->c.p_cap * pb->w + i] = BF16_NAN;
     pb->qkv_d = xmalloc((size_t)c->n_seq * pb->w * 2);
     tu_fill_bf16(r, pb->qkv_d, (int64_t)c->n_seq * pb->w, 1.5f);
-    flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, P_CAP, c->ring,
+    flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, pb->c.p_cap, c->ring,
                             1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
                             pb->max_slots, NULL, NULL, c->shared, NULL, 0.0f};
     pb->a = a;
@@ -346,31 +351,32 @@ static void check_caches(const problem *pb, const dbuf *k, const dbuf *v, const 
 
 /* Cache row r of (sequence s, KV head h), fp32. */
 static const float *row32(const problem *pb, const float *c, int64_t s, int32_t h, int64_t r) {
-    return c + ((s * pb->c.h_kv + h) * (P_CAP + pb->c.ring) + r) * pb->c.d_h;
+    return c + ((s * pb->c.h_kv + h) * (pb->c.p_cap + pb->c.ring) + r) * pb->c.d_h;
 }
 
 /* Cache row of attended key j of (sequence s, KV head block sh) at decode: prompt, then slots. */
 static int64_t key_row(const problem *pb, int64_t sh, int64_t s, int64_t j) {
     if (j < pb->lp[s]) return j;
-    return P_CAP + pb->slots[list_of(pb, sh) * pb->max_slots + j - pb->lp[s]];
+    return pb->c.p_cap + pb->slots[list_of(pb, sh) * pb->max_slots + j - pb->lp[s]];
 }
 
 /* ---- the three ops on one case ---- */
 
-/* Append the prompt (every row of the P_CAP block, padding rows carry NaN) on both backends. */
+/* Append the prompt (every row of the p_cap block, padding rows carry NaN) on both backends. */
 static void run_append_prompt(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
     const attn_case *c = &pb->c;
-    int64_t n_tok = (int64_t)c->n_seq * P_CAP, np = n_tok * pb->w;
+    int64_t n_tok = (int64_t)c->n_seq * pb->c.p_cap, np = n_tok * pb->w;
     int32_t *rows = xmalloc((size_t)(n_tok * c->h_kv) * sizeof *rows);
     for (int64_t i = 0; i < n_tok; i++)
-        for (int32_t h = 0; h < c->h_kv; h++) rows[i * c->h_kv + h] = (int32_t)(i % P_CAP);
+        for (int32_t h = 0; h < c->h_kv; h++) rows[i * c->h_kv + h] = (int32_t)(i % pb->c.p_cap);
     dbuf drows = dbuf_new(n_tok * c->h_kv, 4, r), dqkv = dbuf_new(np, 2, r);
     dbuf_up(&drows, rows);
     dbuf_up(&dqkv, pb->qkv_p);
     float *qkv32 = tu_bf16_to_f32(pb->qkv_p, np);
     flexdiag_attn_args ga = pb->a;
-    ck(gk->kv_append(dk->p, dv->p, dqkv.p, drows.p, n_tok, P_CAP, &ga, gs), "cuda kv_append");
-    ck(rk->kv_append(pb->kc32, pb->vc32, qkv32, rows, n_tok, P_CAP, &pb->a, rs), "ref kv_append");
+    const int32_t per = pb->c.p_cap;
+    ck(gk->kv_append(dk->p, dv->p, dqkv.p, drows.p, n_tok, per, &ga, gs), "cuda kv_append");
+    ck(rk->kv_append(pb->kc32, pb->vc32, qkv32, rows, n_tok, per, &pb->a, rs), "ref kv_append");
     check_caches(pb, dk, dv, "prompt kv_append");
     dbuf_check_guards(&drows, "kv_append rows");
     dbuf_check_guards(&dqkv, "kv_append qkv");
@@ -384,9 +390,9 @@ static void run_append_prompt(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
 static void prefill_fa(const problem *pb, const float *qkv32, const float *got, fa_err *fe) {
     const attn_case *c = &pb->c;
     int g = c->h_q / c->h_kv, d = c->d_h;
-    const float **kr = xmalloc(P_CAP * sizeof *kr), **vr = xmalloc(P_CAP * sizeof *vr);
+    const float **kr = xmalloc(c->p_cap * sizeof *kr), **vr = xmalloc(c->p_cap * sizeof *vr);
     double *o64 = xmalloc((size_t)d * sizeof *o64);
-    float *on = xmalloc((size_t)d * sizeof *on), *zb = xmalloc(P_CAP * sizeof *zb);
+    float *on = xmalloc((size_t)d * sizeof *on), *zb = xmalloc(c->p_cap * sizeof *zb);
     for (int64_t s = 0; s < c->n_seq; s++)
         for (int32_t hq = 0; hq < c->h_q; hq++) {
             for (int64_t j = 0; j < pb->lp[s]; j++) {
@@ -394,7 +400,7 @@ static void prefill_fa(const problem *pb, const float *qkv32, const float *got, 
                 vr[j] = row32(pb, pb->vc32, s, hq / g, j);
             }
             for (int64_t r = 0; r < pb->lp[s]; r++) {
-                int64_t row = s * P_CAP + r;
+                int64_t row = s * pb->c.p_cap + r;
                 attend_ref(qkv32 + row * pb->w + (int64_t)hq * d, kr, vr, r + 1, d, pb->a.scale,
                            o64, on, zb);
                 fa_add(fe, got + row * c->h_q * d + (int64_t)hq * d, o64, on, d);
@@ -410,8 +416,8 @@ static void prefill_fa(const problem *pb, const float *qkv32, const float *got, 
 static void run_prefill(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *dlp, tu_rng *r,
                         const char *label) {
     const attn_case *c = &pb->c;
-    int64_t n_out = (int64_t)c->n_seq * P_CAP * c->h_q * c->d_h;
-    int64_t np = (int64_t)c->n_seq * P_CAP * pb->w;
+    int64_t n_out = (int64_t)c->n_seq * pb->c.p_cap * c->h_q * c->d_h;
+    int64_t np = (int64_t)c->n_seq * pb->c.p_cap * pb->w;
     dbuf dout = dbuf_new(n_out, 2, r), dqkv = dbuf_new(np, 2, r);
     dbuf_up(&dqkv, pb->qkv_p);
     dbuf_poison(&dout);
@@ -444,7 +450,7 @@ static void run_append_decode(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
     int32_t *rows = xmalloc((size_t)nsh * sizeof *rows);
     for (int64_t sh = 0; sh < nsh; sh++) {
         int64_t li = list_of(pb, sh);
-        rows[sh] = P_CAP + (pb->n_slots[li] ? pb->slots[li * pb->max_slots]
+        rows[sh] = pb->c.p_cap + (pb->n_slots[li] ? pb->slots[li * pb->max_slots]
                                             : (int32_t)tu_rng_int(r, 0, c->ring - 1));
     }
     dbuf drows = dbuf_new(nsh, 4, r), dqkv = dbuf_new((int64_t)c->n_seq * pb->w, 2, r);
@@ -522,7 +528,7 @@ static int check_ties_and_tail(const problem *pb, const float *got_lg) {
 static void decode_fa(const problem *pb, const float *qkv32, const float *got, fa_err *fe) {
     const attn_case *c = &pb->c;
     int g = c->h_q / c->h_kv, d = c->d_h;
-    int64_t nmax = P_CAP + pb->max_slots;
+    int64_t nmax = pb->c.p_cap + pb->max_slots;
     const float **kr = xmalloc((size_t)nmax * sizeof *kr);
     const float **vr = xmalloc((size_t)nmax * sizeof *vr);
     double *o64 = xmalloc((size_t)d * sizeof *o64);
