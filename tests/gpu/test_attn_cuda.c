@@ -2,9 +2,11 @@
  * test_attn_cuda.c - the CUDA kv_append, attn_prefill and attn_decode ops against the scalar
  * CPU reference (flexdiag__kernels_cpu_ref()) on the same bf16 inputs (upcast to fp32 for the
  * CPU), over a table of shapes: n_seq 1..64, MHA and GQA groups of 2, 3, 4, 8 and 12, d_h 16 to
- * 128, prompt lengths 0, 1, 7, 50, 130 varying per sequence, rings of 16..600 rows with random
- * slot lists (random order, some empty, duplicated key rows to force logit ties), one list per
- * (sequence, KV head) or one shared list; small batches exercise decode's split-K path.
+ * 128, prompt blocks of 40, 50 or 133 rows with lengths 0, 1, 7, 50, 130 (clamped to the block)
+ * varying per sequence, rings of 16..1100 rows with random slot lists (random order, some empty,
+ * duplicated key rows to force logit ties), one list per (sequence, KV head) or one shared list;
+ * small batches exercise decode's split-K path, short single-head lists its U = 2 kernel, a
+ * 1100-slot list the slot reads past the shared-memory staging.
  *
  * Per case: the prompt is appended (padding qkv rows are NaN, so the kernels must never read
  * cache rows >= lp), prefill runs, one decode token is appended into a ring slot of each
@@ -58,8 +60,9 @@ static const attn_case cases[] = {
     {8, 16, 2, 128, 64, 0, 133},  {8, 8, 4, 32, 33, 0, 133},     {8, 12, 4, 64, 20, 0, 133},
     {3, 24, 2, 64, 50, 1, 133},   {64, 4, 4, 64, 600, 0, 133},   {64, 8, 2, 128, 300, 1, 133},
     {64, 32, 32, 128, 24, 0, 133},
-    /* short lists (p_cap + max_slots <= 96 keys, single-head CTAs): the staged decode kernel */
-    {64, 32, 32, 128, 29, 0, 50}, {64, 16, 16, 64, 40, 1, 40},
+    /* short lists (p_cap + max_slots <= 128 keys, single-head CTAs, no split-K): the U = 2
+     * instantiation at 8 CTAs per SM; a list longer than the 1024 slots staged in shared memory */
+    {64, 32, 32, 128, 29, 0, 50}, {64, 16, 16, 64, 40, 1, 40}, {64, 8, 8, 16, 1100, 0, 133},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -692,6 +695,11 @@ static void test_bad_args(void **state) {
         assert_non_null(strstr(flexdiag_last_error(NULL), "rope_theta"));
         expect_err(st, FLEXDIAG_ERR_INVALID_ARG, "kv_append");
     }
+    a = ok;
+    a.d_h = 8; /* a valid copy width, but RoPE on CUDA needs 8 pairs per 16-byte vector */
+    a.pos = ints.p;
+    a.rope_theta = 1e4f;
+    expect_err(gk->kv_append(p, p, p, ints.p, 2, 1, &a, gs), FLEXDIAG_ERR_UNSUPPORTED, "kv_append");
     a = ok;
     a.scale = NAN;
     expect_err(gk->attn_prefill(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_prefill");
