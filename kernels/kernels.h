@@ -68,6 +68,23 @@ typedef struct flexdiag_attn_args {
     const int32_t *pos;    /* (optional) (n_tok) absolute positions of the appended tokens:
                               RoPE is applied before the append; NULL = plain copy */
     float rope_theta;      /* RoPE base (> 0) when pos is set */
+    /* decode only: policy scores */
+    float *probs_out;      /* (optional) (n_seq, h_q, max_slots) fp32 p = expf(logit - lse) of the
+                              attended ring rows, slot-list order (0 when lse = -inf): the
+                              probability epilogue of H2O/TOVA/ALISA (policies.md §4.3) */
+    /* (optional) Diagonal's build-up update fused into decode attention (policies.md §2.3
+     * step 4, §4.3). diag_lag holds one lag list of diag_a entries per (sequence, KV head)
+     * (n_seq, h_kv, diag_a), in the order kernels.h diag_slots keeps it: the slot list of
+     * (s, h) is diag_base sink slots, then ring column c (diag_base <= c < n_slots) holding
+     * list entry e = n_slots - 1 - c. After attention, the entry e < n_slots - diag_base
+     * minimising (score, -lag[e]), score = max over the g query heads of the group of the fp32
+     * logit of column c, is replaced: lag[e] = *diag_next. diag_next points to one int32 in
+     * backend memory (the step's new lag), so a recorded graph replays every step. Needs
+     * per-(sequence, KV head) lists (shared_slots 0); backends that fuse it only for small
+     * groups say so in diag_max_group. */
+    int16_t *diag_lag;
+    int32_t diag_a, diag_base;
+    const int32_t *diag_next;
 } flexdiag_attn_args;
 
 typedef struct flexdiag_kernels {
@@ -137,7 +154,8 @@ typedef struct flexdiag_kernels {
                                     const flexdiag_attn_args *a, flexdiag_stream *s);
     /* One decode query per sequence. out (n_seq, h_q·d_h) act; qkv (n_seq, qkv width); each
      * query head of KV head h attends prompt rows 0..lp[s]-1, then ring rows slots[s][h][..],
-     * with one online softmax; fills logits_out / lse_out when given. */
+     * with one online softmax; fills logits_out / lse_out / probs_out when given and applies
+     * the Diagonal update when diag_lag is set. */
     flexdiag_status (*attn_decode)(void *out, const void *qkv, const void *k, const void *v,
                                    const flexdiag_attn_args *a, flexdiag_stream *s);
 
@@ -198,13 +216,9 @@ typedef struct flexdiag_kernels {
     flexdiag_status (*diag_slots)(int32_t *slots, int32_t *n_slots, int16_t *lag, int16_t *cnt,
                                   int64_t n_lists, int32_t max_slots, int32_t a, int32_t t,
                                   int32_t n_r, int32_t base, flexdiag_stream *s);
-    /* (optional) Build-up update after step t (only when a-1 <= ti <= n_r-2): for list i of
-     * (seq·h_kv + h) (n_lists = rows·h_kv), score_j = max over the g query heads q of
-     * logits[((i / h_kv)·h_q + h·g + q)·max_slots + base + a-1-j] (h_q = g·h_kv; entry j's
-     * column), j* = argmin of (score, -lag) over j < a; lag[j*] = ti + 1. */
-    flexdiag_status (*diag_update)(int16_t *lag, const float *logits, int64_t n_lists,
-                                   int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
-                                   int32_t t, int32_t base, flexdiag_stream *s);
+    /* Largest group h_q / h_kv for which attn_decode applies diag_lag (0: never); the engine
+     * keeps a larger group's Diagonal policy on the host. */
+    int32_t diag_max_group;
 
     /* ---- launch graphs (optional; NULL: the engine launches op by op) ---- */
     /* Start recording the ops queued on s instead of running them (no sync, copy_d2h or

@@ -357,25 +357,29 @@ void flexdiag__kvp_plan(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0,
 }
 
 void flexdiag__kvp_update(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,
-                          const float *logits, const float *lse) {
+                          const float *logits, const float *lse, const float *probs) {
     const flexdiag_kvp_params *p = &kvp->p;
     if (!flexdiag__kvp_needs_scores(kvp, t)) return;
-    FLEXDIAG_ASSERT(logits && lse && layer >= 0 && layer < p->n_layers);
+    int diag = p->kind == FLEXDIAG_POLICY_DIAGONAL || p->kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
+    FLEXDIAG_ASSERT(diag ? logits != NULL : probs || (logits && lse));
+    FLEXDIAG_ASSERT(layer >= 0 && layer < p->n_layers);
     FLEXDIAG_ASSERT(s0 >= 0 && n >= 0 && s0 + n <= p->n_seq);
     for (int32_t i = 0; i < n; i++) {
         int32_t seq = s0 + i;
         size_t li = flexdiag__kvp_li(kvp, seq, layer);
         FLEXDIAG_ASSERT(kvp->next_t[li] == t + 1 && kvp->scored_t[li] < t); /* after plan(t) */
-        const float *lg = logits + (size_t)i * (size_t)p->h_q * (size_t)kvp->max_slots;
-        const float *ls = lse + (size_t)i * (size_t)p->h_q;
+        size_t row = (size_t)i * (size_t)p->h_q * (size_t)kvp->max_slots;
+        flexdiag__kvp_scores sc = {logits ? logits + row : NULL,
+                                   lse ? lse + (size_t)i * (size_t)p->h_q : NULL,
+                                   probs ? probs + row : NULL, kvp->max_slots};
         switch (p->kind) {
         case FLEXDIAG_POLICY_DIAGONAL:
         case FLEXDIAG_POLICY_DIAGONAL_SINK4:
-            flexdiag__kvp_update_diagonal(kvp, layer, t, seq, lg);
+            flexdiag__kvp_update_diagonal(kvp, layer, t, seq, sc.logits);
             break;
-        case FLEXDIAG_POLICY_H2O: flexdiag__kvp_update_h2o(kvp, layer, t, seq, lg, ls); break;
-        case FLEXDIAG_POLICY_TOVA: flexdiag__kvp_update_tova(kvp, layer, t, seq, lg, ls); break;
-        case FLEXDIAG_POLICY_ALISA: flexdiag__kvp_update_alisa(kvp, layer, t, seq, lg, ls); break;
+        case FLEXDIAG_POLICY_H2O: flexdiag__kvp_update_h2o(kvp, layer, t, seq, &sc); break;
+        case FLEXDIAG_POLICY_TOVA: flexdiag__kvp_update_tova(kvp, layer, t, seq, &sc); break;
+        case FLEXDIAG_POLICY_ALISA: flexdiag__kvp_update_alisa(kvp, layer, t, seq, &sc); break;
         default: break;
         }
         kvp->scored_t[li] = t;

@@ -29,6 +29,7 @@
  * policies.md §2.3), sink4: the 4 sinks first, then the list the same way.
  *
  * Numerics of update(): probabilities p = expf(logit - lse) in fp32 (full-row normalisation,
+ * computed here or taken from the attention kernel's probability epilogue,
  * policies.md §0.3); GQA group/head sums in fp32 in ascending head order (H2O: the group sum is
  * added to acc; TOVA: the sum over all h_q heads divided by h_q; ALISA: the sum over all h_q
  * heads). Diagonal uses the fp32 logits only (group max), never probabilities.
@@ -87,11 +88,14 @@ void flexdiag__kvp_plan(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0,
 int flexdiag__kvp_plan_shared(flexdiag_kvp *kvp, int32_t t, int32_t n_seq, int32_t *write_slot,
                               int32_t *slots, int32_t *n_slots);
 /* After attention of the same (layer, t, s0, n): logits (n, h_q, max_slots) fp32 scaled logits
- * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row.
- * Required only when flexdiag__kvp_needs_scores(kvp, t) is true (plan() asserts it was called);
- * otherwise it may be skipped or called with logits = lse = NULL and does nothing. */
+ * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row;
+ * probs (n, h_q, max_slots) the kernels' probability epilogue expf(logit - lse) (kernels.h
+ * probs_out). Diagonal reads logits; H2O/TOVA/ALISA read probs when given (logits and lse may
+ * then be NULL), else compute expf(logit - lse) themselves. Required only when
+ * flexdiag__kvp_needs_scores(kvp, t) is true (plan() asserts it was called); otherwise it may be
+ * skipped or called with NULL pointers and does nothing. */
 void flexdiag__kvp_update(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,
-                          const float *logits, const float *lse);
+                          const float *logits, const float *lse, const float *probs);
 /* Whether update() needs logits/lse at step t (false lets the engine skip the readback). */
 int flexdiag__kvp_needs_scores(const flexdiag_kvp *kvp, int32_t t);
 /* Decode rows evicted so far (overwrites of a live row), summed over all heads. */

@@ -12,6 +12,7 @@
 #ifndef FLEXDIAG_KVP_INTERNAL_H
 #define FLEXDIAG_KVP_INTERNAL_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,8 +59,24 @@ static inline int32_t flexdiag__kvp_ring_pos(int32_t t, int32_t r, int32_t slot)
     return t - (t - slot) % r;
 }
 
+/* One sequence's scores for update(): the kernel's probabilities (probs), or logits and lse. */
+typedef struct flexdiag__kvp_scores {
+    const float *logits; /* (h_q, ms) or NULL */
+    const float *lse;    /* (h_q) or NULL */
+    const float *probs;  /* (h_q, ms) or NULL */
+    int32_t ms;          /* row stride */
+} flexdiag__kvp_scores;
+
+/* Full-row probability of ring column j for query head hq: probs when given, else
+ * expf(logit - lse) (the same formula the kernels' epilogue uses). */
+static inline float flexdiag__kvp_prob(const flexdiag__kvp_scores *sc, int32_t hq, int32_t j) {
+    size_t o = (size_t)hq * (size_t)sc->ms + (size_t)j;
+    return sc->probs ? sc->probs[o] : expf(sc->logits[o] - sc->lse[hq]);
+}
+
 /* ---- per-family hooks: plan one sequence (ws (h_kv), slots (h_kv, max_slots), ns (h_kv)),
- * update one sequence (logits (h_q, max_slots), lse (h_q)), slot position after step t ---- */
+ * update one sequence (Diagonal: logits (h_q, max_slots); the others: its scores), slot
+ * position after step t ---- */
 
 void flexdiag__kvp_plan_position(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
                                  int32_t *ws, int32_t *slots, int32_t *ns);
@@ -75,15 +92,15 @@ int32_t flexdiag__kvp_pos_diagonal(const flexdiag_kvp *k, int32_t t, int32_t slo
 void flexdiag__kvp_plan_h2o(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
                             int32_t *slots, int32_t *ns);
 void flexdiag__kvp_update_h2o(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                              const float *logits, const float *lse);
+                              const flexdiag__kvp_scores *sc);
 void flexdiag__kvp_plan_tova(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
                              int32_t *ws, int32_t *slots, int32_t *ns);
 void flexdiag__kvp_update_tova(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                               const float *logits, const float *lse);
+                               const flexdiag__kvp_scores *sc);
 
 void flexdiag__kvp_plan_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
                               int32_t *ws, int32_t *slots, int32_t *ns);
 void flexdiag__kvp_update_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                const float *logits, const float *lse);
+                                const flexdiag__kvp_scores *sc);
 
 #endif /* FLEXDIAG_KVP_INTERNAL_H */

@@ -84,7 +84,7 @@ void flexdiag__kvp_replay_step(flexdiag_kvp_replay *r, int32_t t, const float *l
         }
         r->lse[h] = row_lse(row, r->lp, lg, r->ns[h]);
     }
-    flexdiag__kvp_update(r->kvp, 0, t, 0, 1, r->logits, r->lse);
+    flexdiag__kvp_update(r->kvp, 0, t, 0, 1, r->logits, r->lse, NULL);
 }
 
 int32_t flexdiag__kvp_replay_resident(const flexdiag_kvp_replay *r, int32_t h, int32_t *out) {

@@ -102,14 +102,13 @@ void flexdiag__kvp_plan_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t
 }
 
 void flexdiag__kvp_update_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                const float *logits, const float *lse) {
+                                const flexdiag__kvp_scores *sc) {
     size_t li = flexdiag__kvp_li(k, seq, layer), na = (size_t)k->p.n_att;
     size_t r = li * (size_t)k->w + (size_t)(t % k->w);
     float *rv = k->rec_p + r * na;
     for (int32_t i = 0; i < k->rec_n[r]; i++) { /* sum over all h_q heads */
         float s = 0.0f;
-        for (int32_t hq = 0; hq < k->p.h_q; hq++)
-            s += expf(logits[(size_t)hq * (size_t)k->max_slots + (size_t)i] - lse[hq]);
+        for (int32_t hq = 0; hq < k->p.h_q; hq++) s += flexdiag__kvp_prob(sc, hq, i);
         rv[i] = s;
     }
 }

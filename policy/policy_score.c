@@ -4,8 +4,8 @@
  *
  * Both keep an N_att-slot array with the decode position of each slot. While t < N_att token t
  * goes to slot t; afterwards update(t-1) has chosen a victim slot, and plan(t) writes token t
- * over it (the overwrite is the eviction). update() turns the kernel's logits into full-row
- * probabilities p = expf(logit - lse) in fp32:
+ * over it (the overwrite is the eviction). update() reads full-row probabilities
+ * p = expf(logit - lse) in fp32 (the attention kernel's probability epilogue, or computed here):
  *   H2O   acc[s] += sum over the group's query heads of p; once all slots are occupied the
  *         victim is argmin (acc, pos) over slots with pos <= t - R + 1 (H heavy + the token
  *         leaving the recent window of R = N_att - floor(N_att/2) lags);
@@ -43,8 +43,8 @@ void flexdiag__kvp_plan_h2o(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t s
 }
 
 void flexdiag__kvp_update_h2o(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                              const float *logits, const float *lse) {
-    int32_t na = k->p.n_att, ms = k->max_slots, g = k->g;
+                              const flexdiag__kvp_scores *sc) {
+    int32_t na = k->p.n_att, g = k->g;
     int32_t n = t + 1 < na ? t + 1 : na, recent = na - na / 2;
     for (int32_t h = 0; h < k->p.h_kv; h++) {
         size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
@@ -52,10 +52,7 @@ void flexdiag__kvp_update_h2o(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t
         float *acc = k->acc + hi * (size_t)na;
         for (int32_t j = 0; j < n; j++) { /* group sum of full-row probabilities */
             float gs = 0.0f;
-            for (int32_t q = 0; q < g; q++) {
-                int32_t hq = h * g + q;
-                gs += expf(logits[(size_t)hq * (size_t)ms + (size_t)j] - lse[hq]);
-            }
+            for (int32_t q = 0; q < g; q++) gs += flexdiag__kvp_prob(sc, h * g + q, j);
             acc[j] += gs;
         }
         if (n < na) continue;
@@ -89,8 +86,8 @@ void flexdiag__kvp_plan_tova(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t 
 }
 
 void flexdiag__kvp_update_tova(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                               const float *logits, const float *lse) {
-    int32_t na = k->p.n_att, ms = k->max_slots, hq_n = k->p.h_q;
+                               const flexdiag__kvp_scores *sc) {
+    int32_t na = k->p.n_att, hq_n = k->p.h_q;
     if (t + 1 < na) return; /* a free slot remains: nothing to evict yet */
     size_t li = flexdiag__kvp_li(k, seq, layer);
     const int32_t *pos = k->pos + li * (size_t)na;
@@ -98,8 +95,7 @@ void flexdiag__kvp_update_tova(flexdiag_kvp *k, int32_t layer, int32_t t, int32_
     float best = 0.0f;
     for (int32_t j = 0; j < na; j++) {
         float s = 0.0f;
-        for (int32_t hq = 0; hq < hq_n; hq++)
-            s += expf(logits[(size_t)hq * (size_t)ms + (size_t)j] - lse[hq]);
+        for (int32_t hq = 0; hq < hq_n; hq++) s += flexdiag__kvp_prob(sc, hq, j);
         s /= (float)hq_n; /* head mean */
         if (victim < 0 || s < best || (s == best && pos[j] < pos[victim])) {
             victim = j;

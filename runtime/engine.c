@@ -65,9 +65,8 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(logits, S * V * 4);
     TAKE(cfg, (size_t)c->n_img * V * 4);
     size_t L = (size_t)l->layers, lists = c->shared_plan ? 1 : L * S * hkv;
-    size_t scored = c->scored ? L * S : 0;
-    TAKE(plog, scored * hq * ms * 4);
-    TAKE(plse, scored * hq * 4);
+    size_t scored = c->scored && !c->device_diag ? L * S : 0;
+    TAKE(pscore, scored * hq * ms * 4);
     TAKE(ids_in, S * (size_t)c->p_cap * 4);
     TAKE(lp, S * 4);
     TAKE(pos_pf, mbt * 4);
@@ -81,6 +80,7 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     size_t dl = c->device_diag ? L * S * hkv : 0;
     TAKE(lag, dl * (size_t)diag_len(c) * 2);
     TAKE(cnt, dl * 2);
+    TAKE(dnext, c->device_diag ? 4 : 0);
 #undef TAKE
     return off;
 }
@@ -115,7 +115,8 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
                      kind == FLEXDIAG_POLICY_STREAMING;
     c->scored = !c->shared_plan;
     c->device_diag = (kind == FLEXDIAG_POLICY_DIAGONAL || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) &&
-                     k->diag_slots && k->diag_update && !c->host_policy;
+                     k->diag_slots && c->kp.h_q / c->kp.h_kv <= k->diag_max_group &&
+                     !c->host_policy;
     c->shared_rows = c->shared_plan || c->device_diag;
     return FLEXDIAG_OK;
 }
@@ -173,9 +174,10 @@ static flexdiag_status host_alloc(flexdiag_context *c) {
     const flexdiag_kernels *k = c->m->rt->k;
     size_t S = (size_t)c->n_seq, hkv = (size_t)c->kp.h_kv, hq = (size_t)c->kp.h_q;
     size_t ms = (size_t)c->max_slots, L = (size_t)c->kp.n_layers;
-    size_t lists = c->shared_plan ? 1 : L * S * hkv, scored = c->scored ? L * S : 0;
+    size_t lists = c->shared_plan ? 1 : L * S * hkv;
+    size_t scored = c->scored && !c->device_diag ? L * S : 0;
     size_t n_rows = c->shared_rows ? S * hkv : lists;
-    size_t sz[7] = {n_rows, lists * ms, lists, scored * hq * ms, scored * hq, S, S}, total = 0;
+    size_t sz[7] = {n_rows, lists * ms, lists, scored * hq * ms, 1, S, S}, total = 0;
     for (int i = 0; i < 7; i++) total += al(sz[i] * 4);
     flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->host) : FLEXDIAG_OK;
     if (!k->host_alloc) c->host = malloc(total);
@@ -184,7 +186,7 @@ static flexdiag_status host_alloc(flexdiag_context *c) {
     c->host_bytes = total;
     char *p = c->host;
     void **dst[7] = {(void **)&c->h_rows, (void **)&c->h_slots, (void **)&c->h_nslots,
-                     (void **)&c->h_plog, (void **)&c->h_plse, (void **)&c->h_ids,
+                     (void **)&c->h_pscore, (void **)&c->h_dnext, (void **)&c->h_ids,
                      (void **)&c->h_pos};
     for (int i = 0; i < 7; i++) {
         *dst[i] = p;
@@ -274,7 +276,8 @@ static size_t list_index(const flexdiag_context *c, int32_t j, int32_t s0) {
 
 /* Attention arguments of layer j for sequences s0..s0+nb (decode: the step plan's lists); pos
  * holds the positions of the appended tokens, for the RoPE kv_append applies (the attention ops
- * ignore it). */
+ * ignore it). With scores the op also serves the policy: Diagonal on the device gets its
+ * build-up update fused (diag_lag), on the host its logits; H2O/TOVA/ALISA get probabilities. */
 static flexdiag_attn_args attn_args(const run_state *r, int32_t j, int32_t s0, int32_t nb,
                                     int scores, const int32_t *pos) {
     const flexdiag_context *c = r->c;
@@ -286,9 +289,19 @@ static flexdiag_attn_args attn_args(const run_state *r, int32_t j, int32_t s0, i
         .p_cap = c->p_cap, .ring = c->ring, .scale = 1.0f / sqrtf((float)l->head_dim),
         .lp = c->b.lp + s0, .slots = c->b.slots + li * (size_t)c->max_slots,
         .n_slots = c->b.nslots + li, .max_slots = c->max_slots,
-        .logits_out = scores ? c->b.plog + q0 * (size_t)c->max_slots : NULL,
-        .lse_out = scores ? c->b.plse + q0 : NULL, .shared_slots = c->shared_plan, .pos = pos,
-        .rope_theta = l->rope_theta};
+        .shared_slots = c->shared_plan, .pos = pos, .rope_theta = l->rope_theta};
+    if (!scores) return a;
+    if (c->device_diag) {
+        a.diag_lag = c->b.lag + li * (size_t)diag_len(c);
+        a.diag_a = diag_len(c);
+        a.diag_base = diag_base(c);
+        a.diag_next = c->b.dnext;
+    } else if (c->kp.kind == FLEXDIAG_POLICY_DIAGONAL ||
+               c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) {
+        a.logits_out = c->b.pscore + q0 * (size_t)c->max_slots;
+    } else {
+        a.probs_out = c->b.pscore + q0 * (size_t)c->max_slots;
+    }
     return a;
 }
 
@@ -387,6 +400,10 @@ static flexdiag_status plan_device_diag(const run_state *r, int32_t t) {
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.rows, c->h_rows, n_rows * 4, r->s));
     FLEXDIAG_TRY(r->k->diag_slots(c->b.slots, c->b.nslots, c->b.lag, c->b.cnt, (int64_t)lists,
                                   c->max_slots, diag_len(c), t, c->kp.n_r, base, r->s));
+    if (flexdiag__kvp_needs_scores(c->kvp, t)) { /* the lag a build-up step's update writes */
+        *c->h_dnext = ti + 1;
+        FLEXDIAG_TRY(r->k->copy_h2d(c->b.dnext, c->h_dnext, 4, r->s));
+    }
     if (!r->b->plan_out) return FLEXDIAG_OK;
     FLEXDIAG_TRY(r->k->copy_d2h(c->h_slots, c->b.slots, lists * ms * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_d2h(c->h_nslots, c->b.nslots, lists * 4, r->s));
@@ -422,25 +439,24 @@ static flexdiag_status plan_step(const run_state *r, int32_t t) {
     return r->k->copy_h2d(c->b.nslots, c->h_nslots, lists * 4, r->s);
 }
 
-/* After step t: read back every layer's policy logits when the policy needs them; update. */
+/* After step t: read back every layer's policy scores when a host policy needs them; update.
+ * (The device Diagonal policy was updated inside attention.) */
 static flexdiag_status update_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
-    if (!c->scored || !flexdiag__kvp_needs_scores(c->kvp, t)) return FLEXDIAG_OK;
-    if (c->device_diag)
-        return r->k->diag_update(c->b.lag, c->b.plog,
-                                 (int64_t)c->kp.n_layers * c->n_seq * c->kp.h_kv, c->kp.h_kv,
-                                 c->kp.h_q / c->kp.h_kv, c->max_slots, diag_len(c), t,
-                                 diag_base(c), r->s);
+    if (!c->scored || c->device_diag || !flexdiag__kvp_needs_scores(c->kvp, t))
+        return FLEXDIAG_OK;
     size_t hq = (size_t)c->kp.h_q, ms = (size_t)c->max_slots;
     size_t rows = (size_t)c->kp.n_layers * (size_t)c->n_seq * hq;
-    FLEXDIAG_TRY(r->k->copy_d2h(c->h_plog, c->b.plog, rows * ms * 4, r->s));
-    FLEXDIAG_TRY(r->k->copy_d2h(c->h_plse, c->b.plse, rows * 4, r->s));
+    int diag = c->kp.kind == FLEXDIAG_POLICY_DIAGONAL ||
+               c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_pscore, c->b.pscore, rows * ms * 4, r->s));
     for (int32_t j = 0; j < c->kp.n_layers; j++)
         for (int32_t mb = 0; mb < r->n_mb; mb++) {
             int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0
                                                                             : c->mb_seq;
             size_t q0 = ((size_t)j * (size_t)c->n_seq + (size_t)s0) * hq;
-            flexdiag__kvp_update(c->kvp, j, t, s0, nb, c->h_plog + q0 * ms, c->h_plse + q0);
+            const float *sc = c->h_pscore + q0 * ms;
+            flexdiag__kvp_update(c->kvp, j, t, s0, nb, diag ? sc : NULL, NULL, diag ? NULL : sc);
         }
     return FLEXDIAG_OK;
 }

@@ -62,8 +62,8 @@ typedef struct flexdiag_ctx_bufs {
     void *emb;         /* (n_seq, max(8, d)) feedback embedding input */
     float *logits;     /* (n_seq, V) */
     float *cfg;        /* (n_img, V) */
-    float *plog;       /* (layers, n_seq, h_q, max_slots) policy logits (scored policies) */
-    float *plse;       /* (layers, n_seq, h_q) */
+    float *pscore;     /* (layers, n_seq, h_q, max_slots) policy scores of the host policies:
+                          logits (Diagonal) or probabilities (H2O/TOVA/ALISA) */
     int32_t *ids_in;   /* (n_seq, p_cap) prompt ids */
     int32_t *lp;       /* (n_seq) */
     int32_t *pos_pf;   /* (mb_tok) prefill positions r % p_cap */
@@ -76,6 +76,7 @@ typedef struct flexdiag_ctx_bufs {
     int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
     int16_t *lag;      /* device Diagonal: (layers, n_seq, h_kv, a) attended-lag lists */
     int16_t *cnt;      /* device Diagonal: (layers, n_seq, h_kv) list fill */
+    int32_t *dnext;    /* device Diagonal: the lag a build-up step's fused update writes */
 } flexdiag_ctx_bufs;
 
 struct flexdiag_context {
@@ -95,19 +96,21 @@ struct flexdiag_context {
     int shared_plan;                 /* 1: one plan for every (seq, layer, KV head) (position-
                                         only policies); else one per (layer, seq, KV head) */
     int scored;                      /* the policy reads attention logits at some steps */
-    int device_diag;                 /* Diagonal lag lists live on the device (diag_* ops) */
+    int device_diag;                 /* Diagonal lag lists live on the device (diag_slots, the
+                                        update fused into attn_decode) */
     int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */
-    int host_policy;                 /* tests: force the host state machines (no diag_* ops) */
+    int host_policy;                 /* tests: force the host state machines (no device Diagonal) */
     uint64_t dev_evictions;          /* evictions counted on the device-policy path */
     void *graph[2];                  /* recorded decode-step bodies (without / with policy
-                                        logits), replayed every step */
+                                        scores), replayed every step */
     int32_t graph_seq[2];            /* sequences each graph was recorded for */
     int32_t eager_seq;               /* sequence count of the last op-by-op warm-up step */
     int graphs_off;                  /* recording failed once: launch op by op */
     void *host;                      /* one host block (page-locked when the backend can) */
     size_t host_bytes;               /* its size */
     int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layout of b.rows/slots/...) */
-    float *h_plog, *h_plse;          /* host copies of a step's policy logits / lse */
+    float *h_pscore;                 /* host copy of a step's policy scores */
+    int32_t *h_dnext;                /* staging of the device Diagonal's new lag (b.dnext) */
     int32_t *h_ids;                  /* (n_seq) sampled or forced ids */
     int32_t *h_pos;                  /* (n_seq) decode positions of a step */
     atomic_int busy;                 /* a call is in flight */

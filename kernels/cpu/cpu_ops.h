@@ -6,7 +6,8 @@
  * Files: ref_mem.c (memory, copies), ref_elementwise.c (conversions, embed, rmsnorm, rope,
  * swiglu, gelu, gather), ref_matmul.c, ref_attn.c (KV append with optional RoPE, attention,
  * argument checks), ref_sample.c (CFG, sampling) are the scalar oracle; fast_matmul.c and
- * fast_attn.c are the multi-threaded replacements of the "cpu" table. act is fp32 throughout.
+ * fast_attn.c are the multi-threaded replacements of the "cpu" table. ref_policy.c (Diagonal
+ * slot lists, the decode epilogue) is shared by both tables. act is fp32 throughout.
  */
 #ifndef FLEXDIAG_CPU_OPS_H
 #define FLEXDIAG_CPU_OPS_H
@@ -68,14 +69,19 @@ flexdiag_status flexdiag__cpu_ref_sample(int32_t *ids, const float *logits, int6
                                          const flexdiag_sample_params *p, int64_t req0,
                                          int64_t step, flexdiag_stream *s);
 
-/* ---- device-resident Diagonal policy (ref_policy.c; kernels.h diag_slots / diag_update) ---- */
+/* ---- device-resident Diagonal policy (ref_policy.c; kernels.h diag_slots and the
+ * attn_decode epilogue) ---- */
 flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
                                          int16_t *cnt, int64_t n_lists, int32_t max_slots,
                                          int32_t a, int32_t t, int32_t n_r, int32_t base,
                                          flexdiag_stream *s);
-flexdiag_status flexdiag__cpu_diag_update(int16_t *lag, const float *logits, int64_t n_lists,
-                                          int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
-                                          int32_t t, int32_t base, flexdiag_stream *s);
+/* Decode epilogue of the group (sequence s, KV head h), after its attention: z holds the
+ * group's g = h_q/h_kv rows of ring logits (z_stride floats apart, column = slot-list index,
+ * n_slots of the group's list valid), lse its g log-sum-exps (both borrowed). Writes the
+ * group's probs_out rows when a->probs_out is set and applies the Diagonal update to list
+ * (s, h) when a->diag_lag is set (kernels.h flexdiag_attn_args); arguments already checked. */
+void flexdiag__cpu_decode_scores(const flexdiag_attn_args *a, int64_t s, int32_t h,
+                                 const float *z, int64_t z_stride, const float *lse);
 
 /* Validate matmul sizes, flags and pointers for op; INVALID_ARG naming the problem otherwise. */
 flexdiag_status flexdiag__cpu_matmul_check(const char *op, const void *out, const void *x,

@@ -9,11 +9,16 @@
  * independent partial sums, which the compiler vectorises), then the state is rescaled once per
  * chunk and each V row is added to all g accumulators while it is in L1. Prefill runs one task
  * per (sequence, query head) over its query rows with the same routine (g = 1, keys 0..r).
+ * A decode task ends with the epilogue shared with the reference (flexdiag__cpu_decode_scores,
+ * ref_policy.c: probs_out and the fused Diagonal update of its own lag list), fed the group's
+ * ring logits and lse from logits_out / lse_out or, when those are NULL, from the task's
+ * scratch, which then grows by g·max_slots + g floats.
  *
  * Results equal ref_attn.c within fp32 rounding (different summation order), including the
- * ring-slot logits and the log-sum-exp the policies consume. Every task owns disjoint outputs
- * and computes them in a fixed order, so outputs do not depend on the thread count. Plain C
- * loops: no intrinsics and no runtime CPU dispatch yet.
+ * ring-slot logits and the log-sum-exp the policies consume; the Diagonal choice equals the
+ * reference's unless two candidates' scores lie within that rounding. Every task owns disjoint
+ * outputs (its lag list included) and computes them in a fixed order, so outputs do not depend
+ * on the thread count. Plain C loops: no intrinsics and no runtime CPU dispatch yet.
  */
 #include <math.h>
 #include <string.h>
@@ -145,6 +150,13 @@ static key_list block_keys(const attn_job *jb, int64_t s, int32_t h) {
 
 /* ---- decode ---- */
 
+/* Floats a decode task keeps for the epilogue: the group's ring logits (g, max_slots) and its
+ * lse (g); none when neither probs_out nor diag_lag is set. */
+static size_t epilogue_floats(const flexdiag_attn_args *a) {
+    size_t g = (size_t)(a->h_q / a->h_kv);
+    return a->probs_out || a->diag_lag ? g * (size_t)a->max_slots + g : 0;
+}
+
 /* Task t: sequence t / h_kv, KV head t % h_kv, all g query heads of its group. */
 static void decode_task(void *ctx, int64_t t, void *scratch) {
     const attn_job *jb = ctx;
@@ -157,10 +169,16 @@ static void decode_task(void *ctx, int64_t t, void *scratch) {
     int64_t li = a->shared_slots ? 0 : t; /* this (sequence, KV head)'s slot list */
     r.slots = a->slots ? a->slots + li * a->max_slots : NULL;
     r.n_slots = a->n_slots[li];
-    group_out go = {jb->out + hq0 * a->d_h, a->lse_out ? a->lse_out + hq0 : NULL,
-                    a->logits_out ? a->logits_out + hq0 * a->max_slots : NULL, a->max_slots};
+    /* the epilogue's buffer follows attend_group's scratch; logits and lse go to the optional
+     * outputs when given, else there */
+    float *zbuf = NULL;
+    if (epilogue_floats(a)) zbuf = (float *)scratch + group_scratch(g, a->d_h) / sizeof(float);
+    float *lse = a->lse_out ? a->lse_out + hq0 : zbuf ? zbuf + (int64_t)g * a->max_slots : NULL;
+    group_out go = {jb->out + hq0 * a->d_h, lse,
+                    a->logits_out ? a->logits_out + hq0 * a->max_slots : zbuf, a->max_slots};
     const float *q = jb->qkv + s * jb->width + (int64_t)h * g * a->d_h;
     attend_group(q, g, &r, a->scale, &go, scratch);
+    if (zbuf) flexdiag__cpu_decode_scores(a, s, h, go.logits, a->max_slots, go.lse);
 }
 
 flexdiag_status flexdiag__cpu_fast_attn_decode(void *out, const void *qkv, const void *k,
@@ -168,8 +186,8 @@ flexdiag_status flexdiag__cpu_fast_attn_decode(void *out, const void *qkv, const
                                                flexdiag_stream *s) {
     FLEXDIAG_TRY(flexdiag__cpu_attn_check("attn_decode", out, qkv, k, v, a, 1));
     attn_job jb = {a, out, qkv, k, v, ((int64_t)a->h_q + 2 * a->h_kv) * a->d_h};
-    return flexdiag__cpu_parallel_for(s, (int64_t)a->n_seq * a->h_kv,
-                                      group_scratch(a->h_q / a->h_kv, a->d_h), decode_task, &jb);
+    size_t scratch = group_scratch(a->h_q / a->h_kv, a->d_h) + epilogue_floats(a) * sizeof(float);
+    return flexdiag__cpu_parallel_for(s, (int64_t)a->n_seq * a->h_kv, scratch, decode_task, &jb);
 }
 
 /* ---- prefill ---- */

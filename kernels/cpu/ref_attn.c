@@ -4,20 +4,27 @@
  *
  * Attention is written as the textbook three passes per query head: the maximum logit, the
  * softmax normaliser, then the probability-weighted sum of V rows, recomputing each logit
- * (z = scale·(q·k), fp32, sequential over d_h) in every pass so no scratch is needed. The keys a
- * head attends are described by one key_rows list: prompt rows 0..n_prompt-1 of its cache block,
- * then ring rows p_cap + slots[j]. Decode uses lp prompt rows plus the slot list; prefill query
- * row r uses prompt rows 0..r and no ring. A head with no keys at all gets a zero output and
- * lse = -inf (every backend does the same).
+ * (z = scale·(q·k), fp32, sequential over d_h) in every pass so attention needs no scratch. The
+ * keys a head attends are described by one key_rows list: prompt rows 0..n_prompt-1 of its cache
+ * block, then ring rows p_cap + slots[j]. Decode uses lp prompt rows plus the slot list; prefill
+ * query row r uses prompt rows 0..r and no ring. A head with no keys at all gets a zero output
+ * and lse = -inf (every backend does the same).
+ *
+ * Decode walks (sequence, KV head) groups: after the group's g heads, the epilogue shared with
+ * the fast decode (flexdiag__cpu_decode_scores, ref_policy.c) turns the group's ring logits and
+ * lse into probs_out and the fused Diagonal update. Those come from logits_out / lse_out when
+ * given, else from one stream scratch buffer taken once per call (g rows of max_slots + g).
  *
  * Slot indices, lp and n_slots come from the policy state on the host; they are validated
  * before any cache access because a bad one would read outside the cache.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
 #include "cpu_ops.h"
+#include "cpu_stream.h"
 
 /* The keys one query head attends, in attention order. */
 typedef struct key_rows {
@@ -80,6 +87,38 @@ static flexdiag_status check_slots(const char *op, const flexdiag_attn_args *a) 
     return FLEXDIAG_OK;
 }
 
+/* Fused Diagonal update (diag_lag set): per-(sequence, KV head) lists, diag_a >= 1,
+ * diag_base >= 0, *diag_next a lag int16 holds, and no list longer than diag_base + diag_a. */
+static flexdiag_status check_diag(const char *op, const flexdiag_attn_args *a) {
+    if (!a->diag_lag) return FLEXDIAG_OK;
+    if (a->shared_slots)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: diag_lag is set but shared_slots = %d: the Diagonal update "
+                             "needs one slot list per (sequence, KV head) (shared_slots 0)",
+                             op, a->shared_slots);
+    if (a->diag_a < 1 || a->diag_base < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: diag_a = %d, diag_base = %d: need diag_a >= 1 (lag list "
+                             "length) and diag_base >= 0 (sink slots)",
+                             op, a->diag_a, a->diag_base);
+    if (!a->diag_next)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: diag_lag is set but diag_next (the new lag) is NULL", op);
+    /* a CPU op runs before it returns: the value read here is the one the update writes */
+    if (*a->diag_next < 0 || *a->diag_next > INT16_MAX)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: *diag_next = %d outside the int16 lag range [0, %d]", op,
+                             *a->diag_next, INT16_MAX);
+    for (int64_t li = 0; li < (int64_t)a->n_seq * a->h_kv; li++)
+        if (a->n_slots[li] - a->diag_base > a->diag_a)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu %s: n_slots[seq %lld][head %lld] - diag_base = %d - %d "
+                                 "exceeds diag_a = %d: a lag list holds at most diag_a entries",
+                                 op, (long long)(li / a->h_kv), (long long)(li % a->h_kv),
+                                 a->n_slots[li], a->diag_base, a->diag_a);
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const void *qkv,
                                          const void *k, const void *v, const flexdiag_attn_args *a,
                                          int decode) {
@@ -96,7 +135,9 @@ flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const 
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                                  "cpu %s: lp[%d] = %d outside [0, p_cap = %d]", op, s, a->lp[s],
                                  a->p_cap);
-    return decode ? check_slots(op, a) : FLEXDIAG_OK;
+    if (!decode) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_slots(op, a));
+    return check_diag(op, a);
 }
 
 /* ---- KV append ---- */
@@ -219,24 +260,41 @@ flexdiag_status flexdiag__cpu_ref_attn_prefill(void *out, const void *qkv, const
     return FLEXDIAG_OK;
 }
 
+/* Decode of the group (sequence sq, KV head h): each of its g query heads, then the shared
+ * epilogue when zbuf (scratch of g·max_slots + g floats) is given. */
+static void decode_group(float *out, const float *qkv, const void *k, const void *v,
+                         const flexdiag_attn_args *a, int64_t sq, int32_t h, float *zbuf) {
+    int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
+    int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h, hq0 = sq * a->h_q + (int64_t)h * g;
+    int64_t li = a->shared_slots ? 0 : sq * a->h_kv + h; /* this group's slot list */
+    key_rows kr = block_rows(a, k, v, sq, h);
+    kr.n_prompt = a->lp[sq];
+    kr.slots = a->slots ? a->slots + li * a->max_slots : NULL;
+    kr.n_slots = a->n_slots[li];
+    /* ring logits and lse: into the optional outputs, else into zbuf when the epilogue runs */
+    float *z = a->logits_out ? a->logits_out + hq0 * a->max_slots : zbuf;
+    float *lse = a->lse_out ? a->lse_out + hq0 : zbuf ? zbuf + (int64_t)g * a->max_slots : NULL;
+    const float *q = qkv + sq * width + (int64_t)h * g * d_h; /* the group's g query heads */
+    for (int32_t i = 0; i < g; i++) {
+        float l = attend(q + (int64_t)i * d_h, &kr, a->scale, out + (hq0 + i) * d_h,
+                         z ? z + (int64_t)i * a->max_slots : NULL);
+        if (lse) lse[i] = l;
+    }
+    if (zbuf) flexdiag__cpu_decode_scores(a, sq, h, z, a->max_slots, lse);
+}
+
 flexdiag_status flexdiag__cpu_ref_attn_decode(void *out, const void *qkv, const void *k,
                                               const void *v, const flexdiag_attn_args *a,
                                               flexdiag_stream *s) {
-    (void)s;
     FLEXDIAG_TRY(flexdiag__cpu_attn_check("attn_decode", out, qkv, k, v, a, 1));
-    int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
-    int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h;
+    void *zbuf = NULL, *tmp = NULL;
+    if (a->n_seq > 0 && (a->probs_out || a->diag_lag)) {
+        size_t g = (size_t)(a->h_q / a->h_kv);
+        FLEXDIAG_TRY(flexdiag__cpu_scratch(s, (g * (size_t)a->max_slots + g) * sizeof(float),
+                                           &zbuf, &tmp));
+    }
     for (int64_t sq = 0; sq < a->n_seq; sq++)
-        for (int32_t hq = 0; hq < a->h_q; hq++) {
-            int64_t sh = a->shared_slots ? 0 : sq * a->h_kv + hq / g, shq = sq * a->h_q + hq;
-            key_rows kr = block_rows(a, k, v, sq, hq / g);
-            kr.n_prompt = a->lp[sq];
-            kr.slots = a->slots ? a->slots + sh * a->max_slots : NULL;
-            kr.n_slots = a->n_slots[sh];
-            const float *q = (const float *)qkv + sq * width + (int64_t)hq * d_h;
-            float *logits = a->logits_out ? a->logits_out + shq * a->max_slots : NULL;
-            float lse = attend(q, &kr, a->scale, (float *)out + shq * d_h, logits);
-            if (a->lse_out) a->lse_out[shq] = lse;
-        }
+        for (int32_t h = 0; h < a->h_kv; h++) decode_group(out, qkv, k, v, a, sq, h, zbuf);
+    free(tmp);
     return FLEXDIAG_OK;
 }

@@ -1,9 +1,19 @@
 /*
- * ref_policy.c - the device-resident Diagonal policy ops (kernels.h diag_slots / diag_update) on
- * the CPU: plain loops over lag lists. They restate policy/policy_diagonal.c in the op-table
- * form the CUDA backend implements, so the engine's device-policy path runs (and is tested) on
- * the CPU too; the host state machine stays the reference both are checked against.
+ * ref_policy.c - the device-resident Diagonal policy on the CPU, shared by both CPU tables:
+ * the diag_slots op (plain loops over lag lists) and the post-attention epilogue of attn_decode
+ * (probs_out and the fused Diagonal build-up update of kernels.h), which the reference and the
+ * fast decode both call once per (sequence, KV head) group with that group's ring logits.
+ *
+ * They restate policy/policy_diagonal.c in the op-table form the CUDA backend implements, so
+ * the engine's device-policy path runs (and is tested) on the CPU too; the host state machine
+ * stays the reference both are checked against. The update scans list entries in index order
+ * with the host's comparisons (strict <, then == with the larger lag), so it picks the same
+ * entry, NaN scores included. Keeping the epilogue in one function (rather than one copy per
+ * decode) makes the two CPU decodes agree whenever their logits agree.
  */
+#include <math.h>
+
+#include "core.h"
 #include "cpu_ops.h"
 
 flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
@@ -34,28 +44,51 @@ flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__cpu_diag_update(int16_t *lag, const float *logits, int64_t n_lists,
-                                          int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
-                                          int32_t t, int32_t base, flexdiag_stream *s) {
-    (void)s;
-    int32_t h_q = g * h_kv;
-    for (int64_t i = 0; i < n_lists; i++) {
-        int64_t row = i / h_kv;
-        int32_t h = (int32_t)(i % h_kv), best = 0;
-        const float *lg = logits + (row * h_q + (int64_t)h * g) * max_slots + base;
-        int16_t *l = lag + i * a;
-        float best_s = 0;
-        for (int32_t j = 0; j < a; j++) {
-            int32_t col = a - 1 - j; /* entry j's column (list is full in build-up) */
-            float sc = lg[col];
-            for (int32_t q = 1; q < g; q++)
-                if (lg[(int64_t)q * max_slots + col] > sc) sc = lg[(int64_t)q * max_slots + col];
-            if (j == 0 || sc < best_s || (sc == best_s && l[j] > l[best])) {
-                best = j;
-                best_s = sc;
-            }
-        }
-        l[best] = (int16_t)(t - base + 1);
+/* ---- decode epilogue ---- */
+
+/* probs_out rows of the group: p = expf(z - lse) of its n ring columns. kernels.h's "0 when
+ * lse = -inf" needs no branch: both decodes give lse = -inf only to a head with no keys at all,
+ * whose list has no column to write. */
+static void decode_probs(const flexdiag_attn_args *a, int64_t hq0, int32_t g, int32_t n,
+                         const float *z, int64_t z_stride, const float *lse) {
+    for (int32_t q = 0; q < g; q++) {
+        float *p = a->probs_out + (hq0 + q) * a->max_slots;
+        FLEXDIAG_DASSERT(n == 0 || lse[q] != -INFINITY);
+        for (int32_t c = 0; c < n; c++) p[c] = expf(z[q * z_stride + c] - lse[q]);
     }
-    return FLEXDIAG_OK;
+}
+
+/* Group score of ring column c: max over the g query-head rows of z. */
+static float diag_score(const float *z, int64_t z_stride, int32_t g, int32_t c) {
+    float best = z[c];
+    for (int32_t q = 1; q < g; q++)
+        if (z[q * z_stride + c] > best) best = z[q * z_stride + c];
+    return best;
+}
+
+/* The fused build-up update of list li: lexicographic argmin of (score, -lag) over the list
+ * entries e < n_slots - diag_base (entry e at column n_slots - 1 - e) gets lag *diag_next. */
+static void diag_update(const flexdiag_attn_args *a, int64_t li, int32_t g, const float *z,
+                        int64_t z_stride) {
+    int32_t ns = a->n_slots[li], n = ns - a->diag_base, best = 0;
+    if (n <= 0) return; /* only sinks (or nothing) attended: no candidate */
+    int16_t *lag = a->diag_lag + li * a->diag_a;
+    float best_s = diag_score(z, z_stride, g, ns - 1);
+    for (int32_t e = 1; e < n; e++) {
+        float sc = diag_score(z, z_stride, g, ns - 1 - e);
+        if (sc < best_s || (sc == best_s && lag[e] > lag[best])) {
+            best = e;
+            best_s = sc;
+        }
+    }
+    lag[best] = (int16_t)*a->diag_next;
+}
+
+void flexdiag__cpu_decode_scores(const flexdiag_attn_args *a, int64_t s, int32_t h, const float *z,
+                                 int64_t z_stride, const float *lse) {
+    int32_t g = a->h_q / a->h_kv;
+    int64_t li = a->shared_slots ? 0 : s * a->h_kv + h;
+    if (a->probs_out)
+        decode_probs(a, s * a->h_q + (int64_t)h * g, g, a->n_slots[li], z, z_stride, lse);
+    if (a->diag_lag) diag_update(a, li, g, z, z_stride);
 }

@@ -32,9 +32,13 @@ flexdiag_status flexdiag__cuda_attn_prefill(void *out, const void *qkv, const vo
                                             const void *v, const flexdiag_attn_args *a,
                                             flexdiag_stream *s);
 
+/* Query heads one decode CTA serves at most; the fused Diagonal update needs the whole group in
+ * one CTA, so it is the table's diag_max_group. */
+#define FLEXDIAG__CUDA_DEC_MAX_G 8
+
 /* kernels.h attn_decode: one query per sequence over prompt rows 0..lp-1 and the ring rows of
  * the slot lists; one CTA per (sequence, KV head) serves all its query heads. Fills
- * logits_out / lse_out when given. */
+ * logits_out / lse_out / probs_out when given; applies the Diagonal update (diag_lag). */
 flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv, const void *k,
                                            const void *v, const flexdiag_attn_args *a,
                                            flexdiag_stream *s);

@@ -5,13 +5,18 @@
  * One CTA per (sequence, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
  * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
  * (contiguous), j >= lp ring rows p_cap + slots[s][h][j - lp] (token-granular gather; one
- * list for all (s, h) when shared_slots), the CTA's slots staged in shared memory first so key
- * loads never wait on a slot load. A row of d_h bf16 is split over L = d_h / 8 lanes
+ * list for all (s, h) when shared_slots), the CTA's slots staged in shared memory first (short
+ * lists excepted) so key loads never wait on a slot load. A row of d_h bf16 is split over
+ * L = d_h / 8 lanes
  * with 16-byte loads; each such row group takes every NG-th key, U per iteration, all loads
  * issued before use, and keeps its own fp32 online-softmax state (m, l, acc) per head; groups
- * merge by shuffles, warps through shared memory. All g logits of a key sit in the group's
- * registers at the "per-key logits" step of dec_attend, where Diagonal's fused argmin (a max
- * over the group, §2.6) will plug in.
+ * merge by shuffles, warps through shared memory.
+ * Policy scores, fused (§4.3): all g logits of a key sit in the row group's registers, so
+ * Diagonal's build-up update folds max-over-the-group, then a lexicographic (score, -lag)
+ * minimum, into per-thread registers as keys pass; shuffles and shared memory reduce it and one
+ * thread rewrites the lag (no extra pass over K, no logits written). H2O/TOVA/ALISA get
+ * probabilities: the ring logits go to probs_out during the pass and the epilogue, once lse is
+ * known, turns them into expf(logit - lse) in place (same CTA, after a barrier).
  * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
  * (acc, m, l) to the stream's workspace (stream-ordered scratch), merged by a second kernel.
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
@@ -27,7 +32,7 @@
 #define DEC_THREADS 128
 #define DEC_WARPS (DEC_THREADS / 32)
 /* Query heads one CTA serves at most (register budget: 16 fp32 values per head per lane). */
-#define DEC_MAX_G 8
+#define DEC_MAX_G FLEXDIAG__CUDA_DEC_MAX_G
 /* CTAs per multiprocessor asked of the register allocator for groups of <= 4 heads: without the
  * hint ptxas spills a few bytes at g = 1 (seen with nvcc 13.0); 4 keeps <= 128 registers and
  * no spills for every instantiation. g = 8 needs ~255 registers and gets no hint. */
@@ -44,10 +49,13 @@
 
 /* Ring slots of a CTA's key range staged in shared memory up front (one coalesced load, in
  * flight together with the query), so no key load waits on its slot index; longer ranges read
- * the slot list from global memory as they go. */
+ * the slot list from global memory as they go, and so do short lists (the U = 2 kernel): their
+ * prompt keys come first, so the slot loads overlap them, and the barrier costs more than it
+ * saves (H200, 64 sequences, 50 + 29 keys: 32.8 us without staging, 34.0 us with). */
 #define DEC_SMEM_SLOTS 1024
 
-/* Floats per split-K partial: D outputs, m, l, 2 pad so every partial is 16-byte aligned. */
+/* Floats per split-K partial: D outputs, m, l, and 2 more (16-byte alignment) that carry a
+ * split's Diagonal candidate (score, entry as int bits) in the group's first head row. */
 #define DEC_PART(D) ((D) + 4)
 
 #define DEC_LOG2E 1.4426950408889634f
@@ -65,7 +73,12 @@ typedef struct decode_params {
     int32_t shared;               /* 1: one slot list (row 0) for every (seq, KV head) */
     float *logits_out;            /* (n_seq, h_q, max_slots) or NULL */
     float *lse_out;               /* (n_seq, h_q) or NULL */
-    float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l */
+    float *probs_out;             /* (n_seq, h_q, max_slots) or NULL */
+    int16_t *diag_lag;            /* (n_seq, h_kv, diag_a) lag lists or NULL (kernels.h) */
+    int32_t diag_a, diag_base;
+    const int32_t *diag_next;     /* device int32: the new lag */
+    float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l,
+                                     Diagonal's partial (score, entry) in the first head's pad */
 } decode_params;
 
 /* ---- small device helpers ---- */
@@ -96,6 +109,32 @@ static __device__ __forceinline__ float exp_shift(float x, float m) {
     return exp2f((x - (m == -INFINITY ? 0.0f : m)) * DEC_LOG2E);
 }
 
+/* Diagonal's candidate of a key range: lowest group score, larger lag on ties (policies.md
+ * §2.3 step 4); e < 0 = none yet. */
+struct dec_amin {
+    float s;
+    int e;
+};
+
+/* Whether list entry e with score sc beats the candidate b (lags read only on exact ties: the
+ * lags of a list are distinct, so (score, -lag) is a total order). */
+static __device__ __forceinline__ bool amin_beats(float sc, int e, dec_amin b,
+                                                  const int16_t *lag) {
+    if (e < 0) return false;
+    if (b.e < 0 || sc < b.s) return true;
+    return sc == b.s && lag[e] > lag[b.e];
+}
+
+static __device__ __forceinline__ void amin_fold(dec_amin &b, float sc, int e,
+                                                 const int16_t *lag) {
+    if (amin_beats(sc, e, b, lag)) b = {sc, e};
+}
+
+/* expf(z - lse), 0 when the row attended nothing (lse = -inf): the CPU backend's formula. */
+static __device__ __forceinline__ float dec_prob(float z, float lse) {
+    return lse == -INFINITY ? 0.0f : expf(z - lse);
+}
+
 /* ---- per-CTA pieces ---- */
 
 /* One lane's online-softmax state for G query heads: max logit, normaliser, and the lane's 8
@@ -109,6 +148,8 @@ struct dec_keys {
     const uint4 *kb, *vb; /* K / V row 0 of the block, + the lane's chunk */
     const int32_t *sl;    /* slot list of the block, indexed by list entry - lp */
     float *lg;            /* logits_out of the first query head, or NULL */
+    float *pg;            /* probs_out of the first query head (logits until the epilogue) */
+    int16_t *dl;          /* Diagonal: this list's lags, or NULL (no update this call) */
     int lp;               /* prompt keys: list entries 0..lp-1 */
     int n;                /* list length lp + n_slots */
     int jb, je;           /* this CTA's part of the list (split-K) */
@@ -146,7 +187,8 @@ static __device__ __forceinline__ void dec_fetch(dec_chunk<U> &c, const dec_keys
 
 /* Fold the chunk at j0 into the online-softmax state (and write its ring logits). */
 template <int D, int G, int U>
-static __device__ __forceinline__ void dec_consume(dec_state<G> &st, const float (&q)[G][8],
+static __device__ __forceinline__ void dec_consume(dec_state<G> &st, dec_amin &am,
+                                                   const float (&q)[G][8],
                                                    const dec_chunk<U> &c, const dec_keys &k,
                                                    const decode_params &p, int j0, int grp,
                                                    int sub, int ng) {
@@ -175,14 +217,31 @@ static __device__ __forceinline__ void dec_consume(dec_state<G> &st, const float
     for (int u = 0; u < U; u++)
 #pragma unroll
         for (int i = 0; i < G; i++) z[u][i] = c.ok[u] ? z[u][i] * p.scale : -INFINITY;
-    if (k.lg && sub == 0) {
+    if ((k.lg || k.pg) && sub == 0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = j0 + u * NG + grp;
             if (j >= k.lp && j < k.je)
 #pragma unroll
-                for (int i = 0; i < G; i++)
-                    if (i < ng) k.lg[(int64_t)i * p.max_slots + (j - k.lp)] = z[u][i];
+                for (int i = 0; i < G; i++) {
+                    if (i >= ng) continue;
+                    const int64_t o = (int64_t)i * p.max_slots + (j - k.lp);
+                    if (k.lg) k.lg[o] = z[u][i];
+                    if (k.pg) k.pg[o] = z[u][i];
+                }
+        }
+    }
+    if (k.dl) { /* Diagonal build-up: ring column c holds list entry n - 1 - j (kernels.h) */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = j0 + u * NG + grp;
+            const int e = k.n - 1 - j; /* < diag_a also for bad n_slots: no write outside */
+            if (j - k.lp < p.diag_base || j >= k.je || e >= p.diag_a) continue;
+            float sc = z[u][0];
+#pragma unroll
+            for (int i = 1; i < G; i++)
+                if (i < ng) sc = fmaxf(sc, z[u][i]);
+            amin_fold(am, sc, e, k.dl);
         }
     }
     /* online softmax: one rescale per iteration and head */
@@ -218,7 +277,8 @@ static __device__ __forceinline__ void dec_consume(dec_state<G> &st, const float
  * the next iteration's loads are issued before this one's math (one chunk of prefetch), so a
  * short list costs about one memory round trip rather than one per iteration. */
 template <int D, int G, int U>
-static __device__ __forceinline__ void dec_attend(dec_state<G> &st, const float (&q)[G][8],
+static __device__ __forceinline__ void dec_attend(dec_state<G> &st, dec_amin &am,
+                                                  const float (&q)[G][8],
                                                   const dec_keys &k, const decode_params &p,
                                                   int grp, int sub, int ng) {
     constexpr int L = D / 8, NG = DEC_WARPS * (32 / L);
@@ -228,7 +288,7 @@ static __device__ __forceinline__ void dec_attend(dec_state<G> &st, const float 
     for (int j0 = k.jb; j0 < k.je; j0 += NG * U) {
         const bool more = j0 + NG * U < k.je;
         if (more) dec_fetch<D, U>(nxt, k, p, j0 + NG * U, grp);
-        dec_consume<D, G, U>(st, q, cur, k, p, j0, grp, sub, ng);
+        dec_consume<D, G, U>(st, am, q, cur, k, p, j0, grp, sub, ng);
         if (more) cur = nxt;
     }
 }
@@ -279,12 +339,41 @@ static __device__ __forceinline__ void dec_write(uint4 *out, const decode_params
     if (c == 0 && p.lse_out) p.lse_out[sq] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
 }
 
+/* Reduce the CTA's Diagonal candidates (row groups by shuffles, warps through shared memory);
+ * thread 0 rewrites the winning lag, or under split-K leaves the split's candidate in the pad
+ * of the first head's partial for attn_decode_merge. */
+template <int D>
+static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const decode_params &p,
+                                       int64_t sq0, float *sm_s, int *sm_e) {
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+#pragma unroll
+    for (int o = D / 8; o < 32; o <<= 1) {
+        const float so = __shfl_xor_sync(0xffffffffu, am.s, o);
+        const int eo = __shfl_xor_sync(0xffffffffu, am.e, o);
+        amin_fold(am, so, eo, k.dl);
+    }
+    if (lane == 0) {
+        sm_s[warp] = am.s;
+        sm_e[warp] = am.e;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < DEC_WARPS; w++) amin_fold(am, sm_s[w], sm_e[w], k.dl);
+    if (p.splits > 1) {
+        float *dst = p.part + (sq0 * p.splits + blockIdx.z) * DEC_PART(D);
+        dst[D + 2] = am.s;
+        dst[D + 3] = __int_as_float(am.e);
+    } else if (am.e >= 0) {
+        k.dl[am.e] = (int16_t)__ldg(p.diag_next);
+    }
+}
+
 /* ---- kernels ---- */
 
 /* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
  * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration. */
-template <int D, int G, int U>
-static __global__ void __launch_bounds__(DEC_THREADS, G == 1 && U == 2 ? DEC_SHORT_CTAS
+template <int D, int G, int U, bool SHORT = G == 1 && U == 2>
+static __global__ void __launch_bounds__(DEC_THREADS, SHORT ? DEC_SHORT_CTAS
                                                    : G <= 4 ? DEC_MIN_CTAS : 1)
 attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
                    const uint4 *__restrict__ kc, const uint4 *__restrict__ vc, decode_params p) {
@@ -293,6 +382,8 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     __shared__ float sm_acc[DEC_WARPS][G][D];
     __shared__ float sm_m[DEC_WARPS][G], sm_l[DEC_WARPS][G];
     __shared__ int32_t sm_slot[DEC_SMEM_SLOTS];
+    __shared__ float sm_lse[G], sm_am_s[DEC_WARPS];
+    __shared__ int sm_am_e[DEC_WARPS];
 
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int sub = lane % L, grp = warp * RPW + lane / L;
@@ -324,12 +415,15 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     k.vb = vc + blk;
     k.sl = p.slots + li * p.max_slots;
     const int s0 = max(k.jb - k.lp, 0), ns = max(k.je - k.lp, 0) - s0;
-    if (ns > 0 && ns <= DEC_SMEM_SLOTS) {
+    if (!SHORT && ns > 0 && ns <= DEC_SMEM_SLOTS) {
         for (int t = (int)threadIdx.x; t < ns; t += DEC_THREADS) sm_slot[t] = __ldg(k.sl + s0 + t);
         k.sl = sm_slot - s0;
         __syncthreads();
     }
-    k.lg = p.logits_out ? p.logits_out + ((int64_t)s * p.h_q + hq0) * p.max_slots : nullptr;
+    const int64_t sq0 = (int64_t)s * p.h_q + hq0; /* first query head row of the CTA */
+    k.lg = p.logits_out ? p.logits_out + sq0 * p.max_slots : nullptr;
+    k.pg = p.probs_out ? p.probs_out + sq0 * p.max_slots : nullptr;
+    k.dl = p.diag_lag ? p.diag_lag + (int64_t)bh * p.diag_a : nullptr; /* one chunk: launcher */
 
     dec_state<G> st;
 #pragma unroll
@@ -339,8 +433,10 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 #pragma unroll
         for (int e = 0; e < 8; e++) st.acc[i][e] = 0.0f;
     }
-    dec_attend<D, G, U>(st, q, k, p, grp, sub, ng);
+    dec_amin am = {0.0f, -1};
+    dec_attend<D, G, U>(st, am, q, k, p, grp, sub, ng);
     dec_merge_warp<D, G>(st);
+    if (k.dl) dec_diag_finish<D>(am, k, p, sq0, sm_am_s, sm_am_e);
 
     /* merge the warps through shared memory */
     if (lane < L) {
@@ -369,29 +465,58 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = fmaf(sm_acc[w][i][c * 8 + e], f, o[e]);
         }
-        dec_write<D>(out, p, (int64_t)s * p.h_q + hq0 + i, c, o, mx, lsum);
+        dec_write<D>(out, p, sq0 + i, c, o, mx, lsum);
+        if (c == 0) sm_lse[i] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
+    }
+    if (k.pg && p.splits == 1) { /* probability epilogue (split-K: attn_decode_merge) */
+        __syncthreads();
+        const int ns = k.n - k.lp;
+        for (int t = (int)threadIdx.x; t < ng * ns; t += DEC_THREADS) {
+            const int i = t / ns, c = t - i * ns;
+            float *pr = k.pg + (int64_t)i * p.max_slots + c;
+            *pr = dec_prob(*pr, sm_lse[i]);
+        }
     }
 }
 
-/* Split-K merge: one warp per query head row sq; out (n_seq·h_q, D) bf16, lse (n_seq·h_q). */
+/* Split-K merge: one warp per query head row sq; out (n_seq·h_q, D) bf16, lse (n_seq·h_q); the
+ * row's probabilities (probs_out) and, in a group's first head row, Diagonal's update from the
+ * splits' candidates. */
 template <int D>
 static __global__ void __launch_bounds__(32)
-attn_decode_merge(__nv_bfloat16 *__restrict__ out, const float *__restrict__ part, int splits,
-                  float *__restrict__ lse_out) {
+attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
     const int64_t sq = blockIdx.x;
-    const float *pp = part + sq * splits * DEC_PART(D);
+    const float *pp = p.part + sq * p.splits * DEC_PART(D);
     float mx = -INFINITY, lsum = 0.0f;
-    for (int z = 0; z < splits; z++) mx = fmaxf(mx, pp[z * DEC_PART(D) + D]);
-    for (int z = 0; z < splits; z++)
+    for (int z = 0; z < p.splits; z++) mx = fmaxf(mx, pp[z * DEC_PART(D) + D]);
+    for (int z = 0; z < p.splits; z++)
         lsum += pp[z * DEC_PART(D) + D + 1] * exp_shift(pp[z * DEC_PART(D) + D], mx);
     const float inv = lsum == 0.0f ? 0.0f : __frcp_rn(lsum);
     for (int e = (int)threadIdx.x; e < D; e += 32) {
         float o = 0.0f;
-        for (int z = 0; z < splits; z++)
+        for (int z = 0; z < p.splits; z++)
             o = fmaf(pp[z * DEC_PART(D) + e], exp_shift(pp[z * DEC_PART(D) + D], mx), o);
         out[sq * D + e] = __float2bfloat16_rn(o * inv);
     }
-    if (threadIdx.x == 0 && lse_out) lse_out[sq] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
+    const float lse = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
+    if (threadIdx.x == 0 && p.lse_out) p.lse_out[sq] = lse;
+    if (!p.probs_out && !p.diag_lag) return;
+    const int s = (int)(sq / p.h_q), hq = (int)(sq - (int64_t)s * p.h_q);
+    const int64_t li = p.shared ? 0 : (int64_t)s * p.h_kv + hq / p.g;
+    const int ns = p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0;
+    if (p.probs_out)
+        for (int c = (int)threadIdx.x; c < ns; c += 32) {
+            float *pr = p.probs_out + sq * p.max_slots + c;
+            *pr = dec_prob(*pr, lse);
+        }
+    if (p.diag_lag && hq % p.g == 0 && threadIdx.x == 0) {
+        int16_t *dl = p.diag_lag + li * p.diag_a;
+        dec_amin am = {0.0f, -1};
+        for (int z = 0; z < p.splits; z++)
+            amin_fold(am, pp[z * DEC_PART(D) + D + 2], __float_as_int(pp[z * DEC_PART(D) + D + 3]),
+                      dl);
+        if (am.e >= 0) dl[am.e] = (int16_t)__ldg(p.diag_next);
+    }
 }
 
 /* ---- launcher ---- */
@@ -413,8 +538,7 @@ static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv
         attn_decode_kernel<D, G, U><<<grid, DEC_THREADS, 0, st>>>(
             (uint4 *)out, (const uint4 *)qkv, (const uint4 *)k, (const uint4 *)v, p);
     if (p.splits > 1)
-        attn_decode_merge<D><<<(unsigned)n_rows, 32, 0, st>>>((__nv_bfloat16 *)out, p.part,
-                                                              p.splits, p.lse_out);
+        attn_decode_merge<D><<<(unsigned)n_rows, 32, 0, st>>>((__nv_bfloat16 *)out, p);
 }
 
 template <int D>
@@ -467,11 +591,21 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "attn_decode: group size h_q / h_kv = %d exceeds %d", g,
                              65535 * DEC_MAX_G);
+    if (a->diag_lag &&
+        (a->shared_slots || a->diag_a < 1 || a->diag_base < 0 || !a->diag_next || chunks > 1))
+        return flexdiag__err(chunks > 1 ? FLEXDIAG_ERR_UNSUPPORTED : FLEXDIAG_ERR_INVALID_ARG,
+                             "attn_decode: the fused Diagonal update needs per-(sequence, KV "
+                             "head) slot lists, diag_a >= 1, diag_base >= 0, diag_next and a "
+                             "group h_q / h_kv <= %d (got shared_slots %d, diag_a %d, diag_base "
+                             "%d, group %d)",
+                             DEC_MAX_G, (int)a->shared_slots, (int)a->diag_a, (int)a->diag_base,
+                             g);
     const int64_t ctas = (int64_t)a->n_seq * a->h_kv * chunks;
     const int splits = decode_splits(a, s, ctas);
     decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, splits, a->scale,
                        a->lp, a->slots, a->n_slots, a->shared_slots ? 1 : 0, a->logits_out,
-                       a->lse_out, (float *)s->workspace};
+                       a->lse_out, a->probs_out, a->diag_lag, a->diag_a, a->diag_base,
+                       a->diag_next, (float *)s->workspace};
     const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
     const int64_t keys = ((int64_t)a->p_cap + a->max_slots + splits - 1) / splits;
     switch (a->d_h) {

@@ -112,10 +112,6 @@ flexdiag_status flexdiag__cuda_diag_slots(int32_t *slots, int32_t *n_slots, int1
                                           int16_t *cnt, int64_t n_lists, int32_t max_slots,
                                           int32_t a, int32_t t, int32_t n_r, int32_t base,
                                           flexdiag_stream *s);
-flexdiag_status flexdiag__cuda_diag_update(int16_t *lag, const float *logits, int64_t n_lists,
-                                           int32_t h_kv, int32_t g, int32_t max_slots, int32_t a,
-                                           int32_t t, int32_t base, flexdiag_stream *s);
-
 /* ---- image decoder, VQ-16 (conv2d.cu, vq_ops.cu); contracts in kernels.h; activations
  * f32 ---- */
 

@@ -54,7 +54,7 @@ static flexdiag_kernels make_table(void) {
     t.graph_launch = flexdiag__cuda_graph_launch;
     t.graph_destroy = flexdiag__cuda_graph_destroy;
     t.diag_slots = flexdiag__cuda_diag_slots;
-    t.diag_update = flexdiag__cuda_diag_update;
+    t.diag_max_group = FLEXDIAG__CUDA_DEC_MAX_G;
     t.vq_lookup = flexdiag__cuda_vq_lookup;
     t.conv2d = flexdiag__cuda_conv2d;
     t.groupnorm = flexdiag__cuda_groupnorm;

@@ -96,22 +96,17 @@ void ch_attn_fix_init(ch_attn_fix *f, const ch_attn_case *c, uint64_t seed) {
             random_slots(&r, f->slots + sh * c->max_slots, ns, c->ring);
         }
     }
-    flexdiag_attn_args a = {c->n_seq,
-                            c->h_q,
-                            c->h_kv,
-                            c->d_h,
-                            c->p_cap,
-                            c->ring,
-                            1.0f / sqrtf((float)c->d_h),
-                            f->lp,
-                            f->slots,
-                            f->n_slots,
-                            c->max_slots,
-                            NULL,
-                            NULL,
-                            0,
-                            NULL,
-                            0.0f};
+    flexdiag_attn_args a = {.n_seq = c->n_seq,
+                            .h_q = c->h_q,
+                            .h_kv = c->h_kv,
+                            .d_h = c->d_h,
+                            .p_cap = c->p_cap,
+                            .ring = c->ring,
+                            .scale = 1.0f / sqrtf((float)c->d_h),
+                            .lp = f->lp,
+                            .slots = f->slots,
+                            .n_slots = f->n_slots,
+                            .max_slots = c->max_slots};
     f->a = a;
 }
 

@@ -7,8 +7,11 @@
  * Data movement (embed, gather, KV append, copies) must be exact. RoPE (not a table slot: the
  * internal flexdiag__cpu_ref_rope that kv_append runs when its args carry positions) is checked
  * against the closed form, and kv_append with positions must equal RoPE then the plain append
- * bit for bit. Bad arguments must fail with FLEXDIAG_ERR_INVALID_ARG and a message naming the
- * culprit.
+ * bit for bit. The decode epilogue, on both tables: probs_out must be expf(logits_out - lse_out)
+ * of the same call bit for bit, and the fused Diagonal update (diag_fixture.h) must equal the
+ * literal argmin over the call's own logits, with bitwise ties going to the larger lag; both
+ * must come out the same without logits_out / lse_out (the scratch path). Bad arguments must
+ * fail with FLEXDIAG_ERR_INVALID_ARG and a message naming the culprit.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -23,6 +26,7 @@
 #include "core.h"
 #include "cpu/cpu_harness.h"
 #include "cpu/cpu_ops.h"
+#include "cpu/diag_fixture.h"
 #include "kernels.h"
 #include "util.h"
 
@@ -58,6 +62,7 @@ static void test_tables(void **state) {
     for (int i = 0; i < 2; i++) {
         const flexdiag_kernels *K = tabs[i];
         assert_int_equal(K->act_bytes, 4);
+        assert_int_equal(K->diag_max_group, INT32_MAX); /* both fuse Diagonal for any group */
         assert_null(K->mem_info);
         assert_true(K->stream_create && K->stream_destroy && K->stream_sync && K->mem_alloc &&
                     K->mem_free && K->copy_h2d && K->copy_d2h && K->copy_d2d && K->memset0 &&
@@ -690,6 +695,172 @@ static void test_attn_errors(void **state) {
     ch_attn_fix_free(&f);
 }
 
+/* ---- decode epilogue: probabilities and the fused Diagonal update ---- */
+
+/* The two CPU tables: 0 the reference, 1 the fast one (run on a 3-worker stream below). */
+static const flexdiag_kernels *epi_table(int t) {
+    return t == 0 ? flexdiag__kernels_cpu_ref() : flexdiag__kernels_cpu();
+}
+
+/* probs of the call equal expf(logits - lse) computed here from its own outputs, bit for bit;
+ * columns past n_slots keep the fill (a head with no keys has n_slots 0: nothing written). */
+static void check_probs(const ch_attn_fix *f, const float *probs, const float *logits,
+                        const float *lse) {
+    const flexdiag_attn_args *a = &f->a;
+    int32_t g = a->h_q / a->h_kv;
+    for (int64_t s = 0; s < a->n_seq; s++)
+        for (int32_t hq = 0; hq < a->h_q; hq++) {
+            int64_t shq = s * a->h_q + hq;
+            int32_t ns = a->n_slots[s * a->h_kv + hq / g];
+            for (int32_t c = 0; c < a->max_slots; c++) {
+                float z = logits[shq * a->max_slots + c], want = 555.0f;
+                if (c < ns) want = lse[shq] == -INFINITY ? 0.0f : expf(z - lse[shq]);
+                if (memcmp(&probs[shq * a->max_slots + c], &want, 4) != 0)
+                    fail_msg("probs[seq %lld][head %d][%d] = %.9g, want %.9g", (long long)s, hq,
+                             c, (double)probs[shq * a->max_slots + c], (double)want);
+            }
+        }
+}
+
+static void test_attn_decode_probs(void **state) {
+    (void)state;
+    static const size_t cases[] = {0, 3, 2, 4}; /* MHA (g = 1), then GQA g = 4 */
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            const flexdiag_kernels *K = epi_table(t);
+            flexdiag_stream *s = ch_stream(K, t == 0 ? -1 : 3);
+            ch_attn_fix f;
+            ch_attn_fix_init(&f, &attn_cases[cases[i]], 700 + cases[i]);
+            flexdiag_attn_args a = f.a;
+            int64_t n_hq = (int64_t)a.n_seq * a.h_q, n_log = n_hq * a.max_slots;
+            float *out = ch_guarded(n_hq * a.d_h, 9.0f), *lse = ch_guarded(n_hq, 9.0f);
+            float *logits = ch_guarded(n_log, 555.0f), *probs = ch_guarded(n_log, 555.0f);
+            a.logits_out = logits;
+            a.lse_out = lse;
+            a.probs_out = probs;
+            assert_int_equal(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, s), FLEXDIAG_OK);
+            check_probs(&f, probs, logits, lse);
+            ch_guard_check(probs, n_log, "attn_decode probs");
+            /* sequence 1 of the fixture: lp 0 and no slots on KV head 0: lse -inf */
+            if (a.n_seq > 1) assert_true(lse[a.h_q] == -INFINITY && f.n_slots[a.h_kv] == 0);
+            /* probs only: logits and lse go through scratch, results unchanged */
+            float *out2 = ch_guarded(n_hq * a.d_h, 9.0f), *probs2 = ch_guarded(n_log, 555.0f);
+            a.logits_out = a.lse_out = NULL;
+            a.probs_out = probs2;
+            assert_int_equal(K->attn_decode(out2, f.qkv_dec, f.k, f.v, &a, s), FLEXDIAG_OK);
+            assert_memory_equal(probs2, probs, (size_t)n_log * 4);
+            assert_memory_equal(out2, out, (size_t)(n_hq * a.d_h) * 4);
+            ch_guard_check(probs2, n_log, "attn_decode probs (scratch)");
+            ch_guard_check(out2, n_hq * a.d_h, "attn_decode out (scratch)");
+            ch_guarded_free(out);
+            ch_guarded_free(lse);
+            ch_guarded_free(logits);
+            ch_guarded_free(probs);
+            ch_guarded_free(out2);
+            ch_guarded_free(probs2);
+            K->stream_destroy(s);
+            ch_attn_fix_free(&f);
+        }
+}
+
+/* (n_seq, h_q, h_kv, d_h, p_cap, a, base); at least 4 lists: every kind of diag_fixture.h */
+static const df_case diag_cases[] = {
+    {3, 4, 4, 24, 5, 6, 0},   {3, 4, 4, 24, 5, 6, 4},   /* g = 1 */
+    {3, 8, 2, 40, 9, 9, 0},   {3, 8, 2, 40, 9, 9, 4},   /* g = 4 */
+    {4, 4, 1, 24, 70, 37, 0}, {4, 4, 1, 24, 70, 37, 4}, /* g = 4, candidates past 32 keys */
+};
+#define N_DIAG_CASES (sizeof diag_cases / sizeof diag_cases[0])
+
+/* Per list: exactly one entry replaced when it has candidates, none otherwise; a structured
+ * list's two tied entries have bitwise-equal logits and the larger lag is the one replaced. */
+static void check_diag_lists(const df_fix *d, const df_out *o) {
+    const flexdiag_attn_args *a = &d->f.a;
+    int32_t g = a->h_q / a->h_kv;
+    for (int64_t li = 0; li < (int64_t)a->n_seq * a->h_kv; li++) {
+        const int16_t *got = o->lag + li * a->diag_a, *lag0 = d->lag0 + li * a->diag_a;
+        int32_t ns = a->n_slots[li], changed = 0;
+        for (int32_t e = 0; e < a->diag_a; e++) changed += got[e] != lag0[e];
+        assert_int_equal(changed, ns > a->diag_base ? 1 : 0);
+        int32_t e1 = d->tie[2 * li], e2 = d->tie[2 * li + 1];
+        if (e1 < 0) continue;
+        const float *z = o->logits + ((li / a->h_kv) * a->h_q + (li % a->h_kv) * g) * a->max_slots;
+        for (int32_t q = 0; q < g; q++)
+            assert_memory_equal(&z[q * a->max_slots + ns - 1 - e1],
+                                &z[q * a->max_slots + ns - 1 - e2], 4);
+        int32_t win = lag0[e1] > lag0[e2] ? e1 : e2;
+        assert_int_equal(got[win], DF_NEXT);
+    }
+}
+
+static void test_attn_decode_diag(void **state) {
+    (void)state;
+    for (int t = 0; t < 2; t++)
+        for (size_t ci = 0; ci < N_DIAG_CASES; ci++)
+            for (int structured = 0; structured < 2; structured++) {
+                const flexdiag_kernels *K = epi_table(t);
+                flexdiag_stream *s = ch_stream(K, t == 0 ? -1 : 3);
+                df_fix d;
+                df_init(&d, &diag_cases[ci], structured, 800 + 2 * ci + (size_t)structured);
+                df_out o = df_run(K, s, &d, 1);
+                int16_t *want = malloc((size_t)d.n_lag * sizeof *want);
+                assert_non_null(want);
+                df_expect(&d, o.logits, want);
+                assert_memory_equal(o.lag, want, (size_t)d.n_lag * sizeof *want);
+                check_diag_lists(&d, &o);
+                check_probs(&d.f, o.probs, o.logits, o.lse);
+                /* without logits_out / lse_out: the same update and probabilities */
+                df_out o2 = df_run(K, s, &d, 0);
+                assert_memory_equal(o2.lag, o.lag, (size_t)d.n_lag * sizeof *want);
+                assert_memory_equal(o2.probs, o.probs,
+                                    (size_t)(d.f.a.n_seq * d.f.a.h_q * d.f.a.max_slots) * 4);
+                df_out_free(&o);
+                df_out_free(&o2);
+                free(want);
+                K->stream_destroy(s);
+                df_free(&d);
+            }
+}
+
+/* Bad fused-update arguments are rejected by both tables, with no lag written. */
+static void test_attn_diag_errors(void **state) {
+    (void)state;
+    df_fix d;
+    df_init(&d, &diag_cases[1], 0, 900);
+    int64_t n_out = (int64_t)d.f.a.n_seq * d.f.a.h_q * d.f.a.d_h;
+    float *out = malloc((size_t)n_out * 4);
+    int16_t *lag = malloc((size_t)d.n_lag * sizeof *lag);
+    memcpy(lag, d.lag0, (size_t)d.n_lag * sizeof *lag);
+    for (int t = 0; t < 2; t++) {
+        const flexdiag_kernels *K = epi_table(t);
+        flexdiag_attn_args a = d.f.a;
+        a.diag_lag = lag;
+        a.shared_slots = 1;
+        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "shared_slots");
+        a = d.f.a;
+        a.diag_lag = lag;
+        a.diag_a = 0;
+        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "diag_a = 0");
+        a.diag_a = d.f.a.diag_a;
+        a.diag_base = -1;
+        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL),
+                       "diag_base = -1");
+        a.diag_base = d.f.a.diag_base;
+        a.diag_a = d.f.a.diag_a - 1; /* list 0 is full: base + a columns */
+        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL),
+                       "exceeds diag_a");
+        a.diag_a = d.f.a.diag_a;
+        a.diag_next = NULL;
+        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "diag_next");
+        int32_t big = 40000;
+        a.diag_next = &big;
+        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "diag_next");
+        assert_memory_equal(lag, d.lag0, (size_t)d.n_lag * sizeof *lag);
+    }
+    free(out);
+    free(lag);
+    df_free(&d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),      cmocka_unit_test(test_memory),
@@ -701,6 +872,9 @@ int main(void) {
         cmocka_unit_test(test_kv_append_rope),
         cmocka_unit_test(test_attn_decode), cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_errors),
+        cmocka_unit_test(test_attn_decode_probs),
+        cmocka_unit_test(test_attn_decode_diag),
+        cmocka_unit_test(test_attn_diag_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

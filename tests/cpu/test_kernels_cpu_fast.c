@@ -7,7 +7,11 @@
  * count (each element is summed by one thread in a fixed order). Shapes cross every blocking
  * boundary of fast_matmul.c (64-row / 64-column tiles, 16-column strips, 4-row micro-kernels,
  * 256-wide k blocks). Attention: outputs, ring-slot logits and log-sum-exp within fp32 tolerance
- * over the shared shape table, and identical across thread counts. Guards around every output.
+ * over the shared shape table, and identical across thread counts. Decode epilogue: probs_out
+ * within PROBS_RTOL of the reference's, and the fused Diagonal update (diag_fixture.h) equal
+ * to the reference's lag lists on well-separated and bitwise-tied scores (on random scores,
+ * equal to the argmin over the fast call's own logits); both identical across thread counts.
+ * Guards around every output.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -21,6 +25,7 @@
 
 #include "core.h"
 #include "cpu/cpu_harness.h"
+#include "cpu/diag_fixture.h"
 #include "kernels.h"
 #include "util.h"
 
@@ -36,6 +41,12 @@ static const ch_attn_case attn_cases[] = {
     {5, 8, 4, 64, 40, 33, 33}, /* more tasks than threads, chunk tails in the ring */
 };
 #define N_ATTN_CASES (sizeof attn_cases / sizeof attn_cases[0])
+
+/* Loosened from 1e-6: probs = expf(z - lse), so the absolute error of z - lse (fast and
+ * reference sum in different orders) becomes p's relative error; lse reaches ~6 here (fp32 ulp
+ * 4.8e-7); measured worst cases 1.06e-6 over these tables, 1.44e-6 with other fixture seeds;
+ * 4e-6 leaves ~2.5x. */
+#define PROBS_RTOL 4e-6
 
 /* ---- matmul ---- */
 
@@ -104,20 +115,22 @@ static void test_matmul_fast(void **state) {
 
 /* Outputs of one decode call. */
 typedef struct dec_out {
-    float *out, *lse, *logits;
+    float *out, *lse, *logits, *probs;
 } dec_out;
 
 static dec_out run_decode(const flexdiag_kernels *K, flexdiag_stream *s, const ch_attn_fix *f) {
     flexdiag_attn_args a = f->a;
     int64_t n_hq = (int64_t)a.n_seq * a.h_q;
     dec_out d = {ch_guarded(n_hq * a.d_h, 9.0f), ch_guarded(n_hq, 9.0f),
-                 ch_guarded(n_hq * a.max_slots, 555.0f)};
+                 ch_guarded(n_hq * a.max_slots, 555.0f), ch_guarded(n_hq * a.max_slots, 555.0f)};
     a.lse_out = d.lse;
     a.logits_out = d.logits;
+    a.probs_out = d.probs;
     assert_int_equal(K->attn_decode(d.out, f->qkv_dec, f->k, f->v, &a, s), FLEXDIAG_OK);
     ch_guard_check(d.out, n_hq * a.d_h, "decode out");
     ch_guard_check(d.lse, n_hq, "decode lse");
     ch_guard_check(d.logits, n_hq * a.max_slots, "decode logits");
+    ch_guard_check(d.probs, n_hq * a.max_slots, "decode probs");
     return d;
 }
 
@@ -125,6 +138,7 @@ static void dec_free(dec_out *d) {
     ch_guarded_free(d->out);
     ch_guarded_free(d->lse);
     ch_guarded_free(d->logits);
+    ch_guarded_free(d->probs);
 }
 
 static void test_attn_decode_fast(void **state) {
@@ -145,11 +159,14 @@ static void test_attn_decode_fast(void **state) {
                 tu_allclose("fast decode lse", got.lse, want.lse, n_hq, CH_ATOL, CH_RTOL, CH_NMSE));
             assert_true(tu_allclose("fast decode logits", got.logits, want.logits,
                                     n_hq * f.a.max_slots, CH_ATOL, CH_RTOL, CH_NMSE));
+            assert_true(tu_allclose("fast decode probs", got.probs, want.probs,
+                                    n_hq * f.a.max_slots, 0.0, PROBS_RTOL, CH_NMSE));
             if (!first.out)
                 first = got;
             else {
                 assert_memory_equal(got.out, first.out, (size_t)(n_hq * f.a.d_h) * 4);
                 assert_memory_equal(got.lse, first.lse, (size_t)n_hq * 4);
+                assert_memory_equal(got.probs, first.probs, (size_t)(n_hq * f.a.max_slots) * 4);
                 dec_free(&got);
             }
         }
@@ -157,6 +174,57 @@ static void test_attn_decode_fast(void **state) {
         dec_free(&want);
         ch_attn_fix_free(&f);
     }
+}
+
+/* (n_seq, h_q, h_kv, d_h, p_cap, a, base), as in test_kernels_cpu.c plus a wider head */
+static const df_case diag_cases[] = {
+    {3, 4, 4, 24, 5, 6, 0},   {3, 4, 4, 24, 5, 6, 4},    /* g = 1 */
+    {3, 8, 2, 40, 9, 9, 0},   {3, 8, 2, 40, 9, 9, 4},    /* g = 4 */
+    {4, 4, 1, 24, 70, 37, 0}, {4, 4, 1, 24, 70, 37, 4},  /* g = 4, candidates past 32 keys */
+    {5, 8, 4, 64, 40, 29, 4},                            /* more tasks than threads */
+};
+#define N_DIAG_CASES (sizeof diag_cases / sizeof diag_cases[0])
+
+/* Fused Diagonal update and probabilities, fast vs reference, over thread counts. */
+static void test_attn_decode_diag_fast(void **state) {
+    (void)state;
+    const flexdiag_kernels *R = flexdiag__kernels_cpu_ref(), *F = flexdiag__kernels_cpu();
+    for (size_t ci = 0; ci < N_DIAG_CASES; ci++)
+        for (int structured = 0; structured < 2; structured++) {
+            df_fix d;
+            df_init(&d, &diag_cases[ci], structured, 1000 + 2 * ci + (size_t)structured);
+            int64_t n_log = (int64_t)d.f.a.n_seq * d.f.a.h_q * d.f.a.max_slots;
+            size_t lag_bytes = (size_t)d.n_lag * sizeof(int16_t);
+            int16_t *own = malloc(lag_bytes);
+            assert_non_null(own);
+            df_out want = df_run(R, NULL, &d, 1), first = {0};
+            for (size_t t = 0; t < N_THREADS; t++) {
+                flexdiag_stream *s = ch_stream(F, thread_list[t]);
+                df_out got = df_run(F, s, &d, 1);
+                F->stream_destroy(s);
+                assert_true(tu_allclose("fast diag probs", got.probs, want.probs, n_log, 0.0,
+                                        PROBS_RTOL, CH_NMSE));
+                /* structured scores are well separated or bitwise tied: the reference's
+                 * choice; random ones: the argmin over this call's logits */
+                if (structured) {
+                    assert_memory_equal(got.lag, want.lag, lag_bytes);
+                } else {
+                    df_expect(&d, got.logits, own);
+                    assert_memory_equal(got.lag, own, lag_bytes);
+                }
+                if (!first.out)
+                    first = got;
+                else {
+                    assert_memory_equal(got.lag, first.lag, lag_bytes);
+                    assert_memory_equal(got.probs, first.probs, (size_t)n_log * 4);
+                    df_out_free(&got);
+                }
+            }
+            df_out_free(&first);
+            df_out_free(&want);
+            free(own);
+            df_free(&d);
+        }
 }
 
 static float *run_prefill(const flexdiag_kernels *K, flexdiag_stream *s, const ch_attn_fix *f) {
@@ -211,6 +279,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_fast),
         cmocka_unit_test(test_attn_decode_fast),
+        cmocka_unit_test(test_attn_decode_diag_fast),
         cmocka_unit_test(test_attn_prefill_fast),
         cmocka_unit_test(test_pool_reuse),
     };

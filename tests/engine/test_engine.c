@@ -191,7 +191,8 @@ static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host,
     return logits;
 }
 
-/* The device-resident Diagonal ops (diag_slots / diag_update) equal the host state machine:
+/* The device-resident Diagonal path (diag_slots, the update fused into attn_decode) equals the
+ * host state machine:
  * identical attended slots at every (step, layer, sequence, KV head) and identical logits. */
 static void test_device_policy(void **state) {
     (void)state;

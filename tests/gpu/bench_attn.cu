@@ -109,7 +109,8 @@ static void bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench
         BENCH_CHECK(cudaMalloc(&lse, (size_t)B * r.h_q * 4));
     }
     flexdiag_attn_args a = {B, r.h_q, r.h_kv, d_h, lp, ring, 1.0f / sqrtf((float)d_h), d_lp,
-                            d_slots, d_ns, max_slots, logits, lse, 0, NULL, 0.0f};
+                            d_slots, d_ns, max_slots, logits, lse, 0, NULL, 0.0f, NULL, NULL, 0, 0,
+                            NULL};
 
     cudaEvent_t e0, e1;
     BENCH_CHECK(cudaEventCreate(&e0));

@@ -14,10 +14,11 @@
  * kv_append exact (whole caches bit-identical); outputs within bf16 tolerances of the
  * reference and within 2x the error of a naive bf16 implementation vs an fp64 reference
  * (flash-attention's rule); logits / lse within a bound derived from fp32 dot-product error;
- * identical keys give bit-identical logits; 1024-element guard regions around every device
- * buffer come back unchanged; outputs are poisoned before each call so unwritten elements fail.
- * kv_append with positions (fused RoPE) has its own file, test_kv_append_cuda.c. Also: the
- * host-side argument checks. Exits 77 when CUDA is not built or no device is usable.
+ * identical keys give bit-identical logits; the policy outputs (probs_out, the fused Diagonal
+ * update over random lag lists, all-tie lists included) against the call's own logits;
+ * 1024-element guard regions around every device buffer come back unchanged; outputs are poisoned
+ * before each call so unwritten elements fail. kv_append with positions (fused RoPE) has its own
+ * file, test_kv_append_cuda.c. Also: the host-side argument checks. Exits 77 when CUDA is not built or no device is usable.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -49,20 +50,27 @@ typedef struct attn_case {
     int32_t shared; /* decode with one slot list for every (sequence, KV head) */
     int32_t p_cap;  /* prompt rows per (sequence, KV head); 133 is not a multiple of the 64-row
                        prefill tile */
+    int32_t tie_all; /* every ring key of a list is the same K row: all its logits tie, so
+                        Diagonal's update must pick the largest lag */
 } attn_case;
 
 /* Shape table: every n_seq / head layout / d_h of the brief at least once, plus odd groups
  * (g = 3, g = 12 > 8 query heads per CTA), shared slot lists, and the decode bench shape at a
  * small ring. On a 132-SM GPU the cases with n_seq·h_kv < 264 take the split-K path. */
 static const attn_case cases[] = {
-    {1, 4, 4, 16, 16, 0, 133},    {1, 32, 32, 128, 600, 0, 133}, {3, 8, 2, 64, 37, 0, 133},
-    {3, 4, 4, 128, 600, 1, 133},  {8, 32, 32, 64, 100, 0, 133},  {8, 8, 2, 16, 250, 0, 133},
-    {8, 16, 2, 128, 64, 0, 133},  {8, 8, 4, 32, 33, 0, 133},     {8, 12, 4, 64, 20, 0, 133},
-    {3, 24, 2, 64, 50, 1, 133},   {64, 4, 4, 64, 600, 0, 133},   {64, 8, 2, 128, 300, 1, 133},
-    {64, 32, 32, 128, 24, 0, 133},
+    {1, 4, 4, 16, 16, 0, 133, 0},    {1, 32, 32, 128, 600, 0, 133, 0},
+    {3, 8, 2, 64, 37, 0, 133, 0},    {3, 4, 4, 128, 600, 1, 133, 0},
+    {8, 32, 32, 64, 100, 0, 133, 0}, {8, 8, 2, 16, 250, 0, 133, 0},
+    {8, 16, 2, 128, 64, 0, 133, 0},  {8, 8, 4, 32, 33, 0, 133, 0},
+    {8, 12, 4, 64, 20, 0, 133, 0},   {3, 24, 2, 64, 50, 1, 133, 0},
+    {64, 4, 4, 64, 600, 0, 133, 0},  {64, 8, 2, 128, 300, 1, 133, 0},
+    {64, 32, 32, 128, 24, 0, 133, 0},
     /* short lists (p_cap + max_slots <= 128 keys, single-head CTAs, no split-K): the U = 2
      * instantiation at 8 CTAs per SM; a list longer than the 1024 slots staged in shared memory */
-    {64, 32, 32, 128, 29, 0, 50}, {64, 16, 16, 64, 40, 1, 40}, {64, 8, 8, 16, 1100, 0, 133},
+    {64, 32, 32, 128, 29, 0, 50, 0}, {64, 16, 16, 64, 40, 1, 40, 0},
+    {64, 8, 8, 16, 1100, 0, 133, 0},
+    /* all-tie ring keys for the fused Diagonal update: one CTA per list, and split-K (g = 4) */
+    {64, 32, 32, 128, 29, 0, 50, 1}, {2, 8, 2, 64, 300, 0, 133, 1},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -202,6 +210,9 @@ static void mark_ring(problem *pb) {
             if (pb->dup[list_of(pb, sh)])
                 memcpy(ring + (int64_t)sl[2] * c->d_h, ring + (int64_t)sl[1] * c->d_h,
                        (size_t)c->d_h * 2);
+            for (int32_t j = 1; t == 0 && c->tie_all && j < ns; j++)
+                memcpy(ring + (int64_t)sl[j] * c->d_h, ring + (int64_t)sl[0] * c->d_h,
+                       (size_t)c->d_h * 2);
         }
     }
     free(named);
@@ -247,7 +258,8 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     tu_fill_bf16(r, pb->qkv_d, (int64_t)c->n_seq * pb->w, 1.5f);
     flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, pb->c.p_cap, c->ring,
                             1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
-                            pb->max_slots, NULL, NULL, c->shared, NULL, 0.0f};
+                            pb->max_slots, NULL, NULL, c->shared, NULL, 0.0f, NULL, NULL, 0, 0,
+                            NULL};
     pb->a = a;
 }
 
@@ -553,6 +565,116 @@ static void decode_fa(const problem *pb, const float *qkv32, const float *got, f
     free(zb);
 }
 
+/* The lag value the fused Diagonal update writes in these tests. */
+#define DIAG_NEXT 30000
+
+/* Random distinct lags for every list (a shuffled 0..a-1) and the lists a literal argmin of
+ * (group-max logit lg, -lag) over the candidates of kernels.h expects after the update. */
+static void diag_expect(const problem *pb, int32_t a, int32_t base, const float *lg,
+                        int16_t *lag, int16_t *want, tu_rng *r) {
+    const attn_case *c = &pb->c;
+    int g = c->h_q / c->h_kv;
+    for (int64_t li = 0; li < pb->n_lists; li++) {
+        int16_t *l = lag + li * a;
+        for (int32_t e = 0; e < a; e++) l[e] = (int16_t)e;
+        for (int32_t e = a - 1; e > 0; e--) {
+            int32_t j = (int32_t)tu_rng_int(r, 0, e);
+            int16_t t = l[e];
+            l[e] = l[j];
+            l[j] = t;
+        }
+        memcpy(want + li * a, l, (size_t)a * 2);
+        int64_t s = li / c->h_kv, h = li % c->h_kv;
+        int32_t ns = pb->n_slots[li], best = -1, top = -1;
+        float bs = 0;
+        for (int32_t e = 0; e < ns - base; e++) {
+            float sc = -INFINITY;
+            for (int i = 0; i < g; i++)
+                sc = fmaxf(sc, lg[((s * c->h_q + h * g + i) * pb->max_slots) + ns - 1 - e]);
+            if (best < 0 || sc < bs || (sc == bs && l[e] > l[best])) best = e, bs = sc;
+            if (top < 0 || l[e] > l[top]) top = e;
+        }
+        if (c->tie_all) assert_int_equal(best, top); /* all tied: the largest lag goes */
+        if (best >= 0) want[li * a + best] = DIAG_NEXT;
+    }
+}
+
+/* Probabilities within 4 ulp of expf(lg - lse) (the same formula on the same floats, GPU vs host
+ * expf), nothing written past n_slots (0xff poison kept). */
+static int check_probs(const problem *pb, const float *got, const float *lg, const float *lse) {
+    const attn_case *c = &pb->c;
+    int g = c->h_q / c->h_kv, bad = 0;
+    for (int64_t shq = 0; shq < (int64_t)c->n_seq * c->h_q; shq++) {
+        int64_t sh = (shq / c->h_q) * c->h_kv + (shq % c->h_q) / g;
+        int32_t ns = pb->n_slots[list_of(pb, sh)];
+        const float *pr = got + shq * pb->max_slots, *z = lg + shq * pb->max_slots;
+        for (int32_t j = 0; j < ns; j++) {
+            float want = isinf(lse[shq]) ? 0.0f : expf(z[j] - lse[shq]);
+            if (!(fabsf(pr[j] - want) <= 4 * 1.1920929e-7f * want + 1e-38f) && bad++ < 5)
+                fprintf(stderr, "probs[%lld][%d]: got %.9g want %.9g\n", (long long)shq, j,
+                        pr[j], want);
+        }
+        for (int32_t j = ns; j < pb->max_slots; j++) {
+            uint32_t u;
+            memcpy(&u, &pr[j], 4);
+            if (u != 0xffffffffu && bad++ < 5)
+                fprintf(stderr, "probs_out[%lld][%d] past n_slots was written\n",
+                        (long long)shq, j);
+        }
+    }
+    return bad == 0;
+}
+
+/* Decode again with the policy outputs only (probs_out, the fused Diagonal update; ga has the
+ * device metadata): both against this call's own logits / lse (lg, lse from the first call:
+ * the kernel computes them identically), and the attention output bit-identical to out0. */
+static void check_policy_scores(const problem *pb, flexdiag_attn_args ga, dbuf *dout,
+                                const void *dqkv, const dbuf *dk, const dbuf *dv,
+                                const float *lg, const float *lse, const uint16_t *out0,
+                                tu_rng *r, const char *label) {
+    const attn_case *c = &pb->c;
+    int64_t nq = (int64_t)c->n_seq * c->h_q, n_out = nq * c->d_h, n_lg = nq * pb->max_slots;
+    int32_t a = pb->max_slots, base = c->ring % 3, next = DIAG_NEXT;
+    size_t lag_bytes = (size_t)(pb->n_lists * a) * 2;
+    int16_t *lag = xmalloc(lag_bytes), *want = xmalloc(lag_bytes);
+    diag_expect(pb, a, base, lg, lag, want, r);
+    dbuf dpr = dbuf_new(n_lg, 4, r), dlag = dbuf_new(pb->n_lists * a, 2, r);
+    dbuf dnx = dbuf_new(1, 4, r);
+    dbuf_poison(&dpr);
+    dbuf_up(&dlag, lag);
+    dbuf_up(&dnx, &next);
+    ga.probs_out = dpr.p;
+    ga.diag_lag = dlag.p;
+    ga.diag_a = a;
+    ga.diag_base = base;
+    ga.diag_next = dnx.p;
+    dbuf_poison(dout);
+    ck(gk->attn_decode(dout->p, dqkv, dk->p, dv->p, &ga, gs), "cuda attn_decode (probs, diag)");
+    char lab[200];
+    snprintf(lab, sizeof lab, "%s policy scores", label);
+    float *pr = xmalloc((size_t)n_lg * 4);
+    uint16_t *o = xmalloc((size_t)n_out * 2);
+    dbuf_down(&dpr, pr);
+    dbuf_down(&dlag, lag);
+    dbuf_down(dout, o);
+    assert_true(check_probs(pb, pr, lg, lse));
+    for (int64_t li = 0, bad = 0; li < pb->n_lists; li++)
+        if (memcmp(lag + li * a, want + li * a, (size_t)a * 2) && bad++ < 5)
+            fprintf(stderr, "%s: lag list %lld differs from the literal argmin\n", lab,
+                    (long long)li);
+    assert_memory_equal(lag, want, lag_bytes);
+    assert_memory_equal(o, out0, (size_t)n_out * 2);
+    dbuf_check_guards(&dpr, lab);
+    dbuf_check_guards(&dlag, lab);
+    dbuf_free(&dpr);
+    dbuf_free(&dlag);
+    dbuf_free(&dnx);
+    free(pr);
+    free(o);
+    free(lag);
+    free(want);
+}
+
 static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *dlp, tu_rng *r,
                        const char *label) {
     const attn_case *c = &pb->c;
@@ -604,6 +726,7 @@ static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *
     ck(gk->attn_decode(dout.p, dqkv.p, dk->p, dv->p, &ga, gs), "cuda attn_decode (no extras)");
     dbuf_down(&dout, o2);
     assert_memory_equal(o1, o2, (size_t)n_out * 2);
+    if (!c->shared) check_policy_scores(pb, ga, &dout, dqkv.p, dk, dv, got_lg, got_lse, o1, r, lab);
 
     const dbuf *all[6] = {&dout, &dqkv, &dslots, &dns, &dlg, &dlse};
     for (int i = 0; i < 6; i++) dbuf_check_guards(all[i], lab);
@@ -667,7 +790,7 @@ static void test_bad_args(void **state) {
     dbuf_up(&ints, zeros);
     void *p = buf.p;
     flexdiag_attn_args ok = {2, 4, 2, 16, 4, 4, 0.25f, ints.p, ints.p, ints.p, 4, NULL, NULL, 0,
-                             NULL, 0.0f};
+                             NULL, 0.0f, NULL, NULL, 0, 0, NULL};
     flexdiag_attn_args a = ok;
     flexdiag__err_clear();
 
@@ -707,6 +830,24 @@ static void test_bad_args(void **state) {
     a.lp = NULL;
     expect_err(gk->attn_prefill(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_prefill");
     expect_err(gk->attn_decode(p, p, p, p, NULL, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    /* the fused Diagonal update: per-(sequence, KV head) lists, diag_a >= 1, diag_next, and
+     * at most diag_max_group query heads per KV head (one CTA must see the whole group) */
+    a = ok;
+    a.diag_lag = p;
+    a.diag_a = 4;
+    a.diag_next = ints.p;
+    a.shared_slots = 1;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    a.shared_slots = 0;
+    a.diag_a = 0;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    a.diag_a = 4;
+    a.diag_next = NULL;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    a.diag_next = ints.p;
+    a.h_kv = 1;
+    a.h_q = gk->diag_max_group + 1;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_UNSUPPORTED, "attn_decode");
 
     /* empty calls are fine and touch nothing */
     a = ok;

@@ -130,13 +130,21 @@ void ph_step(ph_state *st, int32_t layer, int32_t t) {
                            st->ns + n0 * hk);
     for (int32_t s = 0; s < p->n_seq; s++) fill_scores(st, layer, t, s);
     if (!flexdiag__kvp_needs_scores(st->kvp, t)) { /* the engine may skip the readback */
-        flexdiag__kvp_update(st->kvp, layer, t, 0, p->n_seq, NULL, NULL);
+        flexdiag__kvp_update(st->kvp, layer, t, 0, p->n_seq, NULL, NULL, NULL);
         return;
     }
-    flexdiag__kvp_update(st->kvp, layer, t, 0, n0, st->logits, st->lse);
-    if (p->n_seq > n0)
-        flexdiag__kvp_update(st->kvp, layer, t, n0, p->n_seq - n0, st->logits + n0 * sq,
-                             st->lse + n0 * p->h_q);
+    flexdiag__kvp_update(st->kvp, layer, t, 0, n0, st->logits, st->lse, NULL);
+    if (p->n_seq > n0) { /* the others as the engine passes them: the kernels' probabilities */
+        const float *lg = st->logits + n0 * sq, *ls = st->lse + n0 * p->h_q;
+        size_t n = (size_t)(p->n_seq - n0) * sq;
+        float *pr = malloc(n * sizeof *pr);
+        assert_non_null(pr);
+        for (size_t i = 0; i < n; i++) pr[i] = expf(lg[i] - ls[i / (size_t)st->ms]);
+        int diag = p->kind == FLEXDIAG_POLICY_DIAGONAL || p->kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
+        flexdiag__kvp_update(st->kvp, layer, t, n0, p->n_seq - n0, diag ? lg : NULL,
+                             diag ? ls : NULL, diag ? NULL : pr);
+        free(pr);
+    }
 }
 
 const int32_t *ph_att(const ph_state *st, int32_t seq, int32_t h, int32_t *n) {

@@ -128,7 +128,7 @@ static void test_worked_example(void **state) {
             }
         assert_int_equal(n_skip, e->n_skip);
         assert_int_equal(flexdiag__kvp_needs_scores(k, t), e->need);
-        flexdiag__kvp_update(k, 0, t, 0, 1, logits, &lse);
+        flexdiag__kvp_update(k, 0, t, 0, 1, logits, &lse, NULL);
         memcpy(before, after, sizeof after);
         nb = na;
     }

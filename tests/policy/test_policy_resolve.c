@@ -176,7 +176,7 @@ static void test_reset_replays(void **state) {
                     flexdiag__kvp_plan(k, l, t, 0, 2, ws, sl, ns);
                     for (int i = 0; i < 2 * HQ * ms; i++) logits[i] = (float)((i * 7 + t) % 5);
                     for (int i = 0; i < 2 * HQ; i++) lse[i] = 4.0f;
-                    flexdiag__kvp_update(k, l, t, 0, 2, logits, lse);
+                    flexdiag__kvp_update(k, l, t, 0, 2, logits, lse, NULL);
                     for (int i = 0; i < 2 * HKV; i++)
                         for (int j = ns[i]; j < ms; j++) sl[i * ms + j] = -1; /* unused tail */
                 }
