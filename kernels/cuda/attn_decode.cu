@@ -185,8 +185,9 @@ static __device__ __forceinline__ void dec_fetch(dec_chunk<U> &c, const dec_keys
     }
 }
 
-/* Fold the chunk at j0 into the online-softmax state (and write its ring logits). */
-template <int D, int G, int U>
+/* Fold the chunk at j0 into the online-softmax state; POL: also write its ring logits and fold
+ * Diagonal's candidates (the policy outputs the call asked for). */
+template <int D, int G, int U, bool POL>
 static __device__ __forceinline__ void dec_consume(dec_state<G> &st, dec_amin &am,
                                                    const float (&q)[G][8],
                                                    const dec_chunk<U> &c, const dec_keys &k,
@@ -217,7 +218,7 @@ static __device__ __forceinline__ void dec_consume(dec_state<G> &st, dec_amin &a
     for (int u = 0; u < U; u++)
 #pragma unroll
         for (int i = 0; i < G; i++) z[u][i] = c.ok[u] ? z[u][i] * p.scale : -INFINITY;
-    if ((k.lg || k.pg) && sub == 0) {
+    if (POL && (k.lg || k.pg) && sub == 0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = j0 + u * NG + grp;
@@ -231,7 +232,7 @@ static __device__ __forceinline__ void dec_consume(dec_state<G> &st, dec_amin &a
                 }
         }
     }
-    if (k.dl) { /* Diagonal build-up: ring column c holds list entry n - 1 - j (kernels.h) */
+    if (POL && k.dl) { /* Diagonal build-up: ring column c holds list entry n - 1 - j */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = j0 + u * NG + grp;
@@ -276,7 +277,7 @@ static __device__ __forceinline__ void dec_consume(dec_state<G> &st, dec_amin &a
 /* Walk keys jb..je-1: row group grp takes keys jb + grp, jb + grp + NG, ..., U per iteration;
  * the next iteration's loads are issued before this one's math (one chunk of prefetch), so a
  * short list costs about one memory round trip rather than one per iteration. */
-template <int D, int G, int U>
+template <int D, int G, int U, bool POL>
 static __device__ __forceinline__ void dec_attend(dec_state<G> &st, dec_amin &am,
                                                   const float (&q)[G][8],
                                                   const dec_keys &k, const decode_params &p,
@@ -288,7 +289,7 @@ static __device__ __forceinline__ void dec_attend(dec_state<G> &st, dec_amin &am
     for (int j0 = k.jb; j0 < k.je; j0 += NG * U) {
         const bool more = j0 + NG * U < k.je;
         if (more) dec_fetch<D, U>(nxt, k, p, j0 + NG * U, grp);
-        dec_consume<D, G, U>(st, am, q, cur, k, p, j0, grp, sub, ng);
+        dec_consume<D, G, U, POL>(st, am, q, cur, k, p, j0, grp, sub, ng);
         if (more) cur = nxt;
     }
 }
@@ -371,8 +372,10 @@ static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const dec
 /* ---- kernels ---- */
 
 /* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
- * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration. */
-template <int D, int G, int U, bool SHORT = G == 1 && U == 2>
+ * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration.
+ * POL: the call asked for policy outputs (logits, probabilities or the Diagonal update); the
+ * plain instantiation carries none of their code in its key loop. */
+template <int D, int G, int U, bool POL, bool SHORT = G == 1 && U == 2>
 static __global__ void __launch_bounds__(DEC_THREADS, SHORT ? DEC_SHORT_CTAS
                                                    : G <= 4 ? DEC_MIN_CTAS : 1)
 attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
@@ -434,9 +437,9 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
         for (int e = 0; e < 8; e++) st.acc[i][e] = 0.0f;
     }
     dec_amin am = {0.0f, -1};
-    dec_attend<D, G, U>(st, am, q, k, p, grp, sub, ng);
+    dec_attend<D, G, U, POL>(st, am, q, k, p, grp, sub, ng);
     dec_merge_warp<D, G>(st);
-    if (k.dl) dec_diag_finish<D>(am, k, p, sq0, sm_am_s, sm_am_e);
+    if (POL && k.dl) dec_diag_finish<D>(am, k, p, sq0, sm_am_s, sm_am_e);
 
     /* merge the warps through shared memory */
     if (lane < L) {
@@ -466,9 +469,9 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
             for (int e = 0; e < 8; e++) o[e] = fmaf(sm_acc[w][i][c * 8 + e], f, o[e]);
         }
         dec_write<D>(out, p, sq0 + i, c, o, mx, lsum);
-        if (c == 0) sm_lse[i] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
+        if (POL && c == 0) sm_lse[i] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
     }
-    if (k.pg && p.splits == 1) { /* probability epilogue (split-K: attn_decode_merge) */
+    if (POL && k.pg && p.splits == 1) { /* probability epilogue (split-K: the merge) */
         __syncthreads();
         const int ns = k.n - k.lp;
         for (int t = (int)threadIdx.x; t < ng * ns; t += DEC_THREADS) {
@@ -531,12 +534,19 @@ static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv
      * per multiprocessor (H200, 64 sequences, 79 keys: 35.2 us at U = 2, 36.9 us at U = 4; 576
      * keys: 170.5 us and 166.3 us) */
     constexpr int U = G <= 2 ? 4 : 2;
+    /* The policy code is compiled out of calls without policy outputs (dense: 116 instead of
+     * 122 registers at d_h 128), except on short lists: their plain instantiation spills at the
+     * 64-register bound (nvcc 13.0), so they always run the one with policy code. */
+    const bool pol = p.logits_out || p.probs_out || p.diag_lag;
+    uint4 *o = (uint4 *)out;
+    const uint4 *x = (const uint4 *)qkv, *kc = (const uint4 *)k, *vc = (const uint4 *)v;
+    const unsigned T = DEC_THREADS;
     if (G == 1 && keys <= DEC_SHORT_KEYS)
-        attn_decode_kernel<D, G, 2><<<grid, DEC_THREADS, 0, st>>>(
-            (uint4 *)out, (const uint4 *)qkv, (const uint4 *)k, (const uint4 *)v, p);
+        attn_decode_kernel<D, G, 2, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);
+    else if (pol)
+        attn_decode_kernel<D, G, U, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);
     else
-        attn_decode_kernel<D, G, U><<<grid, DEC_THREADS, 0, st>>>(
-            (uint4 *)out, (const uint4 *)qkv, (const uint4 *)k, (const uint4 *)v, p);
+        attn_decode_kernel<D, G, U, false><<<grid, T, 0, st>>>(o, x, kc, vc, p);
     if (p.splits > 1)
         attn_decode_merge<D><<<(unsigned)n_rows, 32, 0, st>>>((__nv_bfloat16 *)out, p);
 }
