@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "cpu/cpu_stream.h"
 #include "engine.h"
 
 #define BUF_ALIGN 256
@@ -206,6 +207,8 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(rt->k->memset0(c->block, c->block_bytes, rt->s));
     FLEXDIAG_TRY(host_alloc(c));
     FLEXDIAG_TRY(flexdiag__kvp_create(&c->kp, &c->kvp));
+    if (!c->shared_plan && !c->device_diag) /* per-(layer, sequence) host state machines */
+        FLEXDIAG_TRY(flexdiag__cpu_stream_create(-1, rt->p.threads, &c->pol_pool));
     return upload_prefill_tables(c);
 }
 
@@ -214,6 +217,7 @@ void flexdiag__context_free(flexdiag_context *c) {
         if (c->graph[i]) c->m->rt->k->graph_destroy(c->graph[i]);
     flexdiag__arena_free(&c->m->rt->arena, c->block, c->block_bytes);
     flexdiag__kvp_destroy(c->kvp);
+    if (c->pol_pool) flexdiag__cpu_stream_destroy(c->pol_pool);
     const flexdiag_kernels *k = c->m->rt->k;
     if (k->host_free) k->host_free(c->host);
     else free(c->host);
@@ -411,6 +415,46 @@ static flexdiag_status plan_device_diag(const run_state *r, int32_t t) {
     return FLEXDIAG_OK;
 }
 
+/* Host policy work of step t, one task per layer (the state machines allow concurrent calls on
+ * disjoint layers, kv_policy.h): the per-(layer, head) plans and updates of H2O, TOVA and ALISA
+ * cost tens of milliseconds per step on one core at 64 sequences x 30 layers. */
+typedef struct policy_job {
+    const run_state *r;
+    int32_t t;
+} policy_job;
+
+/* Plan step t of layer j for every micro-batch into the host plan arrays. */
+static void plan_layer(void *ctx, int64_t j, void *scratch) {
+    const policy_job *jb = ctx;
+    const run_state *r = jb->r;
+    flexdiag_context *c = r->c;
+    (void)scratch;
+    for (int32_t mb = 0; mb < r->n_mb; mb++) {
+        int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
+        size_t li = list_index(c, (int32_t)j, s0);
+        flexdiag__kvp_plan(c->kvp, (int32_t)j, jb->t, s0, nb, c->h_rows + li,
+                           c->h_slots + li * (size_t)c->max_slots, c->h_nslots + li);
+    }
+}
+
+/* Update layer j after step t from the read-back scores (Diagonal: logits, else probabilities). */
+static void update_layer(void *ctx, int64_t j, void *scratch) {
+    const policy_job *jb = ctx;
+    const run_state *r = jb->r;
+    flexdiag_context *c = r->c;
+    (void)scratch;
+    size_t hq = (size_t)c->kp.h_q, ms = (size_t)c->max_slots;
+    int diag = c->kp.kind == FLEXDIAG_POLICY_DIAGONAL ||
+               c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
+    for (int32_t mb = 0; mb < r->n_mb; mb++) {
+        int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
+        size_t q0 = ((size_t)j * (size_t)c->n_seq + (size_t)s0) * hq;
+        const float *sc = c->h_pscore + q0 * ms;
+        flexdiag__kvp_update(c->kvp, (int32_t)j, jb->t, s0, nb, diag ? sc : NULL, NULL,
+                             diag ? NULL : sc);
+    }
+}
+
 /* Plan step t for every layer and micro-batch on the host, then one upload per array. */
 static flexdiag_status plan_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
@@ -422,14 +466,8 @@ static flexdiag_status plan_step(const run_state *r, int32_t t) {
         flexdiag__kvp_plan_shared(c->kvp, t, r->n_seq, &ws, c->h_slots, c->h_nslots);
         for (size_t i = 0; i < n_rows; i++) c->h_rows[i] = c->p_cap + ws;
     } else {
-        for (int32_t j = 0; j < c->kp.n_layers; j++)
-            for (int32_t mb = 0; mb < r->n_mb; mb++) {
-                int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0
-                                                                                : c->mb_seq;
-                size_t li = list_index(c, j, s0);
-                flexdiag__kvp_plan(c->kvp, j, t, s0, nb, c->h_rows + li, c->h_slots + li * ms,
-                                   c->h_nslots + li);
-            }
+        policy_job jb = {r, t};
+        FLEXDIAG_TRY(flexdiag__cpu_parallel_for(c->pol_pool, c->kp.n_layers, 0, plan_layer, &jb));
         lists = n_rows = (size_t)c->kp.n_layers * S * hkv; /* whole arrays (capacity strides) */
         for (size_t i = 0; i < n_rows; i++) c->h_rows[i] += c->p_cap; /* slot -> cache row */
     }
@@ -445,20 +483,10 @@ static flexdiag_status update_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     if (!c->scored || c->device_diag || !flexdiag__kvp_needs_scores(c->kvp, t))
         return FLEXDIAG_OK;
-    size_t hq = (size_t)c->kp.h_q, ms = (size_t)c->max_slots;
-    size_t rows = (size_t)c->kp.n_layers * (size_t)c->n_seq * hq;
-    int diag = c->kp.kind == FLEXDIAG_POLICY_DIAGONAL ||
-               c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
-    FLEXDIAG_TRY(r->k->copy_d2h(c->h_pscore, c->b.pscore, rows * ms * 4, r->s));
-    for (int32_t j = 0; j < c->kp.n_layers; j++)
-        for (int32_t mb = 0; mb < r->n_mb; mb++) {
-            int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0
-                                                                            : c->mb_seq;
-            size_t q0 = ((size_t)j * (size_t)c->n_seq + (size_t)s0) * hq;
-            const float *sc = c->h_pscore + q0 * ms;
-            flexdiag__kvp_update(c->kvp, j, t, s0, nb, diag ? sc : NULL, NULL, diag ? NULL : sc);
-        }
-    return FLEXDIAG_OK;
+    size_t rows = (size_t)c->kp.n_layers * (size_t)c->n_seq * (size_t)c->kp.h_q;
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_pscore, c->b.pscore, rows * (size_t)c->max_slots * 4, r->s));
+    policy_job jb = {r, t};
+    return flexdiag__cpu_parallel_for(c->pol_pool, c->kp.n_layers, 0, update_layer, &jb);
 }
 
 static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t mb, int32_t t) {

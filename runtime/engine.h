@@ -111,6 +111,8 @@ struct flexdiag_context {
     int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layout of b.rows/slots/...) */
     float *h_pscore;                 /* host copy of a step's policy scores */
     int32_t *h_dnext;                /* staging of the device Diagonal's new lag (b.dnext) */
+    flexdiag_stream *pol_pool;       /* CPU threads for the host policies' per-layer plan and
+                                        update (NULL when the plan is shared or on the device) */
     int32_t *h_ids;                  /* (n_seq) sampled or forced ids */
     int32_t *h_pos;                  /* (n_seq) decode positions of a step */
     atomic_int busy;                 /* a call is in flight */
