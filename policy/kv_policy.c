@@ -360,8 +360,7 @@ void flexdiag__kvp_update(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s
                           const float *logits, const float *lse, const float *probs) {
     const flexdiag_kvp_params *p = &kvp->p;
     if (!flexdiag__kvp_needs_scores(kvp, t)) return;
-    int diag = p->kind == FLEXDIAG_POLICY_DIAGONAL || p->kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
-    FLEXDIAG_ASSERT(diag ? logits != NULL : probs || (logits && lse));
+    FLEXDIAG_ASSERT(is_diagonal(p->kind) ? logits != NULL : probs || (logits && lse));
     FLEXDIAG_ASSERT(layer >= 0 && layer < p->n_layers);
     FLEXDIAG_ASSERT(s0 >= 0 && n >= 0 && s0 + n <= p->n_seq);
     for (int32_t i = 0; i < n; i++) {

@@ -115,6 +115,7 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->shared_plan = kind == FLEXDIAG_POLICY_DENSE || kind == FLEXDIAG_POLICY_WINDOW ||
                      kind == FLEXDIAG_POLICY_STREAMING;
     c->scored = !c->shared_plan;
+    c->score_probs = flexdiag__kvp_traits(kind)->needs_probabilities;
     c->device_diag = (kind == FLEXDIAG_POLICY_DIAGONAL || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) &&
                      k->diag_slots && c->kp.h_q / c->kp.h_kv <= k->diag_max_group &&
                      !c->host_policy;
@@ -300,11 +301,10 @@ static flexdiag_attn_args attn_args(const run_state *r, int32_t j, int32_t s0, i
         a.diag_a = diag_len(c);
         a.diag_base = diag_base(c);
         a.diag_next = c->b.dnext;
-    } else if (c->kp.kind == FLEXDIAG_POLICY_DIAGONAL ||
-               c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) {
-        a.logits_out = c->b.pscore + q0 * (size_t)c->max_slots;
-    } else {
+    } else if (c->score_probs) {
         a.probs_out = c->b.pscore + q0 * (size_t)c->max_slots;
+    } else {
+        a.logits_out = c->b.pscore + q0 * (size_t)c->max_slots;
     }
     return a;
 }
@@ -437,21 +437,19 @@ static void plan_layer(void *ctx, int64_t j, void *scratch) {
     }
 }
 
-/* Update layer j after step t from the read-back scores (Diagonal: logits, else probabilities). */
+/* Update layer j after step t from the read-back scores (probabilities or logits). */
 static void update_layer(void *ctx, int64_t j, void *scratch) {
     const policy_job *jb = ctx;
     const run_state *r = jb->r;
     flexdiag_context *c = r->c;
     (void)scratch;
     size_t hq = (size_t)c->kp.h_q, ms = (size_t)c->max_slots;
-    int diag = c->kp.kind == FLEXDIAG_POLICY_DIAGONAL ||
-               c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
     for (int32_t mb = 0; mb < r->n_mb; mb++) {
         int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
         size_t q0 = ((size_t)j * (size_t)c->n_seq + (size_t)s0) * hq;
         const float *sc = c->h_pscore + q0 * ms;
-        flexdiag__kvp_update(c->kvp, (int32_t)j, jb->t, s0, nb, diag ? sc : NULL, NULL,
-                             diag ? NULL : sc);
+        flexdiag__kvp_update(c->kvp, (int32_t)j, jb->t, s0, nb, c->score_probs ? NULL : sc, NULL,
+                             c->score_probs ? sc : NULL);
     }
 }
 

@@ -95,7 +95,8 @@ struct flexdiag_context {
     flexdiag_ctx_bufs b;             /* carved buffers */
     int shared_plan;                 /* 1: one plan for every (seq, layer, KV head) (position-
                                         only policies); else one per (layer, seq, KV head) */
-    int scored;                      /* the policy reads attention logits at some steps */
+    int scored;                      /* the policy reads attention scores at some steps */
+    int score_probs;                 /* ... as probabilities (H2O/TOVA/ALISA), else logits */
     int device_diag;                 /* Diagonal lag lists live on the device (diag_slots, the
                                         update fused into attn_decode) */
     int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */

@@ -140,9 +140,9 @@ void ph_step(ph_state *st, int32_t layer, int32_t t) {
         float *pr = malloc(n * sizeof *pr);
         assert_non_null(pr);
         for (size_t i = 0; i < n; i++) pr[i] = expf(lg[i] - ls[i / (size_t)st->ms]);
-        int diag = p->kind == FLEXDIAG_POLICY_DIAGONAL || p->kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
-        flexdiag__kvp_update(st->kvp, layer, t, n0, p->n_seq - n0, diag ? lg : NULL,
-                             diag ? ls : NULL, diag ? NULL : pr);
+        int probs = flexdiag__kvp_traits(p->kind)->needs_probabilities;
+        flexdiag__kvp_update(st->kvp, layer, t, n0, p->n_seq - n0, probs ? NULL : lg,
+                             probs ? NULL : ls, probs ? pr : NULL);
         free(pr);
     }
 }
