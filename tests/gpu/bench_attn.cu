@@ -4,12 +4,19 @@
  *
  * Shape: B = 64 / 128 / 222 sequences × 32 heads (MHA, Janus-Pro-7B), d_h 128, 50 prompt rows, a ring of
  * 576 rows attended densely (576 slots, ring order) and at 95 % sparsity (29 random slots), plus
- * the sparse case with logits_out / lse_out and a GQA (g = 4) row. Each row: 3 warm-up calls,
- * then 20 timed calls with CUDA events on the op's own stream, L2 flushed before each (memset
- * of twice the L2 size); the median is reported with the bytes the op must move (K/V rows, q,
- * out, slot lists, optional logits), GB/s and the fraction of 4.3 TB/s (device-to-device copy
- * rate measured on the H200). Inputs are random bf16, never zeros. A .cu file because it needs
- * the op's cudaStream_t (struct flexdiag_stream) for the events.
+ * the sparse case with logits_out / lse_out and a GQA (g = 4) row. Each row is timed two ways,
+ * both with CUDA events on the op's own stream, median reported:
+ *  - "flush": one launch, L2 flushed before it (memset of twice the L2 size), 3 warm-up calls
+ *    then 20 timed. The time includes the launch latency and the write-back of the dirty lines
+ *    the memset leaves in L2, a fixed cost of several us that weighs on short kernels.
+ *  - "graph": how the engine runs it. One CUDA graph of BENCH_GRAPH_LAUNCHES back-to-back calls
+ *    rotating over BENCH_SETS independent input sets (caches, q, out), so no call finds its data
+ *    in L2 (METHOD.md: rotate inputs rather than flush); 2 warm-up replays, 10 timed; time per
+ *    call = replay time / launches.
+ * Bytes are what the op must move (K/V rows, q, out, slot lists, optional logits); GB/s and the
+ * fraction of 4.3 TB/s (device-to-device copy rate measured on the H200) use the graph time.
+ * Inputs are random bf16, never zeros. A .cu file because it needs the op's cudaStream_t
+ * (struct flexdiag_stream) for the events and the capture.
  */
 #include <algorithm>
 #include <math.h>
@@ -25,6 +32,11 @@
 #define BENCH_HBM_BPS 4.3e12
 #define BENCH_WARMUP 3
 #define BENCH_REPS 20
+/* Graph timing: input sets rotated (>= 3, so every call's data was evicted by two others of at
+ * least 80 MB: the smallest row moves 84 MB, the H200's L2 is 60 MB), calls per graph, replays. */
+#define BENCH_SETS 4
+#define BENCH_GRAPH_LAUNCHES 32
+#define BENCH_GRAPH_REPS 10
 
 #define BENCH_CHECK(x)                                                                             \
     do {                                                                                           \
@@ -61,17 +73,22 @@ static uint64_t rng_next(void) {
     return rng_state;
 }
 
-/* n random bf16 values, roughly N(0, 1)-sized (sum of uniforms), uploaded to a new buffer. */
-static void *random_bf16(size_t n) {
+/* n random bf16 values, roughly N(0, 1)-sized (sum of uniforms), on the host. */
+static std::vector<uint16_t> random_bf16(size_t n) {
     std::vector<uint16_t> h(n);
     for (size_t i = 0; i < n; i++) {
         float f = 0;
         for (int k = 0; k < 4; k++) f += (float)(rng_next() >> 40) / (float)(1 << 24) - 0.5f;
         h[i] = flexdiag__f32_to_bf16(f * 1.7f);
     }
+    return h;
+}
+
+/* A new device buffer holding h. */
+static void *upload_bf16(const std::vector<uint16_t> &h) {
     void *d = NULL;
-    BENCH_CHECK(cudaMalloc(&d, n * 2));
-    BENCH_CHECK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMalloc(&d, h.size() * 2));
+    BENCH_CHECK(cudaMemcpy(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -82,16 +99,57 @@ static int32_t *upload_i32(const std::vector<int32_t> &h) {
     return d;
 }
 
-/* Time one row; prints a markdown table line. */
-static void bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench_row &r,
+/* One input set of a row: caches, q (in qkv) and out. */
+struct bench_set {
+    void *kc, *vc, *qkv, *out;
+};
+
+/* Median of the event time of fn() over reps runs after warm runs (ms). */
+template <class F>
+static double median_ms(cudaStream_t st, int warm, int reps, F fn) {
+    cudaEvent_t e0, e1;
+    BENCH_CHECK(cudaEventCreate(&e0));
+    BENCH_CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int it = 0; it < warm + reps; it++) {
+        fn(it, 0);
+        BENCH_CHECK(cudaEventRecord(e0, st));
+        fn(it, 1);
+        BENCH_CHECK(cudaEventRecord(e1, st));
+        BENCH_CHECK(cudaEventSynchronize(e1));
+        float t = 0;
+        BENCH_CHECK(cudaEventElapsedTime(&t, e0, e1));
+        if (it >= warm) ms.push_back(t);
+    }
+    BENCH_CHECK(cudaEventDestroy(e0));
+    BENCH_CHECK(cudaEventDestroy(e1));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+/* Time one row both ways (file comment); prints a markdown table line and returns the times
+ * (us per call: flush, graph). */
+struct bench_time {
+    double flush_us, graph_us;
+};
+
+static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench_row &r,
                       void *flush, size_t flush_bytes) {
     /* max_slots = the list length, as the engine passes its policy's longest list */
     const int B = r.B, d_h = 128, lp = 50, ring = 576, max_slots = r.n_slots;
     const size_t cache_n = (size_t)B * r.h_kv * (lp + ring) * d_h;
     const size_t qkv_n = (size_t)B * (r.h_q + 2 * r.h_kv) * d_h;
-    void *kc = random_bf16(cache_n), *vc = random_bf16(cache_n), *qkv = random_bf16(qkv_n);
-    void *out = NULL;
-    BENCH_CHECK(cudaMalloc(&out, (size_t)B * r.h_q * d_h * 2));
+    /* one random draw per row, copied to every set (timing does not depend on the values; the
+     * sets differ in address, which is what keeps them out of each other's L2 lines) */
+    bench_set sets[BENCH_SETS];
+    const std::vector<uint16_t> h_k = random_bf16(cache_n), h_v = random_bf16(cache_n);
+    const std::vector<uint16_t> h_q = random_bf16(qkv_n);
+    for (bench_set &b : sets) {
+        b.kc = upload_bf16(h_k);
+        b.vc = upload_bf16(h_v);
+        b.qkv = upload_bf16(h_q);
+        BENCH_CHECK(cudaMalloc(&b.out, (size_t)B * r.h_q * d_h * 2));
+    }
 
     /* slot lists: dense = the ring in order; sparse = distinct random rows */
     std::vector<int32_t> slots((size_t)B * r.h_kv * max_slots), ns((size_t)B * r.h_kv, r.n_slots);
@@ -111,36 +169,43 @@ static void bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench
     flexdiag_attn_args a = {B, r.h_q, r.h_kv, d_h, lp, ring, 1.0f / sqrtf((float)d_h), d_lp,
                             d_slots, d_ns, max_slots, logits, lse, 0, NULL, 0.0f, NULL, NULL, 0, 0,
                             NULL};
+    auto call = [&](const bench_set &b) { BENCH_OK(k->attn_decode(b.out, b.qkv, b.kc, b.vc, &a, s)); };
 
-    cudaEvent_t e0, e1;
-    BENCH_CHECK(cudaEventCreate(&e0));
-    BENCH_CHECK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int it = 0; it < BENCH_WARMUP + BENCH_REPS; it++) {
-        BENCH_CHECK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s->stream));
-        BENCH_CHECK(cudaEventRecord(e0, s->stream));
-        BENCH_OK(k->attn_decode(out, qkv, kc, vc, &a, s));
-        BENCH_CHECK(cudaEventRecord(e1, s->stream));
-        BENCH_CHECK(cudaEventSynchronize(e1));
-        float t = 0;
-        BENCH_CHECK(cudaEventElapsedTime(&t, e0, e1));
-        if (it >= BENCH_WARMUP) ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2] * 1e-3;
+    /* flush: one launch after an L2 flush */
+    const double flush_ms = median_ms(s->stream, BENCH_WARMUP, BENCH_REPS, [&](int it, int timed) {
+        if (!timed) BENCH_CHECK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s->stream));
+        else call(sets[0]);
+    });
+
+    /* graph: back-to-back calls over the rotating sets */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    BENCH_CHECK(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < BENCH_GRAPH_LAUNCHES; i++) call(sets[i % BENCH_SETS]);
+    BENCH_CHECK(cudaStreamEndCapture(s->stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const double graph_ms = median_ms(s->stream, 2, BENCH_GRAPH_REPS, [&](int, int timed) {
+        if (timed) BENCH_CHECK(cudaGraphLaunch(exec, s->stream));
+    }) / BENCH_GRAPH_LAUNCHES;
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+
     /* bytes the op must move: K and V rows, q, out, slot lists (+ logits, lse) */
     const double keys = (double)B * r.h_kv * (lp + r.n_slots);
     double bytes = keys * 2 * d_h * 2 + 2.0 * B * r.h_q * d_h * 2;
     bytes += (double)B * r.h_kv * r.n_slots * 4;
     if (r.extras) bytes += (double)B * r.h_q * (r.n_slots + 1) * 4;
-    printf("| %-28s | %8.1f | %8.2f | %8.1f | %5.1f %% | %8.2f | %8.2f |\n", r.name, bytes / 1e6,
-           med * 1e6, bytes / med / 1e9, 100.0 * bytes / med / BENCH_HBM_BPS, ms.front() * 1e3,
-           ms.back() * 1e3);
+    const double sec = graph_ms * 1e-3;
+    printf("| %-29s | %8.1f | %8.2f | %8.2f | %8.1f | %5.1f %% |\n", r.name, bytes / 1e6,
+           flush_ms * 1e3, graph_ms * 1e3, bytes / sec / 1e9, 100.0 * bytes / sec / BENCH_HBM_BPS);
 
-    BENCH_CHECK(cudaEventDestroy(e0));
-    BENCH_CHECK(cudaEventDestroy(e1));
-    void *bufs[] = {kc, vc, qkv, out, d_slots, d_ns, d_lp, logits, lse};
+    for (bench_set &b : sets) {
+        void *bufs[] = {b.kc, b.vc, b.qkv, b.out};
+        for (void *p : bufs) BENCH_CHECK(cudaFree(p));
+    }
+    void *bufs[] = {d_slots, d_ns, d_lp, logits, lse};
     for (void *p : bufs) BENCH_CHECK(cudaFree(p));
+    return {flush_ms * 1e3, graph_ms * 1e3};
 }
 
 int main(void) {
@@ -155,13 +220,15 @@ int main(void) {
     const size_t flush_bytes = 2 * (size_t)prop.l2CacheSize;
     void *flush = NULL;
     BENCH_CHECK(cudaMalloc(&flush, flush_bytes));
-    printf("attn_decode on %s (%d SMs, L2 %d MiB): B sequences, d_h 128, lp 50, ring 576, median of "
-           "%d (L2 flushed)\n\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
-           BENCH_REPS);
-    printf("| %-28s | %8s | %8s | %8s | %7s | %8s | %8s |\n", "case", "MB", "us", "GB/s",
-           "of 4.3T", "min us", "max us");
-    printf("|------------------------------|----------|----------|----------|---------|----------"
-           "|----------|\n");
+    printf("attn_decode on %s (%d SMs, L2 %d MiB): B sequences, d_h 128, lp 50, ring 576; us per "
+           "call, medians: flush = one launch after an L2 flush (%d runs), graph = %d calls per "
+           "graph over %d rotating input sets (%d replays); GB/s from graph\n\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, BENCH_REPS, BENCH_GRAPH_LAUNCHES,
+           BENCH_SETS, BENCH_GRAPH_REPS);
+    printf("| %-29s | %8s | %8s | %8s | %8s | %7s |\n", "case", "MB", "flush us", "graph us",
+           "GB/s", "of 4.3T");
+    printf("|-------------------------------|----------|----------|----------|----------|---------"
+           "|\n");
     const bench_row rows[] = {
         {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64},
         {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64},
@@ -172,7 +239,16 @@ int main(void) {
         {"B222 MHA 32/32 dense (576)", 32, 32, 576, 0, 222},
         {"B222 MHA 32/32 sparse (29)", 32, 32, 29, 0, 222},
     };
-    for (const bench_row &r : rows) bench_one(k, s, r, flush, flush_bytes);
+    const int n_rows = (int)(sizeof rows / sizeof rows[0]);
+    bench_time t[sizeof rows / sizeof rows[0]];
+    for (int i = 0; i < n_rows; i++) t[i] = bench_one(k, s, rows[i], flush, flush_bytes);
+    /* sparse vs dense at the same batch: the MHA pairs (dense row, sparse row) */
+    const int pairs[][2] = {{0, 1}, {4, 5}, {6, 7}};
+    printf("\nsparse 95%% vs dense, time ratio (flush / graph):");
+    for (const auto &pr : pairs)
+        printf("  B%d %.2fx / %.2fx", rows[pr[0]].B, t[pr[0]].flush_us / t[pr[1]].flush_us,
+               t[pr[0]].graph_us / t[pr[1]].graph_us);
+    printf("\n");
     BENCH_CHECK(cudaFree(flush));
     k->stream_destroy(s);
     return 0;
