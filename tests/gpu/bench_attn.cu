@@ -4,15 +4,18 @@
  *
  * Shape: B = 64 / 128 / 222 sequences × 32 heads (MHA, Janus-Pro-7B), d_h 128, 50 prompt rows, a ring of
  * 576 rows attended densely (576 slots, ring order) and at 95 % sparsity (29 random slots), plus
- * the sparse case with logits_out / lse_out and a GQA (g = 4) row. Each row is timed two ways,
- * both with CUDA events on the op's own stream, median reported:
- *  - "flush": one launch, L2 flushed before it (memset of twice the L2 size), 3 warm-up calls
- *    then 20 timed. The time includes the launch latency and the write-back of the dirty lines
- *    the memset leaves in L2, a fixed cost of several us that weighs on short kernels.
+ * the sparse case with logits_out / lse_out and a GQA (g = 4) row. Each row is timed three
+ * ways, all with CUDA events on the op's own stream, median reported:
+ *  - "wflush": one launch after an L2 flush by a memset of twice the L2 size (the usual flush),
+ *    3 warm-up calls then 20 timed. The time includes the launch latency and the write-back of
+ *    the dirty lines the memset leaves in L2 (up to the L2 size, ~14 us of HBM time on an
+ *    H200, shared with the op): a fixed cost that weighs on short kernels.
+ *  - "rflush": the same, but the flush reads twice the L2 size (a kernel), so L2 holds clean
+ *    lines: one cold launch, launch latency included, no write-back.
  *  - "graph": how the engine runs it. One CUDA graph of BENCH_GRAPH_LAUNCHES back-to-back calls
- *    rotating over BENCH_SETS independent input sets (caches, q, out), so no call finds its data
- *    in L2 (METHOD.md: rotate inputs rather than flush); 2 warm-up replays, 10 timed; time per
- *    call = replay time / launches.
+ *    rotating over the input sets (caches, q, out; BENCH_SETS, or argv[2]), so no call finds
+ *    its data in L2 (METHOD.md: rotate inputs rather than flush); 2 warm-up replays, 10 timed;
+ *    time per call = replay time / launches.
  * Bytes are what the op must move (K/V rows, q, out, slot lists, optional logits); GB/s and the
  * fraction of 4.3 TB/s (device-to-device copy rate measured on the H200) use the graph time.
  * Inputs are random bf16, never zeros. A .cu file because it needs the op's cudaStream_t
@@ -35,6 +38,7 @@
 /* Graph timing: input sets rotated (>= 3, so every call's data was evicted by two others of at
  * least 80 MB: the smallest row moves 84 MB, the H200's L2 is 60 MB), calls per graph, replays. */
 #define BENCH_SETS 4
+#define BENCH_MAX_SETS 16
 #define BENCH_GRAPH_LAUNCHES 32
 #define BENCH_GRAPH_REPS 10
 
@@ -99,6 +103,25 @@ static int32_t *upload_i32(const std::vector<int32_t> &h) {
     return d;
 }
 
+/* L2 flush that leaves clean lines: read n 16-byte words, fold them into a value that is
+ * stored only if it matches an impossible pattern (so the loads are not dropped). */
+static __global__ void read_flush(const uint4 *__restrict__ x, size_t n, uint4 *sink) {
+    uint32_t acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 w = x[i];
+        acc ^= w.x ^ w.y ^ w.z ^ w.w;
+    }
+    if (acc == 0x9e3779b9u && threadIdx.x == 1023) sink[0] = make_uint4(acc, 0, 0, 0);
+}
+
+/* The L2 flush buffer and the device's multiprocessor count. */
+struct bench_flush {
+    void *buf;
+    size_t bytes;
+    int sms;
+};
+
 /* One input set of a row: caches, q (in qkv) and out. */
 struct bench_set {
     void *kc, *vc, *qkv, *out;
@@ -128,23 +151,24 @@ static double median_ms(cudaStream_t st, int warm, int reps, F fn) {
 }
 
 /* Time one row both ways (file comment); prints a markdown table line and returns the times
- * (us per call: flush, graph). */
+ * (us per call: wflush, rflush, graph). */
 struct bench_time {
-    double flush_us, graph_us;
+    double wflush_us, rflush_us, graph_us;
 };
 
 static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const bench_row &r,
-                      void *flush, size_t flush_bytes) {
+                            const bench_flush &fl, int n_sets) {
     /* max_slots = the list length, as the engine passes its policy's longest list */
     const int B = r.B, d_h = 128, lp = 50, ring = 576, max_slots = r.n_slots;
     const size_t cache_n = (size_t)B * r.h_kv * (lp + ring) * d_h;
     const size_t qkv_n = (size_t)B * (r.h_q + 2 * r.h_kv) * d_h;
     /* one random draw per row, copied to every set (timing does not depend on the values; the
      * sets differ in address, which is what keeps them out of each other's L2 lines) */
-    bench_set sets[BENCH_SETS];
+    bench_set sets[BENCH_MAX_SETS];
     const std::vector<uint16_t> h_k = random_bf16(cache_n), h_v = random_bf16(cache_n);
     const std::vector<uint16_t> h_q = random_bf16(qkv_n);
-    for (bench_set &b : sets) {
+    for (int i = 0; i < n_sets; i++) {
+        bench_set &b = sets[i];
         b.kc = upload_bf16(h_k);
         b.vc = upload_bf16(h_v);
         b.qkv = upload_bf16(h_q);
@@ -171,17 +195,26 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
                             NULL};
     auto call = [&](const bench_set &b) { BENCH_OK(k->attn_decode(b.out, b.qkv, b.kc, b.vc, &a, s)); };
 
-    /* flush: one launch after an L2 flush */
-    const double flush_ms = median_ms(s->stream, BENCH_WARMUP, BENCH_REPS, [&](int it, int timed) {
-        if (!timed) BENCH_CHECK(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s->stream));
+    /* wflush / rflush: one launch after an L2 flush by writes / by reads */
+    const double wflush_ms = median_ms(s->stream, BENCH_WARMUP, BENCH_REPS, [&](int it, int timed) {
+        if (!timed) BENCH_CHECK(cudaMemsetAsync(fl.buf, it & 0xff, fl.bytes, s->stream));
         else call(sets[0]);
+    });
+    const double rflush_ms = median_ms(s->stream, BENCH_WARMUP, BENCH_REPS, [&](int, int timed) {
+        if (!timed) {
+            read_flush<<<4 * fl.sms, 1024, 0, s->stream>>>((const uint4 *)fl.buf, fl.bytes / 16,
+                                                          (uint4 *)fl.buf);
+            BENCH_CHECK(cudaGetLastError());
+        } else {
+            call(sets[0]);
+        }
     });
 
     /* graph: back-to-back calls over the rotating sets */
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     BENCH_CHECK(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < BENCH_GRAPH_LAUNCHES; i++) call(sets[i % BENCH_SETS]);
+    for (int i = 0; i < BENCH_GRAPH_LAUNCHES; i++) call(sets[i % n_sets]);
     BENCH_CHECK(cudaStreamEndCapture(s->stream, &graph));
     BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     const double graph_ms = median_ms(s->stream, 2, BENCH_GRAPH_REPS, [&](int, int timed) {
@@ -196,19 +229,28 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
     bytes += (double)B * r.h_kv * r.n_slots * 4;
     if (r.extras) bytes += (double)B * r.h_q * (r.n_slots + 1) * 4;
     const double sec = graph_ms * 1e-3;
-    printf("| %-29s | %8.1f | %8.2f | %8.2f | %8.1f | %5.1f %% |\n", r.name, bytes / 1e6,
-           flush_ms * 1e3, graph_ms * 1e3, bytes / sec / 1e9, 100.0 * bytes / sec / BENCH_HBM_BPS);
+    printf("| %-29s | %8.1f | %8.2f | %8.2f | %8.2f | %8.1f | %5.1f %% |\n", r.name, bytes / 1e6,
+           wflush_ms * 1e3, rflush_ms * 1e3, graph_ms * 1e3, bytes / sec / 1e9,
+           100.0 * bytes / sec / BENCH_HBM_BPS);
 
-    for (bench_set &b : sets) {
-        void *bufs[] = {b.kc, b.vc, b.qkv, b.out};
+    for (int i = 0; i < n_sets; i++) {
+        void *bufs[] = {sets[i].kc, sets[i].vc, sets[i].qkv, sets[i].out};
         for (void *p : bufs) BENCH_CHECK(cudaFree(p));
     }
     void *bufs[] = {d_slots, d_ns, d_lp, logits, lse};
     for (void *p : bufs) BENCH_CHECK(cudaFree(p));
-    return {flush_ms * 1e3, graph_ms * 1e3};
+    return {wflush_ms * 1e3, rflush_ms * 1e3, graph_ms * 1e3};
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    /* optional argument: run only the rows of at most this many sequences */
+    const int max_b = argc > 1 ? atoi(argv[1]) : 1 << 30;
+    const int n_sets = argc > 2 ? atoi(argv[2]) : BENCH_SETS;
+    if (max_b < 1 || n_sets < 3 || n_sets > BENCH_MAX_SETS) {
+        fprintf(stderr, "usage: bench_attn [MAX_B [SETS]]: MAX_B >= 1, SETS in 3..%d\n",
+                BENCH_MAX_SETS);
+        return 2;
+    }
     const flexdiag_kernels *k = flexdiag__kernels_cuda();
     flexdiag_stream *s = NULL;
     if (!k || k->stream_create(0, 0, &s) != FLEXDIAG_OK) {
@@ -217,18 +259,18 @@ int main(void) {
     }
     cudaDeviceProp prop;
     BENCH_CHECK(cudaGetDeviceProperties(&prop, s->device));
-    const size_t flush_bytes = 2 * (size_t)prop.l2CacheSize;
-    void *flush = NULL;
-    BENCH_CHECK(cudaMalloc(&flush, flush_bytes));
+    bench_flush fl = {NULL, 2 * (size_t)prop.l2CacheSize, prop.multiProcessorCount};
+    BENCH_CHECK(cudaMalloc(&fl.buf, fl.bytes));
+    BENCH_CHECK(cudaMemset(fl.buf, 0x5a, fl.bytes));
     printf("attn_decode on %s (%d SMs, L2 %d MiB): B sequences, d_h 128, lp 50, ring 576; us per "
-           "call, medians: flush = one launch after an L2 flush (%d runs), graph = %d calls per "
-           "graph over %d rotating input sets (%d replays); GB/s from graph\n\n", prop.name,
-           prop.multiProcessorCount, prop.l2CacheSize >> 20, BENCH_REPS, BENCH_GRAPH_LAUNCHES,
-           BENCH_SETS, BENCH_GRAPH_REPS);
-    printf("| %-29s | %8s | %8s | %8s | %8s | %7s |\n", "case", "MB", "flush us", "graph us",
-           "GB/s", "of 4.3T");
-    printf("|-------------------------------|----------|----------|----------|----------|---------"
-           "|\n");
+           "call, medians: wflush / rflush = one launch after an L2 flush by writes / by reads "
+           "(%d runs), graph = %d calls per graph over %d rotating input sets (%d replays); GB/s "
+           "from graph\n\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+           BENCH_REPS, BENCH_GRAPH_LAUNCHES, n_sets, BENCH_GRAPH_REPS);
+    printf("| %-29s | %8s | %8s | %8s | %8s | %8s | %7s |\n", "case", "MB", "wflush us",
+           "rflush us", "graph us", "GB/s", "of 4.3T");
+    printf("|-------------------------------|----------|----------|----------|----------|----------"
+           "|---------|\n");
     const bench_row rows[] = {
         {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64},
         {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64},
@@ -241,15 +283,18 @@ int main(void) {
     };
     const int n_rows = (int)(sizeof rows / sizeof rows[0]);
     bench_time t[sizeof rows / sizeof rows[0]];
-    for (int i = 0; i < n_rows; i++) t[i] = bench_one(k, s, rows[i], flush, flush_bytes);
+    for (int i = 0; i < n_rows; i++)
+        t[i] = rows[i].B <= max_b ? bench_one(k, s, rows[i], fl, n_sets) : bench_time{0, 0, 0};
     /* sparse vs dense at the same batch: the MHA pairs (dense row, sparse row) */
     const int pairs[][2] = {{0, 1}, {4, 5}, {6, 7}};
-    printf("\nsparse 95%% vs dense, time ratio (flush / graph):");
+    printf("\nsparse 95%% vs dense, time ratio (wflush / rflush / graph):");
     for (const auto &pr : pairs)
-        printf("  B%d %.2fx / %.2fx", rows[pr[0]].B, t[pr[0]].flush_us / t[pr[1]].flush_us,
-               t[pr[0]].graph_us / t[pr[1]].graph_us);
+        if (rows[pr[0]].B <= max_b)
+            printf("  B%d %.2fx / %.2fx / %.2fx", rows[pr[0]].B,
+                   t[pr[0]].wflush_us / t[pr[1]].wflush_us, t[pr[0]].rflush_us / t[pr[1]].rflush_us,
+                   t[pr[0]].graph_us / t[pr[1]].graph_us);
     printf("\n");
-    BENCH_CHECK(cudaFree(flush));
+    BENCH_CHECK(cudaFree(fl.buf));
     k->stream_destroy(s);
     return 0;
 }
