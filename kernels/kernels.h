@@ -220,6 +220,34 @@ typedef struct flexdiag_kernels {
      * keeps a larger group's Diagonal policy on the host. */
     int32_t diag_max_group;
 
+    /* ---- device-resident eviction policies H2O and TOVA (policies.md §3.4, §3.5;
+     * policy/policy_score.c is the reference these must equal). List i owns n_att ring slots:
+     * H2O one list per (layer, seq, KV head), TOVA one per (layer, seq) whose slot map all its
+     * KV heads share. pos (n_lists, n_att): decode position held by each slot; acc (n_lists,
+     * n_att): H2O's accumulated scores (NULL for TOVA); free_slot (n_lists): the victim the
+     * last update chose. Slots 0..min(t+1, n_att)-1 are the occupied ones, so every list
+     * attends the same slot list and only the write slot differs. ---- */
+    /* (optional) Plan step t: t == 0 resets the list (pos -1, acc 0); f = t < n_att ? t :
+     * free_slot[i]; pos[i][f] = t, acc[i][f] = 0; rows[i·rows_per_list + r] = p_cap + f for
+     * r < rows_per_list (the cache rows kv_append writes: 1 for H2O, h_kv for TOVA). */
+    flexdiag_status (*evict_plan)(int32_t *rows, int32_t *pos, float *acc,
+                                  const int32_t *free_slot, int64_t n_lists,
+                                  int32_t rows_per_list, int32_t n_att, int32_t t, int32_t p_cap,
+                                  flexdiag_stream *s);
+    /* (optional) Update after step t from probs (n_lists·heads, max_slots), attn_decode's
+     * probs_out (list i owns rows i·heads ..), n = min(t+1, n_att):
+     *   acc != NULL (H2O, heads = the group g): acc[i][j] += the sum over q of
+     *     probs[i·heads + q][j] for j < n; when n == n_att, free_slot[i] = the slot minimising
+     *     (acc, pos) among those with pos <= t - R + 1, R = n_att - n_att / 2;
+     *   acc == NULL (TOVA, heads = h_q): when n == n_att, free_slot[i] = the slot minimising
+     *     (sum over q of probs[i·heads + q][j] / heads, pos) over all n_att slots.
+     * Sums start at 0 and add q = 0, 1, ... in order (fp32), as the reference does, so every
+     * backend picks the same victims. */
+    flexdiag_status (*evict_update)(int32_t *free_slot, float *acc, const int32_t *pos,
+                                    const float *probs, int64_t n_lists, int32_t heads,
+                                    int32_t max_slots, int32_t n_att, int32_t t,
+                                    flexdiag_stream *s);
+
     /* ---- launch graphs (optional; NULL: the engine launches op by op) ---- */
     /* Start recording the ops queued on s instead of running them (no sync, copy_d2h or
      * allocation may happen until graph_end). */

@@ -38,6 +38,14 @@ static int32_t diag_base(const flexdiag_context *c) {
     return c->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0;
 }
 
+static int is_h2o(const flexdiag_context *c) { return c->kp.kind == FLEXDIAG_POLICY_H2O; }
+
+/* Eviction lists of the device H2O / TOVA state (kernels.h evict_*): one per (layer,
+ * sequence, KV head) for H2O, one per (layer, sequence) for TOVA. */
+static size_t evict_lists(const flexdiag_context *c) {
+    return (size_t)c->kp.n_layers * (size_t)c->n_seq * (is_h2o(c) ? (size_t)c->kp.h_kv : 1);
+}
+
 /* Assign buffer pointers inside base (when non-NULL) and return the total size. */
 static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_bufs *b, char *base) {
     const flexdiag_model_config *m = &c->m->cfg;
@@ -65,7 +73,7 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(emb, S * e8 * act);
     TAKE(logits, S * V * 4);
     TAKE(cfg, (size_t)c->n_img * V * 4);
-    size_t L = (size_t)l->layers, lists = c->shared_plan ? 1 : L * S * hkv;
+    size_t L = (size_t)l->layers, lists = c->shared_slots ? 1 : L * S * hkv;
     size_t scored = c->scored && !c->device_diag ? L * S : 0;
     TAKE(pscore, scored * hq * ms * 4);
     TAKE(ids_in, S * (size_t)c->p_cap * 4);
@@ -74,7 +82,7 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(rows_pf, mbt * hkv * 4);
     TAKE(pos, S * 4);
     TAKE(last, S * 4);
-    TAKE(rows, (c->shared_rows ? S * hkv : lists) * 4);
+    TAKE(rows, (c->shared_rows ? S * hkv : L * S * hkv) * 4);
     TAKE(slots, lists * ms * 4);
     TAKE(nslots, lists * 4);
     TAKE(ids, S * 4);
@@ -82,6 +90,10 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(lag, dl * (size_t)diag_len(c) * 2);
     TAKE(cnt, dl * 2);
     TAKE(dnext, c->device_diag ? 4 : 0);
+    size_t el = c->device_evict ? evict_lists(c) : 0, na = (size_t)c->kp.n_att;
+    TAKE(epos, el * na * 4);
+    TAKE(eacc, (is_h2o(c) ? el * na : 0) * 4);
+    TAKE(efree, el * 4);
 #undef TAKE
     return off;
 }
@@ -119,7 +131,10 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->device_diag = (kind == FLEXDIAG_POLICY_DIAGONAL || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) &&
                      k->diag_slots && c->kp.h_q / c->kp.h_kv <= k->diag_max_group &&
                      !c->host_policy;
+    c->device_evict = (kind == FLEXDIAG_POLICY_H2O || kind == FLEXDIAG_POLICY_TOVA) &&
+                      k->evict_plan && k->evict_update && !c->host_policy;
     c->shared_rows = c->shared_plan || c->device_diag;
+    c->shared_slots = c->shared_plan || c->device_evict;
     return FLEXDIAG_OK;
 }
 
@@ -176,9 +191,9 @@ static flexdiag_status host_alloc(flexdiag_context *c) {
     const flexdiag_kernels *k = c->m->rt->k;
     size_t S = (size_t)c->n_seq, hkv = (size_t)c->kp.h_kv, hq = (size_t)c->kp.h_q;
     size_t ms = (size_t)c->max_slots, L = (size_t)c->kp.n_layers;
-    size_t lists = c->shared_plan ? 1 : L * S * hkv;
-    size_t scored = c->scored && !c->device_diag ? L * S : 0;
-    size_t n_rows = c->shared_rows ? S * hkv : lists;
+    size_t lists = c->shared_slots ? 1 : L * S * hkv;
+    size_t scored = c->scored && !c->device_diag && !c->device_evict ? L * S : 0;
+    size_t n_rows = c->shared_rows ? S * hkv : L * S * hkv;
     size_t sz[7] = {n_rows, lists * ms, lists, scored * hq * ms, 1, S, S}, total = 0;
     for (int i = 0; i < 7; i++) total += al(sz[i] * 4);
     flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->host) : FLEXDIAG_OK;
@@ -208,7 +223,7 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(rt->k->memset0(c->block, c->block_bytes, rt->s));
     FLEXDIAG_TRY(host_alloc(c));
     FLEXDIAG_TRY(flexdiag__kvp_create(&c->kp, &c->kvp));
-    if (!c->shared_plan && !c->device_diag) /* per-(layer, sequence) host state machines */
+    if (!c->shared_plan && !c->device_diag && !c->device_evict) /* host state machines */
         FLEXDIAG_TRY(flexdiag__cpu_stream_create(-1, rt->p.threads, &c->pol_pool));
     return upload_prefill_tables(c);
 }
@@ -274,9 +289,14 @@ static void *kv_ptr(const run_state *r, int32_t j, int kv, int32_t s0) {
                                  per_seq * r->act;
 }
 
-/* Index of the first plan list of (layer j, sequence s0) in the step plan arrays. */
+/* Index of the first (layer j, sequence s0, KV head) entry in per-list arrays. */
+static size_t head_index(const flexdiag_context *c, int32_t j, int32_t s0) {
+    return ((size_t)j * (size_t)c->n_seq + (size_t)s0) * (size_t)c->kp.h_kv;
+}
+
+/* Index of the first slot list of (layer j, sequence s0) in the step plan arrays. */
 static size_t list_index(const flexdiag_context *c, int32_t j, int32_t s0) {
-    return c->shared_plan ? 0 : ((size_t)j * (size_t)c->n_seq + (size_t)s0) * (size_t)c->kp.h_kv;
+    return c->shared_slots ? 0 : head_index(c, j, s0);
 }
 
 /* Attention arguments of layer j for sequences s0..s0+nb (decode: the step plan's lists); pos
@@ -294,7 +314,7 @@ static flexdiag_attn_args attn_args(const run_state *r, int32_t j, int32_t s0, i
         .p_cap = c->p_cap, .ring = c->ring, .scale = 1.0f / sqrtf((float)l->head_dim),
         .lp = c->b.lp + s0, .slots = c->b.slots + li * (size_t)c->max_slots,
         .n_slots = c->b.nslots + li, .max_slots = c->max_slots,
-        .shared_slots = c->shared_plan, .pos = pos, .rope_theta = l->rope_theta};
+        .shared_slots = c->shared_slots, .pos = pos, .rope_theta = l->rope_theta};
     if (!scores) return a;
     if (c->device_diag) {
         a.diag_lag = c->b.lag + li * (size_t)diag_len(c);
@@ -382,7 +402,7 @@ static void record_plan(const run_state *r, int32_t t) {
     size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, rec = 1 + ms;
     for (int32_t j = 0; j < c->kp.n_layers; j++)
         for (size_t i = 0; i < (size_t)r->n_seq * hkv; i++) {
-            size_t li = c->shared_plan ? 0 : list_index(c, j, 0) + i;
+            size_t li = c->shared_slots ? 0 : list_index(c, j, 0) + i;
             int32_t *dst = r->b->plan_out +
                            (((size_t)t * (size_t)c->kp.n_layers + (size_t)j) * (size_t)r->n_seq *
                                 hkv + i) * rec;
@@ -412,6 +432,25 @@ static flexdiag_status plan_device_diag(const run_state *r, int32_t t) {
     FLEXDIAG_TRY(r->k->copy_d2h(c->h_slots, c->b.slots, lists * ms * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_d2h(c->h_nslots, c->b.nslots, lists * 4, r->s));
     record_plan(r, t);
+    return FLEXDIAG_OK;
+}
+
+/* Device H2O / TOVA: every list attends its occupied slots 0..n-1 (one shared list); the
+ * write slot of each list (the last update's victim once all are occupied) is planned on the
+ * device into b.rows. */
+static flexdiag_status plan_device_evict(const run_state *r, int32_t t) {
+    flexdiag_context *c = r->c;
+    int32_t na = c->kp.n_att, n = t + 1 < na ? t + 1 : na, h2o = is_h2o(c);
+    for (int32_t j = 0; j < n; j++) c->h_slots[j] = j;
+    *c->h_nslots = n;
+    if (t >= na) /* every (layer, sequence, KV head) overwrites a victim's row */
+        c->dev_evictions += (uint64_t)c->kp.n_layers * (uint64_t)r->n_seq * (uint64_t)c->kp.h_kv;
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.slots, c->h_slots, (size_t)n * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.nslots, c->h_nslots, 4, r->s));
+    FLEXDIAG_TRY(r->k->evict_plan(c->b.rows, c->b.epos, h2o ? c->b.eacc : NULL, c->b.efree,
+                                  (int64_t)evict_lists(c), h2o ? 1 : c->kp.h_kv, na, t, c->p_cap,
+                                  r->s));
+    if (r->b->plan_out) record_plan(r, t);
     return FLEXDIAG_OK;
 }
 
@@ -457,6 +496,7 @@ static void update_layer(void *ctx, int64_t j, void *scratch) {
 static flexdiag_status plan_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     if (c->device_diag) return plan_device_diag(r, t);
+    if (c->device_evict) return plan_device_evict(r, t);
     size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, S = (size_t)c->n_seq;
     size_t lists = 1, n_rows = (size_t)r->n_seq * hkv;
     if (c->shared_plan) {
@@ -475,12 +515,18 @@ static flexdiag_status plan_step(const run_state *r, int32_t t) {
     return r->k->copy_h2d(c->b.nslots, c->h_nslots, lists * 4, r->s);
 }
 
-/* After step t: read back every layer's policy scores when a host policy needs them; update.
- * (The device Diagonal policy was updated inside attention.) */
+/* After step t: update the policy from every layer's scores when it needs them: device H2O /
+ * TOVA where attention left the probabilities, host policies after reading them back. (The
+ * device Diagonal policy was updated inside attention.) */
 static flexdiag_status update_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     if (!c->scored || c->device_diag || !flexdiag__kvp_needs_scores(c->kvp, t))
         return FLEXDIAG_OK;
+    if (c->device_evict)
+        return r->k->evict_update(c->b.efree, is_h2o(c) ? c->b.eacc : NULL, c->b.epos,
+                                  c->b.pscore, (int64_t)evict_lists(c),
+                                  is_h2o(c) ? c->kp.h_q / c->kp.h_kv : c->kp.h_q, c->max_slots,
+                                  c->kp.n_att, t, r->s);
     size_t rows = (size_t)c->kp.n_layers * (size_t)c->n_seq * (size_t)c->kp.h_q;
     FLEXDIAG_TRY(r->k->copy_d2h(c->h_pscore, c->b.pscore, rows * (size_t)c->max_slots * 4, r->s));
     policy_job jb = {r, t};
@@ -496,7 +542,7 @@ static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t mb, i
     int scores = c->scored && flexdiag__kvp_needs_scores(c->kvp, t);
     flexdiag_attn_args a = attn_args(r, j, s0, nb, scores, c->b.pos + s0);
     const int32_t *rows = c->b.rows + (c->shared_rows ? (size_t)s0 * (size_t)l->kv_heads
-                                                      : list_index(c, j, s0));
+                                                      : head_index(c, j, s0));
     FLEXDIAG_TRY(qkv_proj(r, w, x, nb));
     double t0 = prof_begin(r);
     FLEXDIAG_TRY(r->k->kv_append(kv_ptr(r, j, 0, s0), kv_ptr(r, j, 1, s0), c->b.qkv, rows, nb, 1,

@@ -71,12 +71,16 @@ typedef struct flexdiag_ctx_bufs {
     int32_t *pos;      /* (n_seq) decode positions */
     int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
     int32_t *rows;     /* decode cache rows: (layers, n_seq, h_kv); shared plan (n_seq, h_kv) */
-    int32_t *slots;    /* (layers, n_seq, h_kv, max_slots); shared plan (max_slots) */
-    int32_t *nslots;   /* (layers, n_seq, h_kv); shared plan (1) */
+    int32_t *slots;    /* (layers, n_seq, h_kv, max_slots); shared slots (max_slots) */
+    int32_t *nslots;   /* (layers, n_seq, h_kv); shared slots (1) */
     int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
     int16_t *lag;      /* device Diagonal: (layers, n_seq, h_kv, a) attended-lag lists */
     int16_t *cnt;      /* device Diagonal: (layers, n_seq, h_kv) list fill */
     int32_t *dnext;    /* device Diagonal: the lag a build-up step's fused update writes */
+    int32_t *epos;     /* device H2O / TOVA (kernels.h evict_*): (lists, n_att) slot positions;
+                          lists = (layers, n_seq, h_kv) for H2O, (layers, n_seq) for TOVA */
+    float *eacc;       /* device H2O: (lists, n_att) accumulated scores */
+    int32_t *efree;    /* device H2O / TOVA: (lists) the victim of the last update */
 } flexdiag_ctx_bufs;
 
 struct flexdiag_context {
@@ -99,8 +103,11 @@ struct flexdiag_context {
     int score_probs;                 /* ... as probabilities (H2O/TOVA/ALISA), else logits */
     int device_diag;                 /* Diagonal lag lists live on the device (diag_slots, the
                                         update fused into attn_decode) */
+    int device_evict;                /* H2O / TOVA state lives on the device (evict_plan,
+                                        evict_update on attn_decode's probabilities) */
     int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */
-    int host_policy;                 /* tests: force the host state machines (no device Diagonal) */
+    int shared_slots;                /* one attended slot list for all: b.slots is (max_slots) */
+    int host_policy;                 /* tests: force the host state machines (no device policy) */
     uint64_t dev_evictions;          /* evictions counted on the device-policy path */
     void *graph[2];                  /* recorded decode-step bodies (without / with policy
                                         scores), replayed every step */

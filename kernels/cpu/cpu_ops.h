@@ -75,6 +75,15 @@ flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16
                                          int16_t *cnt, int64_t n_lists, int32_t max_slots,
                                          int32_t a, int32_t t, int32_t n_r, int32_t base,
                                          flexdiag_stream *s);
+/* ---- device-resident H2O / TOVA (ref_policy.c; kernels.h evict_plan, evict_update) ---- */
+flexdiag_status flexdiag__cpu_evict_plan(int32_t *rows, int32_t *pos, float *acc,
+                                         const int32_t *free_slot, int64_t n_lists,
+                                         int32_t rows_per_list, int32_t n_att, int32_t t,
+                                         int32_t p_cap, flexdiag_stream *s);
+flexdiag_status flexdiag__cpu_evict_update(int32_t *free_slot, float *acc, const int32_t *pos,
+                                           const float *probs, int64_t n_lists, int32_t heads,
+                                           int32_t max_slots, int32_t n_att, int32_t t,
+                                           flexdiag_stream *s);
 /* Decode epilogue of the group (sequence s, KV head h), after its attention: z holds the
  * group's g = h_q/h_kv rows of ring logits (z_stride floats apart, column = slot-list index,
  * n_slots of the group's list valid), lse its g log-sum-exps (both borrowed). Writes the

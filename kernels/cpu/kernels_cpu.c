@@ -37,6 +37,8 @@
     .cfg_combine = flexdiag__cpu_ref_cfg_combine,                                                  \
     .sample = flexdiag__cpu_ref_sample,                                                            \
     .diag_slots = flexdiag__cpu_diag_slots,                                                        \
+    .evict_plan = flexdiag__cpu_evict_plan,                                                        \
+    .evict_update = flexdiag__cpu_evict_update,                                                    \
     .diag_max_group = INT32_MAX /* both decodes fuse the Diagonal update for any group */
 
 static const flexdiag_kernels cpu_ref_table = {

@@ -1,10 +1,12 @@
 /*
- * ref_policy.c - the device-resident Diagonal policy on the CPU, shared by both CPU tables:
- * the diag_slots op (plain loops over lag lists) and the post-attention epilogue of attn_decode
- * (probs_out and the fused Diagonal build-up update of kernels.h), which the reference and the
- * fast decode both call once per (sequence, KV head) group with that group's ring logits.
+ * ref_policy.c - the device-resident policies on the CPU, shared by both CPU tables: the
+ * diag_slots op (plain loops over lag lists), the H2O / TOVA evict_plan and evict_update ops,
+ * and the post-attention epilogue of attn_decode (probs_out and the fused Diagonal build-up
+ * update of kernels.h), which the reference and the fast decode both call once per (sequence,
+ * KV head) group with that group's ring logits.
  *
- * They restate policy/policy_diagonal.c in the op-table form the CUDA backend implements, so
+ * They restate policy/policy_diagonal.c and policy/policy_score.c in the op-table form the
+ * CUDA backend implements, so
  * the engine's device-policy path runs (and is tested) on the CPU too; the host state machine
  * stays the reference both are checked against. The update scans list entries in index order
  * with the host's comparisons (strict <, then == with the larger lag), so it picks the same
@@ -40,6 +42,81 @@ flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16
         for (int32_t j = 0; j < cnt[i]; j++) /* entry j at column base + cnt-1-j */
             sl[base + cnt[i] - 1 - j] = base + (ti - lg[j]) % n_r;
         n_slots[i] = base + cnt[i];
+    }
+    return FLEXDIAG_OK;
+}
+
+/* ---- H2O / TOVA (kernels.h evict_plan, evict_update; policy_score.c's rules) ---- */
+
+flexdiag_status flexdiag__cpu_evict_plan(int32_t *rows, int32_t *pos, float *acc,
+                                         const int32_t *free_slot, int64_t n_lists,
+                                         int32_t rows_per_list, int32_t n_att, int32_t t,
+                                         int32_t p_cap, flexdiag_stream *s) {
+    (void)s;
+    for (int64_t i = 0; i < n_lists; i++) {
+        int32_t *ps = pos + i * n_att;
+        float *ac = acc ? acc + i * n_att : NULL;
+        for (int32_t j = 0; t == 0 && j < n_att; j++) { /* a new run: empty slots */
+            ps[j] = -1;
+            if (ac) ac[j] = 0.0f;
+        }
+        int32_t f = t < n_att ? t : free_slot[i];
+        ps[f] = t;
+        if (ac) ac[f] = 0.0f;
+        for (int32_t r = 0; r < rows_per_list; r++) rows[i * rows_per_list + r] = p_cap + f;
+    }
+    return FLEXDIAG_OK;
+}
+
+/* H2O: accumulate the group's probabilities, then the victim among the H + 1 oldest-scored
+ * candidates (pos <= t - R + 1), lowest (acc, pos). */
+static void h2o_update_list(int32_t *free_slot, float *acc, const int32_t *pos, const float *p,
+                            int32_t g, int32_t ms, int32_t n_att, int32_t t) {
+    int32_t n = t + 1 < n_att ? t + 1 : n_att, recent = n_att - n_att / 2, victim = -1;
+    for (int32_t j = 0; j < n; j++) {
+        float gs = 0.0f;
+        for (int32_t q = 0; q < g; q++) gs += p[(int64_t)q * ms + j];
+        acc[j] += gs;
+    }
+    if (n < n_att) return;
+    for (int32_t j = 0; j < n_att; j++) {
+        if (pos[j] > t - recent + 1) continue; /* protected recent lags */
+        if (victim < 0 || acc[j] < acc[victim] || (acc[j] == acc[victim] && pos[j] < pos[victim]))
+            victim = j;
+    }
+    *free_slot = victim;
+}
+
+/* TOVA: the victim over all slots, lowest (head-mean probability, pos). */
+static void tova_update_list(int32_t *free_slot, const int32_t *pos, const float *p, int32_t hq,
+                             int32_t ms, int32_t n_att, int32_t t) {
+    if (t + 1 < n_att) return; /* a free slot remains */
+    int32_t victim = -1;
+    float best = 0.0f;
+    for (int32_t j = 0; j < n_att; j++) {
+        float sc = 0.0f;
+        for (int32_t q = 0; q < hq; q++) sc += p[(int64_t)q * ms + j];
+        sc /= (float)hq;
+        if (victim < 0 || sc < best || (sc == best && pos[j] < pos[victim])) {
+            victim = j;
+            best = sc;
+        }
+    }
+    *free_slot = victim;
+}
+
+flexdiag_status flexdiag__cpu_evict_update(int32_t *free_slot, float *acc, const int32_t *pos,
+                                           const float *probs, int64_t n_lists, int32_t heads,
+                                           int32_t max_slots, int32_t n_att, int32_t t,
+                                           flexdiag_stream *s) {
+    (void)s;
+    for (int64_t i = 0; i < n_lists; i++) {
+        const float *p = probs + i * heads * max_slots;
+        if (acc)
+            h2o_update_list(free_slot + i, acc + i * n_att, pos + i * n_att, p, heads, max_slots,
+                            n_att, t);
+        else
+            tova_update_list(free_slot + i, pos + i * n_att, p, heads, max_slots, n_att, t);
     }
     return FLEXDIAG_OK;
 }

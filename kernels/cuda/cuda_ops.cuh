@@ -112,6 +112,15 @@ flexdiag_status flexdiag__cuda_diag_slots(int32_t *slots, int32_t *n_slots, int1
                                           int16_t *cnt, int64_t n_lists, int32_t max_slots,
                                           int32_t a, int32_t t, int32_t n_r, int32_t base,
                                           flexdiag_stream *s);
+/* Device-resident H2O / TOVA (evict_policy.cu); contracts in kernels.h. */
+flexdiag_status flexdiag__cuda_evict_plan(int32_t *rows, int32_t *pos, float *acc,
+                                          const int32_t *free_slot, int64_t n_lists,
+                                          int32_t rows_per_list, int32_t n_att, int32_t t,
+                                          int32_t p_cap, flexdiag_stream *s);
+flexdiag_status flexdiag__cuda_evict_update(int32_t *free_slot, float *acc, const int32_t *pos,
+                                            const float *probs, int64_t n_lists, int32_t heads,
+                                            int32_t max_slots, int32_t n_att, int32_t t,
+                                            flexdiag_stream *s);
 /* ---- image decoder, VQ-16 (conv2d.cu, vq_ops.cu); contracts in kernels.h; activations
  * f32 ---- */
 

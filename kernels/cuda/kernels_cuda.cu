@@ -55,6 +55,8 @@ static flexdiag_kernels make_table(void) {
     t.graph_destroy = flexdiag__cuda_graph_destroy;
     t.diag_slots = flexdiag__cuda_diag_slots;
     t.diag_max_group = FLEXDIAG__CUDA_DEC_MAX_G;
+    t.evict_plan = flexdiag__cuda_evict_plan;
+    t.evict_update = flexdiag__cuda_evict_update;
     t.vq_lookup = flexdiag__cuda_vq_lookup;
     t.conv2d = flexdiag__cuda_conv2d;
     t.groupnorm = flexdiag__cuda_groupnorm;

@@ -11,7 +11,10 @@
  *     back bit-identical, and starts poisoned (all-ones bytes: NaN / -1) so unwritten outputs show;
  *   - sampling: ids equal to the CPU's for >= 99.9% of rows over many (seed, step), every
  *     mismatch explained by u (or the top-p mass) within 1e-6 of a boundary, top_k = 1 the exact
- *     argmax, non-finite rows -1, draws independent of batch composition and repeatable.
+ *     argmax, non-finite rows -1, draws independent of batch composition and repeatable;
+ *   - the device H2O / TOVA ops (evict_plan, evict_update): driven over whole generations with
+ *     tie-heavy random probabilities, rows, positions, scores and victims bit-identical to the
+ *     CPU's after every step.
  * A compact table (op, shape, max error, nmse, pass) is printed at the end. Exit 77 without CUDA.
  */
 #include <math.h>
@@ -815,6 +818,88 @@ static void test_sample_special(void **state) {
     assert_true(ok);
 }
 
+/* ---- device H2O / TOVA (kernels.h evict_plan, evict_update) ---- */
+
+typedef struct evict_case {
+    int h2o;        /* 1: H2O (acc kept), 0: TOVA */
+    int64_t lists;  /* eviction lists */
+    int32_t heads;  /* query heads per list: the group (H2O) or h_q (TOVA) */
+    int32_t n_att;  /* slots per list */
+    int32_t rpl;    /* rows per list (1 for H2O, h_kv for TOVA) */
+    int32_t steps;  /* decode steps driven */
+} evict_case;
+
+/* Compare device buffer d (n elements of 4 bytes) with host h bit for bit. */
+static int evict_same(const dbuf *d, const void *h, size_t n, const char *label) {
+    void *got = xmalloc(n * 4);
+    int ok = dbuf_get(d, got, label) && memcmp(got, h, n * 4) == 0;
+    if (!ok) fprintf(stderr, "evict: %s differs from the CPU\n", label);
+    free(got);
+    return ok;
+}
+
+static int run_evict_case(const evict_case *c, uint64_t seed) {
+    const int32_t ms = c->n_att + 3, na = c->n_att, p_cap = 7;
+    const size_t nl = (size_t)c->lists, ns = nl * (size_t)na, np = nl * (size_t)c->heads * ms;
+    int32_t *rows = xmalloc(nl * c->rpl * 4), *pos = xmalloc(ns * 4), *fr = xmalloc(nl * 4);
+    float *acc = xmalloc(ns * 4), *pr = xmalloc(np * 4);
+    memset(pos, 0xff, ns * 4); /* the device bodies start as 0xFF bytes too */
+    memset(acc, 0xff, ns * 4);
+    memset(fr, 0xff, nl * 4);
+    dbuf drows = dbuf_make(nl * c->rpl, 4, 0), dpos = dbuf_make(ns, 4, 1);
+    dbuf dacc = dbuf_make(ns, 4, 0), dfr = dbuf_make(nl, 4, 3), dpr = dbuf_make(np, 4, 0);
+    float *a = c->h2o ? acc : NULL, *da = c->h2o ? dptr(&dacc) : NULL;
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    int ok = 1;
+    for (int32_t t = 0; ok && t < c->steps; t++) {
+        OK(R->evict_plan(rows, pos, a, fr, c->lists, c->rpl, na, t, p_cap, NULL));
+        OK(G->evict_plan(dptr(&drows), dptr(&dpos), da, dptr(&dfr), c->lists, c->rpl, na, t,
+                         p_cap, S));
+        ok = evict_same(&drows, rows, nl * c->rpl, "plan rows") && evict_same(&dpos, pos, ns, "pos");
+        /* probabilities from 8 levels (k / 8, k = 0..7): sums and scores tie often */
+        for (size_t i = 0; i < np; i++) pr[i] = (float)tu_rng_int(&r, 0, 7) * 0.125f;
+        dbuf_put(&dpr, pr);
+        OK(R->evict_update(fr, a, pos, pr, c->lists, c->heads, ms, na, t, NULL));
+        OK(G->evict_update(dptr(&dfr), da, dptr(&dpos), dptr(&dpr), c->lists, c->heads, ms, na, t,
+                           S));
+        if (t + 1 >= na) ok = ok && evict_same(&dfr, fr, nl, "victims");
+        if (c->h2o) ok = ok && evict_same(&dacc, acc, ns, "acc");
+    }
+    dbuf *bufs[] = {&drows, &dpos, &dacc, &dfr, &dpr};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
+    free(rows), free(pos), free(fr), free(acc), free(pr);
+    return ok;
+}
+
+static void test_evict(void **state) {
+    (void)state;
+    const evict_case cases[] = {
+        {1, 1, 1, 1, 1, 6},     {1, 37, 1, 2, 1, 20},    {1, 300, 1, 9, 1, 64},
+        {1, 130, 4, 29, 1, 90}, {1, 70, 2, 45, 1, 120},  {0, 1, 3, 1, 2, 6},
+        {0, 50, 3, 9, 2, 64},   {0, 64, 32, 29, 32, 90}, {0, 33, 5, 40, 4, 100},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const evict_case *c = &cases[i];
+        const int ok = run_evict_case(c, 1000 + i);
+        char shape[64];
+        snprintf(shape, sizeof shape, "%s lists %lld heads %d n_att %d, %d steps",
+                 c->h2o ? "h2o" : "tova", (long long)c->lists, c->heads, c->n_att, c->steps);
+        record("evict", shape, 0, 0, ok);
+        fails += !ok;
+    }
+    /* argument errors */
+    flexdiag__err_clear();
+    int bad = G->evict_update(NULL, NULL, NULL, NULL, 1, 1, 2, 3, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
+    flexdiag__err_clear();
+    bad = bad && G->evict_plan(NULL, NULL, NULL, NULL, 1, 0, 3, 0, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
+    flexdiag__err_clear();
+    record("evict", "max_slots < n_att, rows_per_list 0 refused", 0, 0, bad);
+    assert_int_equal(fails, 0);
+    assert_true(bad);
+}
+
 int main(void) {
     int skip = tu_cuda_stream("test_kernels_cuda", &S);
     if (skip) return skip;
@@ -827,7 +912,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gelu),        cmocka_unit_test(test_cfg),
         cmocka_unit_test(test_matmul),      cmocka_unit_test(test_sample),
-        cmocka_unit_test(test_sample_special),
+        cmocka_unit_test(test_sample_special), cmocka_unit_test(test_evict),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     print_summary();
