@@ -248,6 +248,28 @@ typedef struct flexdiag_kernels {
                                     int32_t max_slots, int32_t n_att, int32_t t,
                                     flexdiag_stream *s);
 
+    /* ---- device-resident ALISA (policies.md §3.6; policy/policy_alisa.c is the reference).
+     * List i = (layer, seq) keeps the records of its last w = n_att - n_att/2 steps: rec_pos,
+     * rec_p (n_lists, w, n_att) the positions attended then and their head-summed
+     * probabilities, rec_n (n_lists, w) their counts. All KV heads of a list attend the same
+     * positions; ALISA never evicts, so ring slot = position. ---- */
+    /* (optional) Plan step t: the positions attended at t, i.e. the top k_g = n_att/2 of the
+     * older tokens 0..t-w by S_t = the sum of the records' probabilities (S descending, then
+     * position descending; the order of flexdiag__alisa_key), ascending, followed by t-w+1..t;
+     * written as the slot list of each of the list's `copies` KV heads (slots
+     * (n_lists·copies, max_slots), n_slots (n_lists·copies)) and as record t mod w with zero
+     * probabilities. score (n_lists, l_dec) and keys (n_lists, l_dec) are scratch, l_dec > t. */
+    flexdiag_status (*alisa_plan)(int32_t *slots, int32_t *n_slots, int32_t *rec_pos,
+                                  float *rec_p, int32_t *rec_n, float *score, uint64_t *keys,
+                                  int64_t n_lists, int32_t copies, int32_t max_slots,
+                                  int32_t n_att, int32_t l_dec, int32_t t, flexdiag_stream *s);
+    /* (optional) Update after step t: entry j < rec_n of record t mod w gets the sum over
+     * q = 0, 1, ..., heads-1 (fp32, in order) of probs[i·heads + q][j]: probs is attn_decode's
+     * probs_out (n_lists·heads, max_slots), heads = h_q. */
+    flexdiag_status (*alisa_update)(float *rec_p, const int32_t *rec_n, const float *probs,
+                                    int64_t n_lists, int32_t heads, int32_t max_slots,
+                                    int32_t n_att, int32_t t, flexdiag_stream *s);
+
     /* ---- launch graphs (optional; NULL: the engine launches op by op) ---- */
     /* Start recording the ops queued on s instead of running them (no sync, copy_d2h or
      * allocation may happen until graph_end). */

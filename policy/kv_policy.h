@@ -129,6 +129,18 @@ typedef struct flexdiag_kvp_traits {
 /* Traits of kind (an all-"-" entry for an unknown kind); never NULL. */
 const flexdiag_kvp_traits *flexdiag__kvp_traits(flexdiag_policy_kind kind);
 
+/* ---- ALISA per list, shared by the host state machine and the CPU backend's alisa_plan op
+ * (policy_alisa.c). One list's records: rec_pos / rec_p (w, n_att), rec_n (w), w = k_l =
+ * n_att - n_att / 2. ---- */
+/* Unsigned key that orders like the float (NaN by bits): the selection's score order. */
+uint32_t flexdiag__alisa_key(float f);
+/* Plan step t: the attended positions into slots (top k_g older tokens by (S desc, position
+ * desc), ascending, then the recent lags' positions ascending), record r_t = those positions
+ * with zero probabilities; returns their count min(t+1, n_att). score and keys: t + 1
+ * entries of scratch. */
+int32_t flexdiag__alisa_plan_list(int32_t *rec_pos, float *rec_p, int32_t *rec_n, int32_t n_att,
+                                  int32_t t, float *score, uint64_t *keys, int32_t *slots);
+
 #ifdef __cplusplus
 }
 #endif

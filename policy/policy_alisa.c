@@ -19,8 +19,7 @@
 #include "core.h"
 #include "kvp_internal.h"
 
-/* Unsigned key ordering like the float (NaN aside). */
-static uint32_t float_key(float f) {
+uint32_t flexdiag__alisa_key(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return (u & 0x80000000u) ? ~u : u | 0x80000000u;
@@ -50,50 +49,61 @@ static void sort_u64(uint64_t *a, int32_t n) {
     }
 }
 
-/* S_t over candidates 0..ncand-1 from records tau = t-W .. t-1 (ascending tau). */
-static void alisa_scores(const flexdiag_kvp *k, size_t li, int32_t t, int32_t ncand, float *s) {
-    size_t na = (size_t)k->p.n_att;
+/* S_t over candidates 0..ncand-1 from the list's records tau = t-w .. t-1 (ascending tau). */
+static void alisa_scores(const int32_t *rec_pos, const float *rec_p, const int32_t *rec_n,
+                         int32_t w, int32_t na, int32_t t, int32_t ncand, float *s) {
     for (int32_t p = 0; p < ncand; p++) s[p] = 0.0f;
-    for (int32_t tau = t - k->w < 0 ? 0 : t - k->w; tau < t; tau++) {
-        size_t r = li * (size_t)k->w + (size_t)(tau % k->w);
-        const int32_t *rp = k->rec_pos + r * na;
-        const float *rv = k->rec_p + r * na;
-        for (int32_t i = 0; i < k->rec_n[r]; i++)
+    for (int32_t tau = t - w < 0 ? 0 : t - w; tau < t; tau++) {
+        int32_t r = tau % w;
+        const int32_t *rp = rec_pos + (size_t)r * (size_t)na;
+        const float *rv = rec_p + (size_t)r * (size_t)na;
+        for (int32_t i = 0; i < rec_n[r]; i++)
             if (rp[i] < ncand) s[rp[i]] += rv[i];
     }
 }
 
 /* Global tokens: top k_g of 0..ncand-1 by (S desc, position desc), written ascending. */
-static int32_t alisa_global(const flexdiag_kvp *k, size_t li, int32_t t, int32_t ncand,
+static int32_t alisa_global(const int32_t *rec_pos, const float *rec_p, const int32_t *rec_n,
+                            int32_t na, int32_t t, int32_t ncand, float *s, uint64_t *keys,
                             int32_t *sel) {
-    if (k->k_g == 0) return 0; /* n_att = 1: recent lag 0 only */
-    if (ncand <= k->k_g) { /* fewer candidates than the budget: take all */
+    int32_t k_l = na - na / 2, k_g = na - k_l;
+    if (k_g == 0) return 0; /* n_att = 1: recent lag 0 only */
+    if (ncand <= k_g) { /* fewer candidates than the budget: take all */
         for (int32_t p = 0; p < ncand; p++) sel[p] = p;
         return ncand;
     }
-    float *s = k->score + li * (size_t)k->p.l_dec;
-    uint64_t *keys = k->keys + li * (size_t)k->p.l_dec;
-    alisa_scores(k, li, t, ncand, s);
+    alisa_scores(rec_pos, rec_p, rec_n, k_l, na, t, ncand, s);
     for (int32_t p = 0; p < ncand; p++) /* complement: ascending sort = descending key */
-        keys[p] = ~(((uint64_t)float_key(s[p]) << 32) | (uint32_t)p);
+        keys[p] = ~(((uint64_t)flexdiag__alisa_key(s[p]) << 32) | (uint32_t)p);
     sort_u64(keys, ncand);
-    for (int32_t i = 0; i < k->k_g; i++) keys[i] = (uint32_t)~keys[i];
-    sort_u64(keys, k->k_g);
-    for (int32_t i = 0; i < k->k_g; i++) sel[i] = (int32_t)keys[i];
-    return k->k_g;
+    for (int32_t i = 0; i < k_g; i++) keys[i] = (uint32_t)~keys[i];
+    sort_u64(keys, k_g);
+    for (int32_t i = 0; i < k_g; i++) sel[i] = (int32_t)keys[i];
+    return k_g;
+}
+
+int32_t flexdiag__alisa_plan_list(int32_t *rec_pos, float *rec_p, int32_t *rec_n, int32_t n_att,
+                                  int32_t t, float *score, uint64_t *keys, int32_t *slots) {
+    int32_t k_l = n_att - n_att / 2, ncand = t - k_l + 1; /* 0..t-k_l: outside the recent lags */
+    int32_t n = ncand > 0 ? alisa_global(rec_pos, rec_p, rec_n, n_att, t, ncand, score, keys,
+                                         slots)
+                          : 0;
+    for (int32_t p = ncand > 0 ? ncand : 0; p <= t; p++) slots[n++] = p;
+    FLEXDIAG_DASSERT(n == (t + 1 < n_att ? t + 1 : n_att));
+    size_t r = (size_t)(t % k_l); /* record r_t replaces r_{t-w} */
+    memcpy(rec_pos + r * (size_t)n_att, slots, (size_t)n * 4);
+    memset(rec_p + r * (size_t)n_att, 0, (size_t)n * 4);
+    rec_n[r] = n;
+    return n;
 }
 
 void flexdiag__kvp_plan_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
                               int32_t *ws, int32_t *slots, int32_t *ns) {
-    size_t li = flexdiag__kvp_li(k, seq, layer), na = (size_t)k->p.n_att;
-    int32_t ncand = t - k->k_l + 1; /* positions 0..t-k_l are outside the recent lags */
-    int32_t n = ncand > 0 ? alisa_global(k, li, t, ncand, slots) : 0;
-    for (int32_t p = ncand > 0 ? ncand : 0; p <= t; p++) slots[n++] = p;
-    FLEXDIAG_DASSERT(n == (t + 1 < k->p.n_att ? t + 1 : k->p.n_att));
-    size_t r = li * (size_t)k->w + (size_t)(t % k->w); /* record r_t replaces r_{t-W} */
-    memcpy(k->rec_pos + r * na, slots, (size_t)n * 4);
-    memset(k->rec_p + r * na, 0, (size_t)n * 4);
-    k->rec_n[r] = n;
+    size_t li = flexdiag__kvp_li(k, seq, layer), na = (size_t)k->p.n_att, w = (size_t)k->w;
+    int32_t n = flexdiag__alisa_plan_list(k->rec_pos + li * w * na, k->rec_p + li * w * na,
+                                          k->rec_n + li * w, k->p.n_att, t,
+                                          k->score + li * (size_t)k->p.l_dec,
+                                          k->keys + li * (size_t)k->p.l_dec, slots);
     for (int32_t h = 0; h < k->p.h_kv; h++) {
         ws[h] = t;
         ns[h] = n;

@@ -94,6 +94,12 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(epos, el * na * 4);
     TAKE(eacc, (is_h2o(c) ? el * na : 0) * 4);
     TAKE(efree, el * 4);
+    size_t al_ = c->device_alisa ? L * S : 0, aw = (size_t)(c->kp.n_att - c->kp.n_att / 2);
+    TAKE(arpos, al_ * aw * na * 4);
+    TAKE(arp, al_ * aw * na * 4);
+    TAKE(arn, al_ * aw * 4);
+    TAKE(ascore, al_ * (size_t)c->l_dec * 4);
+    TAKE(akeys, al_ * (size_t)c->l_dec * 8);
 #undef TAKE
     return off;
 }
@@ -133,7 +139,10 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
                      !c->host_policy;
     c->device_evict = (kind == FLEXDIAG_POLICY_H2O || kind == FLEXDIAG_POLICY_TOVA) &&
                       k->evict_plan && k->evict_update && !c->host_policy;
-    c->shared_rows = c->shared_plan || c->device_diag;
+    c->device_alisa = kind == FLEXDIAG_POLICY_ALISA && k->alisa_plan && k->alisa_update &&
+                      !c->host_policy;
+    c->device_policy = c->device_diag || c->device_evict || c->device_alisa;
+    c->shared_rows = c->shared_plan || c->device_diag || c->device_alisa;
     c->shared_slots = c->shared_plan || c->device_evict;
     return FLEXDIAG_OK;
 }
@@ -192,7 +201,7 @@ static flexdiag_status host_alloc(flexdiag_context *c) {
     size_t S = (size_t)c->n_seq, hkv = (size_t)c->kp.h_kv, hq = (size_t)c->kp.h_q;
     size_t ms = (size_t)c->max_slots, L = (size_t)c->kp.n_layers;
     size_t lists = c->shared_slots ? 1 : L * S * hkv;
-    size_t scored = c->scored && !c->device_diag && !c->device_evict ? L * S : 0;
+    size_t scored = c->scored && !c->device_policy ? L * S : 0;
     size_t n_rows = c->shared_rows ? S * hkv : L * S * hkv;
     size_t sz[7] = {n_rows, lists * ms, lists, scored * hq * ms, 1, S, S}, total = 0;
     for (int i = 0; i < 7; i++) total += al(sz[i] * 4);
@@ -223,7 +232,7 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(rt->k->memset0(c->block, c->block_bytes, rt->s));
     FLEXDIAG_TRY(host_alloc(c));
     FLEXDIAG_TRY(flexdiag__kvp_create(&c->kp, &c->kvp));
-    if (!c->shared_plan && !c->device_diag && !c->device_evict) /* host state machines */
+    if (!c->shared_plan && !c->device_policy) /* per-(layer, sequence) host state machines */
         FLEXDIAG_TRY(flexdiag__cpu_stream_create(-1, rt->p.threads, &c->pol_pool));
     return upload_prefill_tables(c);
 }
@@ -454,6 +463,24 @@ static flexdiag_status plan_device_evict(const run_state *r, int32_t t) {
     return FLEXDIAG_OK;
 }
 
+/* Device ALISA: every list writes row t (shared rows); alisa_plan selects each (layer,
+ * sequence)'s attended positions into the slot lists of its KV heads. */
+static flexdiag_status plan_device_alisa(const run_state *r, int32_t t) {
+    flexdiag_context *c = r->c;
+    size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, n_rows = (size_t)r->n_seq * hkv;
+    size_t lists = (size_t)c->kp.n_layers * (size_t)c->n_seq;
+    for (size_t i = 0; i < n_rows; i++) c->h_rows[i] = c->p_cap + t;
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.rows, c->h_rows, n_rows * 4, r->s));
+    FLEXDIAG_TRY(r->k->alisa_plan(c->b.slots, c->b.nslots, c->b.arpos, c->b.arp, c->b.arn,
+                                  c->b.ascore, c->b.akeys, (int64_t)lists, c->kp.h_kv,
+                                  c->max_slots, c->kp.n_att, c->l_dec, t, r->s));
+    if (!r->b->plan_out) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_slots, c->b.slots, lists * hkv * ms * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_d2h(c->h_nslots, c->b.nslots, lists * hkv * 4, r->s));
+    record_plan(r, t);
+    return FLEXDIAG_OK;
+}
+
 /* Host policy work of step t, one task per layer (the state machines allow concurrent calls on
  * disjoint layers, kv_policy.h): the per-(layer, head) plans and updates of H2O, TOVA and ALISA
  * cost tens of milliseconds per step on one core at 64 sequences x 30 layers. */
@@ -497,6 +524,7 @@ static flexdiag_status plan_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     if (c->device_diag) return plan_device_diag(r, t);
     if (c->device_evict) return plan_device_evict(r, t);
+    if (c->device_alisa) return plan_device_alisa(r, t);
     size_t hkv = (size_t)c->kp.h_kv, ms = (size_t)c->max_slots, S = (size_t)c->n_seq;
     size_t lists = 1, n_rows = (size_t)r->n_seq * hkv;
     if (c->shared_plan) {
@@ -516,8 +544,8 @@ static flexdiag_status plan_step(const run_state *r, int32_t t) {
 }
 
 /* After step t: update the policy from every layer's scores when it needs them: device H2O /
- * TOVA where attention left the probabilities, host policies after reading them back. (The
- * device Diagonal policy was updated inside attention.) */
+ * TOVA / ALISA where attention left the probabilities, host policies after reading them back.
+ * (The device Diagonal policy was updated inside attention.) */
 static flexdiag_status update_step(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     if (!c->scored || c->device_diag || !flexdiag__kvp_needs_scores(c->kvp, t))
@@ -526,6 +554,10 @@ static flexdiag_status update_step(const run_state *r, int32_t t) {
         return r->k->evict_update(c->b.efree, is_h2o(c) ? c->b.eacc : NULL, c->b.epos,
                                   c->b.pscore, (int64_t)evict_lists(c),
                                   is_h2o(c) ? c->kp.h_q / c->kp.h_kv : c->kp.h_q, c->max_slots,
+                                  c->kp.n_att, t, r->s);
+    if (c->device_alisa)
+        return r->k->alisa_update(c->b.arp, c->b.arn, c->b.pscore,
+                                  (int64_t)c->kp.n_layers * c->n_seq, c->kp.h_q, c->max_slots,
                                   c->kp.n_att, t, r->s);
     size_t rows = (size_t)c->kp.n_layers * (size_t)c->n_seq * (size_t)c->kp.h_q;
     FLEXDIAG_TRY(r->k->copy_d2h(c->h_pscore, c->b.pscore, rows * (size_t)c->max_slots * 4, r->s));

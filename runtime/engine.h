@@ -81,6 +81,11 @@ typedef struct flexdiag_ctx_bufs {
                           lists = (layers, n_seq, h_kv) for H2O, (layers, n_seq) for TOVA */
     float *eacc;       /* device H2O: (lists, n_att) accumulated scores */
     int32_t *efree;    /* device H2O / TOVA: (lists) the victim of the last update */
+    int32_t *arpos;    /* device ALISA (kernels.h alisa_*): (layers, n_seq, w, n_att) records */
+    float *arp;        /* device ALISA: (layers, n_seq, w, n_att) record probabilities */
+    int32_t *arn;      /* device ALISA: (layers, n_seq, w) record counts */
+    float *ascore;     /* device ALISA: (layers, n_seq, l_dec) selection scratch */
+    uint64_t *akeys;   /* device ALISA: (layers, n_seq, l_dec) selection scratch */
 } flexdiag_ctx_bufs;
 
 struct flexdiag_context {
@@ -105,6 +110,9 @@ struct flexdiag_context {
                                         update fused into attn_decode) */
     int device_evict;                /* H2O / TOVA state lives on the device (evict_plan,
                                         evict_update on attn_decode's probabilities) */
+    int device_alisa;                /* ALISA records live on the device (alisa_plan,
+                                        alisa_update) */
+    int device_policy;               /* any of the three: no host state machine runs */
     int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */
     int shared_slots;                /* one attended slot list for all: b.slots is (max_slots) */
     int host_policy;                 /* tests: force the host state machines (no device policy) */

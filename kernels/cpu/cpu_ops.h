@@ -84,6 +84,15 @@ flexdiag_status flexdiag__cpu_evict_update(int32_t *free_slot, float *acc, const
                                            const float *probs, int64_t n_lists, int32_t heads,
                                            int32_t max_slots, int32_t n_att, int32_t t,
                                            flexdiag_stream *s);
+/* ---- device-resident ALISA (ref_policy.c; kernels.h alisa_plan, alisa_update) ---- */
+flexdiag_status flexdiag__cpu_alisa_plan(int32_t *slots, int32_t *n_slots, int32_t *rec_pos,
+                                         float *rec_p, int32_t *rec_n, float *score,
+                                         uint64_t *keys, int64_t n_lists, int32_t copies,
+                                         int32_t max_slots, int32_t n_att, int32_t l_dec,
+                                         int32_t t, flexdiag_stream *s);
+flexdiag_status flexdiag__cpu_alisa_update(float *rec_p, const int32_t *rec_n, const float *probs,
+                                           int64_t n_lists, int32_t heads, int32_t max_slots,
+                                           int32_t n_att, int32_t t, flexdiag_stream *s);
 /* Decode epilogue of the group (sequence s, KV head h), after its attention: z holds the
  * group's g = h_q/h_kv rows of ring logits (z_stride floats apart, column = slot-list index,
  * n_slots of the group's list valid), lse its g log-sum-exps (both borrowed). Writes the

@@ -39,6 +39,8 @@
     .diag_slots = flexdiag__cpu_diag_slots,                                                        \
     .evict_plan = flexdiag__cpu_evict_plan,                                                        \
     .evict_update = flexdiag__cpu_evict_update,                                                    \
+    .alisa_plan = flexdiag__cpu_alisa_plan,                                                        \
+    .alisa_update = flexdiag__cpu_alisa_update,                                                    \
     .diag_max_group = INT32_MAX /* both decodes fuse the Diagonal update for any group */
 
 static const flexdiag_kernels cpu_ref_table = {

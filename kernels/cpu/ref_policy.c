@@ -1,7 +1,8 @@
 /*
  * ref_policy.c - the device-resident policies on the CPU, shared by both CPU tables: the
  * diag_slots op (plain loops over lag lists), the H2O / TOVA evict_plan and evict_update ops,
- * and the post-attention epilogue of attn_decode (probs_out and the fused Diagonal build-up
+ * the ALISA alisa_plan (the host's own per-list code) and alisa_update ops, and the
+ * post-attention epilogue of attn_decode (probs_out and the fused Diagonal build-up
  * update of kernels.h), which the reference and the fast decode both call once per (sequence,
  * KV head) group with that group's ring logits.
  *
@@ -14,9 +15,11 @@
  * decode) makes the two CPU decodes agree whenever their logits agree.
  */
 #include <math.h>
+#include <string.h>
 
 #include "core.h"
 #include "cpu_ops.h"
+#include "kv_policy.h"
 
 flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
                                          int16_t *cnt, int64_t n_lists, int32_t max_slots,
@@ -117,6 +120,45 @@ flexdiag_status flexdiag__cpu_evict_update(int32_t *free_slot, float *acc, const
                             n_att, t);
         else
             tova_update_list(free_slot + i, pos + i * n_att, p, heads, max_slots, n_att, t);
+    }
+    return FLEXDIAG_OK;
+}
+
+/* ---- ALISA (kernels.h alisa_plan, alisa_update; policy_alisa.c's rules) ---- */
+
+flexdiag_status flexdiag__cpu_alisa_plan(int32_t *slots, int32_t *n_slots, int32_t *rec_pos,
+                                         float *rec_p, int32_t *rec_n, float *score,
+                                         uint64_t *keys, int64_t n_lists, int32_t copies,
+                                         int32_t max_slots, int32_t n_att, int32_t l_dec,
+                                         int32_t t, flexdiag_stream *s) {
+    (void)s;
+    size_t w = (size_t)(n_att - n_att / 2), na = (size_t)n_att;
+    for (int64_t i = 0; i < n_lists; i++) {
+        int32_t *sl = slots + i * copies * max_slots;
+        int32_t n = flexdiag__alisa_plan_list(rec_pos + (size_t)i * w * na,
+                                              rec_p + (size_t)i * w * na, rec_n + (size_t)i * w,
+                                              n_att, t, score + i * l_dec, keys + i * l_dec, sl);
+        for (int32_t h = 0; h < copies; h++) {
+            if (h > 0) memcpy(sl + (size_t)h * (size_t)max_slots, sl, (size_t)n * 4);
+            n_slots[i * copies + h] = n;
+        }
+    }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_alisa_update(float *rec_p, const int32_t *rec_n, const float *probs,
+                                           int64_t n_lists, int32_t heads, int32_t max_slots,
+                                           int32_t n_att, int32_t t, flexdiag_stream *s) {
+    (void)s;
+    int32_t w = n_att - n_att / 2, r = t % w;
+    for (int64_t i = 0; i < n_lists; i++) {
+        float *rv = rec_p + ((size_t)i * (size_t)w + (size_t)r) * (size_t)n_att;
+        const float *p = probs + i * heads * max_slots;
+        for (int32_t j = 0; j < rec_n[i * w + r]; j++) { /* sum over all h_q heads */
+            float sc = 0.0f;
+            for (int32_t q = 0; q < heads; q++) sc += p[(int64_t)q * max_slots + j];
+            rv[j] = sc;
+        }
     }
     return FLEXDIAG_OK;
 }

@@ -121,6 +121,16 @@ flexdiag_status flexdiag__cuda_evict_update(int32_t *free_slot, float *acc, cons
                                             const float *probs, int64_t n_lists, int32_t heads,
                                             int32_t max_slots, int32_t n_att, int32_t t,
                                             flexdiag_stream *s);
+/* Device-resident ALISA (alisa_policy.cu); contracts in kernels.h. */
+flexdiag_status flexdiag__cuda_alisa_plan(int32_t *slots, int32_t *n_slots, int32_t *rec_pos,
+                                          float *rec_p, int32_t *rec_n, float *score,
+                                          uint64_t *keys, int64_t n_lists, int32_t copies,
+                                          int32_t max_slots, int32_t n_att, int32_t l_dec,
+                                          int32_t t, flexdiag_stream *s);
+flexdiag_status flexdiag__cuda_alisa_update(float *rec_p, const int32_t *rec_n,
+                                            const float *probs, int64_t n_lists, int32_t heads,
+                                            int32_t max_slots, int32_t n_att, int32_t t,
+                                            flexdiag_stream *s);
 /* ---- image decoder, VQ-16 (conv2d.cu, vq_ops.cu); contracts in kernels.h; activations
  * f32 ---- */
 

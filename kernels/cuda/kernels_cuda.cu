@@ -57,6 +57,8 @@ static flexdiag_kernels make_table(void) {
     t.diag_max_group = FLEXDIAG__CUDA_DEC_MAX_G;
     t.evict_plan = flexdiag__cuda_evict_plan;
     t.evict_update = flexdiag__cuda_evict_update;
+    t.alisa_plan = flexdiag__cuda_alisa_plan;
+    t.alisa_update = flexdiag__cuda_alisa_update;
     t.vq_lookup = flexdiag__cuda_vq_lookup;
     t.conv2d = flexdiag__cuda_conv2d;
     t.groupnorm = flexdiag__cuda_groupnorm;

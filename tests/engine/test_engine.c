@@ -175,7 +175,7 @@ static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host,
     c->p.policy.n_r = 20;
     c->host_policy = host;
     assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
-    assert_int_equal(c->device_diag || c->device_evict, !host);
+    assert_int_equal(c->device_policy, !host);
     int32_t p0[6] = {256, 259, 'a', 'b', 260, 261}, p1[4] = {256, 259, 'z', 261}, np[2] = {6, 4};
     const int32_t *pp[2] = {p0, p1};
     int32_t forced[2 * 64], tok[2 * 64];
@@ -192,7 +192,8 @@ static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host,
 }
 
 /* The device-resident policy paths (Diagonal: diag_slots and the update fused into
- * attn_decode; H2O / TOVA: evict_plan and evict_update) equal the host state machines:
+ * attn_decode; H2O / TOVA: evict_plan and evict_update; ALISA: alisa_plan and alisa_update)
+ * equal the host state machines:
  * identical attended slots at every (step, layer, sequence, KV head) and identical logits
  * (which also pins every H2O / TOVA victim: a different eviction changes the attended keys). */
 static void test_device_policy(void **state) {
@@ -200,10 +201,10 @@ static void test_device_policy(void **state) {
     flexdiag_runtime *rt;
     flexdiag_model *m;
     open_builtin(2, &rt, &m);
-    const flexdiag_policy_kind kinds[4] = {FLEXDIAG_POLICY_DIAGONAL,
+    const flexdiag_policy_kind kinds[5] = {FLEXDIAG_POLICY_DIAGONAL,
                                            FLEXDIAG_POLICY_DIAGONAL_SINK4, FLEXDIAG_POLICY_H2O,
-                                           FLEXDIAG_POLICY_TOVA};
-    for (int i = 0; i < 4; i++) {
+                                           FLEXDIAG_POLICY_TOVA, FLEXDIAG_POLICY_ALISA};
+    for (int i = 0; i < 5; i++) {
         int32_t *ph, *pd;
         float *lh = policy_run(m, kinds[i], 1, &ph), *ld = policy_run(m, kinds[i], 0, &pd);
         size_t rec = (size_t)1 + 9;

@@ -12,9 +12,10 @@
  *   - sampling: ids equal to the CPU's for >= 99.9% of rows over many (seed, step), every
  *     mismatch explained by u (or the top-p mass) within 1e-6 of a boundary, top_k = 1 the exact
  *     argmax, non-finite rows -1, draws independent of batch composition and repeatable;
- *   - the device H2O / TOVA ops (evict_plan, evict_update): driven over whole generations with
- *     tie-heavy random probabilities, rows, positions, scores and victims bit-identical to the
- *     CPU's after every step.
+ *   - the device H2O / TOVA ops (evict_plan, evict_update) and ALISA ops (alisa_plan,
+ *     alisa_update): driven over whole generations with tie-heavy random probabilities, rows,
+ *     positions, scores, victims, slot lists and records bit-identical to the CPU's after every
+ *     step.
  * A compact table (op, shape, max error, nmse, pass) is printed at the end. Exit 77 without CUDA.
  */
 #include <math.h>
@@ -900,6 +901,78 @@ static void test_evict(void **state) {
     assert_true(bad);
 }
 
+typedef struct alisa_case {
+    int64_t lists;  /* (layer, sequence) lists */
+    int32_t copies; /* KV heads per list */
+    int32_t heads;  /* h_q */
+    int32_t n_att;  /* attended positions per step */
+    int32_t l_dec;  /* steps driven (= decode length) */
+} alisa_case;
+
+static int run_alisa_case(const alisa_case *c, uint64_t seed) {
+    const int32_t ms = c->n_att + 2, na = c->n_att, w = na - na / 2;
+    const size_t nl = (size_t)c->lists, nsl = nl * c->copies * ms, nr = nl * w * na;
+    const size_t np = nl * (size_t)c->heads * ms, nsc = nl * (size_t)c->l_dec;
+    int32_t *sl = xmalloc(nsl * 4), *ns = xmalloc(nl * c->copies * 4), *rp = xmalloc(nr * 4);
+    int32_t *rn = xmalloc(nl * w * 4);
+    float *rv = xmalloc(nr * 4), *pr = xmalloc(np * 4), *sc = xmalloc(nsc * 4);
+    uint64_t *keys = xmalloc(nsc * 8);
+    memset(sl, 0xff, nsl * 4); /* the device bodies start as 0xFF bytes too */
+    memset(rp, 0xff, nr * 4);
+    memset(rv, 0xff, nr * 4);
+    memset(rn, 0xff, nl * w * 4);
+    dbuf dsl = dbuf_make(nsl, 4, 0), dns = dbuf_make(nl * c->copies, 4, 1);
+    dbuf drp = dbuf_make(nr, 4, 0), drv = dbuf_make(nr, 4, 2), drn = dbuf_make(nl * w, 4, 0);
+    dbuf dpr = dbuf_make(np, 4, 0), dsc = dbuf_make(nsc, 4, 0), dk = dbuf_make(nsc, 8, 0);
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    int ok = 1;
+    for (int32_t t = 0; ok && t < c->l_dec; t++) {
+        OK(R->alisa_plan(sl, ns, rp, rv, rn, sc, keys, c->lists, c->copies, ms, na, c->l_dec, t,
+                         NULL));
+        OK(G->alisa_plan(dptr(&dsl), dptr(&dns), dptr(&drp), dptr(&drv), dptr(&drn), dptr(&dsc),
+                         dptr(&dk), c->lists, c->copies, ms, na, c->l_dec, t, S));
+        ok = evict_same(&dsl, sl, nsl, "alisa slots") &&
+             evict_same(&dns, ns, nl * c->copies, "alisa n_slots") &&
+             evict_same(&drp, rp, nr, "alisa record positions") &&
+             evict_same(&drn, rn, nl * w, "alisa record counts");
+        for (size_t i = 0; i < np; i++) pr[i] = (float)tu_rng_int(&r, 0, 7) * 0.125f;
+        dbuf_put(&dpr, pr);
+        OK(R->alisa_update(rv, rn, pr, c->lists, c->heads, ms, na, t, NULL));
+        OK(G->alisa_update(dptr(&drv), dptr(&drn), dptr(&dpr), c->lists, c->heads, ms, na, t, S));
+        ok = ok && evict_same(&drv, rv, nr, "alisa record probabilities");
+    }
+    dbuf *bufs[] = {&dsl, &dns, &drp, &drv, &drn, &dpr, &dsc, &dk};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
+    free(sl), free(ns), free(rp), free(rn), free(rv), free(pr), free(sc), free(keys);
+    return ok;
+}
+
+static void test_alisa(void **state) {
+    (void)state;
+    const alisa_case cases[] = {
+        {3, 1, 2, 1, 10},  {5, 2, 3, 2, 24},   {40, 4, 8, 9, 64},
+        {64, 1, 32, 29, 160}, {9, 3, 5, 120, 400},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const alisa_case *c = &cases[i];
+        const int ok = run_alisa_case(c, 2000 + i);
+        char shape[64];
+        snprintf(shape, sizeof shape, "lists %lld x%d heads %d n_att %d, %d steps",
+                 (long long)c->lists, c->copies, c->heads, c->n_att, c->l_dec);
+        record("alisa", shape, 0, 0, ok);
+        fails += !ok;
+    }
+    flexdiag__err_clear();
+    const int bad = G->alisa_plan(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 3, 3, 5, 5,
+                                  S) == FLEXDIAG_ERR_INVALID_ARG;
+    flexdiag__err_clear();
+    record("alisa", "step t >= l_dec refused", 0, 0, bad);
+    assert_int_equal(fails, 0);
+    assert_true(bad);
+}
+
 int main(void) {
     int skip = tu_cuda_stream("test_kernels_cuda", &S);
     if (skip) return skip;
@@ -913,6 +986,7 @@ int main(void) {
         cmocka_unit_test(test_gelu),        cmocka_unit_test(test_cfg),
         cmocka_unit_test(test_matmul),      cmocka_unit_test(test_sample),
         cmocka_unit_test(test_sample_special), cmocka_unit_test(test_evict),
+        cmocka_unit_test(test_alisa),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     print_summary();
