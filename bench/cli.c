@@ -204,3 +204,43 @@ int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy
     out->n_r = (int32_t)o->n_r;
     return 0;
 }
+
+/* ---- comma lists ---- */
+
+int cli_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (*n == CLI_MAX_LIST || flexdiag__kvp_parse(tok, &out[*n]) != 0) {
+            fprintf(stderr, "flexdiag %s: --policies: unknown policy '%s' or more than %d (valid: "
+                    "%s)\n", cmd, tok, CLI_MAX_LIST, flexdiag__kvp_names());
+            return 2;
+        }
+        (*n)++;
+    }
+    if (*n > 0) return 0;
+    fprintf(stderr, "flexdiag %s: --policies is empty (valid: %s)\n", cmd, flexdiag__kvp_names());
+    return 2;
+}
+
+int cli_parse_sparsities(const char *cmd, const char *s, double *out, int *n) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *end = NULL;
+        double v = strtod(tok, &end);
+        if (*n == CLI_MAX_LIST || end == tok || *end || !(v >= 0.0 && v <= 1.0)) {
+            fprintf(stderr, "flexdiag %s: --sparsities: '%s' is not a number in [0, 1] (e.g. "
+                    "0.8,0.9,0.95; at most %d)\n", cmd, tok, CLI_MAX_LIST);
+            return 2;
+        }
+        out[(*n)++] = v;
+    }
+    if (*n > 0) return 0;
+    fprintf(stderr, "flexdiag %s: --sparsities is empty\n", cmd);
+    return 2;
+}

@@ -82,4 +82,12 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
 /* Policy params from the flags; prints the error and returns 2 on bad values. */
 int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out);
 
+/* ---- comma lists (--policies, --sparsities of bench and bench fidelity) ---- */
+#define CLI_MAX_LIST 64 /* entries per list */
+/* Split s into at most CLI_MAX_LIST policy kinds; prints the valid names and returns 2 on an
+ * unknown or missing name. */
+int cli_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n);
+/* Split s into at most CLI_MAX_LIST numbers in [0, 1]; prints the error and returns 2. */
+int cli_parse_sparsities(const char *cmd, const char *s, double *out, int *n);
+
 #endif /* FLEXDIAG_CLI_H */

@@ -12,6 +12,10 @@
  * op table: device copy bandwidth (bytes read + written) and the bf16 GEMM rate; the decode
  * step's bytes (weights + KV read and written) and FLOPs over those rates give its floor.
  * Markdown on stdout, one JSON object per row with --json FILE (appended, flushed per row).
+ * A policy search: --policies and --sparsities (comma lists) give one row per (policy,
+ * sparsity) pair (dense once) in the same process, on one model and one roofline measurement;
+ * each row sizes its own batch (`auto` gives each policy its largest), a row that fails is
+ * reported and the sweep goes on, and a last line names the fastest row against dense.
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,7 +30,7 @@
 typedef struct tp_opts {
     cli_model_opts mo;
     cli_policy_opts po;
-    const char *batch, *json;
+    const char *batch, *json, *policies, *sparsities;
     int64_t micro, prompt_len, steps, profile_steps;
 } tp_opts;
 
@@ -269,43 +273,107 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
 
 /* ---- throughput command ---- */
 
-static int throughput(const tp_opts *o) {
-    flexdiag_runtime *rt = NULL;
-    flexdiag_model *m = NULL;
+/* One row: a context for the policy flags po, measured, printed; *img_s gets its img/s. */
+static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
+                     const cli_policy_opts *po, double *img_s) {
     flexdiag_context *c = NULL;
-    roofline rf = {0};
-    int rc = cli_open_model("bench", &o->mo, &rt, &m);
-    if (rc == 0 && measure_roofline(rt, &rf))
-        fprintf(stderr, "flexdiag bench: roofline measurement failed; fractions will be 0\n");
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
     cp.max_prompt_len = (int32_t)o->prompt_len;
-    if (rc == 0 && cli_policy_params("bench", &o->po, &cp.policy)) rc = 2;
-    int32_t batch = rc == 0 ? resolve_batch("bench", o, m, &cp) : -1;
-    if (rc == 0 && batch < 1) rc = 2;
+    if (cli_policy_params("bench", po, &cp.policy)) return 2;
+    int32_t batch = resolve_batch("bench", o, m, &cp);
+    if (batch < 1) return 2;
     cp.max_images = batch;
     cp.micro_batch = (int32_t)o->micro;
-    flexdiag_status st = rc == 0 ? flexdiag_context_create(m, &cp, &c) : FLEXDIAG_OK;
-    if (st != FLEXDIAG_OK) rc = cli_fail("bench", st);
+    flexdiag_status st = flexdiag_context_create(m, &cp, &c);
+    if (st != FLEXDIAG_OK) return cli_fail("bench", st);
+    tp_row row = {.batch = batch, .l_dec = c->l_dec};
+    row.steps = o->steps > 0 && o->steps < c->l_dec ? (int32_t)o->steps : c->l_dec;
+    row.projected = row.steps < c->l_dec;
+    int rc = measure(o, m, c, &row);
+    step_cost(c, (int32_t)o->prompt_len, c->l_dec, &row);
+    double roof = fmax(row.step_bytes / fmax(rf->bw, 1), row.step_flops / fmax(rf->gemm, 1));
+    row.roof_ms = 1e3 * roof;
+    row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
     if (rc == 0) {
-        tp_row row = {.batch = batch, .l_dec = c->l_dec};
-        row.steps = o->steps > 0 && o->steps < c->l_dec ? (int32_t)o->steps : c->l_dec;
-        row.projected = row.steps < c->l_dec;
-        print_header(rt, &rf, o, m);
-        rc = measure(o, m, c, &row);
-        step_cost(c, (int32_t)o->prompt_len, c->l_dec, &row);
-        double roof = fmax(row.step_bytes / fmax(rf.bw, 1), row.step_flops / fmax(rf.gemm, 1));
-        row.roof_ms = 1e3 * roof;
-        row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
-        if (rc == 0) {
-            print_row(c, &row);
-            append_json(o->json, c, o, &rf, &row);
-        }
+        print_row(c, &row);
+        append_json(o->json, c, o, rf, &row);
+        *img_s = row.img_s;
     }
     flexdiag_context_destroy(c);
+    return rc;
+}
+
+/* The sweep's lists: --policies / --sparsities, else the single --policy / --sparsity. */
+static int sweep_lists(const tp_opts *o, flexdiag_policy_kind *kinds, int *nk, double *sps,
+                       int *ns) {
+    if (o->sparsities && o->po.n_att > 0) {
+        fprintf(stderr, "flexdiag bench: --sparsities and --n-att exclude each other\n");
+        return 2;
+    }
+    if (o->policies) {
+        if (o->po.policy) {
+            fprintf(stderr, "flexdiag bench: give --policy or --policies, not both\n");
+            return 2;
+        }
+        if (cli_parse_policies("bench", o->policies, kinds, nk)) return 2;
+    } else {
+        flexdiag_policy_params pp;
+        if (cli_policy_params("bench", &o->po, &pp)) return 2;
+        *nk = 1;
+        kinds[0] = pp.kind;
+    }
+    if (o->sparsities) return cli_parse_sparsities("bench", o->sparsities, sps, ns);
+    *ns = 1;
+    sps[0] = o->po.sparsity;
+    return 0;
+}
+
+static int throughput(const tp_opts *o) {
+    flexdiag_policy_kind kinds[CLI_MAX_LIST];
+    double sps[CLI_MAX_LIST];
+    int nk = 0, ns = 0, rc = sweep_lists(o, kinds, &nk, sps, &ns);
+    if (rc) return rc;
+    flexdiag_runtime *rt = NULL;
+    flexdiag_model *m = NULL;
+    roofline rf = {0};
+    rc = cli_open_model("bench", &o->mo, &rt, &m);
+    if (rc == 0 && measure_roofline(rt, &rf))
+        fprintf(stderr, "flexdiag bench: roofline measurement failed; fractions will be 0\n");
+    if (rc == 0) print_header(rt, &rf, o, m);
+    double dense = 0, best = 0;
+    int rows = 0, first_rc = 0, best_k = 0, best_s = 0;
+    for (int k = 0; rc == 0 && k < nk; k++)
+        for (int j = 0; j < ns; j++) {
+            int once = kinds[k] == FLEXDIAG_POLICY_DENSE || o->po.n_att > 0; /* no sparsity */
+            if (once && j > 0) break;
+            cli_policy_opts po = o->po;
+            po.policy = flexdiag__kvp_name(kinds[k]);
+            po.sparsity = sps[j];
+            double img_s = 0;
+            int row_rc = bench_row(o, m, &rf, &po, &img_s);
+            if (row_rc) { /* reported; the sweep goes on, the exit code is the first failure's */
+                if (nk * ns > 1)
+                    fprintf(stderr, "flexdiag bench: row %s, sparsity %g failed\n", po.policy,
+                            sps[j]);
+                if (!first_rc) first_rc = row_rc;
+                continue;
+            }
+            rows++;
+            if (kinds[k] == FLEXDIAG_POLICY_DENSE) dense = img_s;
+            if (img_s > best) best = img_s, best_k = k, best_s = j;
+        }
+    if (rows > 1) {
+        printf("\nfastest: %s", flexdiag__kvp_name(kinds[best_k]));
+        if (kinds[best_k] != FLEXDIAG_POLICY_DENSE && o->po.n_att <= 0)
+            printf(" at sparsity %g", sps[best_s]);
+        printf(", %.3f img/s", best);
+        if (dense > 0) printf(" (%.2fx dense)", best / dense);
+        printf("\n");
+    }
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
-    return rc;
+    return rc ? rc : first_rc;
 }
 
 int flexdiag_cmd_bench(int argc, char **argv) {
@@ -325,6 +393,8 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         {"--profile-steps", CLI_INT, &o.profile_steps,
          "decode steps of the split profile, from mid-run (8)"},
         {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
+        {"--policies", CLI_STR, &o.policies, "policy search: comma list, one row each"},
+        {"--sparsities", CLI_STR, &o.sparsities, "policy search: comma list of S per policy"},
     };
     int rc = cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;

@@ -21,7 +21,7 @@
 #include "synthetic.h"
 
 #define FID_CMD "bench fidelity"
-#define FID_MAX_LIST 64 /* policies or sparsities per run */
+#define FID_MAX_LIST CLI_MAX_LIST /* policies or sparsities per run */
 
 /* ---- printers ---- */
 
@@ -93,48 +93,6 @@ int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r) {
             tr->score_source, tr->granularity, tr->gqa_reduction, tr->eviction, tr->resident_kv,
             tr->extra_work, tr->needs_probabilities ? "true" : "false");
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
-}
-
-/* ---- flag lists ---- */
-
-/* Split a comma list of policy names; prints the valid names on error. */
-static int parse_policies(const char *s, flexdiag_policy_kind *out, int *n) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        if (*n == FID_MAX_LIST || flexdiag__kvp_parse(tok, &out[*n]) != 0) {
-            fprintf(stderr, "flexdiag " FID_CMD ": --policies: unknown policy '%s' (valid: %s)\n",
-                    tok, flexdiag__kvp_names());
-            return 2;
-        }
-        (*n)++;
-    }
-    if (*n > 0) return 0;
-    fprintf(stderr, "flexdiag " FID_CMD ": --policies is empty (valid: %s)\n",
-            flexdiag__kvp_names());
-    return 2;
-}
-
-static int parse_sparsities(const char *s, double *out, int *n) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        char *end = NULL;
-        double v = strtod(tok, &end);
-        if (*n == FID_MAX_LIST || end == tok || *end || !(v >= 0.0 && v <= 1.0)) {
-            fprintf(stderr, "flexdiag " FID_CMD ": --sparsities: '%s' is not a number in [0, 1] "
-                    "(e.g. 0.8,0.9,0.95)\n", tok);
-            return 2;
-        }
-        out[(*n)++] = v;
-    }
-    if (*n > 0) return 0;
-    fprintf(stderr, "flexdiag " FID_CMD ": --sparsities is empty\n");
-    return 2;
 }
 
 /* ---- synthetic runner ---- */
@@ -269,8 +227,8 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     flexdiag_policy_kind kinds[FID_MAX_LIST];
     double sps[FID_MAX_LIST];
     int nk, ns;
-    if ((rc = parse_policies(o.policies, kinds, &nk)) != 0) return rc;
-    if ((rc = parse_sparsities(o.sparsities, sps, &ns)) != 0) return rc;
+    if ((rc = cli_parse_policies(FID_CMD, o.policies, kinds, &nk)) != 0) return rc;
+    if ((rc = cli_parse_sparsities(FID_CMD, o.sparsities, sps, &ns)) != 0) return rc;
     if (o.n_r < 0 || o.n_r > 32767) {
         fprintf(stderr, "flexdiag " FID_CMD ": --n-r %lld must be in [0, 32767]\n",
                 (long long)o.n_r);

@@ -6,8 +6,10 @@
  * "projected" and a full one "measured"; rates, step time and roofline are positive; the
  * gemm/attention/rest split is a set of fractions of the profiled steps' wall time (each in
  * [0, 1], together at most 1 and, on this compute-only CPU model, most of it); a CPU run has no
- * memory budget (JSON null, "none" in the header); --json appends one line per run. Bad flags
- * give exit 2 and a message naming the flag.
+ * memory budget (JSON null, "none" in the header); --json appends one line per run. A policy
+ * search (--policies, --sparsities) gives one row per (policy, sparsity), dense once, each with
+ * its own N_att, and names the fastest row against dense. Bad flags give exit 2 and a message
+ * naming the flag.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -112,6 +114,38 @@ static void test_row(void **state) {
     free(out);
 }
 
+static void test_sweep(void **state) {
+    (void)state;
+    assert_int_equal(bench("--batch 1 --steps 6 --profile-steps 2 --policies dense,diagonal,h2o "
+                           "--sparsities 0.5,0.75 --json sweep.jsonl"),
+                     0);
+    /* dense once, then diagonal and h2o at each sparsity: N_att = round((1 - S) 64) */
+    static const struct {
+        const char *policy;
+        int n_att;
+    } want[] = {{"dense", 64}, {"diagonal", 32}, {"diagonal", 16}, {"h2o", 32}, {"h2o", 16}};
+    char *text = read_in_dir("sweep.jsonl");
+    int lines = 0;
+    for (const char *p = text; (p = strchr(p, '\n')) != NULL; p++) lines++;
+    assert_int_equal(lines, 5);
+    for (int i = 0; i < 5; i++) {
+        json_error_t err;
+        const char *line = text;
+        for (int k = 0; k < i; k++) line = strchr(line, '\n') + 1;
+        json_t *row = json_loadb(line, (size_t)(strchr(line, '\n') - line), 0, &err);
+        assert_non_null(row);
+        assert_string_equal(str(row, "policy"), want[i].policy);
+        assert_int_equal((int)num(row, "n_att"), want[i].n_att);
+        assert_true(num(row, "img_per_s") > 0);
+        json_decref(row);
+    }
+    free(text);
+    char *out = read_in_dir("out.txt");
+    assert_non_null(strstr(out, "fastest: "));
+    assert_non_null(strstr(out, "x dense)"));
+    free(out);
+}
+
 static void test_bad_flags(void **state) {
     (void)state;
     static const struct {
@@ -121,6 +155,10 @@ static void test_bad_flags(void **state) {
         {"--steps -3", "--steps"},
         {"--prompt-len 1", "--prompt-len"},
         {"--batch 0", "--batch"},
+        {"--policy dense --policies h2o", "--policies"},
+        {"--policies h2o,nope", "--policies"},
+        {"--policies h2o --sparsities 0.5,2", "--sparsities"},
+        {"--policies h2o --sparsities 0.5 --n-att 4", "--n-att"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         assert_int_equal(bench("%s", cases[i].args), 2);
@@ -153,6 +191,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_row),
+        cmocka_unit_test(test_sweep),
         cmocka_unit_test(test_bad_flags),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
