@@ -163,8 +163,10 @@ static void test_bad_input(void **state) {
 }
 
 /* Teacher-forced run of micro-janus under policy kind with the host state machines (host = 1)
- * or the device-policy ops; returns logits and fills *plan (caller frees). */
-static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host, int32_t **plan) {
+ * or the device-policy ops, in micro-batches of micro images (0: one); returns logits and
+ * fills *plan (caller frees). */
+static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host, int micro,
+                         int32_t **plan) {
     flexdiag_context *c = calloc(1, sizeof *c);
     c->m = m;
     flexdiag_context_params_init(&c->p);
@@ -173,6 +175,7 @@ static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host,
     c->p.policy.kind = kind;
     c->p.policy.n_att = 9;
     c->p.policy.n_r = 20;
+    c->p.micro_batch = micro;
     c->host_policy = host;
     assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
     assert_int_equal(c->device_policy, !host);
@@ -206,11 +209,14 @@ static void test_device_policy(void **state) {
                                            FLEXDIAG_POLICY_TOVA, FLEXDIAG_POLICY_ALISA};
     for (int i = 0; i < 5; i++) {
         int32_t *ph, *pd;
-        float *lh = policy_run(m, kinds[i], 1, &ph), *ld = policy_run(m, kinds[i], 0, &pd);
-        size_t rec = (size_t)1 + 9;
-        assert_memory_equal(ph, pd, (size_t)63 * 2 * 4 * 4 * rec * 4);
-        assert_memory_equal(lh, ld, (size_t)2 * 64 * 256 * 4);
-        free(ph), free(pd), free(lh), free(ld);
+        for (int micro = 0; micro <= 1; micro++) { /* one batch; one image per micro-batch */
+            float *lh = policy_run(m, kinds[i], 1, micro, &ph);
+            float *ld = policy_run(m, kinds[i], 0, micro, &pd);
+            size_t rec = (size_t)1 + 9;
+            assert_memory_equal(ph, pd, (size_t)63 * 2 * 4 * 4 * rec * 4);
+            assert_memory_equal(lh, ld, (size_t)2 * 64 * 256 * 4);
+            free(ph), free(pd), free(lh), free(ld);
+        }
     }
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
