@@ -23,6 +23,11 @@
 #include "engine.h"
 
 #define BUF_ALIGN 256
+/* Prompt tokens one prefill chunk runs through a layer at most: GEMMs of this many rows are
+ * compute-bound (the 7B qkv projection: 412 GFLOP), and the scratch (h, qkv, att, gate/up, mlp:
+ * ~107 KB per token at 7B) stays ~0.44 GB however large the batch (a 218-sequence batch of
+ * 50-token prompts held 1.17 GB; at 48 GB the difference is about two Diagonal images). */
+#define PREFILL_TOKENS 4096
 
 /* ---- sizing and carving (size first, allocate once) ---- */
 
@@ -52,7 +57,8 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     const flexdiag_lm_config *l = &m->lm;
     size_t d = (size_t)l->hidden, dh = (size_t)l->head_dim, hq = (size_t)l->heads;
     size_t hkv = (size_t)l->kv_heads, f = (size_t)l->ffn, S = (size_t)c->n_seq;
-    size_t qkvw = (hq + 2 * hkv) * dh, mbt = (size_t)c->mb_seq * (size_t)c->p_cap;
+    size_t qkvw = (hq + 2 * hkv) * dh, pft = (size_t)c->pf_seq * (size_t)c->p_cap;
+    size_t mbt = pft > (size_t)c->mb_seq ? pft : (size_t)c->mb_seq; /* prefill or decode rows */
     size_t V = (size_t)c->vocab_out, ms = (size_t)c->max_slots;
     size_t dm = m->head_dim_mid > l->hidden ? (size_t)m->head_dim_mid : d;
     size_t e8 = m->image_embed > 0 ? (size_t)m->image_embed : 1, off = 0;
@@ -78,8 +84,8 @@ static size_t ctx_layout(const flexdiag_context *c, size_t act, flexdiag_ctx_buf
     TAKE(pscore, scored * hq * ms * 4);
     TAKE(ids_in, S * (size_t)c->p_cap * 4);
     TAKE(lp, S * 4);
-    TAKE(pos_pf, mbt * 4);
-    TAKE(rows_pf, mbt * hkv * 4);
+    TAKE(pos_pf, pft * 4);
+    TAKE(rows_pf, pft * hkv * 4);
     TAKE(pos, S * 4);
     TAKE(last, S * 4);
     TAKE(rows, (c->shared_rows ? S * hkv : L * S * hkv) * 4);
@@ -121,6 +127,8 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->mb_seq = c->mb_img * c->rows_per_img;
     c->n_mb = (c->n_img + c->mb_img - 1) / c->mb_img;
     c->p_cap = c->p.max_prompt_len;
+    int32_t pf_cap = (c->pf_tokens > 0 ? c->pf_tokens : PREFILL_TOKENS) / c->p_cap;
+    c->pf_seq = pf_cap < 1 ? 1 : pf_cap < c->mb_seq ? pf_cap : c->mb_seq;
     FLEXDIAG_TRY(flexdiag__kvp_resolve(&c->p.policy, c->l_dec, &c->kp));
     c->kp.n_seq = c->n_seq;
     c->kp.n_layers = m->lm.layers;
@@ -177,7 +185,7 @@ int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_pa
 /* Host-side prefill index tables: position r % p_cap and cache row r for every KV head. */
 static flexdiag_status upload_prefill_tables(flexdiag_context *c) {
     const flexdiag_kernels *k = c->m->rt->k;
-    int32_t hkv = c->m->cfg.lm.kv_heads, mbt = c->mb_seq * c->p_cap;
+    int32_t hkv = c->m->cfg.lm.kv_heads, mbt = c->pf_seq * c->p_cap;
     int32_t *pos = malloc((size_t)mbt * 4), *rows = malloc((size_t)mbt * (size_t)hkv * 4);
     flexdiag_status st = (pos && rows) ? FLEXDIAG_OK
                                        : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
@@ -388,11 +396,12 @@ static flexdiag_status capture_attn(const run_state *r, int32_t j, int32_t t) {
     return r->k->copy_d2h(dst, r->c->b.logits, w * 4, r->s);
 }
 
-static flexdiag_status prefill_layer(const run_state *r, int32_t j, int32_t mb) {
+/* Layer j of the prompts of prefill chunk ch (sequences ch·pf_seq ..). */
+static flexdiag_status prefill_layer(const run_state *r, int32_t j, int32_t ch) {
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     const flexdiag_layer_w *w = &c->m->w.layers[j];
-    int32_t s0 = mb * c->mb_seq, nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
+    int32_t s0 = ch * c->pf_seq, nb = r->n_seq - s0 < c->pf_seq ? r->n_seq - s0 : c->pf_seq;
     int64_t ntok = (int64_t)nb * c->p_cap;
     void *x = (char *)c->b.x + (size_t)s0 * (size_t)c->p_cap * (size_t)l->hidden * r->act;
     flexdiag_attn_args a = attn_args(r, j, s0, nb, 0, c->b.pos_pf);
@@ -737,9 +746,10 @@ static flexdiag_status run_prefill(run_state *r) {
     FLEXDIAG_TRY(upload_prompts(r));
     FLEXDIAG_TRY(r->k->embed(c->b.x, c->m->w.embed, c->b.ids_in, (int64_t)r->n_seq * c->p_cap,
                              l->hidden, 1, r->s));
+    int32_t chunks = (r->n_seq + c->pf_seq - 1) / c->pf_seq;
     for (int32_t j = 0; j < l->layers; j++) {
         FLEXDIAG_TRY(cancelled(r));
-        for (int32_t mb = 0; mb < r->n_mb; mb++) FLEXDIAG_TRY(prefill_layer(r, j, mb));
+        for (int32_t ch = 0; ch < chunks; ch++) FLEXDIAG_TRY(prefill_layer(r, j, ch));
     }
     FLEXDIAG_TRY(r->k->gather_rows(c->b.xl, c->b.x, c->b.last, r->n_seq, l->hidden, r->s));
     for (int32_t mb = 0; mb < r->n_mb; mb++) {

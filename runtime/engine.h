@@ -96,6 +96,9 @@ struct flexdiag_context {
     int32_t rows_per_img;            /* 2 with CFG (Janus), 1 (Llama) */
     int32_t n_img, n_seq;            /* capacity in images / sequences */
     int32_t mb_img, mb_seq, n_mb;    /* micro-batch size in images / sequences; count */
+    int32_t pf_seq;                  /* sequences per prefill chunk (<= mb_seq): the prefill
+                                        scratch holds pf_seq·p_cap tokens, not the batch's */
+    int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
     int32_t p_cap, ring, max_slots;  /* KV geometry */
     int32_t l_dec;                   /* decode tokens per sequence */
     int32_t vocab_out;               /* width of the sampled distribution */

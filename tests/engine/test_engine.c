@@ -222,6 +222,46 @@ static void test_device_policy(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* Prefill in chunks (one sequence, three sequences with a remainder) gives the logits of one
+ * whole-batch prefill, bit for bit. */
+static void test_prefill_chunks(void **state) {
+    (void)state;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(2, &rt, &m);
+    float *ref = NULL;
+    const int32_t caps[3] = {0, 16, 48}; /* p_cap 16: all 4 sequences, 1, 3 per chunk */
+    const int32_t want_seq[3] = {4, 1, 3};
+    for (int i = 0; i < 3; i++) {
+        flexdiag_context *c = calloc(1, sizeof *c);
+        c->m = m;
+        flexdiag_context_params_init(&c->p);
+        c->p.max_images = 2;
+        c->p.max_prompt_len = 16;
+        c->pf_tokens = caps[i];
+        assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
+        assert_int_equal(c->pf_seq, want_seq[i]);
+        int32_t p0[6] = {256, 259, 'a', 'b', 260, 261}, p1[4] = {256, 259, 'z', 261};
+        int32_t np[2] = {6, 4}, forced[2 * 64], tok[2 * 64];
+        const int32_t *pp[2] = {p0, p1};
+        for (int k = 0; k < 128; k++) forced[k] = (k * 37 + 11) % 256;
+        float *logits = malloc((size_t)2 * 64 * 256 * 4);
+        flexdiag_block b = {.n_img = 2, .prompt = pp, .prompt_len = np, .n_steps = 64,
+                            .forced = forced, .cfg_weight = 5.0f, .tokens = tok,
+                            .logits = logits, .sp = {1.0f, 0, 1.0f, 0}};
+        assert_int_equal(flexdiag__engine_run(c, &b), FLEXDIAG_OK);
+        flexdiag_context_destroy(c);
+        if (!ref) ref = logits;
+        else {
+            assert_memory_equal(logits, ref, (size_t)2 * 64 * 256 * 4);
+            free(logits);
+        }
+    }
+    free(ref);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 /* With sparsity 0 (N_att = L_dec) every policy's teacher-forced logits equal dense bit for bit. */
 static void test_sparsity0_is_dense(void **state) {
     (void)state;
@@ -331,6 +371,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_and_reuse),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_device_policy),
+        cmocka_unit_test(test_prefill_chunks),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_sparsity0_is_dense),
         cmocka_unit_test(test_cli_generate),
