@@ -207,40 +207,57 @@ int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy
 
 /* ---- comma lists ---- */
 
-int cli_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
-    *n = 0;
+/* Parse the comma list s item by item (item() returns 0 when tok is valid and stores it at
+ * index i); returns the count, or -1 with *bad pointing at the first bad token (inside buf) or
+ * NULL for an empty list. */
+static int split_list(const char *s, char *buf, size_t buf_n,
+                      int (*item)(const char *, int, void *), void *out, const char **bad) {
+    snprintf(buf, buf_n, "%s", s);
+    int n = 0;
+    *bad = NULL;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
-        if (*n == CLI_MAX_LIST || flexdiag__kvp_parse(tok, &out[*n]) != 0) {
-            fprintf(stderr, "flexdiag %s: --policies: unknown policy '%s' or more than %d (valid: "
-                    "%s)\n", cmd, tok, CLI_MAX_LIST, flexdiag__kvp_names());
-            return 2;
+        if (n == CLI_MAX_LIST || item(tok, n, out)) {
+            *bad = tok;
+            return -1;
         }
-        (*n)++;
+        n++;
     }
-    if (*n > 0) return 0;
-    fprintf(stderr, "flexdiag %s: --policies is empty (valid: %s)\n", cmd, flexdiag__kvp_names());
+    return n > 0 ? n : -1;
+}
+
+static int policy_item(const char *tok, int i, void *out) {
+    return flexdiag__kvp_parse(tok, (flexdiag_policy_kind *)out + i);
+}
+
+static int sparsity_item(const char *tok, int i, void *out) {
+    char *end = NULL;
+    double v = strtod(tok, &end);
+    ((double *)out)[i] = v;
+    return end == tok || *end || !(v >= 0.0 && v <= 1.0);
+}
+
+int cli_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n) {
+    char buf[512];
+    const char *bad;
+    if ((*n = split_list(s, buf, sizeof buf, policy_item, out, &bad)) > 0) return 0;
+    if (bad)
+        fprintf(stderr, "flexdiag %s: --policies: unknown policy '%s' or more than %d (valid: "
+                "%s)\n", cmd, bad, CLI_MAX_LIST, flexdiag__kvp_names());
+    else
+        fprintf(stderr, "flexdiag %s: --policies is empty (valid: %s)\n", cmd,
+                flexdiag__kvp_names());
     return 2;
 }
 
 int cli_parse_sparsities(const char *cmd, const char *s, double *out, int *n) {
     char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        char *end = NULL;
-        double v = strtod(tok, &end);
-        if (*n == CLI_MAX_LIST || end == tok || *end || !(v >= 0.0 && v <= 1.0)) {
-            fprintf(stderr, "flexdiag %s: --sparsities: '%s' is not a number in [0, 1] (e.g. "
-                    "0.8,0.9,0.95; at most %d)\n", cmd, tok, CLI_MAX_LIST);
-            return 2;
-        }
-        out[(*n)++] = v;
-    }
-    if (*n > 0) return 0;
-    fprintf(stderr, "flexdiag %s: --sparsities is empty\n", cmd);
+    const char *bad;
+    if ((*n = split_list(s, buf, sizeof buf, sparsity_item, out, &bad)) > 0) return 0;
+    if (bad)
+        fprintf(stderr, "flexdiag %s: --sparsities: '%s' is not a number in [0, 1] (e.g. "
+                "0.8,0.9,0.95; at most %d)\n", cmd, bad, CLI_MAX_LIST);
+    else
+        fprintf(stderr, "flexdiag %s: --sparsities is empty\n", cmd);
     return 2;
 }
