@@ -226,8 +226,11 @@ static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp
     if (budget_gib(rt) >= 0) snprintf(budget, sizeof budget, "%.1f GiB", budget_gib(rt));
     printf("flexdiag bench: backend %s, model %s (random weights), prompt %lld tokens, "
            "memory budget %s\n", rt->k->name, m->cfg.name, (long long)o->prompt_len, budget);
-    printf("measured ceilings: copy %.0f GB/s (read + write), bf16 GEMM %.1f TFLOP/s\n\n",
-           r->bw / 1e9, r->gemm / 1e12);
+    /* a CPU multiplies at GFLOP/s: keep three significant digits either way */
+    int tera = r->gemm >= 1e12;
+    printf("measured ceilings: copy %.0f GB/s (read + write), %s GEMM %.1f %cFLOP/s\n\n",
+           r->bw / 1e9, rt->k->act_bytes == 2 ? "bf16" : "fp32", r->gemm / (tera ? 1e12 : 1e9),
+           tera ? 'T' : 'G');
     printf("| policy | N_att | N_r | batch | img/s | prefill tok/s | decode tok/s | step ms | "
            "gemm/attn/rest %% | peak GiB | KV MiB/seq | roofline ms | of roofline |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
