@@ -151,6 +151,11 @@ static int32_t resolve_batch(const char *cmd, const tp_opts *o, flexdiag_model *
         }
         return (int32_t)b;
     }
+    if (m->rt->arena.budget == UINT64_MAX) { /* the CPU engine without --gpu-mem */
+        fprintf(stderr, "flexdiag %s: --batch auto needs a memory budget: give --gpu-mem SIZE "
+                "(on the CPU it bounds the engine's host memory) or a number of images\n", cmd);
+        return -1;
+    }
     int32_t fit = flexdiag__context_fit(m, cp, flexdiag__arena_available(&m->rt->arena));
     if (fit < 1) fprintf(stderr, "flexdiag %s: --batch auto: not even one image fits\n", cmd);
     return fit < 1 ? -1 : fit;

@@ -155,6 +155,7 @@ static void test_bad_flags(void **state) {
         {"--steps -3", "--steps"},
         {"--prompt-len 1", "--prompt-len"},
         {"--batch 0", "--batch"},
+        {"--batch auto", "--gpu-mem"},
         {"--policy dense --policies h2o", "--policies"},
         {"--policies h2o,nope", "--policies"},
         {"--policies h2o --sparsities 0.5,2", "--sparsities"},
