@@ -152,6 +152,7 @@ int cli_fail(const char *cmd, flexdiag_status st) {
 
 /* ---- model and policy flags ---- */
 
+#include "engine.h"
 #include "kv_policy.h"
 
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
@@ -203,6 +204,32 @@ int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy
     out->n_att = (int32_t)o->n_att;
     out->n_r = (int32_t)o->n_r;
     return 0;
+}
+
+/* ---- --batch ---- */
+
+int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
+                  const flexdiag_context_params *cp) {
+    if (strcmp(value, "auto")) {
+        char *end;
+        long b = strtol(value, &end, 10);
+        if (end == value || *end || b < 1 || b > INT32_MAX) {
+            fprintf(stderr, "flexdiag %s: --batch must be a positive number or 'auto', got '%s'\n",
+                    cmd, value);
+            return -1;
+        }
+        return (int32_t)b;
+    }
+    if (m->rt->arena.budget == UINT64_MAX) { /* the CPU engine without --gpu-mem */
+        fprintf(stderr, "flexdiag %s: --batch auto needs a memory budget: give --gpu-mem SIZE "
+                "(on the CPU it bounds the engine's host memory) or a number of images\n", cmd);
+        return -1;
+    }
+    int32_t fit = flexdiag__context_fit(m, cp, flexdiag__arena_available(&m->rt->arena));
+    if (fit < 1)
+        fprintf(stderr, "flexdiag %s: --batch auto: not even one image fits the memory budget "
+                "(raise --gpu-mem or lower the prompt length)\n", cmd);
+    return fit < 1 ? -1 : fit;
 }
 
 /* ---- comma lists ---- */

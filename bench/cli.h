@@ -82,6 +82,12 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
 /* Policy params from the flags; prints the error and returns 2 on bad values. */
 int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out);
 
+/* --batch N|auto (bench, generate): N, or with "auto" the largest number of images whose
+ * context (cp, max_images ignored) fits the model's memory budget. Prints the error naming the
+ * flag (a bad value, auto without a budget, nothing fits) and returns -1. */
+int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
+                  const flexdiag_context_params *cp);
+
 /* ---- comma lists (--policies, --sparsities of bench and bench fidelity) ---- */
 #define CLI_MAX_LIST 64 /* entries per list */
 /* Split s into at most CLI_MAX_LIST policy kinds; prints the valid names and returns 2 on an

@@ -140,27 +140,6 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
 
 /* ---- one run ---- */
 
-static int32_t resolve_batch(const char *cmd, const tp_opts *o, flexdiag_model *m,
-                             flexdiag_context_params *cp) {
-    if (strcmp(o->batch, "auto")) {
-        char *end;
-        long b = strtol(o->batch, &end, 10);
-        if (*end || b < 1) {
-            fprintf(stderr, "flexdiag %s: --batch must be a positive number or 'auto'\n", cmd);
-            return -1;
-        }
-        return (int32_t)b;
-    }
-    if (m->rt->arena.budget == UINT64_MAX) { /* the CPU engine without --gpu-mem */
-        fprintf(stderr, "flexdiag %s: --batch auto needs a memory budget: give --gpu-mem SIZE "
-                "(on the CPU it bounds the engine's host memory) or a number of images\n", cmd);
-        return -1;
-    }
-    int32_t fit = flexdiag__context_fit(m, cp, flexdiag__arena_available(&m->rt->arena));
-    if (fit < 1) fprintf(stderr, "flexdiag %s: --batch auto: not even one image fits\n", cmd);
-    return fit < 1 ? -1 : fit;
-}
-
 /* Synthetic prompts: BOS, random ids, <begin_of_image> (ids inside the text vocabulary). */
 static int32_t *make_prompt(const flexdiag_model *m, int32_t len) {
     int32_t *p = malloc((size_t)len * 4);
@@ -289,7 +268,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     flexdiag_context_params_init(&cp);
     cp.max_prompt_len = (int32_t)o->prompt_len;
     if (cli_policy_params("bench", po, &cp.policy)) return 2;
-    int32_t batch = resolve_batch("bench", o, m, &cp);
+    int32_t batch = cli_batch("bench", o->batch, m, &cp);
     if (batch < 1) return 2;
     cp.max_images = batch;
     cp.micro_batch = (int32_t)o->micro;

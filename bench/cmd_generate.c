@@ -48,9 +48,9 @@ static const char *const layout_names[LAYOUT_COUNT] = {"plain", "geneval", "dpg"
 typedef struct gen_opts {
     cli_model_opts mo;
     cli_policy_opts po;
-    const char *prompt, *prompts_file, *out, *layout_name;
+    const char *prompt, *prompts_file, *out, *layout_name, *batch;
     gen_layout layout;
-    int64_t per_prompt, batch, micro_batch, max_prompt_len, top_k, sample_seed;
+    int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed;
     double cfg, temperature, top_p;
     int quiet;
 } gen_opts;
@@ -627,15 +627,35 @@ static int common_fields(gen_out *w, const flexdiag_policy_params *pp) {
     return w->common && w->dpg_records ? 0 : fail(1, "out of host memory");
 }
 
+/* Context params of the job (max_images = the block size r->batch). */
+static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
+                           flexdiag_context_params *cp) {
+    flexdiag_context_params_init(cp);
+    cp->policy = *pp;
+    cp->max_images = r->batch;
+    cp->micro_batch = (int32_t)r->w.o->micro_batch;
+    cp->max_prompt_len = (int32_t)r->w.o->max_prompt_len;
+}
+
+/* Images per block: --batch N, or auto (the largest context that fits the budget), at most
+ * the job's image count. */
+static int pick_batch(gen_run *r, const flexdiag_policy_params *pp) {
+    flexdiag_context_params cp;
+    context_params(r, pp, &cp);
+    int32_t b = cli_batch(CMD, r->w.o->batch, r->m, &cp);
+    if (b < 1) return 2;
+    r->batch = (int32_t)(b < r->total ? b : r->total);
+    if (!strcmp(r->w.o->batch, "auto") && !r->w.o->quiet)
+        fprintf(stderr, "flexdiag " CMD ": --batch auto: %d image(s) fit the budget; blocks of %d\n",
+                b, r->batch);
+    return 0;
+}
+
 /* Context, request template, buffers and the tokens.json temp file. */
 static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     const gen_opts *o = r->w.o;
     flexdiag_context_params cp;
-    flexdiag_context_params_init(&cp);
-    cp.policy = *pp;
-    cp.max_images = r->batch;
-    cp.micro_batch = (int32_t)o->micro_batch;
-    cp.max_prompt_len = (int32_t)o->max_prompt_len;
+    context_params(r, pp, &cp);
     cp.progress = on_progress;
     cp.progress_user = &r->prog;
     flexdiag_status st = flexdiag_context_create(r->m, &cp, &r->c);
@@ -725,10 +745,10 @@ static int check_opts(gen_opts *o) {
         return fail(2, "--layout %s reads its prompts from --prompts (%s)", o->layout_name,
                     o->layout == LAYOUT_GENEVAL ? "GenEval's evaluation_metadata.jsonl"
                                                 : "a folder of <id>.txt, or <id><TAB><prompt>");
-    if (o->per_prompt < 1 || o->per_prompt > 65536 || o->batch < 1 || o->batch > INT32_MAX ||
-        o->micro_batch < 0 || o->micro_batch > INT32_MAX || o->max_prompt_len < 2 ||
-        o->max_prompt_len > INT32_MAX)
-        return fail(2, "--images-per-prompt must be 1..65536, --batch >= 1, --micro-batch >= 0, "
+    if (strcmp(o->batch, "auto") && cli_batch(CMD, o->batch, NULL, NULL) < 1) return 2;
+    if (o->per_prompt < 1 || o->per_prompt > 65536 || o->micro_batch < 0 ||
+        o->micro_batch > INT32_MAX || o->max_prompt_len < 2 || o->max_prompt_len > INT32_MAX)
+        return fail(2, "--images-per-prompt must be 1..65536, --micro-batch >= 0, "
                        "--max-prompt-len >= 2");
     if (o->top_k < 0 || o->top_k > INT32_MAX) return fail(2, "--top-k must be >= 0");
     return 0;
@@ -746,7 +766,7 @@ static int open_out(gen_out *w) {
 }
 
 int flexdiag_cmd_generate(int argc, char **argv) {
-    gen_opts o = {.mo.seed = 1, .per_prompt = 4, .batch = 16, .max_prompt_len = 128,
+    gen_opts o = {.mo.seed = 1, .per_prompt = 4, .batch = "16", .max_prompt_len = 128,
                   .cfg = 5.0, .temperature = 1.0, .top_p = 1.0, .layout_name = "plain"};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
@@ -758,7 +778,8 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         {"--layout", CLI_STR, &o.layout_name,
          "plain (<prompt>/<sample>.png, default) | geneval (--prompts evaluation_metadata.jsonl)"
          " | dpg (--prompts folder of <id>.txt or <id>\\t<prompt> lines; <id>.png grids)"},
-        {"--batch", CLI_INT, &o.batch, "images generated together (default 16)"},
+        {"--batch", CLI_STR, &o.batch,
+         "images generated together (default 16), or 'auto': the most that fit --gpu-mem"},
         {"--micro-batch", CLI_INT, &o.micro_batch, "images per micro-batch (default: batch)"},
         {"--max-prompt-len", CLI_INT, &o.max_prompt_len, "prompt capacity in tokens (default 128)"},
         {"--cfg", CLI_F64, &o.cfg, "classifier-free guidance weight (default 5.0)"},
@@ -780,10 +801,10 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         rc = fail(2, "%d prompts x %lld images exceed %d images per run", ps.n,
                   (long long)o.per_prompt, INT32_MAX);
     r.total = (int64_t)ps.n * o.per_prompt;
-    r.batch = (int32_t)(o.batch < r.total ? o.batch : r.total);
     if (!rc) rc = open_out(&r.w);
     flexdiag_runtime *rt = NULL;
     if (!rc) rc = cli_open_model(CMD, &o.mo, &rt, &r.m);
+    if (!rc) rc = pick_batch(&r, &pp);
     if (!rc) rc = generate_job(&r, &pp);
     if (r.w.results) fclose(r.w.results);
     json_decref(r.w.common);

@@ -252,8 +252,8 @@ static void test_plain(void **state) {
     free(tmp);
 }
 
-/* Blocks of 1 and 3 images (3 crosses the prompt boundary and leaves a short last block):
- * same PNG bytes and token hashes. */
+/* Blocks of 1 and 3 images (3 crosses the prompt boundary and leaves a short last block) and
+ * --batch auto: same PNG bytes and token hashes. */
 static void test_batch_invariance(void **state) {
     (void)state;
     char *tmp = tu_tempdir("cli-batch");
@@ -263,10 +263,21 @@ static void test_batch_invariance(void **state) {
         assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 2 --batch %d --out b%d",
                              batches[b], batches[b]),
                          0);
+    /* --batch auto under a budget: whatever it picks, the same images */
+    assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 2 --batch auto --gpu-mem 64M "
+                              "--out ba"),
+                     0);
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/b1", tmp);
     json_t *ref = read_results(dir);
     assert_int_equal(json_array_size(ref), 4);
+    snprintf(dir, sizeof dir, "%s/ba", tmp);
+    json_t *auto_res = read_results(dir);
+    assert_int_equal(json_array_size(auto_res), 4);
+    for (size_t i = 0; i < 4; i++)
+        assert_string_equal(rec_str(auto_res, i, "tokens_fnv1a64"),
+                            rec_str(ref, i, "tokens_fnv1a64"));
+    json_decref(auto_res);
     for (int b = 1; b < 2; b++) {
         snprintf(dir, sizeof dir, "%s/b%d", tmp, batches[b]);
         json_t *res = read_results(dir);
@@ -499,6 +510,10 @@ static void test_errors(void **state) {
     assert_err_has(tmp, "'a1' appears twice", (char *)NULL);
     assert_int_equal(gen(tmp, "--prompts missing.txt --out o"), 2);
     assert_err_has(tmp, "missing.txt", (char *)NULL);
+    assert_int_equal(gen(tmp, "--prompt x --batch 2x --out o"), 2);
+    assert_err_has(tmp, "--batch", "2x", (char *)NULL);
+    assert_int_equal(gen(tmp, "--prompt x --batch auto --out o"), 2); /* CPU, no budget */
+    assert_err_has(tmp, "--batch auto", "--gpu-mem", (char *)NULL);
     /* a regular file where the output folder should be: no folder can be made under it */
     write_text(tmp, "file", "x");
     assert_int_equal(gen(tmp, "--prompt x --out file/o"), 1);
