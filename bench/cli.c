@@ -152,7 +152,6 @@ int cli_fail(const char *cmd, flexdiag_status st) {
 
 /* ---- model and policy flags ---- */
 
-#include "engine.h"
 #include "kv_policy.h"
 
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
@@ -220,12 +219,12 @@ int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
         }
         return (int32_t)b;
     }
-    if (m->rt->arena.budget == UINT64_MAX) { /* the CPU engine without --gpu-mem */
-        fprintf(stderr, "flexdiag %s: --batch auto needs a memory budget: give --gpu-mem SIZE "
-                "(on the CPU it bounds the engine's host memory) or a number of images\n", cmd);
+    int32_t fit = 0;
+    if (flexdiag_context_max_images(m, cp, &fit) != FLEXDIAG_OK) {
+        fprintf(stderr, "flexdiag %s: --batch auto: %s; or give a number of images\n", cmd,
+                flexdiag_last_error(NULL));
         return -1;
     }
-    int32_t fit = flexdiag__context_fit(m, cp, flexdiag__arena_available(&m->rt->arena));
     if (fit < 1)
         fprintf(stderr, "flexdiag %s: --batch auto: not even one image fits the memory budget "
                 "(raise --gpu-mem or lower the prompt length)\n", cmd);

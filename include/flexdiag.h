@@ -28,7 +28,7 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-#define FLEXDIAG_API_VERSION 1u
+#define FLEXDIAG_API_VERSION 2u /* 2: flexdiag_context_max_images */
 
 /* ---- enums ---- */
 
@@ -201,6 +201,13 @@ FLEXDIAG_API void flexdiag_request_init(flexdiag_request *r);
 FLEXDIAG_API flexdiag_status flexdiag_context_create(flexdiag_model *m,
                                                      const flexdiag_context_params *p,
                                                      flexdiag_context **out);
+/* Largest max_images for which a context with p's other settings (policy, prompt and decode
+ * length, micro_batch) fits the runtime's memory budget next to the model: the batch to pass
+ * to maximise throughput. *out = 0 when not even one image fits. FLEXDIAG_ERR_INVALID_ARG when
+ * the runtime has no budget (the CPU engine without gpu_mem). Since API version 2. */
+FLEXDIAG_API flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
+                                                         const flexdiag_context_params *p,
+                                                         int32_t *out);
 /* Generate image tokens for req into out->tokens (caller-owned). Returns FLEXDIAG_ERR_BUSY if a
  * call is in flight on c, FLEXDIAG_ERR_CANCELLED after flexdiag_context_cancel. */
 FLEXDIAG_API flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *req,

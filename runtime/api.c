@@ -277,6 +277,24 @@ static flexdiag_status check_fits(const flexdiag_model *m, const flexdiag_contex
                          fit ? "" : " (lower the prompt length or raise --gpu-mem)");
 }
 
+flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
+                                            const flexdiag_context_params *p, int32_t *out) {
+    flexdiag__err_clear();
+    if (!m || !p || !out)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_max_images: NULL argument");
+    *out = 0;
+    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_context_params"));
+    flexdiag_context_params q;
+    flexdiag_context_params_init(&q);
+    memcpy(&q, p, p->struct_size);
+    if (m->rt->arena.budget == UINT64_MAX)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "no memory budget to fill: the CPU engine has none unless one is "
+                             "given (runtime gpu_mem, --gpu-mem SIZE)");
+    *out = flexdiag__context_fit(m, &q, flexdiag__arena_available(&m->rt->arena));
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag_context_create(flexdiag_model *m, const flexdiag_context_params *p,
                                         flexdiag_context **out) {
     flexdiag__err_clear();

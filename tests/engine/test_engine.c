@@ -321,9 +321,22 @@ static void test_budget(void **state) {
     int fit = atoi(p + strlen("largest batch that fits is "));
     assert_true(fit > 0 && fit < 1000);
     assert_int_equal(flexdiag__context_fit(m, &cp, flexdiag__arena_available(&rt->arena)), fit);
+    int32_t max_images = -1; /* the public query names the same batch */
+    assert_int_equal(flexdiag_context_max_images(m, &cp, &max_images), FLEXDIAG_OK);
+    assert_int_equal(max_images, fit);
+    cp.max_images = fit + 1;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_OOM_DEVICE);
     cp.max_images = fit;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
     flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    rp.gpu_mem = 0; /* the CPU engine without a budget: nothing to fill */
+    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+    assert_int_equal(flexdiag_context_max_images(m, &cp, &max_images), FLEXDIAG_ERR_INVALID_ARG);
+    assert_int_equal(max_images, 0);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "gpu_mem"));
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
 }
