@@ -199,6 +199,12 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
 
 /* ---- output ---- */
 
+/* The runtime's device for reports ("NVIDIA H200", the CPU's model name). */
+static void device_name(const flexdiag_runtime *rt, char *out, size_t n) {
+    if (rt->k->device_name) rt->k->device_name(rt->s, out, n);
+    else snprintf(out, n, "%s", rt->k->name);
+}
+
 /* The memory budget in GiB, or a negative value when there is none (CPU, no --gpu-mem). */
 static double budget_gib(const flexdiag_runtime *rt) {
     return rt->arena.budget == UINT64_MAX ? -1.0 : (double)rt->arena.budget / (1 << 30);
@@ -208,8 +214,10 @@ static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp
                          const flexdiag_model *m) {
     char budget[32] = "none";
     if (budget_gib(rt) >= 0) snprintf(budget, sizeof budget, "%.1f GiB", budget_gib(rt));
-    printf("flexdiag bench: backend %s, model %s (random weights), prompt %lld tokens, "
-           "memory budget %s\n", rt->k->name, m->cfg.name, (long long)o->prompt_len, budget);
+    char dev[128];
+    device_name(rt, dev, sizeof dev);
+    printf("flexdiag bench: backend %s (%s), model %s (random weights), prompt %lld tokens, "
+           "memory budget %s\n", rt->k->name, dev, m->cfg.name, (long long)o->prompt_len, budget);
     /* a CPU multiplies at GFLOP/s: keep three significant digits either way */
     int tera = r->gemm >= 1e12;
     printf("measured ceilings: copy %.0f GB/s (read + write), %s GEMM %.1f %cFLOP/s\n\n",
@@ -236,11 +244,16 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
     if (!f) return;
     char budget[32] = "null"; /* JSON null: no budget */
     if (budget_gib(c->m->rt) >= 0) snprintf(budget, sizeof budget, "%.3f", budget_gib(c->m->rt));
+    char dev[128];
+    device_name(c->m->rt, dev, sizeof dev);
+    for (char *q = dev; *q; q++) /* a JSON string without escapes */
+        if (*q == '"' || *q == '\\' || (unsigned char)*q < 0x20) *q = ' ';
     time_t now = time(NULL);
     char ts[32];
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     fprintf(f,
-            "{\"time\":\"%s\",\"backend\":\"%s\",\"arch\":\"%s\",\"random_weights\":true,"
+            "{\"time\":\"%s\",\"backend\":\"%s\",\"device\":\"%s\",\"arch\":\"%s\","
+            "\"random_weights\":true,\"seed\":%lld,"
             "\"policy\":\"%s\",\"n_att\":%d,\"n_r\":%d,\"sparsity\":%.4f,\"batch\":%d,"
             "\"micro_batch\":%d,\"prompt_len\":%lld,\"gen_len\":%d,\"cfg_rows\":%d,"
             "\"provenance\":\"%s\",\"prefill_s\":%.6f,\"decode_s\":%.6f,\"img_per_s\":%.6f,"
@@ -248,7 +261,8 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
             "\"split_attn\":%.4f,\"split_rest\":%.4f,\"peak_gpu_gib\":%.4f,\"kv_mib_per_seq\":%.4f,"
             "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
             "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f}\n",
-            ts, c->m->rt->k->name, c->m->cfg.name, flexdiag__kvp_name(c->kp.kind), c->kp.n_att,
+            ts, c->m->rt->k->name, dev, c->m->cfg.name, (long long)o->mo.seed,
+            flexdiag__kvp_name(c->kp.kind), c->kp.n_att,
             c->kp.n_r, flexdiag__kvp_reported_sparsity(&c->kp), r->batch, c->mb_img,
             (long long)o->prompt_len, r->l_dec, c->rows_per_img,
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,

@@ -109,6 +109,9 @@ typedef struct flexdiag_kernels {
     flexdiag_status (*memset0)(void *dst, size_t bytes, flexdiag_stream *s);
     /* (optional) free and total device bytes; default: unknown (CPU) */
     flexdiag_status (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+    /* (optional) name of s's device ("NVIDIA H200", the CPU's model name) into out (n bytes,
+     * always NUL-terminated), for reports; default: the table's name */
+    void (*device_name)(const flexdiag_stream *s, char *out, size_t n);
 
     /* ---- conversions ---- */
     /* out (n) f32 <- in (n) act */

@@ -67,6 +67,8 @@ flexdiag_status flexdiag__cpu_stream_sync(flexdiag_stream *s);
 flexdiag_status flexdiag__cpu_mem_alloc(size_t bytes, void **out);
 /* Free memory of flexdiag__cpu_mem_alloc; NULL is a no-op. */
 void flexdiag__cpu_mem_free(void *p);
+/* The CPU's model name from /proc/cpuinfo (Linux), else "cpu" (kernels.h device_name). */
+void flexdiag__cpu_device_name(const flexdiag_stream *s, char *out, size_t n);
 /* memcpy for all three directions (host memory on both sides). */
 flexdiag_status flexdiag__cpu_copy(void *dst, const void *src, size_t bytes, flexdiag_stream *s);
 /* Zero bytes of dst. */

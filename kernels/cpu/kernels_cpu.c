@@ -26,6 +26,7 @@
     .copy_d2d = flexdiag__cpu_copy,                                                                \
     .memset0 = flexdiag__cpu_memset0,                                                              \
     .mem_info = NULL,                                                                              \
+    .device_name = flexdiag__cpu_device_name,                                                      \
     .act_to_f32 = flexdiag__cpu_act_to_f32,                                                        \
     .act_from_f32 = flexdiag__cpu_act_from_f32,                                                    \
     .embed = flexdiag__cpu_ref_embed,                                                              \

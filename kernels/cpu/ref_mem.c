@@ -3,11 +3,14 @@
  * allocation is posix_memalign (64 bytes: one cache line, and the alignment kernels.h
  * promises) and every copy direction is a memcpy that has finished when it returns.
  *
+ * device_name reports the CPU's model name from /proc/cpuinfo (Linux), else "cpu".
+ *
  * Overlapping copies are a caller bug on every backend (cudaMemcpyAsync does not allow them
  * either); they are rejected here instead of silently working with memmove and then failing on
  * the GPU.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,4 +63,20 @@ flexdiag_status flexdiag__cpu_memset0(void *dst, size_t bytes, flexdiag_stream *
                              bytes);
     memset(dst, 0, bytes);
     return FLEXDIAG_OK;
+}
+
+void flexdiag__cpu_device_name(const flexdiag_stream *s, char *out, size_t n) {
+    (void)s;
+    if (n == 0) return;
+    snprintf(out, n, "cpu");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) || !colon) continue;
+        colon += strspn(colon + 1, " \t") + 1;
+        snprintf(out, n, "%.*s", (int)strcspn(colon, "\n"), colon);
+        break;
+    }
+    if (f) fclose(f);
 }

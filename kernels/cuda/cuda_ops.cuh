@@ -49,6 +49,7 @@ flexdiag_status flexdiag__cuda_host_alloc(size_t bytes, void **out);
 void flexdiag__cuda_host_free(void *p);
 /* cudaMemGetInfo of the current device. */
 flexdiag_status flexdiag__cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+void flexdiag__cuda_device_name(const flexdiag_stream *s, char *out, size_t n);
 /* Host (pageable or pinned) to device, ordered on s. */
 flexdiag_status flexdiag__cuda_copy_h2d(void *dst, const void *src, size_t bytes,
                                         flexdiag_stream *s);

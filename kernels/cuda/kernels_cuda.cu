@@ -34,6 +34,7 @@ static flexdiag_kernels make_table(void) {
     t.copy_d2d = flexdiag__cuda_copy_d2d;
     t.memset0 = flexdiag__cuda_memset0;
     t.mem_info = flexdiag__cuda_mem_info;
+    t.device_name = flexdiag__cuda_device_name;
     t.act_to_f32 = flexdiag__cuda_act_to_f32;
     t.act_from_f32 = flexdiag__cuda_act_from_f32;
     t.embed = flexdiag__cuda_embed;

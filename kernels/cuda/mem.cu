@@ -13,6 +13,8 @@
  * the contract says the host buffer holds the data on return. No other op waits for the device.
  * A NULL stream means the legacy default stream (matmul excepted: it needs the handles).
  */
+#include <stdio.h>
+
 #include "cuda_common.cuh"
 #include "cuda_ops.cuh"
 
@@ -158,6 +160,17 @@ extern "C" void flexdiag__cuda_mem_free(void *p) {
 extern "C" flexdiag_status flexdiag__cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
     FLEXDIAG_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
     return FLEXDIAG_OK;
+}
+
+extern "C" void flexdiag__cuda_device_name(const flexdiag_stream *s, char *out, size_t n) {
+    cudaDeviceProp prop;
+    if (n == 0) return;
+    if (!s || cudaGetDeviceProperties(&prop, s->device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(out, n, "cuda");
+        return;
+    }
+    snprintf(out, n, "%s", prop.name);
 }
 
 /* ---- copies ---- */

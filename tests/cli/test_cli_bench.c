@@ -82,6 +82,8 @@ static void test_row(void **state) {
     assert_int_equal(bench("--batch 1 --profile-steps 4 --json rows.jsonl"), 0);
     json_t *row = json_row(0);
     assert_string_equal(str(row, "backend"), "cpu");
+    assert_true(strlen(str(row, "device")) > 0); /* the CPU's model name, or "cpu" */
+    assert_int_equal((int)num(row, "seed"), 1);
     assert_string_equal(str(row, "arch"), "micro-janus");
     assert_string_equal(str(row, "policy"), "dense");
     assert_string_equal(str(row, "provenance"), "projected");
