@@ -23,9 +23,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "core.h"
-#include "engine.h"
+#include "cli/cli.h"
+#include "base/core.h"
+#include "runtime/engine/engine.h"
 
 typedef struct tp_opts {
     cli_model_opts mo;

@@ -14,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "core.h"
-#include "fidelity.h"
-#include "kv_policy.h"
-#include "synthetic.h"
+#include "cli/cli.h"
+#include "base/core.h"
+#include "bench/fidelity.h"
+#include "policy/kv_policy.h"
+#include "policy/synthetic.h"
 
 #define FID_CMD "bench fidelity"
 #define FID_MAX_LIST CLI_MAX_LIST /* policies or sparsities per run */

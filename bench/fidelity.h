@@ -10,6 +10,11 @@
 #ifndef FLEXDIAG_BENCH_FIDELITY_H
 #define FLEXDIAG_BENCH_FIDELITY_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_BENCH)
+#error "bench/fidelity.h is private to bench/ (docs/architecture.md)"
+#endif
+
 #include <stdint.h>
 #include <stdio.h>
 

@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "engine.h"
-#include "fidelity.h"
-#include "prompt.h"
+#include "cli/cli.h"
+#include "runtime/engine/engine.h"
+#include "bench/fidelity.h"
+#include "runtime/text/prompt.h"
 
 typedef struct dense_ref {
     int32_t *prompt, np;  /* conditional prompt ids */

@@ -22,6 +22,11 @@
 #ifndef FLEXDIAG_KERNELS_H
 #define FLEXDIAG_KERNELS_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_KERNELS
+#error "kernels/kernels.h: a lower layer may not use kernels/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -3,8 +3,8 @@
  * whether this build has CUDA: everything else asks flexdiag__have_cuda() or gets NULL from
  * flexdiag__kernels_cuda() and stays on one orchestration path.
  */
-#include "config.h"
-#include "kernels.h"
+#include "kernels/config.h"
+#include "kernels/kernels.h"
 
 #if FLEXDIAG_HAVE_CUDA
 const flexdiag_kernels *flexdiag__kernels_cuda_table(void); /* kernels/cuda/kernels_cuda.cu */

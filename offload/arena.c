@@ -3,9 +3,9 @@
  * different threads can allocate from one runtime; the backend call happens only after the
  * budget check succeeded, and is rolled back if the backend itself fails.
  */
-#include "arena.h"
+#include "offload/arena.h"
 
-#include "core.h"
+#include "base/core.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 

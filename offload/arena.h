@@ -10,11 +10,16 @@
 #ifndef FLEXDIAG_ARENA_H
 #define FLEXDIAG_ARENA_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_OFFLOAD
+#error "offload/arena.h: a lower layer may not use offload/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 typedef struct flexdiag_arena {
     const flexdiag_kernels *k; /* backend that owns the memory */

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "kvp_internal.h"
+#include "base/core.h"
+#include "policy/kvp_internal.h"
 
 /* ---- names ---- */
 

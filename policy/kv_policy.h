@@ -40,6 +40,11 @@
 #ifndef FLEXDIAG_KV_POLICY_H
 #define FLEXDIAG_KV_POLICY_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_POLICY
+#error "policy/kv_policy.h: a lower layer may not use policy/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
 #include <stdint.h>
 
 #include "flexdiag.h"

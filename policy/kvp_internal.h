@@ -12,11 +12,16 @@
 #ifndef FLEXDIAG_KVP_INTERNAL_H
 #define FLEXDIAG_KVP_INTERNAL_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_POLICY)
+#error "policy/kvp_internal.h is private to policy/ (docs/architecture.md)"
+#endif
+
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kv_policy.h"
+#include "policy/kv_policy.h"
 
 struct flexdiag_kvp {
     flexdiag_kvp_params p; /* resolved params (copied) */

@@ -4,12 +4,12 @@
  * the logits of the attended positions from the tensor and computes the full-row lse, so traces
  * and fidelity numbers come from the same code path the engine runs.
  */
-#include "kvp_replay.h"
+#include "policy/kvp_replay.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-#include "core.h"
+#include "base/core.h"
 
 flexdiag_status flexdiag__kvp_replay_create(const flexdiag_kvp_params *p, int32_t heads,
                                             int32_t lp, flexdiag_kvp_replay **out) {

@@ -10,9 +10,14 @@
 #ifndef FLEXDIAG_KVP_REPLAY_H
 #define FLEXDIAG_KVP_REPLAY_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_POLICY
+#error "policy/kvp_replay.h: a lower layer may not use policy/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
 #include <stdint.h>
 
-#include "kv_policy.h"
+#include "policy/kv_policy.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -16,8 +16,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "core.h"
-#include "kvp_internal.h"
+#include "base/core.h"
+#include "policy/kvp_internal.h"
 
 uint32_t flexdiag__alisa_key(float f) {
     uint32_t u;

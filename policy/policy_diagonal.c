@@ -18,8 +18,8 @@
  * (no skip yet) the slots come out oldest first, the order Dense uses, so with N_att >= L_dec
  * the attention sums in the same order and Diagonal's output equals Dense's bit for bit.
  */
-#include "core.h"
-#include "kvp_internal.h"
+#include "base/core.h"
+#include "policy/kvp_internal.h"
 
 /* Sink rows in front of the ring (0 or 4). */
 static int32_t diag_base(const flexdiag_kvp *k) {

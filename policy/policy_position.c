@@ -9,8 +9,8 @@
  */
 #include <string.h>
 
-#include "core.h"
-#include "kvp_internal.h"
+#include "base/core.h"
+#include "policy/kvp_internal.h"
 
 /* Slot of decode token p under streaming with n_att budget. */
 static int32_t streaming_slot(int32_t p, int32_t n_att) {

@@ -15,8 +15,8 @@
  */
 #include <math.h>
 
-#include "core.h"
-#include "kvp_internal.h"
+#include "base/core.h"
+#include "policy/kvp_internal.h"
 
 /* Occupied slots 0..n-1 into s; returns n = min(t+1, n_att). */
 static int32_t occupied_slots(const flexdiag_kvp *k, int32_t t, int32_t *s) {

@@ -9,15 +9,15 @@
  * precomputed logits and compares softmax(prompt + attended)·V with the dense output, both in
  * fp64 from the same fp32 logits, so the error is the policy's alone.
  */
-#include "synthetic.h"
+#include "policy/synthetic.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "kvp_replay.h"
+#include "base/core.h"
+#include "policy/kvp_replay.h"
 
 /* Largest grid side: W = 64 gives 4096 steps and a 0.5 GB logit tensor at 8 heads. */
 #define SYNTH_MAX_W 64

@@ -16,9 +16,14 @@
 #ifndef FLEXDIAG_SYNTHETIC_H
 #define FLEXDIAG_SYNTHETIC_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_POLICY
+#error "policy/synthetic.h: a lower layer may not use policy/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
 #include <stdint.h>
 
-#include "kv_policy.h"
+#include "policy/kv_policy.h"
 
 #ifdef __cplusplus
 extern "C" {

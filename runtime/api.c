@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "engine.h"
-#include "prompt.h"
-#include "tokenizer.h"
-#include "vq.h"
+#include "base/core.h"
+#include "runtime/engine/engine.h"
+#include "runtime/text/prompt.h"
+#include "runtime/text/tokenizer.h"
+#include "runtime/image/vq.h"
 
 #define GPU_MARGIN (1ull << 30) /* bytes left to the driver/other processes by default */
 

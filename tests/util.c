@@ -11,8 +11,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "core.h"
-#include "kernels.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
 
 void tu_rng_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
 

@@ -12,10 +12,15 @@
 #ifndef FLEXDIAG_CPU_OPS_H
 #define FLEXDIAG_CPU_OPS_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_KERNELS_CPU)
+#error "kernels/cpu/cpu_ops.h is private to kernels/cpu/ (docs/architecture.md)"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 /* ---- reference ops (ref_*.c); signatures and shapes as in kernels.h ---- */
 

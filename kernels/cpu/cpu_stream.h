@@ -1,65 +1,53 @@
 /*
- * cpu_stream.h - the CPU execution queue (private to kernels/cpu): a persistent pthread pool
- * plus per-worker scratch. The CPU ops themselves are declared in cpu_ops.h.
+ * cpu_stream.h - the CPU execution queue (private to kernels/cpu): a thread pool
+ * (base/thread_pool.h) behind the opaque flexdiag_stream. The CPU ops are declared in
+ * cpu_ops.h; streams, memory and copies live in ref_mem.c.
  *
  * On the CPU a stream is synchronous: an op runs to completion before it returns, so
  * stream_sync has nothing to wait for. What the stream adds is parallelism: ops that can split
- * their work (fast matmul and attention) hand independent tasks to flexdiag__cpu_parallel_for,
- * which runs them on the pool with the calling thread as worker 0. A NULL stream means "run
- * serially on the caller". Ops on one stream are issued by one host thread at a time (a stream
- * is a queue); different streams are independent.
- *
- * Tasks never fail: every op validates its arguments before it dispatches, so a task only
- * computes. Scratch buffers are grow-only, so steady-state decode steps do not allocate.
+ * their work (fast matmul and attention, the image decoder's conv and attention) hand
+ * independent tasks to flexdiag__cpu_parallel_for. A NULL stream means "run serially on the
+ * caller". A stream is driven by one host thread at a time; different streams are independent.
  */
 #ifndef FLEXDIAG_CPU_STREAM_H
 #define FLEXDIAG_CPU_STREAM_H
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_KERNELS_CPU)
+#error "kernels/cpu/cpu_stream.h is private to kernels/cpu (docs/architecture.md)"
+#endif
 
-/* One task of a parallel job; scratch is the worker's buffer (64-byte aligned). */
-typedef void (*flexdiag__cpu_task_fn)(void *ctx, int64_t task, void *scratch);
+#include "base/thread_pool.h"
+#include "kernels/kernels.h"
 
 struct flexdiag_stream {
-    int n_workers;            /* threads running tasks, the caller included; >= 1 */
-    pthread_t *threads;       /* (n_workers - 1) pool threads */
-    pthread_mutex_t mu;       /* guards every field below except next */
-    pthread_cond_t wake;      /* signalled when gen changes or stop is set */
-    pthread_cond_t done;      /* signalled when busy drops to 0 */
-    uint64_t gen;             /* job generation; pool threads run each generation once */
-    int stop;                 /* set by destroy: pool threads exit */
-    int busy;                 /* pool threads still inside the current job */
-    flexdiag__cpu_task_fn fn; /* current job */
-    void *ctx;                /* current job's argument block */
-    int64_t n_tasks;          /* tasks of the current job */
-    _Atomic int64_t next;     /* next unclaimed task index */
-    void **scratch;           /* (n_workers) per-worker buffers, grow-only */
-    size_t scratch_bytes;     /* size of each scratch buffer */
+    flexdiag_pool *pool; /* workers of this queue (owned) */
 };
 
-/* ---- pool ---- */
+/* One task of a parallel op (see base/thread_pool.h). */
+typedef flexdiag__pool_task_fn flexdiag__cpu_task_fn;
 
-/* Run fn(ctx, t, scratch) for every t in [0, n_tasks) on the workers of s (serially on the
- * caller when s is NULL or has one worker); each worker's scratch holds at least scratch_bytes.
- * Returns when all tasks are done; FLEXDIAG_ERR_OOM_HOST if scratch cannot be allocated. Not
- * re-entrant: a task must not call it on the same stream. */
-flexdiag_status flexdiag__cpu_parallel_for(flexdiag_stream *s, int64_t n_tasks,
-                                           size_t scratch_bytes, flexdiag__cpu_task_fn fn,
-                                           void *ctx);
-/* Scratch of at least bytes for a serial op: worker 0's buffer of s, or, when s is NULL, a new
- * buffer also stored in *tmp that the caller frees (free(*tmp) is always valid afterwards). */
-flexdiag_status flexdiag__cpu_scratch(flexdiag_stream *s, size_t bytes, void **out, void **tmp);
+/* Run fn over n_tasks on s's workers (serially when s is NULL); see flexdiag__pool_parallel_for. */
+static inline flexdiag_status flexdiag__cpu_parallel_for(flexdiag_stream *s, int64_t n_tasks,
+                                                         size_t scratch_bytes,
+                                                         flexdiag__cpu_task_fn fn, void *ctx) {
+    return flexdiag__pool_parallel_for(s ? s->pool : NULL, n_tasks, scratch_bytes, fn, ctx);
+}
 
-/* ---- streams and memory (cpu_stream.c, ref_mem.c) ---- */
+/* Scratch for a serial op; see flexdiag__pool_scratch. */
+static inline flexdiag_status flexdiag__cpu_scratch(flexdiag_stream *s, size_t bytes, void **out,
+                                                    void **tmp) {
+    return flexdiag__pool_scratch(s ? s->pool : NULL, bytes, out, tmp);
+}
 
-/* Create a pool of threads workers (0 = the cores this process may run on); device is ignored. */
+/* ---- streams and memory (ref_mem.c) ---- */
+
+/* Create a queue of threads workers (0 = the cores this process may run on); device is ignored. */
 flexdiag_status flexdiag__cpu_stream_create(int device, int threads, flexdiag_stream **out);
-/* Join the pool threads and free s; NULL is a no-op. */
+/* Join the workers and free s; NULL is a no-op. */
 void flexdiag__cpu_stream_destroy(flexdiag_stream *s);
 /* Nothing is ever pending on a CPU stream: returns FLEXDIAG_OK. */
 flexdiag_status flexdiag__cpu_stream_sync(flexdiag_stream *s);

@@ -23,9 +23,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "core.h"
-#include "cpu_ops.h"
-#include "cpu_stream.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
 
 #define CHUNK 32 /* keys per online-softmax update: 32 K/V rows of d_h 128 fp32 = 32 KiB */
 #define LANES 8  /* partial sums per dot product: two SSE or one AVX vector */

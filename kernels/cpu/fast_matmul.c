@@ -17,9 +17,9 @@
  */
 #include <string.h>
 
-#include "core.h"
-#include "cpu_ops.h"
-#include "cpu_stream.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
 
 #define STRIP 16    /* columns per micro-kernel: 4 SSE / 2 AVX vectors */
 #define ROWS 4      /* rows per micro-kernel: 4 × STRIP accumulators = 16 SSE registers */

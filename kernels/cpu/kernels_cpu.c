@@ -8,9 +8,9 @@
  * memory as "device" memory. The slots the two tables share are listed once in
  * CPU_SHARED_OPS; each table then names its own matmul and attention.
  */
-#include "cpu_ops.h"
-#include "cpu_stream.h"
-#include "ref_vq.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
+#include "kernels/cpu/ref_vq.h"
 
 /* Slots identical in both tables (everything but matmul, attn_prefill, attn_decode and the two
  * parallel image-decoder ops). */

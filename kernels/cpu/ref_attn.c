@@ -22,9 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "cpu_ops.h"
-#include "cpu_stream.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
 
 /* The keys one query head attends, in attention order. */
 typedef struct key_rows {

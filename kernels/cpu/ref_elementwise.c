@@ -13,9 +13,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "core.h"
-#include "cpu_ops.h"
-#include "cpu_stream.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
 
 /* ---- argument checks ---- */
 

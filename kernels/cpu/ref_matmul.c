@@ -7,8 +7,8 @@
  * bit for bit; tests still compare them within the fp32 tolerance so that a future SIMD path
  * with a different order stays legal. act and FLEXDIAG_MM_OUT_F32 outputs are both fp32 here.
  */
-#include "core.h"
-#include "cpu_ops.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
 
 flexdiag_status flexdiag__cpu_matmul_check(const char *op, const void *out, const void *x,
                                            const uint16_t *w, int64_t n, int64_t k, int64_t m,

@@ -1,5 +1,6 @@
 /*
- * ref_mem.c - "device" memory and copies of the CPU backends: the device is host memory, so
+ * ref_mem.c - streams, "device" memory and copies of the CPU backends: a stream owns a thread
+ * pool (cpu_stream.h); the device is host memory, so
  * allocation is posix_memalign (64 bytes: one cache line, and the alignment kernels.h
  * promises) and every copy direction is a memcpy that has finished when it returns.
  *
@@ -14,11 +15,41 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "cpu_stream.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_stream.h"
 
 /* Alignment of every allocation: one cache line (also enough for any SIMD width in use). */
 #define CPU_MEM_ALIGN 64
+
+/* ---- streams ---- */
+
+flexdiag_status flexdiag__cpu_stream_create(int device, int threads, flexdiag_stream **out) {
+    (void)device; /* one host: the CPU backend has no device ordinal */
+    if (!out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu stream_create: out is NULL");
+    *out = NULL;
+    flexdiag_stream *s = calloc(1, sizeof *s);
+    if (!s) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "cpu stream_create: out of host memory");
+    flexdiag_status st = flexdiag__pool_create(threads, &s->pool);
+    if (st != FLEXDIAG_OK) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return FLEXDIAG_OK;
+}
+
+void flexdiag__cpu_stream_destroy(flexdiag_stream *s) {
+    if (!s) return;
+    flexdiag__pool_destroy(s->pool);
+    free(s);
+}
+
+flexdiag_status flexdiag__cpu_stream_sync(flexdiag_stream *s) {
+    (void)s; /* every op has finished when it returns */
+    return FLEXDIAG_OK;
+}
+
+/* ---- memory and copies ---- */
 
 flexdiag_status flexdiag__cpu_mem_alloc(size_t bytes, void **out) {
     if (!out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu mem_alloc: out is NULL");

@@ -17,9 +17,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "core.h"
-#include "cpu_ops.h"
-#include "kv_policy.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "policy/kv_policy.h"
 
 flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
                                          int16_t *cnt, int64_t n_lists, int32_t max_slots,

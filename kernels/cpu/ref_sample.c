@@ -23,9 +23,9 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core.h"
-#include "cpu_ops.h"
-#include "cpu_stream.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
 
 /* One candidate token: a value (scaled logit, then probability) and its id. */
 typedef struct cand {

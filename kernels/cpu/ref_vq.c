@@ -20,13 +20,13 @@
  * query) columns. Each task computes its outputs with exactly the reference code, so results are
  * bit-identical to the reference for any thread count.
  */
-#include "ref_vq.h"
+#include "kernels/cpu/ref_vq.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-#include "core.h"
-#include "cpu_stream.h"
+#include "base/core.h"
+#include "kernels/cpu/cpu_stream.h"
 
 /* ---- helpers ---- */
 

@@ -8,9 +8,14 @@
 #ifndef FLEXDIAG_REF_VQ_H
 #define FLEXDIAG_REF_VQ_H
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_KERNELS_CPU)
+#error "kernels/cpu/ref_vq.h is private to kernels/cpu/ (docs/architecture.md)"
+#endif
+
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 /* ---- reference ops ---- */
 

@@ -13,8 +13,8 @@
  * exit at k_g), from L1. Update: one thread per (list, entry) sums the h_q probabilities in
  * head order.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 #define ALISA_THREADS 256
 

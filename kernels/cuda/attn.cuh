@@ -11,9 +11,14 @@
 #ifndef FLEXDIAG_CUDA_ATTN_CUH
 #define FLEXDIAG_CUDA_ATTN_CUH
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_KERNELS_CUDA)
+#error "kernels/cuda/attn.cuh is private to kernels/cuda/ (docs/architecture.md)"
+#endif
+
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -24,8 +24,8 @@
  * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
  * memory (each row feeds one row group only).
  */
-#include "attn.cuh"
-#include "cuda_common.cuh"
+#include "kernels/cuda/attn.cuh"
+#include "kernels/cuda/cuda_common.cuh"
 
 /* Threads per CTA: 4 warps; a (sequence, KV head) of a few hundred keys fills them, and several
  * CTAs per multiprocessor keep enough loads in flight for HBM. */

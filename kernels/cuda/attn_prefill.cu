@@ -17,8 +17,8 @@
  */
 #include <mma.h>
 
-#include "attn.cuh"
-#include "cuda_common.cuh"
+#include "kernels/cuda/attn.cuh"
+#include "kernels/cuda/cuda_common.cuh"
 
 #define PF_THREADS 128 /* 4 warps × 16 query rows */
 #define PF_BM 64       /* query rows per CTA */

@@ -6,8 +6,8 @@
  * cheap next to the three memory accesses per element. fp32 throughout, evaluated as
  * u + w*(c - u) like the reference (nvcc may contract it into one fma: within fp32 tolerance).
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 static __global__ void cfg_kernel(float *__restrict__ out, const float *__restrict__ logits,
                                   int64_t n_pairs, int64_t V, float w) {

@@ -25,8 +25,8 @@
  * the bf16 tensor-core rate and twice the column bytes, while a CPU emulation of bf16 columns
  * with everything else fp32 already gave 0.0119 relative L2 on the golden fixture, limit 2e-2).
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 #include <limits.h>
 

@@ -6,8 +6,8 @@
  * (__float2bfloat16_rn, NaN stays NaN, like flexdiag__f32_to_bf16 up to the NaN payload).
  * Rejected: vectorised 16-byte variants; these ops sit outside the per-token hot path.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 static __global__ void act_to_f32_kernel(float *__restrict__ out,
                                          const __nv_bfloat16 *__restrict__ in, int64_t n) {

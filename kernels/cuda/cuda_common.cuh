@@ -17,6 +17,11 @@
 #ifndef FLEXDIAG_CUDA_COMMON_CUH
 #define FLEXDIAG_CUDA_COMMON_CUH
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_KERNELS_CUDA)
+#error "kernels/cuda/cuda_common.cuh is private to kernels/cuda/ (docs/architecture.md)"
+#endif
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -24,8 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core.h"
-#include "kernels.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
 
 /* Device workspace per stream for cuBLAS / cuBLASLt: 32 MiB, enough for every Hopper GEMM
  * algorithm the heuristic returns at our shapes (cuBLAS recommends 32 MiB on sm_90). */

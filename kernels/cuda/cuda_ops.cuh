@@ -17,10 +17,15 @@
 #ifndef FLEXDIAG_CUDA_OPS_CUH
 #define FLEXDIAG_CUDA_OPS_CUH
 
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_KERNELS_CUDA)
+#error "kernels/cuda/cuda_ops.cuh is private to kernels/cuda/ (docs/architecture.md)"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,8 +9,8 @@
  * the lists are independent and there are tens of thousands per step. The build-up update (the
  * argmin over the group-max logits) is fused into decode attention (attn_decode.cu).
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 static __global__ void diag_slots_kernel(int32_t *__restrict__ slots, int32_t *__restrict__ ns,
                                          int16_t *__restrict__ lag, int16_t *__restrict__ cnt,

@@ -11,8 +11,8 @@
  * reduces by shuffles. Slots hold distinct positions, so (score, pos) is a total order for
  * NaN-free scores and the tree finds the reference's sequential minimum.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 #define EVICT_WARPS 4 /* lists per 128-thread CTA of the update */
 

@@ -9,8 +9,8 @@
  * the warp), otherwise single bf16 elements. Indices are trusted: the runtime validates ids
  * against the vocabulary before calling (the op has no V to check against).
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 template <typename T>
 static __global__ void gather_kernel(T *__restrict__ out, const T *__restrict__ in,

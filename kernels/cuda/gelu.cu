@@ -5,8 +5,8 @@
  * Elementwise grid-stride loop over n (n may exceed any grid limit). The tanh approximation is
  * rejected: the reference and transformers' default use erf.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 static __global__ void gelu_kernel(__nv_bfloat16 *__restrict__ x, int64_t n) {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;

@@ -13,9 +13,9 @@
  * embed / gather_rows are in range; sample writes id -1 for a row with non-finite logits, and
  * the runtime turns that into FLEXDIAG_ERR_NUMERIC after copying the ids back.
  */
-#include "attn.cuh"
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/attn.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 /* Filled by assignment: C++17 (the CUDA standard of this build) has no designated
  * initialisers. */

@@ -26,8 +26,8 @@
  * batch); one CTA per token for the fused path (64 CTAs on 132 SMs and 16 dependent 2-byte
  * loads per thread: 9 us per layer on the H200 where this takes about 3).
  */
-#include "attn.cuh"
-#include "cuda_common.cuh"
+#include "kernels/cuda/attn.cuh"
+#include "kernels/cuda/cuda_common.cuh"
 
 /* Threads per CTA of the copy kernel. */
 #define KV_APPEND_BLOCK 256

@@ -32,8 +32,8 @@
  * runtime issues a handful of distinct shapes, reused every layer and step. A stream is used by
  * one host thread at a time, so the cache needs no lock.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 #include <limits.h>
 #include <stdlib.h>

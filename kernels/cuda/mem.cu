@@ -15,8 +15,8 @@
  */
 #include <stdio.h>
 
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 #include <stdlib.h>
 

@@ -15,8 +15,8 @@
  * from L1/L2). The CTA size follows d (32..256 threads) so short rows do not idle a 256-thread
  * block. r = 1 / sqrtf(..) rather than the approximate rsqrtf.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 /* 16-byte vectors one thread keeps in registers on the vector path. */
 #define RMS_VEC_MAX 8

@@ -25,8 +25,8 @@
  * id -1 for that row; the runtime copies the ids to the host every step and must treat -1 as
  * FLEXDIAG_ERR_NUMERIC for that row.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 #include <limits.h>
 

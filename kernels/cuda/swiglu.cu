@@ -9,8 +9,8 @@
  * thread step with 16-byte accesses when f % 8 == 0 and the buffers are aligned (one load of g
  * and of u in flight per step instead of a scalar chain), else one.
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 static __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;

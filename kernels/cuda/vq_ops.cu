@@ -24,8 +24,8 @@
  * lookup, upsample and transpose are one-thread-per-element gathers (upsample reads two inputs
  * and writes 2×4 outputs per thread with 16-byte stores when the width allows).
  */
-#include "cuda_common.cuh"
-#include "cuda_ops.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.cuh"
 
 #include <limits.h>
 #include <math.h>

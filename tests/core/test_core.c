@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "core.h"
+#include "base/core.h"
 
 static void test_bf16_round_trip(void **state) {
     (void)state;

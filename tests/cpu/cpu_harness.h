@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 #define CH_GUARD 1024 /* guard floats on each side of an output */

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "cpu/cpu_harness.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #define DF_NEXT 31000 /* *diag_next: above every initial lag, so a replaced entry stands out */
 

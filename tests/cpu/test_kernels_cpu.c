@@ -23,11 +23,11 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
+#include "base/core.h"
 #include "cpu/cpu_harness.h"
-#include "cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "cpu/diag_fixture.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 static const int64_t n_list[] = {1, 3, 17};

@@ -23,10 +23,10 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
+#include "base/core.h"
 #include "cpu/cpu_harness.h"
 #include "cpu/diag_fixture.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 static const int thread_list[] = {-1, 1, 2, 3, 5}; /* -1: NULL stream */

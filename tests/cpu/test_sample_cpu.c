@@ -16,9 +16,9 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
+#include "base/core.h"
 #include "cpu/cpu_harness.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 static const flexdiag_kernels *ref(void) { return flexdiag__kernels_cpu_ref(); }

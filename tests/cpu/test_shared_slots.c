@@ -13,8 +13,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kernels.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 enum { NS = 3, HQ = 4, HKV = 2, DH = 16, PCAP = 5, RING = 9, MS = 6 };

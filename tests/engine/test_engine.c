@@ -13,7 +13,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "engine.h"
+#include "runtime/engine/engine.h"
 #include "util.h"
 
 #define N_IMG 5

@@ -18,8 +18,8 @@
 
 #include <cmocka.h>
 
-#include "core.h"
-#include "npy.h"
+#include "base/core.h"
+#include "cli/npy.h"
 #include "util.h"
 
 static char *tmp; /* per-run temp folder */

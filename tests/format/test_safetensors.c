@@ -20,8 +20,8 @@
 
 #include <cmocka.h>
 
-#include "core.h"
-#include "safetensors.h"
+#include "base/core.h"
+#include "runtime/model/safetensors.h"
 #include "util.h"
 
 static char *tmp; /* per-run temp folder */

@@ -22,8 +22,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core.h"
-#include "safetensors.h"
+#include "base/core.h"
+#include "runtime/model/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -21,11 +21,11 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "engine.h"
-#include "model.h"
-#include "npy.h"
-#include "safetensors.h"
+#include "base/core.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model.h"
+#include "cli/npy.h"
+#include "runtime/model/safetensors.h"
 #include "util.h"
 
 #define TOL 1e-4

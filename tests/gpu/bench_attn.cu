@@ -27,9 +27,9 @@
 #include <stdlib.h>
 #include <vector>
 
-#include "core.h"
-#include "cuda/cuda_common.cuh"
-#include "kernels.h"
+#include "base/core.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/kernels.h"
 
 /* HBM bandwidth the fractions refer to: D2D copy rate measured on the H200 (bytes/s). */
 #define BENCH_HBM_BPS 4.3e12

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
+#include "base/core.h"
 
 static const flexdiag_kernels *K;
 static flexdiag_stream *S;

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #define GUARD_N 1024 /* guard elements before and after every device buffer */
 

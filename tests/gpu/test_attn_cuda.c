@@ -30,8 +30,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kernels.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 /* Guard elements before and after every device buffer. */

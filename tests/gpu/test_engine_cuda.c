@@ -16,9 +16,9 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "engine.h"
-#include "npy.h"
+#include "base/core.h"
+#include "runtime/engine/engine.h"
+#include "cli/npy.h"
 #include "util.h"
 
 #define TOL_GPU 2e-2

@@ -28,8 +28,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kernels.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
 #include "gpu_buf.h"
 #include "util.h"
 

@@ -22,9 +22,9 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
+#include "base/core.h"
 #include "gpu_buf.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "util.h"
 
 /* Prompt rows reserved per (sequence, KV head), as test_attn_cuda.c's layout. */

@@ -29,12 +29,12 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kernels.h"
-#include "npy.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
+#include "cli/npy.h"
 #include "gpu_buf.h"
 #include "util.h"
-#include "vq.h"
+#include "runtime/image/vq.h"
 
 
 /* style.md §7 default for fp32 outputs. */

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "core.h"
+#include "base/core.h"
 
 void naive_conv2d(double *out, const double *x, const uint16_t *w, const uint16_t *b, int64_t n,
                   int cin, int cout, int h, int wd, int k) {

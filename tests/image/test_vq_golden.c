@@ -18,13 +18,13 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kernels.h"
-#include "npy.h"
-#include "safetensors.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
+#include "cli/npy.h"
+#include "runtime/model/safetensors.h"
 #include "tiny_vq.h"
 #include "util.h"
-#include "vq.h"
+#include "runtime/image/vq.h"
 
 static const char *files[] = {"config.json", "model.safetensors", "vq_tokens.npy",
                               "vq_pixels.npy"};

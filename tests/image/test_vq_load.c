@@ -15,12 +15,12 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kernels.h"
-#include "npy.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
+#include "cli/npy.h"
 #include "tiny_vq.h"
 #include "util.h"
-#include "vq.h"
+#include "runtime/image/vq.h"
 
 /* 3 levels (64, 32, 32 channels), 2 ResBlocks per level, 3×3 grid -> 12×12 pixels: every kind
  * of block (attention, nin_shortcut, two upsamples, a level without either) appears. */

@@ -16,8 +16,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kernels.h"
+#include "base/core.h"
+#include "kernels/kernels.h"
 #include "naive_vq.h"
 #include "util.h"
 

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
+#include "base/core.h"
 #include "naive_vq.h"
-#include "safetensors.h"
+#include "runtime/model/safetensors.h"
 #include "util.h"
 
 /* ---- building ---- */

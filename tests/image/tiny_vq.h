@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "vq.h"
+#include "runtime/image/vq.h"
 
 typedef struct tv_tensor {
     char name[192];   /* original (canonical) name */

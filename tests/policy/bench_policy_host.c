@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cpu/cpu_stream.h"
-#include "kv_policy.h"
+#include "base/thread_pool.h"
+#include "policy/kv_policy.h"
 
 #define L_DEC 576
 
@@ -50,7 +50,7 @@ static void update_task(void *ctx, int64_t j, void *scratch) {
 }
 
 /* Time one policy over L_DEC steps on pool s; returns 0 on success. */
-static int bench(flexdiag_policy_kind kind, const char *name, flexdiag_stream *s) {
+static int bench(flexdiag_policy_kind kind, const char *name, flexdiag_pool *s) {
     flexdiag_policy_params pub = {.struct_size = sizeof pub, .kind = kind, .sparsity = 0.95};
     flexdiag_kvp_params p;
     flexdiag_kvp *kvp = NULL;
@@ -71,10 +71,10 @@ static int bench(flexdiag_policy_kind kind, const char *name, flexdiag_stream *s
     for (int32_t t = 0; t < L_DEC; t++) {
         b.t = t;
         double t0 = now();
-        if (flexdiag__cpu_parallel_for(s, p.n_layers, 0, plan_task, &b) != FLEXDIAG_OK) return 1;
+        if (flexdiag__pool_parallel_for(s, p.n_layers, 0, plan_task, &b) != FLEXDIAG_OK) return 1;
         double t1 = now();
         if (flexdiag__kvp_needs_scores(kvp, t) &&
-            flexdiag__cpu_parallel_for(s, p.n_layers, 0, update_task, &b) != FLEXDIAG_OK)
+            flexdiag__pool_parallel_for(s, p.n_layers, 0, update_task, &b) != FLEXDIAG_OK)
             return 1;
         tp += t1 - t0;
         tu += now() - t1;
@@ -87,13 +87,13 @@ static int bench(flexdiag_policy_kind kind, const char *name, flexdiag_stream *s
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 0;
-    flexdiag_stream *s = NULL;
-    if (threads < 0 || flexdiag__cpu_stream_create(-1, threads, &s) != FLEXDIAG_OK) {
+    flexdiag_pool *s = NULL;
+    if (threads < 0 || flexdiag__pool_create(threads, &s) != FLEXDIAG_OK) {
         fprintf(stderr, "usage: bench_policy_host [threads >= 0 (0 = all cores)]\n");
         return 2;
     }
     printf("%d worker thread(s); 64 sequences x 30 layers x 32 KV heads, N_att 29, %d steps\n\n",
-           s->n_workers, L_DEC);
+           flexdiag__pool_workers(s), L_DEC);
     printf("| policy   | plan ms  | update ms |\n|---|---|---|\n");
     static const struct { flexdiag_policy_kind k; const char *n; } pol[] = {
         {FLEXDIAG_POLICY_H2O, "h2o"},
@@ -103,6 +103,6 @@ int main(int argc, char **argv) {
     int rc = 0;
     for (size_t i = 0; i < sizeof pol / sizeof pol[0] && !rc; i++)
         rc = bench(pol[i].k, pol[i].n, s);
-    flexdiag__cpu_stream_destroy(s);
+    flexdiag__pool_destroy(s);
     return rc;
 }

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
+#include "base/core.h"
 
 static uint64_t row_key(int32_t seq, int32_t layer, int32_t t, int32_t hq) {
     return ((uint64_t)seq << 48) ^ ((uint64_t)layer << 40) ^ ((uint64_t)t << 16) ^ (uint64_t)hq;

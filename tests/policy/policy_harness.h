@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "kv_policy.h"
+#include "policy/kv_policy.h"
 
 typedef struct ph_logits {
     uint64_t seed;  /* logit stream */

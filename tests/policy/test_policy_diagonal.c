@@ -19,7 +19,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "kvp_internal.h"
+#include "policy/kvp_internal.h"
 #include "policy_harness.h"
 #include "util.h"
 

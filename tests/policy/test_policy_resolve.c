@@ -12,8 +12,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kv_policy.h"
+#include "base/core.h"
+#include "policy/kv_policy.h"
 
 static flexdiag_policy_params pol(flexdiag_policy_kind kind, int32_t n_att, int32_t n_r,
                                   double sparsity) {

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "kv_policy.h"
+#include "policy/kv_policy.h"
 #include "util.h"
 
 static flexdiag_kvp *make(flexdiag_policy_kind kind, int32_t n_att, int32_t l_dec) {

@@ -18,9 +18,9 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "kv_policy.h"
-#include "synthetic.h"
+#include "base/core.h"
+#include "policy/kv_policy.h"
+#include "policy/synthetic.h"
 
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "tokenizer.h"
+#include "base/core.h"
+#include "runtime/text/tokenizer.h"
 
 int flexdiag__fuzz_tokenizer(const uint8_t *data, size_t n);
 

@@ -15,8 +15,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "image_out.h"
+#include "base/core.h"
+#include "cli/image_out.h"
 #include "util.h"
 
 static void test_pixels_to_u8(void **state) {

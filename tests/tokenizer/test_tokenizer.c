@@ -21,8 +21,8 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "tokenizer.h"
+#include "base/core.h"
+#include "runtime/text/tokenizer.h"
 #include "util.h"
 
 int flexdiag__fuzz_tokenizer(const uint8_t *data, size_t n);

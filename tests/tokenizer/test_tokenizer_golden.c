@@ -17,8 +17,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "core.h"
-#include "tokenizer.h"
+#include "base/core.h"
+#include "runtime/text/tokenizer.h"
 #include "util.h"
 
 static flexdiag_tokenizer *tok;

@@ -32,7 +32,7 @@ for step in "$@"; do
         summary+=("attn: see step$n.log"); tail -15 "$log" ;;
     bench*)
         read -ra args <<<"$step"
-        build-gpu/bench/flexdiag "${args[@]}" --json "$OUT/bench.jsonl" >"$log" 2>&1
+        build-gpu/flexdiag "${args[@]}" --json "$OUT/bench.jsonl" >"$log" 2>&1
         summary+=("$step: rc=$?"); tail -3 "$log" ;;
     peer*)
         read -ra args <<<"$step"

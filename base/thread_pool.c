@@ -1,0 +1,236 @@
+/*
+ * thread_pool.c - a persistent pthread pool with per-worker scratch: the workers of the CPU
+ * backend's streams and of the host-side policy work.
+ *
+ * A job is (fn, ctx, n_tasks). The submitting thread publishes it under the mutex, bumps the
+ * generation and broadcasts; every pool thread wakes once per generation, then all workers
+ * (the submitter included, as worker 0) claim task indices from one atomic counter until none
+ * are left. The submitter waits until every pool thread has left the job, so the job's ctx may
+ * live on its stack. Dynamic claiming balances uneven tasks (attention heads with different
+ * slot counts); results never depend on which worker ran a task because each task owns
+ * disjoint outputs and computes them in a fixed order.
+ *
+ * Rejected: spawning threads per op (tens of microseconds per decode op and layer) and OpenMP
+ * (a second runtime to configure, and no control over who owns the threads).
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/thread_pool.h"
+
+#include "base/core.h"
+
+/* Upper bound on the worker count: far above any host we target, low enough to catch a
+ * negative or garbage value passed as threads. */
+#define POOL_MAX_THREADS 1024
+
+typedef struct pool_thread_arg {
+    flexdiag_pool *s;
+    int worker; /* 1..n_workers-1 */
+} pool_thread_arg;
+
+/* ---- job execution ---- */
+
+/* Claim and run tasks of the current job until none are left. */
+static void run_tasks(flexdiag_pool *s, flexdiag__pool_task_fn fn, void *ctx, int64_t n_tasks,
+                      void *scratch) {
+    for (;;) {
+        int64_t t = atomic_fetch_add(&s->next, 1);
+        if (t >= n_tasks) return;
+        fn(ctx, t, scratch);
+    }
+}
+
+static void *pool_main(void *p) {
+    pool_thread_arg arg = *(pool_thread_arg *)p;
+    free(p);
+    flexdiag_pool *s = arg.s;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (s->gen == seen && !s->stop) pthread_cond_wait(&s->wake, &s->mu);
+        if (s->stop) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        seen = s->gen;
+        flexdiag__pool_task_fn fn = s->fn;
+        void *ctx = s->ctx, *scratch = s->scratch[arg.worker];
+        int64_t n_tasks = s->n_tasks;
+        pthread_mutex_unlock(&s->mu);
+
+        run_tasks(s, fn, ctx, n_tasks, scratch);
+
+        pthread_mutex_lock(&s->mu);
+        if (--s->busy == 0) pthread_cond_signal(&s->done);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* Grow every worker's scratch to at least bytes (64-byte aligned). */
+static flexdiag_status scratch_reserve(flexdiag_pool *s, size_t bytes) {
+    if (bytes <= s->scratch_bytes) return FLEXDIAG_OK;
+    for (int i = 0; i < s->n_workers; i++) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes) != 0)
+            return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                                 "thread pool: cannot allocate %zu bytes of scratch for worker %d "
+                                 "of %d: free host memory or use fewer threads",
+                                 bytes, i, s->n_workers);
+        free(s->scratch[i]);
+        s->scratch[i] = p;
+    }
+    s->scratch_bytes = bytes;
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__pool_scratch(flexdiag_pool *s, size_t bytes, void **out, void **tmp) {
+    *out = NULL;
+    *tmp = NULL;
+    if (s) {
+        FLEXDIAG_TRY(scratch_reserve(s, bytes));
+        *out = s->scratch[0];
+        return FLEXDIAG_OK;
+    }
+    if (posix_memalign(tmp, 64, bytes ? bytes : 64) != 0) {
+        *tmp = NULL;
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                             "thread pool: cannot allocate %zu bytes of scratch: free host memory", bytes);
+    }
+    *out = *tmp;
+    return FLEXDIAG_OK;
+}
+
+/* One job on the pool; the caller holds s->submit. */
+static flexdiag_status pool_run(flexdiag_pool *s, int64_t n_tasks, size_t scratch_bytes,
+                                flexdiag__pool_task_fn fn, void *ctx) {
+    FLEXDIAG_TRY(scratch_reserve(s, scratch_bytes));
+    if (s->n_workers == 1 || n_tasks == 1) {
+        for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, s->scratch[0]);
+        return FLEXDIAG_OK;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->fn = fn;
+    s->ctx = ctx;
+    s->n_tasks = n_tasks;
+    atomic_store(&s->next, 0);
+    s->busy = s->n_workers - 1;
+    s->gen++;
+    pthread_cond_broadcast(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+
+    run_tasks(s, fn, ctx, n_tasks, s->scratch[0]);
+
+    /* ctx lives on the caller's stack: wait until no pool thread can still touch it */
+    pthread_mutex_lock(&s->mu);
+    while (s->busy > 0) pthread_cond_wait(&s->done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__pool_parallel_for(flexdiag_pool *s, int64_t n_tasks,
+                                            size_t scratch_bytes, flexdiag__pool_task_fn fn,
+                                            void *ctx) {
+    if (n_tasks <= 0) return FLEXDIAG_OK;
+    if (!s) {
+        void *scratch, *tmp;
+        FLEXDIAG_TRY(flexdiag__pool_scratch(NULL, scratch_bytes, &scratch, &tmp));
+        for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, scratch);
+        free(tmp);
+        return FLEXDIAG_OK;
+    }
+    pthread_mutex_lock(&s->submit); /* a second submitter waits instead of clobbering the job */
+    flexdiag_status st = pool_run(s, n_tasks, scratch_bytes, fn, ctx);
+    pthread_mutex_unlock(&s->submit);
+    return st;
+}
+
+/* ---- pool lifetime ---- */
+
+/* Cores this process may run on (affinity mask first, so taskset/cgroup limits count). */
+static int online_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* Stop and join the first n_started pool threads, free everything. */
+static void pool_free(flexdiag_pool *s, int n_started) {
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n_started; i++) pthread_join(s->threads[i], NULL);
+    if (s->scratch)
+        for (int i = 0; i < s->n_workers; i++) free(s->scratch[i]);
+    free(s->scratch);
+    free(s->threads);
+    pthread_cond_destroy(&s->done);
+    pthread_cond_destroy(&s->wake);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->submit);
+    free(s);
+}
+
+/* Start the n_workers - 1 pool threads; on failure the started ones are joined. */
+static flexdiag_status pool_start(flexdiag_pool *s) {
+    for (int i = 0; i + 1 < s->n_workers; i++) {
+        pool_thread_arg *arg = malloc(sizeof *arg);
+        int rc = arg ? 0 : ENOMEM;
+        if (arg) {
+            arg->s = s;
+            arg->worker = i + 1;
+            rc = pthread_create(&s->threads[i], NULL, pool_main, arg);
+            if (rc != 0) free(arg);
+        }
+        if (rc != 0) {
+            int want = s->n_workers;
+            pool_free(s, i);
+            return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                                 "thread pool: cannot start pool thread %d of %d (%s): ask for "
+                                 "fewer threads",
+                                 i + 1, want - 1, strerror(rc));
+        }
+    }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__pool_create(int threads, flexdiag_pool **out) {
+    if (!out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "thread pool: out is NULL");
+    *out = NULL;
+    if (threads < 0 || threads > POOL_MAX_THREADS)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "thread pool: threads = %d: give 0 (all cores) or 1..%d", threads,
+                             POOL_MAX_THREADS);
+    flexdiag_pool *s = calloc(1, sizeof *s);
+    if (!s) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "thread pool: out of host memory");
+    s->n_workers = threads ? threads : online_cores();
+    if (s->n_workers > POOL_MAX_THREADS) s->n_workers = POOL_MAX_THREADS;
+    pthread_mutex_init(&s->submit, NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    pthread_cond_init(&s->done, NULL);
+    atomic_init(&s->next, 0);
+    s->threads = calloc((size_t)s->n_workers, sizeof *s->threads);
+    s->scratch = calloc((size_t)s->n_workers, sizeof *s->scratch);
+    if (!s->threads || !s->scratch) {
+        pool_free(s, 0);
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "thread pool: out of host memory");
+    }
+    FLEXDIAG_TRY(pool_start(s));
+    *out = s;
+    return FLEXDIAG_OK;
+}
+
+void flexdiag__pool_destroy(flexdiag_pool *s) {
+    if (s) pool_free(s, s->n_workers - 1);
+}
+
+int flexdiag__pool_workers(const flexdiag_pool *s) { return s ? s->n_workers : 1; }

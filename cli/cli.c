@@ -1,0 +1,289 @@
+/*
+ * cli.c - flag parsing and error printing shared by every flexdiag subcommand (see cli.h).
+ */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int cli_mkdirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return -1;
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+int cli_parse_size(const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || v < 0) return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'K': case 'k': mul = 1024.0; end++; break;
+    case 'M': case 'm': mul = 1024.0 * 1024; end++; break;
+    case 'G': case 'g': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 'T': case 't': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B') end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+    if (*end) return -1;
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
+int cli_write_atomic(const char *path, const void *data, size_t n) {
+    char tmp[4400];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return -1;
+    int ok = fwrite(data, 1, n, f) == n;
+    int err = errno;
+    if (fclose(f) != 0 && ok) ok = 0, err = errno;
+    if (ok && rename(tmp, path) == 0) return 0;
+    err = ok ? errno : err;
+    unlink(tmp);
+    errno = err;
+    return -1;
+}
+
+uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 offset basis and prime */
+    for (int64_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) {
+            h ^= ((uint32_t)ids[i] >> (8 * b)) & 0xffu;
+            h *= 0x100000001b3ull;
+        }
+    return h;
+}
+
+static void print_help(const char *cmd, const cli_opt *opts, int n) {
+    printf("usage: flexdiag %s [flags]\n", cmd);
+    for (int i = 0; i < n; i++)
+        printf("  %-22s %s\n", opts[i].name, opts[i].help ? opts[i].help : "");
+}
+
+static int set_value(const char *cmd, const cli_opt *o, const char *v) {
+    char *end = NULL;
+    errno = 0;
+    switch (o->type) {
+    case CLI_STR: *(const char **)o->dst = v; return 0;
+    case CLI_INT: {
+        long long x = strtoll(v, &end, 10);
+        if (end == v || *end || errno) break;
+        *(int64_t *)o->dst = x;
+        return 0;
+    }
+    case CLI_F64: {
+        double x = strtod(v, &end);
+        if (end == v || *end || errno) break;
+        *(double *)o->dst = x;
+        return 0;
+    }
+    case CLI_SIZE:
+        if (cli_parse_size(v, (uint64_t *)o->dst) == 0) return 0;
+        fprintf(stderr, "flexdiag %s: %s: expected a size like 24G or 512M, got '%s'\n", cmd,
+                o->name, v);
+        return 2;
+    case CLI_FLAG: *(int *)o->dst = 1; return 0;
+    }
+    fprintf(stderr, "flexdiag %s: %s: expected a %s, got '%s'\n", cmd, o->name,
+            o->type == CLI_INT ? "whole number" : "number", v);
+    return 2;
+}
+
+int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n_opts) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            print_help(cmd, opts, n_opts);
+            return 1;
+        }
+        const char *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        const cli_opt *o = NULL;
+        for (int j = 0; j < n_opts && !o; j++)
+            if (strlen(opts[j].name) == len && !strncmp(opts[j].name, a, len)) o = &opts[j];
+        if (!o) {
+            fprintf(stderr, "flexdiag %s: unknown flag '%.*s' (see flexdiag %s --help)\n", cmd,
+                    (int)len, a, cmd);
+            return 2;
+        }
+        if (o->type == CLI_FLAG) {
+            if (eq) {
+                fprintf(stderr, "flexdiag %s: %s takes no value\n", cmd, o->name);
+                return 2;
+            }
+            *(int *)o->dst = 1;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "flexdiag %s: %s needs a value\n", cmd, o->name);
+            return 2;
+        }
+        int rc = set_value(cmd, o, v);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int cli_fail(const char *cmd, flexdiag_status st) {
+    const char *msg = flexdiag_last_error(NULL);
+    fprintf(stderr, "flexdiag %s: %s\n", cmd, msg && *msg ? msg : flexdiag_status_str(st));
+    return 1;
+}
+
+/* ---- model and policy flags ---- */
+
+#include "policy/kv_policy.h"
+
+int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
+                   flexdiag_model **m) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    if (o->cpu) rp.device = -1;
+    rp.gpu_mem = o->gpu_mem;
+    rp.threads = (int)o->threads;
+    flexdiag_status st = flexdiag_runtime_create(&rp, rt);
+    if (st != FLEXDIAG_OK) return cli_fail(cmd, st);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    if (o->arch) mp.arch = o->arch;
+    mp.seed = (uint64_t)o->seed;
+    if (o->model && (o->arch || o->random_weights)) {
+        fprintf(stderr, "flexdiag %s: --model loads real weights; drop --arch/--random-weights\n",
+                cmd);
+        flexdiag_runtime_destroy(*rt);
+        *rt = NULL;
+        return 2;
+    }
+    st = flexdiag_model_load(*rt, o->model, &mp, m);
+    if (st != FLEXDIAG_OK) {
+        cli_fail(cmd, st);
+        flexdiag_runtime_destroy(*rt);
+        *rt = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out) {
+    flexdiag_policy_params_init(out);
+    if (o->policy && flexdiag__kvp_parse(o->policy, &out->kind) != 0) {
+        fprintf(stderr, "flexdiag %s: --policy: unknown policy '%s' (valid: %s)\n", cmd, o->policy,
+                flexdiag__kvp_names());
+        return 2;
+    }
+    if (o->sparsity < 0 || o->sparsity >= 1) {
+        fprintf(stderr, "flexdiag %s: --sparsity must be in [0, 1), got %g\n", cmd, o->sparsity);
+        return 2;
+    }
+    if (o->n_att < 0 || o->n_r < 0) {
+        fprintf(stderr, "flexdiag %s: --n-att and --n-r must be positive\n", cmd);
+        return 2;
+    }
+    out->sparsity = o->sparsity;
+    out->n_att = (int32_t)o->n_att;
+    out->n_r = (int32_t)o->n_r;
+    return 0;
+}
+
+/* ---- --batch ---- */
+
+int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
+                  const flexdiag_context_params *cp) {
+    if (strcmp(value, "auto")) {
+        char *end;
+        long b = strtol(value, &end, 10);
+        if (end == value || *end || b < 1 || b > INT32_MAX) {
+            fprintf(stderr, "flexdiag %s: --batch must be a positive number or 'auto', got '%s'\n",
+                    cmd, value);
+            return -1;
+        }
+        return (int32_t)b;
+    }
+    int32_t fit = 0;
+    if (flexdiag_context_max_images(m, cp, &fit) != FLEXDIAG_OK) {
+        fprintf(stderr, "flexdiag %s: --batch auto: %s; or give a number of images\n", cmd,
+                flexdiag_last_error(NULL));
+        return -1;
+    }
+    if (fit < 1)
+        fprintf(stderr, "flexdiag %s: --batch auto: not even one image fits the memory budget "
+                "(raise --gpu-mem or lower the prompt length)\n", cmd);
+    return fit < 1 ? -1 : fit;
+}
+
+/* ---- comma lists ---- */
+
+/* Parse the comma list s item by item (item() returns 0 when tok is valid and stores it at
+ * index i); returns the count, or -1 with *bad pointing at the first bad token (inside buf) or
+ * NULL for an empty list. */
+static int split_list(const char *s, char *buf, size_t buf_n,
+                      int (*item)(const char *, int, void *), void *out, const char **bad) {
+    snprintf(buf, buf_n, "%s", s);
+    int n = 0;
+    *bad = NULL;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (n == CLI_MAX_LIST || item(tok, n, out)) {
+            *bad = tok;
+            return -1;
+        }
+        n++;
+    }
+    return n > 0 ? n : -1;
+}
+
+static int policy_item(const char *tok, int i, void *out) {
+    return flexdiag__kvp_parse(tok, (flexdiag_policy_kind *)out + i);
+}
+
+static int sparsity_item(const char *tok, int i, void *out) {
+    char *end = NULL;
+    double v = strtod(tok, &end);
+    ((double *)out)[i] = v;
+    return end == tok || *end || !(v >= 0.0 && v <= 1.0);
+}
+
+int cli_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n) {
+    char buf[512];
+    const char *bad;
+    if ((*n = split_list(s, buf, sizeof buf, policy_item, out, &bad)) > 0) return 0;
+    if (bad)
+        fprintf(stderr, "flexdiag %s: --policies: unknown policy '%s' or more than %d (valid: "
+                "%s)\n", cmd, bad, CLI_MAX_LIST, flexdiag__kvp_names());
+    else
+        fprintf(stderr, "flexdiag %s: --policies is empty (valid: %s)\n", cmd,
+                flexdiag__kvp_names());
+    return 2;
+}
+
+int cli_parse_sparsities(const char *cmd, const char *s, double *out, int *n) {
+    char buf[512];
+    const char *bad;
+    if ((*n = split_list(s, buf, sizeof buf, sparsity_item, out, &bad)) > 0) return 0;
+    if (bad)
+        fprintf(stderr, "flexdiag %s: --sparsities: '%s' is not a number in [0, 1] (e.g. "
+                "0.8,0.9,0.95; at most %d)\n", cmd, bad, CLI_MAX_LIST);
+    else
+        fprintf(stderr, "flexdiag %s: --sparsities is empty\n", cmd);
+    return 2;
+}

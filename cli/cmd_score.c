@@ -1,0 +1,126 @@
+/*
+ * cmd_score.c - `flexdiag score`: teacher-forced logits of given image tokens.
+ *
+ * Input JSON {"prompt_ids": [...], "image_ids": [...], "cfg_weight": 5.0}: prompt_ids is the
+ * conditional row from BOS through <begin_of_image>; the unconditional row follows the Janus
+ * rule. Output: float32 .npy [n, image_vocab], row i = CFG-combined logits predicting image
+ * token i from the prompt and image tokens < i; with --raw [2, n, image_vocab] (conditional,
+ * unconditional). For Llama models the ids are a text continuation and the logits plain
+ * ([n, vocab]; --raw [1, n, vocab]). Under --policy X the run uses policy X, so the output can
+ * be compared with dense.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "runtime/engine/engine.h"
+#include "cli/npy.h"
+
+typedef struct score_input {
+    int32_t *prompt, *ids; /* malloc'ed */
+    int32_t np, n;
+    double cfg;
+} score_input;
+
+static int read_ids(const char *file, json_t *root, const char *key, int32_t **out, int32_t *n) {
+    json_t *a = json_object_get(root, key);
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > 1000000) {
+        fprintf(stderr, "flexdiag score: %s: \"%s\" must be a non-empty array of token ids\n",
+                file, key);
+        return 2;
+    }
+    *n = (int32_t)json_array_size(a);
+    *out = malloc((size_t)*n * 4);
+    for (int32_t i = 0; *out && i < *n; i++) {
+        json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+            fprintf(stderr, "flexdiag score: %s: %s[%d] is not a token id\n", file, key, i);
+            return 2;
+        }
+        (*out)[i] = (int32_t)json_integer_value(v);
+    }
+    return *out ? 0 : 1;
+}
+
+static int read_input(const char *file, score_input *in) {
+    json_error_t je;
+    json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        fprintf(stderr, "flexdiag score: --input %s: %s (line %d)\n", file, je.text, je.line);
+        return 2;
+    }
+    int rc = read_ids(file, root, "prompt_ids", &in->prompt, &in->np);
+    if (rc == 0) rc = read_ids(file, root, "image_ids", &in->ids, &in->n);
+    json_t *w = json_object_get(root, "cfg_weight");
+    in->cfg = 5.0;
+    if (rc == 0 && w && !json_is_number(w)) {
+        fprintf(stderr, "flexdiag score: %s: cfg_weight must be a number\n", file);
+        rc = 2;
+    } else if (w) {
+        in->cfg = json_number_value(w);
+    }
+    json_decref(root);
+    return rc;
+}
+
+static int score(flexdiag_model *m, const score_input *in, const flexdiag_policy_params *pol,
+                 const char *out, int raw) {
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 1;
+    cp.max_prompt_len = in->np;
+    cp.max_new_tokens = in->n;
+    cp.policy = *pol;
+    flexdiag_context *c = NULL;
+    flexdiag_status st = flexdiag_context_create(m, &cp, &c);
+    if (st != FLEXDIAG_OK) return cli_fail("score", st);
+    int64_t V = c->vocab_out, rows = raw ? c->rows_per_img : 1;
+    float *buf = malloc((size_t)rows * (size_t)in->n * (size_t)V * 4);
+    if (!buf) st = FLEXDIAG_ERR_OOM_HOST;
+    else st = flexdiag__context_score(c, in->prompt, in->np, in->ids, in->n, (float)in->cfg,
+                                      raw ? NULL : buf, raw ? buf : NULL);
+    if (st == FLEXDIAG_OK) {
+        int64_t shape3[3] = {rows, in->n, V}, *shape = raw ? shape3 : shape3 + 1;
+        st = flexdiag__npy_write(out, FLEXDIAG_DTYPE_F32, raw ? 3 : 2, shape, buf);
+    }
+    free(buf);
+    flexdiag_context_destroy(c);
+    if (st != FLEXDIAG_OK) return cli_fail("score", st);
+    fprintf(stderr, "scored %d token(s) after a %d-token prompt: %s\n", in->n, in->np, out);
+    return 0;
+}
+
+int flexdiag_cmd_score(int argc, char **argv) {
+    cli_model_opts mo = {.seed = 1};
+    cli_policy_opts po = {0};
+    const char *input = NULL, *out = NULL;
+    int raw = 0;
+    const cli_opt opts[] = {
+        CLI_MODEL_FLAGS(&mo),
+        CLI_POLICY_FLAGS(&po),
+        {"--input", CLI_STR, &input, "JSON {prompt_ids, image_ids, cfg_weight}"},
+        {"--out", CLI_STR, &out, "output .npy (float32)"},
+        {"--raw", CLI_FLAG, &raw, "write per-row logits [rows, n, V] instead of CFG-combined"},
+    };
+    int rc = cli_parse("score", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!input || !out) {
+        fprintf(stderr, "flexdiag score: --input FILE.json and --out FILE.npy are required\n");
+        return 2;
+    }
+    flexdiag_policy_params pol;
+    if (cli_policy_params("score", &po, &pol)) return 2;
+    score_input in = {0};
+    rc = read_input(input, &in);
+    flexdiag_runtime *rt = NULL;
+    flexdiag_model *m = NULL;
+    if (rc == 0) rc = cli_open_model("score", &mo, &rt, &m);
+    if (rc == 0) rc = score(m, &in, &pol, out, raw);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    free(in.prompt);
+    free(in.ids);
+    return rc;
+}

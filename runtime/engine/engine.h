@@ -1,0 +1,201 @@
+/*
+ * engine.h - the objects behind the public handles and the generation engine that drives them.
+ *
+ * One engine path serves every backend: the runtime owns the op table (CPU or CUDA), one
+ * execution stream and the device arena; a model owns config + weights (+ tokenizer); a context
+ * owns the KV cache, the KV policy state and every scratch buffer, all sized at creation and
+ * carved out of one device block (no allocation inside a step).
+ *
+ * A run ("block" in FlexGen's terms) is a set of images generated together. Its sequences are
+ * the CFG rows (conditional, unconditional per image for Janus; one row for Llama), grouped into
+ * micro-batches that keep CFG pairs together. Prefill and every decode step run the layer-major
+ * loop of design.md §2: for each layer, for each micro-batch, compute — the loop the offloading
+ * scheduler will drive. Teacher forcing (score, fidelity, golden tests) is the same run with the
+ * sampled ids replaced by given ones.
+ */
+#ifndef FLEXDIAG_ENGINE_H
+#define FLEXDIAG_ENGINE_H
+
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_RUNTIME
+#error "runtime/engine/engine.h: a lower layer may not use runtime/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "base/thread_pool.h"
+#include "kernels/kernels.h"
+#include "offload/arena.h"
+#include "policy/kv_policy.h"
+#include "runtime/model/model.h"
+
+struct flexdiag_tokenizer;
+
+struct flexdiag_runtime {
+    flexdiag_runtime_params p;   /* copy of the creation params */
+    const flexdiag_kernels *k;   /* backend op table */
+    flexdiag_stream *s;          /* execution stream (CUDA stream / CPU thread pool) */
+    flexdiag_arena arena;        /* device memory under --gpu-mem */
+};
+
+struct flexdiag_vq;
+
+struct flexdiag_model {
+    flexdiag_runtime *rt;            /* borrowed */
+    flexdiag_model_config cfg;       /* resolved configuration */
+    flexdiag_weights w;              /* device weights */
+    struct flexdiag_tokenizer *tok;  /* NULL when the folder has no tokenizer.json */
+    char *dir;                       /* model folder, NULL for builtin */
+    struct flexdiag_vq *vq;          /* image decoder, NULL when the model has none */
+    const flexdiag_kernels *vq_k;    /* backend of the decoder (the runtime's, or the CPU's
+                                        when the runtime's backend lacks the image ops) */
+    flexdiag_stream *vq_s;           /* its stream: rt->s, or an owned CPU stream */
+    size_t vq_charge;                /* bytes charged to the arena for the decoder */
+};
+
+/* Device buffers of a context, carved from one block (see ctx_layout in engine.c). */
+typedef struct flexdiag_ctx_bufs {
+    void *kv;          /* (layers, 2, n_seq, h_kv, p_cap + ring, d_h) act: K then V per layer */
+    void *x;           /* (n_seq, p_cap, d) act: residual stream (decode uses (n_seq, d)) */
+    void *h;           /* (mb_tok, d) normed input */
+    void *qkv;         /* (mb_tok, (h_q + 2 h_kv) d_h) */
+    void *att;         /* (mb_tok, h_q d_h) attention output */
+    void *gu;          /* (mb_tok, 2 f) gate/up */
+    void *mlp;         /* (mb_tok, f) swiglu output */
+    void *xl;          /* (n_seq, d) last-position hidden / head input */
+    void *hm;          /* (n_seq, max(dm, d)) head / aligner intermediate */
+    void *emb;         /* (n_seq, max(8, d)) feedback embedding input */
+    float *logits;     /* (n_seq, V) */
+    float *cfg;        /* (n_img, V) */
+    float *pscore;     /* (layers, n_seq, h_q, max_slots) policy scores of the host policies:
+                          logits (Diagonal) or probabilities (H2O/TOVA/ALISA) */
+    int32_t *ids_in;   /* (n_seq, p_cap) prompt ids */
+    int32_t *lp;       /* (n_seq) */
+    int32_t *pos_pf;   /* (mb_tok) prefill positions r % p_cap */
+    int32_t *rows_pf;  /* (mb_tok, h_kv) prefill cache rows */
+    int32_t *pos;      /* (n_seq) decode positions */
+    int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
+    int32_t *rows;     /* decode cache rows: (layers, n_seq, h_kv); shared plan (n_seq, h_kv) */
+    int32_t *slots;    /* (layers, n_seq, h_kv, max_slots); shared slots (max_slots) */
+    int32_t *nslots;   /* (layers, n_seq, h_kv); shared slots (1) */
+    int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
+    int16_t *lag;      /* device Diagonal: (layers, n_seq, h_kv, a) attended-lag lists */
+    int16_t *cnt;      /* device Diagonal: (layers, n_seq, h_kv) list fill */
+    int32_t *dnext;    /* device Diagonal: the lag a build-up step's fused update writes */
+    int32_t *epos;     /* device H2O / TOVA (kernels.h evict_*): (lists, n_att) slot positions;
+                          lists = (layers, n_seq, h_kv) for H2O, (layers, n_seq) for TOVA */
+    float *eacc;       /* device H2O: (lists, n_att) accumulated scores */
+    int32_t *efree;    /* device H2O / TOVA: (lists) the victim of the last update */
+    int32_t *arpos;    /* device ALISA (kernels.h alisa_*): (layers, n_seq, w, n_att) records */
+    float *arp;        /* device ALISA: (layers, n_seq, w, n_att) record probabilities */
+    int32_t *arn;      /* device ALISA: (layers, n_seq, w) record counts */
+    float *ascore;     /* device ALISA: (layers, n_seq, l_dec) selection scratch */
+    uint64_t *akeys;   /* device ALISA: (layers, n_seq, l_dec) selection scratch */
+} flexdiag_ctx_bufs;
+
+struct flexdiag_context {
+    flexdiag_model *m;               /* borrowed */
+    flexdiag_context_params p;       /* copy, defaults applied */
+    flexdiag_kvp_params kp;          /* resolved policy */
+    flexdiag_kvp *kvp;               /* policy state (host) */
+    int32_t rows_per_img;            /* 2 with CFG (Janus), 1 (Llama) */
+    int32_t n_img, n_seq;            /* capacity in images / sequences */
+    int32_t mb_img, mb_seq, n_mb;    /* micro-batch size in images / sequences; count */
+    int32_t pf_seq;                  /* sequences per prefill chunk (<= mb_seq): the prefill
+                                        scratch holds pf_seq·p_cap tokens, not the batch's */
+    int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
+    int32_t p_cap, ring, max_slots;  /* KV geometry */
+    int32_t l_dec;                   /* decode tokens per sequence */
+    int32_t vocab_out;               /* width of the sampled distribution */
+    void *block;                     /* device block holding every buffer */
+    size_t block_bytes;              /* its size */
+    flexdiag_ctx_bufs b;             /* carved buffers */
+    int shared_plan;                 /* 1: one plan for every (seq, layer, KV head) (position-
+                                        only policies); else one per (layer, seq, KV head) */
+    int scored;                      /* the policy reads attention scores at some steps */
+    int score_probs;                 /* ... as probabilities (H2O/TOVA/ALISA), else logits */
+    int device_diag;                 /* Diagonal lag lists live on the device (diag_slots, the
+                                        update fused into attn_decode) */
+    int device_evict;                /* H2O / TOVA state lives on the device (evict_plan,
+                                        evict_update on attn_decode's probabilities) */
+    int device_alisa;                /* ALISA records live on the device (alisa_plan,
+                                        alisa_update) */
+    int device_policy;               /* any of the three: no host state machine runs */
+    int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */
+    int shared_slots;                /* one attended slot list for all: b.slots is (max_slots) */
+    int host_policy;                 /* tests: force the host state machines (no device policy) */
+    uint64_t dev_evictions;          /* evictions counted on the device-policy path */
+    void *graph[2];                  /* recorded decode-step bodies (without / with policy
+                                        scores), replayed every step */
+    int32_t graph_seq[2];            /* sequences each graph was recorded for */
+    int32_t eager_seq;               /* sequence count of the last op-by-op warm-up step */
+    int graphs_off;                  /* recording failed once: launch op by op */
+    void *host;                      /* one host block (page-locked when the backend can) */
+    size_t host_bytes;               /* its size */
+    int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layout of b.rows/slots/...) */
+    float *h_pscore;                 /* host copy of a step's policy scores */
+    int32_t *h_dnext;                /* staging of the device Diagonal's new lag (b.dnext) */
+    flexdiag_pool *pol_pool;         /* CPU threads for the host policies' per-layer plan and
+                                        update (NULL when the plan is shared or on the device) */
+    int32_t *h_ids;                  /* (n_seq) sampled or forced ids */
+    int32_t *h_pos;                  /* (n_seq) decode positions of a step */
+    atomic_int busy;                 /* a call is in flight */
+    atomic_int cancel;               /* cancel requested */
+    flexdiag_stats stats;            /* counters of the last call */
+};
+
+/* One run: n_img images generated (or scored) together. Host pointers. */
+typedef struct flexdiag_block {
+    int32_t n_img;                 /* images, <= context capacity */
+    const int32_t *const *prompt;  /* n_img conditional prompt id arrays */
+    const int32_t *prompt_len;     /* n_img lengths */
+    int32_t n_steps;               /* tokens per image (<= l_dec) */
+    const int32_t *forced;         /* (n_img, n_steps) teacher-forced ids, or NULL to sample */
+    int64_t img0;                  /* global index of image 0 (sampling key) */
+    flexdiag_sample_params sp;     /* sampling */
+    float cfg_weight;              /* Janus CFG weight */
+    int32_t *tokens;               /* out (n_img, n_steps) */
+    float *logits;                 /* optional out (n_img, n_steps, V): CFG-combined (Janus) */
+    float *raw_logits;             /* optional out (n_seq, n_steps, V): per-row logits */
+    float *hidden;                 /* optional out (layers, n_hidden_pos, d): sequence 0 */
+    float *attn_out;               /* optional out (n_steps - 1, layers, h_q·d_h): decode-step
+                                      attention outputs of sequence 0 (fidelity) */
+    int32_t *plan_out;             /* optional out (n_steps - 1, layers, n_seq, h_kv, 1 +
+                                      max_slots): per decode step the attended ring slots of
+                                      every (sequence, KV head), count first (tests) */
+    int32_t n_hidden_pos;          /* positions captured in hidden */
+    flexdiag_progress_fn progress; /* optional, per decode step */
+    void *progress_user;
+    double *split;                 /* optional (4): decode seconds in GEMMs, attention (incl. the
+                                      policy), everything else, and the profiled steps' whole
+                                      wall time; each op group is bracketed by stream syncs, so
+                                      use it on a separate profiling run */
+    int32_t split_from;            /* first decode step profiled into split (earlier steps run
+                                      normally, graphs included) */
+} flexdiag_block;
+
+/* Device bytes a context with these params needs (for --batch auto and error messages). */
+flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
+                                        size_t *out);
+/* Largest max_images (micro_batch scaled along when set) whose context fits in `avail` bytes;
+ * 0 when not even one image fits. */
+int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
+                              uint64_t avail);
+/* Size, allocate and carve c's buffers from c->m and c->p (c->host_policy may be preset). */
+flexdiag_status flexdiag__context_alloc(flexdiag_context *c);
+/* Free what flexdiag__context_alloc made (not c itself). */
+void flexdiag__context_free(flexdiag_context *c);
+/* Run one block on context c. */
+flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b);
+/* Teacher-forced scoring of one image (or text continuation): prompt (np ids, the conditional
+ * row) then ids (n); logits (n, V) CFG-combined for Janus / plain for Llama, raw (rows, n, V)
+ * per-row logits; either may be NULL. Marks the context busy for the call. */
+flexdiag_status flexdiag__context_score(flexdiag_context *c, const int32_t *prompt, int32_t np,
+                                        const int32_t *ids, int32_t n, float cfg_weight,
+                                        float *logits, float *raw);
+/* Conditional/unconditional rows of an image (Janus rule, models.md §3.5 step 3): uncond copies
+ * BOS and the last id and pads the middle. */
+void flexdiag__janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond);
+
+#endif /* FLEXDIAG_ENGINE_H */

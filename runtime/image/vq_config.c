@@ -1,0 +1,206 @@
+/*
+ * vq_config.c - the VQ-16 decoder shape from config.json (models.md §3.1, §3.6), for both
+ * checkpoint layouts, and its validation.
+ *
+ * transformers `janus`: vq_config, absent fields taking the JanusVQVAEConfig defaults (the
+ * VQ-16 shape); the decoder has num_res_blocks + 1 ResBlocks per level; the grid is
+ * vq_config.num_patches, which JanusConfig sets to the vision config's image_size //
+ * patch_size. deepseek-ai `multi_modality`: gen_vision_config.params gives the codebook
+ * (image_token_size, n_embed); everything else is fixed by the VQ-16 class.
+ * In both, only the lowest-resolution level has attention blocks (LlamaGen's Decoder and
+ * transformers' JanusVQVAEDecoder: `if i_level == num_resolutions - 1`).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "runtime/image/vq.h"
+
+void flexdiag__vq_config_default(flexdiag_vq_config *c) {
+    static const int32_t mult[5] = {1, 1, 2, 2, 4};
+    memset(c, 0, sizeof *c);
+    c->codebook_size = 16384;
+    c->embed_dim = 8;
+    c->z_channels = 256;
+    c->ch = 128;
+    c->n_levels = 5;
+    memcpy(c->ch_mult, mult, sizeof mult);
+    c->attn[4] = 1;
+    c->res_blocks = 3;
+    c->out_channels = 3;
+    c->grid_h = c->grid_w = 24;
+    c->groups = 32;
+    c->eps = 1e-6f;
+}
+
+/* Integer field key of o (default def when absent or null), checked against [lo, hi]. */
+static flexdiag_status json_int(json_t *o, const char *key, int32_t def, int32_t lo, int32_t hi,
+                                const char *path, const char *section, int32_t *out) {
+    json_t *v = o ? json_object_get(o, key) : NULL;
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return FLEXDIAG_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: %s.%s must be an integer in [%d, %d]", path, section, key, lo,
+                             hi);
+    *out = (int32_t)json_integer_value(v);
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status parse_ch_mult(json_t *vq, const char *path, flexdiag_vq_config *c) {
+    json_t *a = json_object_get(vq, "channel_multiplier");
+    if (!a || json_is_null(a)) return FLEXDIAG_OK; /* keep the (1,1,2,2,4) default */
+    if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > FLEXDIAG_VQ_MAX_LEVELS)
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: vq_config.channel_multiplier must be a list of 1 to %d "
+                             "integers",
+                             path, FLEXDIAG_VQ_MAX_LEVELS);
+    c->n_levels = (int32_t)json_array_size(a);
+    for (int32_t l = 0; l < c->n_levels; l++) {
+        json_t *v = json_array_get(a, (size_t)l);
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 64)
+            return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                                 "%s: vq_config.channel_multiplier[%d] must be an integer in "
+                                 "[1, 64]",
+                                 path, l);
+        c->ch_mult[l] = (int32_t)json_integer_value(v);
+    }
+    return FLEXDIAG_OK;
+}
+
+/* transformers `janus`: vq_config with JanusVQVAEConfig defaults for absent fields; the grid
+ * is vq_config.num_patches, which JanusConfig sets to vision image_size // patch_size. */
+static flexdiag_status parse_janus_hf(json_t *root, const char *path, flexdiag_vq_config *c) {
+    json_t *vq = json_object_get(root, "vq_config"), *vis = json_object_get(root, "vision_config");
+    const char *s = "vq_config";
+    int32_t nrb = 0, img = 0, patch = 0;
+    if (!json_is_object(vq))
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: vq_config must be an object", path);
+    FLEXDIAG_TRY(json_int(vq, "num_embeddings", 16384, 1, 1 << 30, path, s, &c->codebook_size));
+    FLEXDIAG_TRY(json_int(vq, "embed_dim", 8, 1, 4096, path, s, &c->embed_dim));
+    FLEXDIAG_TRY(json_int(vq, "latent_channels", 256, 1, 65536, path, s, &c->z_channels));
+    FLEXDIAG_TRY(json_int(vq, "base_channels", 128, 1, 65536, path, s, &c->ch));
+    FLEXDIAG_TRY(json_int(vq, "num_res_blocks", 2, 0, FLEXDIAG_VQ_MAX_RES - 1, path, s, &nrb));
+    FLEXDIAG_TRY(json_int(vq, "out_channels", 3, 1, 64, path, s, &c->out_channels));
+    FLEXDIAG_TRY(parse_ch_mult(vq, path, c));
+    FLEXDIAG_TRY(json_int(vis, "image_size", 384, 1, 1 << 20, path, "vision_config", &img));
+    FLEXDIAG_TRY(json_int(vis, "patch_size", 16, 1, 1 << 20, path, "vision_config", &patch));
+    FLEXDIAG_TRY(json_int(vq, "num_patches", img / patch, 1, 4096, path, s, &c->grid_h));
+    c->grid_w = c->grid_h;
+    c->res_blocks = nrb + 1; /* the decoder has one more ResBlock per level than the encoder */
+    memset(c->attn, 0, sizeof c->attn);
+    c->attn[c->n_levels - 1] = 1;
+    return FLEXDIAG_OK;
+}
+
+/* deepseek-ai `multi_modality`: gen_vision_config {cls: "VQ-16", params: {image_token_size,
+ * n_embed}}; the rest of the shape is fixed by the VQ-16 class. */
+static flexdiag_status parse_janus_original(json_t *root, const char *path,
+                                            flexdiag_vq_config *c) {
+    json_t *gv = json_object_get(root, "gen_vision_config");
+    json_t *cls = json_object_get(gv, "cls"), *params = json_object_get(gv, "params");
+    if (cls && !(json_is_string(cls) && !strcmp(json_string_value(cls), "VQ-16")))
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: gen_vision_config.cls is %s; only the VQ-16 image decoder is "
+                             "supported",
+                             path, json_is_string(cls) ? json_string_value(cls) : "not a string");
+    const char *s = "gen_vision_config.params";
+    FLEXDIAG_TRY(json_int(params, "image_token_size", 16384, 1, 1 << 30, path, s,
+                          &c->codebook_size));
+    return json_int(params, "n_embed", 8, 1, 4096, path, s, &c->embed_dim);
+}
+
+static flexdiag_status parse_root(json_t *root, const char *path, flexdiag_vq_config *out) {
+    flexdiag_vq_config c;
+    flexdiag__vq_config_default(&c);
+    if (!json_is_object(root))
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: not a JSON object", path);
+    if (json_object_get(root, "vq_config")) FLEXDIAG_TRY(parse_janus_hf(root, path, &c));
+    else if (json_object_get(root, "gen_vision_config"))
+        FLEXDIAG_TRY(parse_janus_original(root, path, &c));
+    else
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: no vq_config (transformers janus) or gen_vision_config "
+                             "(deepseek-ai multi_modality): the model has no VQ-16 image decoder",
+                             path);
+    FLEXDIAG_TRY(flexdiag__vq_config_validate(&c));
+    *out = c;
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__vq_config_parse(const char *json_text, const char *path,
+                                          flexdiag_vq_config *out) {
+    json_error_t je;
+    json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: invalid JSON at line %d: %s", path,
+                             je.line, je.text);
+    flexdiag_status st = parse_root(root, path, out);
+    json_decref(root);
+    return st;
+}
+
+flexdiag_status flexdiag__vq_config_read(const char *path, flexdiag_vq_config *out) {
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
+                                 "%s: cannot open the model config (%s): pass the model folder "
+                                 "that holds config.json",
+                                 path, strerror(errno));
+        fclose(f);
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: invalid JSON at line %d: %s", path,
+                             je.line, je.text);
+    }
+    flexdiag_status st = parse_root(root, path, out);
+    json_decref(root);
+    return st;
+}
+
+static flexdiag_status bad_cfg(const char *field, int64_t v, const char *need) {
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "VQ config: %s = %lld: %s", field,
+                         (long long)v, need);
+}
+
+flexdiag_status flexdiag__vq_config_validate(const flexdiag_vq_config *c) {
+    if (c->codebook_size < 1) return bad_cfg("codebook_size", c->codebook_size, "must be >= 1");
+    if (c->embed_dim < 1 || c->embed_dim > 4096)
+        return bad_cfg("embed_dim", c->embed_dim, "must be in [1, 4096]");
+    if (c->z_channels < 1 || c->z_channels > 65536)
+        return bad_cfg("z_channels", c->z_channels, "must be in [1, 65536]");
+    if (c->n_levels < 1 || c->n_levels > FLEXDIAG_VQ_MAX_LEVELS)
+        return bad_cfg("n_levels", c->n_levels, "must be in [1, 8]");
+    if (c->res_blocks < 1 || c->res_blocks > FLEXDIAG_VQ_MAX_RES)
+        return bad_cfg("res_blocks", c->res_blocks, "must be in [1, 8]");
+    if (c->out_channels != 3)
+        return bad_cfg("out_channels", c->out_channels, "the decoder must output RGB (3)");
+    if (c->groups < 1) return bad_cfg("groups", c->groups, "must be >= 1");
+    if (!(c->eps > 0.0f) || !isfinite(c->eps)) return bad_cfg("eps", 0, "must be > 0");
+    for (int32_t l = 0; l < c->n_levels; l++) {
+        int64_t ch = (int64_t)c->ch * c->ch_mult[l];
+        if (c->ch < 1 || c->ch_mult[l] < 1 || ch > 65536)
+            return bad_cfg("ch * ch_mult[level]", ch, "must be in [1, 65536]");
+        if (ch % c->groups)
+            return bad_cfg("ch * ch_mult[level]", ch,
+                           "GroupNorm needs a multiple of the group count (32)");
+    }
+    int64_t scale = (int64_t)1 << (c->n_levels - 1);
+    if (c->grid_h < 1 || c->grid_w < 1 || c->grid_h * scale > 32768 || c->grid_w * scale > 32768)
+        return bad_cfg("grid", c->grid_h, "image side (grid · 2^(levels-1)) must be <= 32768");
+    if ((int64_t)c->grid_h * scale * c->grid_w * scale > INT32_MAX)
+        return bad_cfg("grid", c->grid_h, "image must have fewer than 2^31 pixels");
+    return FLEXDIAG_OK;
+}
+
+void flexdiag__vq_image_size(const flexdiag_vq_config *c, int32_t *h, int32_t *w) {
+    *h = c->grid_h << (c->n_levels - 1);
+    *w = c->grid_w << (c->n_levels - 1);
+}
+

@@ -1,0 +1,116 @@
+/*
+ * model.h - model configuration, weights and the objects behind the public handles.
+ *
+ * A model is a Llama-family decoder (the language model) plus, for Janus-Pro, the image
+ * generation path: gen_embed (image id -> 8-dim), gen_aligner (8 -> d -> d MLP with GELU),
+ * gen_head (d -> d GELU -> image vocab) and the VQ-16 decoder. Config comes from config.json in
+ * either the original deepseek-ai `multi_modality` layout or the transformers `janus` layout,
+ * or from a plain `llama` config; builtin shapes (tiny-janus, janus-pro-1b/7b) give random-weight
+ * models for runs without downloads.
+ *
+ * Weights live in backend memory (device on CUDA) as bf16. Q/K/V and gate/up are fused at load
+ * ([q; k; v] rows and [gate; up] rows) so one GEMM serves each; the per-layer tensor table below
+ * says where each checkpoint tensor lands.
+ */
+#ifndef FLEXDIAG_MODEL_H
+#define FLEXDIAG_MODEL_H
+
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_RUNTIME
+#error "runtime/model/model.h: a lower layer may not use runtime/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "flexdiag.h"
+#include "offload/arena.h"
+#include "kernels/kernels.h"
+#include "policy/kv_policy.h"
+#include "runtime/model/safetensors.h"
+
+typedef enum flexdiag_arch {
+    FLEXDIAG_ARCH_JANUS = 0, /* Janus-Pro image generation */
+    FLEXDIAG_ARCH_LLAMA = 1, /* text decoder */
+} flexdiag_arch;
+
+typedef struct flexdiag_lm_config {
+    int32_t hidden;     /* d */
+    int32_t layers;     /* decoder layers */
+    int32_t heads;      /* query heads */
+    int32_t kv_heads;   /* KV heads (GQA when < heads) */
+    int32_t head_dim;   /* d_h */
+    int32_t ffn;        /* SwiGLU intermediate size */
+    int32_t vocab;      /* text vocabulary rows of embed_tokens */
+    int32_t max_pos;    /* max_position_embeddings */
+    float rms_eps;      /* RMSNorm epsilon */
+    float rope_theta;   /* RoPE base */
+    bool tie_embed;     /* lm_head = embed_tokens */
+} flexdiag_lm_config;
+
+typedef struct flexdiag_model_config {
+    flexdiag_arch arch;       /* Janus or Llama */
+    char name[64];            /* "janus-pro-7b", "tiny-janus", "llama" */
+    flexdiag_lm_config lm;    /* language model */
+    /* Janus generation path (arch == JANUS) */
+    int32_t image_vocab;      /* VQ codebook size (16384) */
+    int32_t image_embed;      /* gen_embed width (8) */
+    int32_t aligner_dim;      /* gen_aligner output (must equal hidden) */
+    int32_t aligner_depth;    /* Linear layers in gen_aligner (2) */
+    int32_t head_dim_mid;     /* gen_head projector output (d) */
+    int32_t image_tokens;     /* tokens per image (576 = 24 x 24) */
+    int32_t grid;             /* tokens per image side (24) */
+    /* special ids (-1 = unknown) */
+    int32_t bos_id, pad_id, boi_id;
+} flexdiag_model_config;
+
+/* Device-resident weights of one decoder layer (bf16). */
+typedef struct flexdiag_layer_w {
+    uint16_t *attn_norm; /* (d) */
+    uint16_t *wqkv;      /* ((h_q + 2 h_kv) d_h, d): q rows, then k, then v */
+    uint16_t *wo;        /* (d, h_q d_h) */
+    uint16_t *mlp_norm;  /* (d) */
+    uint16_t *wgu;       /* (2 f, d): gate rows then up rows */
+    uint16_t *wdown;     /* (d, f) */
+} flexdiag_layer_w;
+
+typedef struct flexdiag_weights {
+    uint16_t *embed;        /* (V, d) embed_tokens */
+    flexdiag_layer_w *layers; /* (layers) */
+    uint16_t *final_norm;   /* (d) */
+    uint16_t *lm_head;      /* (V, d) Llama; == embed when tied; NULL for Janus */
+    uint16_t *gen_embed;    /* (Vi, 8) */
+    uint16_t *align_w[4];   /* aligner Linear weights: (d, 8), then (d, d) x (depth-1) */
+    uint16_t *align_b[4];   /* aligner biases (d) */
+    uint16_t *head_w1, *head_b1; /* gen_head projector (dm, d), (dm) */
+    uint16_t *head_w2, *head_b2; /* vision_head (Vi, dm), (Vi) */
+    void *block;            /* one allocation holding all of the above */
+    size_t bytes;           /* size of block */
+} flexdiag_weights;
+
+/* Read config.json (+ generation_config.json) of a model folder. */
+flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *out);
+/* Builtin shape by name (tiny-janus, janus-pro-1b, janus-pro-7b). */
+flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config *out);
+/* Check dims are consistent and positive; message names the field. */
+flexdiag_status flexdiag__config_validate(const flexdiag_model_config *c);
+
+/* Rewrite a checkpoint tensor name of arch onto the canonical scheme (Janus: the original
+ * deepseek-ai names, VQ decoder included; Llama: the HF names) into out. Returns 1 when a rule
+ * applied, 0 when the name was copied unchanged, -1 when out is too small. */
+int flexdiag__name_canonical(flexdiag_arch arch, const char *name, char *out, size_t out_size);
+
+/* Bytes of all weights of cfg on the device. */
+size_t flexdiag__weights_bytes(const flexdiag_model_config *cfg);
+/* Load weights from an open checkpoint into memory of arena a's backend. */
+flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
+                                       const flexdiag_model_config *cfg,
+                                       const flexdiag_safetensors *st, flexdiag_weights *w);
+/* Seeded random weights (N(0, 0.02²) matrices, unit norms, zero biases). */
+flexdiag_status flexdiag__weights_random(flexdiag_arena *a, flexdiag_stream *s,
+                                         const flexdiag_model_config *cfg, uint64_t seed,
+                                         flexdiag_weights *w);
+void flexdiag__weights_free(flexdiag_arena *a, flexdiag_weights *w);
+
+#endif /* FLEXDIAG_MODEL_H */

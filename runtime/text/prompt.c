@@ -1,0 +1,70 @@
+/*
+ * prompt.c - text prompt -> conditional prompt ids (BOS .. <begin_of_image>) for a model.
+ *
+ * Models loaded from a folder with tokenizer.json use the byte-level BPE tokenizer and the
+ * Janus template (runtime/tokenizer.c). The builtin tiny-janus model has no tokenizer file, so it
+ * carries a byte tokenizer of its own: ids 0..255 are bytes, then the specials below, applied to
+ * the same template. Its ids are part of the builtin model's definition (config.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "runtime/engine/engine.h"
+#include "runtime/text/prompt.h"
+#include "runtime/text/tokenizer.h"
+
+enum { /* builtin byte tokenizer specials (tiny-janus and micro-janus, vocab 512) */
+    BYTE_BOS = 256,
+    BYTE_USER = 259,
+    BYTE_ASSISTANT = 260,
+    BYTE_BOI = 261,
+};
+
+static int is_space(unsigned char ch) { return ch == ' ' || (ch >= '\t' && ch <= '\r'); }
+
+static flexdiag_status byte_prompt(const char *text, int32_t **ids, int64_t *n) {
+    size_t len = strlen(text), a = 0, b = len;
+    while (a < b && is_space((unsigned char)text[a])) a++;
+    while (b > a && is_space((unsigned char)text[b - 1])) b--;
+    int32_t *out = malloc((b - a + 16) * sizeof *out);
+    if (!out) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompt: no memory");
+    int64_t k = 0;
+    out[k++] = BYTE_BOS;
+    out[k++] = BYTE_USER;
+    out[k++] = ':';
+    out[k++] = ' ';
+    for (size_t i = a; i < b; i++) out[k++] = (unsigned char)text[i];
+    out[k++] = '\n';
+    out[k++] = '\n';
+    out[k++] = BYTE_ASSISTANT;
+    out[k++] = ':';
+    out[k++] = BYTE_BOI;
+    *ids = out;
+    *n = k;
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__prompt_ids(const flexdiag_model *m, const char *text, int32_t **ids,
+                                     int64_t *n) {
+    *ids = NULL;
+    *n = 0;
+    if (m->cfg.arch != FLEXDIAG_ARCH_JANUS)
+        return m->tok ? flexdiag__tok_encode(m->tok, text, strlen(text), ids, n)
+                      : flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
+                                      "model has no tokenizer.json: pass prompt token ids");
+    if (m->tok) return flexdiag__janus_prompt_ids(m->tok, text, ids, n);
+    if (!m->dir) return byte_prompt(text, ids, n);
+    return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
+                         "%s has no tokenizer.json: text prompts need it (or pass token ids)",
+                         m->dir);
+}
+
+flexdiag_status flexdiag__special_ids(flexdiag_model *m) {
+    if (!m->tok) return FLEXDIAG_OK;
+    static const char *names[3] = {"<｜begin▁of▁sentence｜>", "<｜▁pad▁｜>", "<begin_of_image>"};
+    int32_t *dst[3] = {&m->cfg.bos_id, &m->cfg.pad_id, &m->cfg.boi_id};
+    for (int i = 0; i < 3; i++)
+        if (*dst[i] < 0) *dst[i] = flexdiag__tok_id(m->tok, names[i]);
+    return FLEXDIAG_OK;
+}
