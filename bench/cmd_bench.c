@@ -124,10 +124,10 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
     double att = 0; /* mean attended decode rows */
     for (int32_t t = 0; t < steps; t++) {
         int32_t a = t + 1;
-        if (c->kp.kind != FLEXDIAG_POLICY_DENSE && c->kp.kind != FLEXDIAG_POLICY_ALISA &&
-            a > c->kp.n_att)
-            a = c->kp.n_att;
-        if (c->kp.kind == FLEXDIAG_POLICY_ALISA && a > c->kp.n_att) a = c->kp.n_att;
+        if (c->pd.kp.kind != FLEXDIAG_POLICY_DENSE && c->pd.kp.kind != FLEXDIAG_POLICY_ALISA &&
+            a > c->pd.kp.n_att)
+            a = c->pd.kp.n_att;
+        if (c->pd.kp.kind == FLEXDIAG_POLICY_ALISA && a > c->pd.kp.n_att) a = c->pd.kp.n_att;
         att += a;
     }
     att /= steps > 0 ? steps : 1;
@@ -231,7 +231,7 @@ static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp
 static void print_row(const flexdiag_context *c, const tp_row *r) {
     printf("| %s | %d | %d | %d | %.3f%s | %.0f | %.0f | %.2f | %.0f/%.0f/%.0f | %.2f | %.1f | "
            "%.2f | %.0f%% |\n",
-           flexdiag__kvp_name(c->kp.kind), c->kp.n_att, c->kp.n_r, r->batch, r->img_s,
+           flexdiag__kvp_name(c->pd.kp.kind), c->pd.kp.n_att, c->pd.kp.n_r, r->batch, r->img_s,
            r->projected ? " (proj.)" : "", r->prefill_tps, r->decode_tps, r->step_ms,
            100 * r->split[0], 100 * r->split[1], 100 * r->split[2], r->peak_gib, r->kv_mib_seq,
            r->roof_ms, 100 * r->roof_frac);
@@ -262,8 +262,8 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
             "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
             "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f}\n",
             ts, c->m->rt->k->name, dev, c->m->cfg.name, (long long)o->mo.seed,
-            flexdiag__kvp_name(c->kp.kind), c->kp.n_att,
-            c->kp.n_r, flexdiag__kvp_reported_sparsity(&c->kp), r->batch, c->mb_img,
+            flexdiag__kvp_name(c->pd.kp.kind), c->pd.kp.n_att,
+            c->pd.kp.n_r, flexdiag__kvp_reported_sparsity(&c->pd.kp), r->batch, c->mb_img,
             (long long)o->prompt_len, r->l_dec, c->rows_per_img,
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
             r->prefill_tps, r->decode_tps, r->step_ms, r->split[0], r->split[1], r->split[2],

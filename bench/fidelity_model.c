@@ -134,11 +134,11 @@ static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity
         row->top1 = top1 / ref->n;
         row->attn_err = na ? err / (double)na : 0;
         row->attn_err_max = err_max;
-        row->kind = c->kp.kind;
-        row->n_att = c->kp.n_att;
-        row->n_r = c->kp.kind >= FLEXDIAG_POLICY_DIAGONAL ? c->kp.n_r : 0;
-        row->reported_sparsity = flexdiag__kvp_reported_sparsity(&c->kp);
-        row->resident_rows = ref->np + flexdiag__kvp_resident_rows(&c->kp, ref->n - 1);
+        row->kind = c->pd.kp.kind;
+        row->n_att = c->pd.kp.n_att;
+        row->n_r = c->pd.kp.kind >= FLEXDIAG_POLICY_DIAGONAL ? c->pd.kp.n_r : 0;
+        row->reported_sparsity = flexdiag__kvp_reported_sparsity(&c->pd.kp);
+        row->resident_rows = ref->np + flexdiag__kvp_resident_rows(&c->pd.kp, ref->n - 1);
         row->resident_bytes = (uint64_t)row->resident_rows * 2 * 2 * (uint64_t)l->kv_heads *
                               (uint64_t)l->head_dim * (uint64_t)l->layers;
         row->evictions = c->stats.evictions;

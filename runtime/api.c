@@ -214,6 +214,7 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     flexdiag_model *m = calloc(1, sizeof *m);
     if (!m) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
     m->rt = rt;
+    pthread_mutex_init(&m->vq_mu, NULL);
     flexdiag_status st;
     if (path) {
         st = model_from_dir(m, path);
@@ -237,6 +238,7 @@ void flexdiag_model_destroy(flexdiag_model *m) {
     flexdiag__arena_charge(&m->rt->arena, -(int64_t)m->vq_charge, "VQ decoder");
     flexdiag__weights_free(&m->rt->arena, &m->w);
     flexdiag__tok_destroy(m->tok);
+    pthread_mutex_destroy(&m->vq_mu);
     free(m->dir);
     free(m);
 }
@@ -257,7 +259,10 @@ flexdiag_status flexdiag_decode_images(flexdiag_model *m, const int32_t *tokens,
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "%s has no image decoder (no gen_vision_model / vqmodel tensors)",
                              m->dir ? m->dir : m->cfg.name);
-    return flexdiag__vq_decode(m->vq, m->vq_s, tokens, n, pixels);
+    pthread_mutex_lock(&m->vq_mu); /* the decoder's scratch serves one call at a time */
+    flexdiag_status st = flexdiag__vq_decode(m->vq, m->vq_s, tokens, n, pixels);
+    pthread_mutex_unlock(&m->vq_mu);
+    return st;
 }
 
 /* ---- context ---- */

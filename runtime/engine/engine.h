@@ -1,17 +1,22 @@
 /*
  * engine.h - the objects behind the public handles and the generation engine that drives them.
  *
- * One engine path serves every backend: the runtime owns the op table (CPU or CUDA), one
- * execution stream and the device arena; a model owns config + weights (+ tokenizer); a context
- * owns the KV cache, the KV policy state and every scratch buffer, all sized at creation and
- * carved out of one device block (no allocation inside a step).
+ * One engine path serves every backend: the runtime owns the op table (CPU or CUDA), a stream
+ * for loading and image decoding, and the device arena; a model owns config + weights (+
+ * tokenizer, image decoder); a context owns its own stream, the KV cache, the KV policy (policy
+ * driver) and every scratch buffer, all sized at creation and carved out of one device block
+ * (no allocation inside a step), and a scheduler that hands each layer its memory.
  *
  * A run ("block" in FlexGen's terms) is a set of images generated together. Its sequences are
  * the CFG rows (conditional, unconditional per image for Janus; one row for Llama), grouped into
- * micro-batches that keep CFG pairs together. Prefill and every decode step run the layer-major
- * loop of design.md §2: for each layer, for each micro-batch, compute — the loop the offloading
- * scheduler will drive. Teacher forcing (score, fidelity, golden tests) is the same run with the
- * sampled ids replaced by given ones.
+ * micro-batches that keep CFG pairs together. Prefill and every decode step run layer-major:
+ * for each layer, for each micro-batch: acquire -> layer forward -> release
+ * (docs/architecture.md §4). Teacher forcing (score, fidelity, golden tests) is the same run
+ * with the sampled ids replaced by given ones.
+ *
+ * Files: context.c (sizing, carving, creation), run.c (prefill, decode steps, graphs, the
+ * acquire/release of layer I/O), layer.c (one layer's forward over its I/O object), heads.c
+ * (heads, CFG, sampling, the feedback embedding), policy_driver.c (the KV policy).
  */
 #ifndef FLEXDIAG_ENGINE_H
 #define FLEXDIAG_ENGINE_H
@@ -21,13 +26,15 @@
 #error "runtime/engine/engine.h: a lower layer may not use runtime/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
 #endif
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "base/thread_pool.h"
 #include "kernels/kernels.h"
 #include "offload/arena.h"
+#include "offload/sched.h"
 #include "policy/kv_policy.h"
+#include "runtime/engine/policy_driver.h"
 #include "runtime/model/model.h"
 
 struct flexdiag_tokenizer;
@@ -35,7 +42,8 @@ struct flexdiag_tokenizer;
 struct flexdiag_runtime {
     flexdiag_runtime_params p;   /* copy of the creation params */
     const flexdiag_kernels *k;   /* backend op table */
-    flexdiag_stream *s;          /* execution stream (CUDA stream / CPU thread pool) */
+    flexdiag_stream *s;          /* stream for loading weights and decoding images; each
+                                    context runs on its own */
     flexdiag_arena arena;        /* device memory under --gpu-mem */
 };
 
@@ -52,9 +60,11 @@ struct flexdiag_model {
                                         when the runtime's backend lacks the image ops) */
     flexdiag_stream *vq_s;           /* its stream: rt->s, or an owned CPU stream */
     size_t vq_charge;                /* bytes charged to the arena for the decoder */
+    pthread_mutex_t vq_mu;           /* one image decode at a time (the decoder's scratch) */
 };
 
-/* Device buffers of a context, carved from one block (see ctx_layout in engine.c). */
+/* Device buffers of a context, carved from one block (context.c ctx_layout); the KV policy's
+ * own buffers follow them in the same block (policy_driver.h flexdiag_pd_bufs). */
 typedef struct flexdiag_ctx_bufs {
     void *kv;          /* (layers, 2, n_seq, h_kv, p_cap + ring, d_h) act: K then V per layer */
     void *x;           /* (n_seq, p_cap, d) act: residual stream (decode uses (n_seq, d)) */
@@ -68,76 +78,46 @@ typedef struct flexdiag_ctx_bufs {
     void *emb;         /* (n_seq, max(8, d)) feedback embedding input */
     float *logits;     /* (n_seq, V) */
     float *cfg;        /* (n_img, V) */
-    float *pscore;     /* (layers, n_seq, h_q, max_slots) policy scores of the host policies:
-                          logits (Diagonal) or probabilities (H2O/TOVA/ALISA) */
     int32_t *ids_in;   /* (n_seq, p_cap) prompt ids */
     int32_t *lp;       /* (n_seq) */
     int32_t *pos_pf;   /* (mb_tok) prefill positions r % p_cap */
     int32_t *rows_pf;  /* (mb_tok, h_kv) prefill cache rows */
     int32_t *pos;      /* (n_seq) decode positions */
     int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
-    int32_t *rows;     /* decode cache rows: (layers, n_seq, h_kv); shared plan (n_seq, h_kv) */
-    int32_t *slots;    /* (layers, n_seq, h_kv, max_slots); shared slots (max_slots) */
-    int32_t *nslots;   /* (layers, n_seq, h_kv); shared slots (1) */
     int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
-    int16_t *lag;      /* device Diagonal: (layers, n_seq, h_kv, a) attended-lag lists */
-    int16_t *cnt;      /* device Diagonal: (layers, n_seq, h_kv) list fill */
-    int32_t *dnext;    /* device Diagonal: the lag a build-up step's fused update writes */
-    int32_t *epos;     /* device H2O / TOVA (kernels.h evict_*): (lists, n_att) slot positions;
-                          lists = (layers, n_seq, h_kv) for H2O, (layers, n_seq) for TOVA */
-    float *eacc;       /* device H2O: (lists, n_att) accumulated scores */
-    int32_t *efree;    /* device H2O / TOVA: (lists) the victim of the last update */
-    int32_t *arpos;    /* device ALISA (kernels.h alisa_*): (layers, n_seq, w, n_att) records */
-    float *arp;        /* device ALISA: (layers, n_seq, w, n_att) record probabilities */
-    int32_t *arn;      /* device ALISA: (layers, n_seq, w) record counts */
-    float *ascore;     /* device ALISA: (layers, n_seq, l_dec) selection scratch */
-    uint64_t *akeys;   /* device ALISA: (layers, n_seq, l_dec) selection scratch */
 } flexdiag_ctx_bufs;
 
+/* A context: one block of work at a time (busy), independent of every other context of the
+ * runtime: its own execution stream (CUDA stream + cuBLAS handles + workspace, or a CPU thread
+ * pool), its own buffers, policy state and policy workers. What contexts share is read-only
+ * (the model's weights) or thread-safe (the arena's accounting, the GEMM plan cache). */
 struct flexdiag_context {
     flexdiag_model *m;               /* borrowed */
     flexdiag_context_params p;       /* copy, defaults applied */
-    flexdiag_kvp_params kp;          /* resolved policy */
-    flexdiag_kvp *kvp;               /* policy state (host) */
+    flexdiag_stream *s;              /* this context's execution stream (owned) */
+    size_t stream_charge;            /* device bytes of s charged to the arena */
+    flexdiag_policy_driver pd;       /* the KV policy: plans, slot lists, updates */
+    flexdiag_sched *sched;           /* hands each (layer, micro-batch) its memory (owned) */
     int32_t rows_per_img;            /* 2 with CFG (Janus), 1 (Llama) */
     int32_t n_img, n_seq;            /* capacity in images / sequences */
     int32_t mb_img, mb_seq, n_mb;    /* micro-batch size in images / sequences; count */
     int32_t pf_seq;                  /* sequences per prefill chunk (<= mb_seq): the prefill
                                         scratch holds pf_seq·p_cap tokens, not the batch's */
     int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
-    int32_t p_cap, ring, max_slots;  /* KV geometry */
+    int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
     int32_t l_dec;                   /* decode tokens per sequence */
     int32_t vocab_out;               /* width of the sampled distribution */
     void *block;                     /* device block holding every buffer */
     size_t block_bytes;              /* its size */
     flexdiag_ctx_bufs b;             /* carved buffers */
-    int shared_plan;                 /* 1: one plan for every (seq, layer, KV head) (position-
-                                        only policies); else one per (layer, seq, KV head) */
-    int scored;                      /* the policy reads attention scores at some steps */
-    int score_probs;                 /* ... as probabilities (H2O/TOVA/ALISA), else logits */
-    int device_diag;                 /* Diagonal lag lists live on the device (diag_slots, the
-                                        update fused into attn_decode) */
-    int device_evict;                /* H2O / TOVA state lives on the device (evict_plan,
-                                        evict_update on attn_decode's probabilities) */
-    int device_alisa;                /* ALISA records live on the device (alisa_plan,
-                                        alisa_update) */
-    int device_policy;               /* any of the three: no host state machine runs */
-    int shared_rows;                 /* one write row for all lists: b.rows is (n_seq, h_kv) */
-    int shared_slots;                /* one attended slot list for all: b.slots is (max_slots) */
     int host_policy;                 /* tests: force the host state machines (no device policy) */
-    uint64_t dev_evictions;          /* evictions counted on the device-policy path */
     void *graph[2];                  /* recorded decode-step bodies (without / with policy
                                         scores), replayed every step */
     int32_t graph_seq[2];            /* sequences each graph was recorded for */
     int32_t eager_seq;               /* sequence count of the last op-by-op warm-up step */
     int graphs_off;                  /* recording failed once: launch op by op */
-    void *host;                      /* one host block (page-locked when the backend can) */
-    size_t host_bytes;               /* its size */
-    int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layout of b.rows/slots/...) */
-    float *h_pscore;                 /* host copy of a step's policy scores */
-    int32_t *h_dnext;                /* staging of the device Diagonal's new lag (b.dnext) */
-    flexdiag_pool *pol_pool;         /* CPU threads for the host policies' per-layer plan and
-                                        update (NULL when the plan is shared or on the device) */
+    void *host;                      /* host block for ids and positions (page-locked when the
+                                        backend can) */
     int32_t *h_ids;                  /* (n_seq) sampled or forced ids */
     int32_t *h_pos;                  /* (n_seq) decode positions of a step */
     atomic_int busy;                 /* a call is in flight */

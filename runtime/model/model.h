@@ -65,7 +65,8 @@ typedef struct flexdiag_model_config {
     int32_t bos_id, pad_id, boi_id;
 } flexdiag_model_config;
 
-/* Device-resident weights of one decoder layer (bf16). */
+/* Weights of one decoder layer (bf16): views into the layer's block, which holds the tensors in
+ * this order, each 256-byte aligned, with the same offsets in every layer. */
 typedef struct flexdiag_layer_w {
     uint16_t *attn_norm; /* (d) */
     uint16_t *wqkv;      /* ((h_q + 2 h_kv) d_h, d): q rows, then k, then v */
@@ -85,9 +86,23 @@ typedef struct flexdiag_weights {
     uint16_t *align_b[4];   /* aligner biases (d) */
     uint16_t *head_w1, *head_b1; /* gen_head projector (dm, d), (dm) */
     uint16_t *head_w2, *head_b2; /* vision_head (Vi, dm), (Vi) */
+    size_t layer_bytes;     /* bytes of one layer's block; layer j's starts at
+                               layers[0].attn_norm + j · layer_bytes */
     void *block;            /* one allocation holding all of the above */
     size_t bytes;           /* size of block */
 } flexdiag_weights;
+
+/* Named tensors of the layer whose block starts at `block` (wherever a scheduler put it):
+ * the offsets of layer 0 applied to block. */
+static inline flexdiag_layer_w flexdiag__layer_view(const flexdiag_weights *w, const void *block) {
+    const flexdiag_layer_w *l0 = &w->layers[0];
+    const char *b0 = (const char *)l0->attn_norm;
+    char *b = (char *)(uintptr_t)block;
+#define AT(f) ((uint16_t *)(b + ((const char *)l0->f - b0)))
+    flexdiag_layer_w v = {AT(attn_norm), AT(wqkv), AT(wo), AT(mlp_norm), AT(wgu), AT(wdown)};
+#undef AT
+    return v;
+}
 
 /* Read config.json (+ generation_config.json) of a model folder. */
 flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *out);

@@ -88,6 +88,7 @@ typedef struct model_off {
     size_t embed, final_norm, lm_head, gen_embed, head_w1, head_b1, head_w2, head_b2;
     size_t align_w[4], align_b[4];
     layer_off *layers;
+    size_t layer_bytes; /* one layer's block; every layer has the same layout */
 } model_off;
 
 static flexdiag_status build_layer(wtable *t, const flexdiag_lm_config *l, const char *pre, int i,
@@ -145,7 +146,11 @@ static flexdiag_status build_table(const flexdiag_model_config *c, wtable *t, mo
     if (!o->layers) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight table: out of memory");
     snprintf(n, sizeof n, "%sembed_tokens.weight", pre);
     FLEXDIAG_TRY(wt_single(t, n, l->vocab, l->hidden, W_MATRIX, &o->embed));
-    for (int i = 0; i < l->layers; i++) FLEXDIAG_TRY(build_layer(t, l, pre, i, &o->layers[i]));
+    for (int i = 0; i < l->layers; i++) {
+        size_t before = t->bytes;
+        FLEXDIAG_TRY(build_layer(t, l, pre, i, &o->layers[i]));
+        o->layer_bytes = t->bytes - before;
+    }
     snprintf(n, sizeof n, "%snorm.weight", pre);
     FLEXDIAG_TRY(wt_single(t, n, l->hidden, 0, W_NORM, &o->final_norm));
     if (c->arch == FLEXDIAG_ARCH_JANUS) return build_janus_heads(t, c, o);
@@ -161,6 +166,7 @@ static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_w
 #define P(off) ((uint16_t *)(b + (off)))
     w->embed = P(o->embed);
     w->final_norm = P(o->final_norm);
+    w->layer_bytes = o->layer_bytes;
     for (int i = 0; i < c->lm.layers; i++) {
         const layer_off *lo = &o->layers[i];
         w->layers[i] = (flexdiag_layer_w){P(lo->attn_norm), P(lo->wqkv), P(lo->wo),

@@ -120,6 +120,64 @@ static void test_cancel_and_reuse(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* Progress calls of one run, in order. */
+typedef struct progress_log {
+    int n;
+    int phase[128];
+    uint64_t done[128], total[128];
+} progress_log;
+
+static bool log_progress(int phase, uint64_t done, uint64_t total, void *user) {
+    progress_log *l = user;
+    if (l->n < 128) {
+        l->phase[l->n] = phase;
+        l->done[l->n] = done;
+        l->total[l->n] = total;
+    }
+    l->n++;
+    return true;
+}
+
+/* Prefill reports one call per layer (phase 0, done 1..layers), then every decode step
+ * (phase 1, done = tokens so far, 2..64). */
+static void test_progress(void **state) {
+    (void)state;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(1, &rt, &m);
+    progress_log lg = {0};
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 1;
+    cp.max_prompt_len = 32;
+    cp.progress = log_progress;
+    cp.progress_user = &lg;
+    flexdiag_context *c = NULL;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    const char *prompts[1] = {"cat"};
+    flexdiag_request rq;
+    flexdiag_request_init(&rq);
+    rq.n_prompts = 1;
+    rq.prompts = prompts;
+    int32_t tokens[64];
+    flexdiag_output out = {.tokens = tokens};
+    assert_int_equal(flexdiag_generate(c, &rq, &out), FLEXDIAG_OK);
+    assert_int_equal(lg.n, 2 + 63);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(lg.phase[i], 0);
+        assert_int_equal(lg.done[i], (uint64_t)i + 1);
+        assert_int_equal(lg.total[i], 2);
+    }
+    for (int i = 2; i < lg.n; i++) {
+        assert_int_equal(lg.phase[i], 1);
+        assert_int_equal(lg.done[i], (uint64_t)i);
+        assert_int_equal(lg.total[i], 64);
+    }
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     flexdiag_runtime *rt;
@@ -178,12 +236,12 @@ static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host,
     c->p.micro_batch = micro;
     c->host_policy = host;
     assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
-    assert_int_equal(c->device_policy, !host);
+    assert_int_equal(flexdiag__pd_on_device(&c->pd), !host);
     int32_t p0[6] = {256, 259, 'a', 'b', 260, 261}, p1[4] = {256, 259, 'z', 261}, np[2] = {6, 4};
     const int32_t *pp[2] = {p0, p1};
     int32_t forced[2 * 64], tok[2 * 64];
     for (int i = 0; i < 128; i++) forced[i] = (i * 37 + 11) % 256;
-    size_t rec = (size_t)1 + (size_t)c->max_slots;
+    size_t rec = (size_t)1 + (size_t)c->pd.max_slots;
     *plan = calloc((size_t)63 * 2 * 4 * 4 * rec, 4);
     float *logits = malloc((size_t)2 * 64 * 256 * 4);
     flexdiag_block b = {.n_img = 2, .prompt = pp, .prompt_len = np, .n_steps = 64,
@@ -382,6 +440,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_cancel_and_reuse),
+        cmocka_unit_test(test_progress),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_device_policy),
         cmocka_unit_test(test_prefill_chunks),

@@ -76,7 +76,7 @@ static run_out score(int device, const flexdiag_policy_params *pol) {
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
     run_out o = {.V = c->vocab_out};
     o.plan_len = (size_t)(g_fx.n - 1) * (size_t)m->cfg.lm.layers * 2 * (size_t)m->cfg.lm.kv_heads *
-                 (size_t)(1 + c->max_slots);
+                 (size_t)(1 + c->pd.max_slots);
     o.plan = calloc(o.plan_len, 4);
     o.logits = malloc((size_t)g_fx.n * (size_t)o.V * 4);
     int32_t *tok = malloc((size_t)g_fx.n * 4);

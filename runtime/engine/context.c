@@ -1,0 +1,207 @@
+/*
+ * context.c - a context's geometry, sizing and memory: size first, allocate once, carve.
+ *
+ * ctx_geometry derives every size from the model and the params (batch, micro-batches, prefill
+ * chunk, the policy driver's ring and slot lists) without allocating; ctx_layout walks the same
+ * list of buffers twice, once to size the device block and once to carve it, so the bytes
+ * --batch auto plans with are the bytes the context allocates. Creation then takes the block
+ * from the arena, the context's own stream (its device workspace charged to the arena too),
+ * the host mirrors, the policy driver's host state and the scheduler over the block.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "runtime/engine/engine.h"
+
+#define BUF_ALIGN 256
+/* Prompt tokens one prefill chunk runs through a layer at most: GEMMs of this many rows are
+ * compute-bound (the 7B qkv projection: 412 GFLOP), and the scratch (h, qkv, att, gate/up, mlp:
+ * ~107 KB per token at 7B) stays ~0.44 GB however large the batch (a 218-sequence batch of
+ * 50-token prompts held 1.17 GB; at 48 GB the difference is about two Diagonal images). */
+#define PREFILL_TOKENS 4096
+
+static size_t al(size_t x) { return (x + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN; }
+
+/* Assign buffer pointers inside base (when non-NULL) and return the total size: the engine's
+ * buffers, then the policy driver's. */
+static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
+    const flexdiag_model_config *m = &c->m->cfg;
+    const flexdiag_lm_config *l = &m->lm;
+    flexdiag_ctx_bufs *b = &c->b;
+    size_t d = (size_t)l->hidden, dh = (size_t)l->head_dim, hq = (size_t)l->heads;
+    size_t hkv = (size_t)l->kv_heads, f = (size_t)l->ffn, S = (size_t)c->n_seq;
+    size_t qkvw = (hq + 2 * hkv) * dh, pft = (size_t)c->pf_seq * (size_t)c->p_cap;
+    size_t mbt = pft > (size_t)c->mb_seq ? pft : (size_t)c->mb_seq; /* prefill or decode rows */
+    size_t V = (size_t)c->vocab_out, ring = (size_t)c->pd.ring;
+    size_t dm = m->head_dim_mid > l->hidden ? (size_t)m->head_dim_mid : d;
+    size_t e8 = m->image_embed > 0 ? (size_t)m->image_embed : 1, off = 0;
+#define TAKE(field, bytes)                                                                         \
+    do {                                                                                           \
+        if (base) b->field = (void *)(base + off);                                                 \
+        off += al(bytes);                                                                          \
+    } while (0)
+    TAKE(kv, (size_t)l->layers * 2 * S * hkv * ((size_t)c->p_cap + ring) * dh * act);
+    TAKE(x, S * (size_t)c->p_cap * d * act);
+    TAKE(h, mbt * d * act);
+    TAKE(qkv, mbt * qkvw * act);
+    TAKE(att, mbt * hq * dh * act);
+    TAKE(gu, mbt * 2 * f * act);
+    TAKE(mlp, mbt * f * act);
+    TAKE(xl, S * d * act);
+    TAKE(hm, S * dm * act);
+    TAKE(emb, S * e8 * act);
+    TAKE(logits, S * V * 4);
+    TAKE(cfg, (size_t)c->n_img * V * 4);
+    TAKE(ids_in, S * (size_t)c->p_cap * 4);
+    TAKE(lp, S * 4);
+    TAKE(pos_pf, pft * 4);
+    TAKE(rows_pf, pft * hkv * 4);
+    TAKE(pos, S * 4);
+    TAKE(last, S * 4);
+    TAKE(ids, S * 4);
+#undef TAKE
+    return off + flexdiag__pd_layout(&c->pd, base ? base + off : NULL);
+}
+
+/* Fill the geometry fields of c from its params (no allocation). */
+static flexdiag_status ctx_geometry(flexdiag_context *c) {
+    const flexdiag_model_config *m = &c->m->cfg;
+    const flexdiag_lm_config *l = &m->lm;
+    c->rows_per_img = m->arch == FLEXDIAG_ARCH_JANUS ? 2 : 1;
+    c->l_dec = m->arch == FLEXDIAG_ARCH_JANUS ? m->image_tokens : c->p.max_new_tokens;
+    c->vocab_out = m->arch == FLEXDIAG_ARCH_JANUS ? m->image_vocab : l->vocab;
+    if (c->p.max_images < 1 || c->p.max_prompt_len < 1 || c->l_dec < 1)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "max_images (%d), max_prompt_len (%d) and max_new_tokens (%d) must "
+                             "be >= 1",
+                             c->p.max_images, c->p.max_prompt_len, c->l_dec);
+    c->n_img = c->p.max_images;
+    c->n_seq = c->n_img * c->rows_per_img;
+    c->mb_img = c->p.micro_batch > 0 && c->p.micro_batch < c->n_img ? c->p.micro_batch : c->n_img;
+    c->mb_seq = c->mb_img * c->rows_per_img;
+    c->n_mb = (c->n_img + c->mb_img - 1) / c->mb_img;
+    c->p_cap = c->p.max_prompt_len;
+    int32_t pf_cap = (c->pf_tokens > 0 ? c->pf_tokens : PREFILL_TOKENS) / c->p_cap;
+    c->pf_seq = pf_cap < 1 ? 1 : pf_cap < c->mb_seq ? pf_cap : c->mb_seq;
+    return flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
+                              l->kv_heads, c->n_seq, c->p_cap, c->l_dec, c->host_policy);
+}
+
+flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
+                                        size_t *out) {
+    flexdiag_context c;
+    memset(&c, 0, sizeof c);
+    c.m = (flexdiag_model *)m;
+    c.p = *p;
+    FLEXDIAG_TRY(ctx_geometry(&c));
+    const flexdiag_kernels *k = m->rt->k;
+    *out = ctx_layout(&c, (size_t)k->act_bytes, NULL) + k->stream_bytes;
+    return FLEXDIAG_OK;
+}
+
+int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
+                              uint64_t avail) {
+    flexdiag_context_params q = *p;
+    int32_t lo = 0, hi = 1 << 16; /* lo fits (0 = nothing), hi does not */
+    while (hi - lo > 1) {
+        int32_t mid = lo + (hi - lo) / 2;
+        size_t bytes = 0;
+        q.max_images = mid;
+        if (flexdiag__context_bytes(m, &q, &bytes) == FLEXDIAG_OK && bytes <= avail) lo = mid;
+        else hi = mid;
+    }
+    flexdiag__err_clear();
+    return lo;
+}
+
+/* Host-side prefill index tables: position r % p_cap and cache row r for every KV head. */
+static flexdiag_status upload_prefill_tables(flexdiag_context *c) {
+    const flexdiag_kernels *k = c->m->rt->k;
+    int32_t hkv = c->m->cfg.lm.kv_heads, mbt = c->pf_seq * c->p_cap;
+    int32_t *pos = malloc((size_t)mbt * 4), *rows = malloc((size_t)mbt * (size_t)hkv * 4);
+    flexdiag_status st = (pos && rows) ? FLEXDIAG_OK
+                                       : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
+    for (int32_t i = 0; st == FLEXDIAG_OK && i < mbt; i++) {
+        pos[i] = i % c->p_cap;
+        for (int32_t h = 0; h < hkv; h++) rows[i * hkv + h] = i % c->p_cap;
+    }
+    if (st == FLEXDIAG_OK) st = k->copy_h2d(c->b.pos_pf, pos, (size_t)mbt * 4, c->s);
+    if (st == FLEXDIAG_OK)
+        st = k->copy_h2d(c->b.rows_pf, rows, (size_t)mbt * (size_t)hkv * 4, c->s);
+    if (st == FLEXDIAG_OK) st = k->stream_sync(c->s);
+    free(pos);
+    free(rows);
+    return st;
+}
+
+/* Host block of the sampled ids and step positions (page-locked when the backend offers it,
+ * so the per-step copies are asynchronous). */
+static flexdiag_status host_alloc(flexdiag_context *c) {
+    const flexdiag_kernels *k = c->m->rt->k;
+    size_t each = al((size_t)c->n_seq * 4);
+    flexdiag_status st = k->host_alloc ? k->host_alloc(2 * each, &c->host) : FLEXDIAG_OK;
+    if (!k->host_alloc) c->host = malloc(2 * each);
+    if (st != FLEXDIAG_OK) return st;
+    if (!c->host) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no host memory");
+    c->h_ids = c->host;
+    c->h_pos = (int32_t *)((char *)c->host + each);
+    return FLEXDIAG_OK;
+}
+
+/* The context's own stream, its device workspace charged to the arena. */
+static flexdiag_status stream_open(flexdiag_context *c) {
+    flexdiag_runtime *rt = c->m->rt;
+    FLEXDIAG_TRY(flexdiag__arena_charge(&rt->arena, (int64_t)rt->k->stream_bytes,
+                                        "a context's stream workspace"));
+    c->stream_charge = rt->k->stream_bytes;
+    FLEXDIAG_TRY(rt->k->stream_create(rt->p.device, rt->p.threads, &c->s));
+    return rt->k->stream_sync(rt->s); /* the model's uploads are done before c->s reads them */
+}
+
+/* The all-device scheduler over the carved block. */
+static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
+    const flexdiag_lm_config *l = &c->m->cfg.lm;
+    size_t seq = (size_t)l->kv_heads * (size_t)(c->p_cap + c->pd.ring) * (size_t)l->head_dim;
+    flexdiag_sched_layout lay = {.n_layers = l->layers,
+                                 .weights = c->m->w.layers[0].attn_norm,
+                                 .layer_bytes = c->m->w.layer_bytes,
+                                 .kv = c->b.kv,
+                                 .n_seq = c->n_seq,
+                                 .seq_bytes = seq * act,
+                                 .act = c->b.x,
+                                 .row_bytes = (size_t)l->hidden * act};
+    return flexdiag__sched_resident_create(&lay, &c->sched);
+}
+
+flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
+    flexdiag_runtime *rt = c->m->rt;
+    size_t act = (size_t)rt->k->act_bytes;
+    FLEXDIAG_TRY(ctx_geometry(c));
+    c->block_bytes = ctx_layout(c, act, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "the KV cache and scratch of %d image(s)", c->n_img);
+    FLEXDIAG_TRY(flexdiag__arena_alloc(&rt->arena, c->block_bytes, what, &c->block));
+    ctx_layout(c, act, c->block);
+    FLEXDIAG_TRY(stream_open(c));
+    FLEXDIAG_TRY(rt->k->memset0(c->block, c->block_bytes, c->s));
+    FLEXDIAG_TRY(host_alloc(c));
+    FLEXDIAG_TRY(flexdiag__pd_start(&c->pd, rt->p.threads));
+    FLEXDIAG_TRY(sched_open(c, act));
+    return upload_prefill_tables(c);
+}
+
+void flexdiag__context_free(flexdiag_context *c) {
+    flexdiag_runtime *rt = c->m->rt;
+    const flexdiag_kernels *k = rt->k;
+    for (int i = 0; i < 2; i++)
+        if (c->graph[i]) k->graph_destroy(c->graph[i]);
+    if (c->s) k->stream_destroy(c->s); /* waits for the stream's work */
+    flexdiag__arena_charge(&rt->arena, -(int64_t)c->stream_charge, "a context's stream");
+    flexdiag__arena_free(&rt->arena, c->block, c->block_bytes);
+    flexdiag__sched_destroy(c->sched);
+    flexdiag__pd_fini(&c->pd);
+    if (k->host_free) k->host_free(c->host);
+    else free(c->host);
+}

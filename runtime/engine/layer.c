@@ -1,0 +1,90 @@
+/*
+ * layer.c - one decoder layer's forward over its I/O object (run.h flexdiag_layer_io):
+ *
+ *   x += o_proj(attention(rope(qkv(rmsnorm(x)))));  x += down(swiglu(gate_up(rmsnorm(x))))
+ *
+ * with the new K/V appended to the cache rows the policy driver chose before attention reads
+ * them. Prefill runs a chunk of whole prompts (causal attention over the prompt rows); a decode
+ * step runs one row per sequence (attention over the prompt rows and the planned ring slots).
+ * Every address comes from the I/O object; this file computes, it never locates.
+ */
+#include "base/core.h"
+#include "runtime/engine/run.h"
+
+/* rmsnorm -> QKV GEMM for n rows starting at x (RoPE on the q and k heads is part of the
+ * kv_append that follows). */
+static flexdiag_status qkv_proj(const run_state *r, const flexdiag_layer_w *w, const void *x,
+                                int64_t n) {
+    const flexdiag_lm_config *l = &r->c->m->cfg.lm;
+    const flexdiag_ctx_bufs *b = &r->c->b;
+    int64_t qkvw = (int64_t)(l->heads + 2 * l->kv_heads) * l->head_dim;
+    TIMED(r, PROF_REST, r->k->rmsnorm(b->h, x, w->attn_norm, n, l->hidden, l->rms_eps, r->s));
+    TIMED(r, PROF_GEMM, r->k->matmul(b->qkv, b->h, w->wqkv, NULL, n, l->hidden, qkvw, 0, r->s));
+    return FLEXDIAG_OK;
+}
+
+/* x += o_proj(att); x += down(swiglu(gate_up(rmsnorm(x)))) for n rows. */
+static flexdiag_status out_and_mlp(const run_state *r, const flexdiag_layer_w *w, void *x,
+                                   int64_t n) {
+    const flexdiag_lm_config *l = &r->c->m->cfg.lm;
+    const flexdiag_ctx_bufs *b = &r->c->b;
+    int64_t dq = (int64_t)l->heads * l->head_dim;
+    TIMED(r, PROF_GEMM,
+          r->k->matmul(x, b->att, w->wo, NULL, n, dq, l->hidden, FLEXDIAG_MM_ACCUM, r->s));
+    TIMED(r, PROF_REST, r->k->rmsnorm(b->h, x, w->mlp_norm, n, l->hidden, l->rms_eps, r->s));
+    TIMED(r, PROF_GEMM,
+          r->k->matmul(b->gu, b->h, w->wgu, NULL, n, l->hidden, 2 * (int64_t)l->ffn, 0, r->s));
+    TIMED(r, PROF_REST, r->k->swiglu(b->mlp, b->gu, n, l->ffn, r->s));
+    TIMED(r, PROF_GEMM,
+          r->k->matmul(x, b->mlp, w->wdown, NULL, n, l->ffn, l->hidden, FLEXDIAG_MM_ACCUM, r->s));
+    return FLEXDIAG_OK;
+}
+
+/* ---- captures for tests and the fidelity bench (sequence 0 only) ---- */
+
+/* Copy hidden rows of sequence 0 (positions pos0.. of n rows at src) into b->hidden[layer]. */
+static flexdiag_status capture_hidden(const run_state *r, int32_t layer, const void *src,
+                                      int32_t pos0, int32_t n) {
+    const flexdiag_block *b = r->b;
+    int32_t d = r->c->m->cfg.lm.hidden;
+    if (!b->hidden || pos0 >= b->n_hidden_pos) return FLEXDIAG_OK;
+    if (pos0 + n > b->n_hidden_pos) n = b->n_hidden_pos - pos0;
+    FLEXDIAG_TRY(r->k->act_to_f32(r->c->b.logits, src, (int64_t)n * d, r->s));
+    float *dst = b->hidden + ((size_t)layer * (size_t)b->n_hidden_pos + (size_t)pos0) * (size_t)d;
+    return r->k->copy_d2h(dst, r->c->b.logits, (size_t)n * (size_t)d * 4, r->s);
+}
+
+/* Attention output of sequence 0 at decode step t, layer j -> b->attn_out. */
+static flexdiag_status capture_attn(const run_state *r, int32_t j, int32_t t) {
+    const flexdiag_lm_config *l = &r->c->m->cfg.lm;
+    size_t w = (size_t)l->heads * (size_t)l->head_dim;
+    FLEXDIAG_TRY(r->k->act_to_f32(r->c->b.logits, r->c->b.att, (int64_t)w, r->s));
+    float *dst = r->b->attn_out + ((size_t)t * (size_t)l->layers + (size_t)j) * w;
+    return r->k->copy_d2h(dst, r->c->b.logits, w * 4, r->s);
+}
+
+/* ---- the two forwards ---- */
+
+flexdiag_status flexdiag__layer_prefill(const run_state *r, const flexdiag_layer_io *io) {
+    const flexdiag_context *c = r->c;
+    const flexdiag_sched_io *m = &io->mem;
+    int64_t ntok = (int64_t)m->n_seq * c->p_cap;
+    FLEXDIAG_TRY(qkv_proj(r, &io->w, m->x, ntok));
+    FLEXDIAG_TRY(r->k->kv_append(m->k, m->v, c->b.qkv, io->rows, ntok, c->p_cap, &io->a, r->s));
+    FLEXDIAG_TRY(r->k->attn_prefill(c->b.att, c->b.qkv, m->k, m->v, &io->a, r->s));
+    FLEXDIAG_TRY(out_and_mlp(r, &io->w, m->x, ntok));
+    return m->s0 == 0 ? capture_hidden(r, m->layer, m->x, 0, r->lp[0]) : FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__layer_decode(const run_state *r, const flexdiag_layer_io *io) {
+    const flexdiag_context *c = r->c;
+    const flexdiag_sched_io *m = &io->mem;
+    FLEXDIAG_TRY(qkv_proj(r, &io->w, m->x, m->n_seq));
+    double t0 = flexdiag__prof_begin(r);
+    FLEXDIAG_TRY(r->k->kv_append(m->k, m->v, c->b.qkv, io->rows, m->n_seq, 1, &io->a, r->s));
+    FLEXDIAG_TRY(r->k->attn_decode(c->b.att, c->b.qkv, m->k, m->v, &io->a, r->s));
+    if (m->s0 == 0 && r->b->attn_out) FLEXDIAG_TRY(capture_attn(r, m->layer, io->t));
+    FLEXDIAG_TRY(flexdiag__prof_end(r, PROF_ATTN, t0));
+    FLEXDIAG_TRY(out_and_mlp(r, &io->w, m->x, m->n_seq));
+    return m->s0 == 0 ? capture_hidden(r, m->layer, m->x, r->lp[0] + io->t, 1) : FLEXDIAG_OK;
+}

@@ -1,0 +1,439 @@
+/*
+ * policy_driver.c - the KV policy driver (policy_driver.h): one mode per place the policy's
+ * state can live, chosen at setup, behind the same plan / attn / update calls.
+ *
+ * A "list" is what one attention call attends for one (layer, sequence, KV head). Every mode
+ * writes the same three arrays the attention ops read (kernels.h flexdiag_attn_args): the
+ * cache row each list's new K/V goes to (rows), the ring slots it attends (slots) and their
+ * count (nslots). Position-only policies share one list; the others keep one per (layer,
+ * sequence, KV head), H2O / TOVA on the device one shared slot list with per-list write rows.
+ *
+ * The device modes (diag, evict, alisa) need the backend's optional policy ops and, for
+ * Diagonal, a GQA group the fused attention update supports (kernels.h diag_max_group);
+ * otherwise the host mode runs the state machines of policy/ and reads the scores back.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "runtime/engine/policy_driver.h"
+
+#define PD_ALIGN 256 /* bytes; every carved buffer starts on a 256-byte boundary */
+
+static size_t al(size_t x) { return (x + PD_ALIGN - 1) / PD_ALIGN * PD_ALIGN; }
+
+struct pd_mode {
+    const char *name;
+    int device;      /* the state lives on the device */
+    int fuse_diag;   /* attention applies Diagonal's build-up update (diag_lag) */
+    flexdiag_status (*plan)(flexdiag_policy_driver *pd, const flexdiag_pd_run *run, int32_t t,
+                            flexdiag_stream *s);
+    flexdiag_status (*update)(flexdiag_policy_driver *pd, const flexdiag_pd_run *run, int32_t t,
+                              flexdiag_stream *s);
+};
+
+/* ---- geometry helpers ---- */
+
+static int is_diagonal(flexdiag_policy_kind k) {
+    return k == FLEXDIAG_POLICY_DIAGONAL || k == FLEXDIAG_POLICY_DIAGONAL_SINK4;
+}
+
+static int is_h2o(const flexdiag_policy_driver *pd) { return pd->kp.kind == FLEXDIAG_POLICY_H2O; }
+
+/* Lag-list length a (min(N_att, N_r); sink4 keeps 4 of the slots for the sinks) and the sink
+ * rows ahead of the ring (docs/policies.md §2.2, §2.8). */
+static int32_t diag_len(const flexdiag_policy_driver *pd) {
+    return pd->max_slots - (pd->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0);
+}
+
+static int32_t diag_base(const flexdiag_policy_driver *pd) {
+    return pd->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0;
+}
+
+/* Eviction lists of the device H2O / TOVA state: one per (layer, sequence, KV head) for H2O,
+ * one per (layer, sequence) for TOVA. */
+static size_t evict_lists(const flexdiag_policy_driver *pd) {
+    return (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq * (is_h2o(pd) ? (size_t)pd->kp.h_kv : 1);
+}
+
+/* Index of the first (layer j, sequence s0, KV head) entry in per-list arrays. */
+static size_t head_index(const flexdiag_policy_driver *pd, int32_t j, int32_t s0) {
+    return ((size_t)j * (size_t)pd->kp.n_seq + (size_t)s0) * (size_t)pd->kp.h_kv;
+}
+
+static size_t list_index(const flexdiag_policy_driver *pd, int32_t j, int32_t s0) {
+    return pd->shared_slots ? 0 : head_index(pd, j, s0);
+}
+
+/* Rows of the whole per-list arrays (capacity strides). */
+static size_t all_lists(const flexdiag_policy_driver *pd) {
+    return (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq * (size_t)pd->kp.h_kv;
+}
+
+/* ---- plan recording (tests) ---- */
+
+/* Copy step t's host plan into run->plan_out (layout in engine.h flexdiag_block). */
+static void record_plan(const flexdiag_policy_driver *pd, const flexdiag_pd_run *run, int32_t t) {
+    size_t hkv = (size_t)pd->kp.h_kv, ms = (size_t)pd->max_slots, rec = 1 + ms;
+    size_t n_lists = (size_t)run->n_seq * hkv;
+    for (int32_t j = 0; j < pd->kp.n_layers; j++)
+        for (size_t i = 0; i < n_lists; i++) {
+            size_t li = pd->shared_slots ? 0 : list_index(pd, j, 0) + i;
+            int32_t *dst = run->plan_out +
+                           (((size_t)t * (size_t)pd->kp.n_layers + (size_t)j) * n_lists + i) * rec;
+            int32_t n = pd->h_nslots[li];
+            dst[0] = n;
+            memcpy(dst + 1, pd->h_slots + li * ms, (size_t)n * 4);
+            for (size_t q = 1 + (size_t)n; q < rec; q++) dst[q] = -1; /* unused tail */
+        }
+}
+
+/* Device modes: read the planned lists back, then record them. */
+static flexdiag_status record_device_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                          int32_t t, flexdiag_stream *s) {
+    size_t lists = all_lists(pd), ms = (size_t)pd->max_slots;
+    FLEXDIAG_TRY(pd->k->copy_d2h(pd->h_slots, pd->b.slots, lists * ms * 4, s));
+    FLEXDIAG_TRY(pd->k->copy_d2h(pd->h_nslots, pd->b.nslots, lists * 4, s));
+    record_plan(pd, run, t);
+    return FLEXDIAG_OK;
+}
+
+/* Every list of the run writes cache row p_cap + slot (shared rows layout). */
+static flexdiag_status upload_shared_rows(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                          int32_t slot, flexdiag_stream *s) {
+    size_t n_rows = (size_t)run->n_seq * (size_t)pd->kp.h_kv;
+    for (size_t i = 0; i < n_rows; i++) pd->h_rows[i] = pd->p_cap + slot;
+    return pd->k->copy_h2d(pd->b.rows, pd->h_rows, n_rows * 4, s);
+}
+
+static flexdiag_status no_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                 int32_t t, flexdiag_stream *s) {
+    (void)pd, (void)run, (void)t, (void)s;
+    return FLEXDIAG_OK;
+}
+
+/* ---- shared: dense, window, streaming ---- */
+
+static flexdiag_status shared_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                   int32_t t, flexdiag_stream *s) {
+    int32_t ws = 0;
+    flexdiag__kvp_plan_shared(pd->kvp, t, run->n_seq, &ws, pd->h_slots, pd->h_nslots);
+    if (run->plan_out) record_plan(pd, run, t);
+    FLEXDIAG_TRY(upload_shared_rows(pd, run, ws, s));
+    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.slots, pd->h_slots, (size_t)pd->max_slots * 4, s));
+    return pd->k->copy_h2d(pd->b.nslots, pd->h_nslots, 4, s);
+}
+
+static const pd_mode mode_shared = {"shared", 0, 0, shared_plan, no_update};
+
+/* ---- host: the state machines of policy/, one CPU task per layer ---- */
+
+typedef struct host_job {
+    flexdiag_policy_driver *pd;
+    const flexdiag_pd_run *run;
+    int32_t t;
+} host_job;
+
+/* Plan step t of layer j for every micro-batch into the host plan arrays (the state machines
+ * allow concurrent calls on disjoint layers, kv_policy.h). */
+static void host_plan_layer(void *ctx, int64_t j, void *scratch) {
+    const host_job *jb = ctx;
+    flexdiag_policy_driver *pd = jb->pd;
+    (void)scratch;
+    for (int32_t mb = 0; mb < jb->run->n_mb; mb++) {
+        int32_t s0 = mb * jb->run->mb_seq, left = jb->run->n_seq - s0;
+        int32_t nb = left < jb->run->mb_seq ? left : jb->run->mb_seq;
+        size_t li = list_index(pd, (int32_t)j, s0);
+        flexdiag__kvp_plan(pd->kvp, (int32_t)j, jb->t, s0, nb, pd->h_rows + li,
+                           pd->h_slots + li * (size_t)pd->max_slots, pd->h_nslots + li);
+    }
+}
+
+/* Update layer j after step t from the read-back scores (probabilities or logits). */
+static void host_update_layer(void *ctx, int64_t j, void *scratch) {
+    const host_job *jb = ctx;
+    flexdiag_policy_driver *pd = jb->pd;
+    (void)scratch;
+    size_t hq = (size_t)pd->kp.h_q, ms = (size_t)pd->max_slots;
+    for (int32_t mb = 0; mb < jb->run->n_mb; mb++) {
+        int32_t s0 = mb * jb->run->mb_seq, left = jb->run->n_seq - s0;
+        int32_t nb = left < jb->run->mb_seq ? left : jb->run->mb_seq;
+        size_t q0 = ((size_t)j * (size_t)pd->kp.n_seq + (size_t)s0) * hq;
+        const float *sc = pd->h_pscore + q0 * ms;
+        flexdiag__kvp_update(pd->kvp, (int32_t)j, jb->t, s0, nb, pd->score_probs ? NULL : sc,
+                             NULL, pd->score_probs ? sc : NULL);
+    }
+}
+
+static flexdiag_status host_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                 int32_t t, flexdiag_stream *s) {
+    host_job jb = {pd, run, t};
+    FLEXDIAG_TRY(flexdiag__pool_parallel_for(pd->pool, pd->kp.n_layers, 0, host_plan_layer, &jb));
+    size_t lists = all_lists(pd), ms = (size_t)pd->max_slots;
+    for (size_t i = 0; i < lists; i++) pd->h_rows[i] += pd->p_cap; /* slot -> cache row */
+    if (run->plan_out) record_plan(pd, run, t);
+    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.rows, pd->h_rows, lists * 4, s));
+    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.slots, pd->h_slots, lists * ms * 4, s));
+    return pd->k->copy_h2d(pd->b.nslots, pd->h_nslots, lists * 4, s);
+}
+
+static flexdiag_status host_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                   int32_t t, flexdiag_stream *s) {
+    size_t rows = (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq * (size_t)pd->kp.h_q;
+    FLEXDIAG_TRY(pd->k->copy_d2h(pd->h_pscore, pd->b.pscore, rows * (size_t)pd->max_slots * 4, s));
+    host_job jb = {pd, run, t};
+    return flexdiag__pool_parallel_for(pd->pool, pd->kp.n_layers, 0, host_update_layer, &jb);
+}
+
+static const pd_mode mode_host = {"host", 0, 0, host_plan, host_update};
+
+/* ---- diag: Diagonal lag lists on the device ---- */
+
+/* Shared write row, lag lists planned by diag_slots for every list; on build-up steps the new
+ * lag goes to b.dnext for the update fused into attention. */
+static flexdiag_status diag_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                 int32_t t, flexdiag_stream *s) {
+    int32_t base = diag_base(pd), ti = t - base, ws = ti < 0 ? t : base + ti % pd->kp.n_r;
+    size_t lists = all_lists(pd);
+    if (ti >= pd->kp.n_r) /* every list overwrites its oldest row */
+        pd->dev_evictions += (uint64_t)pd->kp.n_layers * (uint64_t)run->n_seq *
+                             (uint64_t)pd->kp.h_kv;
+    FLEXDIAG_TRY(upload_shared_rows(pd, run, ws, s));
+    FLEXDIAG_TRY(pd->k->diag_slots(pd->b.slots, pd->b.nslots, pd->b.lag, pd->b.cnt,
+                                   (int64_t)lists, pd->max_slots, diag_len(pd), t, pd->kp.n_r,
+                                   base, s));
+    if (flexdiag__kvp_needs_scores(pd->kvp, t)) {
+        *pd->h_dnext = ti + 1;
+        FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.dnext, pd->h_dnext, 4, s));
+    }
+    return run->plan_out ? record_device_plan(pd, run, t, s) : FLEXDIAG_OK;
+}
+
+static const pd_mode mode_diag = {"diag", 1, 1, diag_plan, no_update};
+
+/* ---- evict: H2O / TOVA slot maps on the device ---- */
+
+/* Every list attends its occupied slots 0..n-1 (one shared list); the write slot of each list
+ * (the last update's victim once all are occupied) is planned on the device into b.rows. */
+static flexdiag_status evict_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                  int32_t t, flexdiag_stream *s) {
+    int32_t na = pd->kp.n_att, n = t + 1 < na ? t + 1 : na, h2o = is_h2o(pd);
+    for (int32_t j = 0; j < n; j++) pd->h_slots[j] = j;
+    *pd->h_nslots = n;
+    if (t >= na) /* every (layer, sequence, KV head) overwrites a victim's row */
+        pd->dev_evictions += (uint64_t)pd->kp.n_layers * (uint64_t)run->n_seq *
+                             (uint64_t)pd->kp.h_kv;
+    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.slots, pd->h_slots, (size_t)n * 4, s));
+    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.nslots, pd->h_nslots, 4, s));
+    FLEXDIAG_TRY(pd->k->evict_plan(pd->b.rows, pd->b.epos, h2o ? pd->b.eacc : NULL, pd->b.efree,
+                                   (int64_t)evict_lists(pd), h2o ? 1 : pd->kp.h_kv, na, t,
+                                   pd->p_cap, s));
+    if (run->plan_out) record_plan(pd, run, t);
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status evict_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                    int32_t t, flexdiag_stream *s) {
+    int h2o = is_h2o(pd);
+    (void)run;
+    return pd->k->evict_update(pd->b.efree, h2o ? pd->b.eacc : NULL, pd->b.epos, pd->b.pscore,
+                               (int64_t)evict_lists(pd),
+                               h2o ? pd->kp.h_q / pd->kp.h_kv : pd->kp.h_q, pd->max_slots,
+                               pd->kp.n_att, t, s);
+}
+
+static const pd_mode mode_evict = {"evict", 1, 0, evict_plan, evict_update};
+
+/* ---- alisa: ALISA records on the device ---- */
+
+/* Every list writes row t (shared rows); alisa_plan selects each (layer, sequence)'s attended
+ * positions into the slot lists of its KV heads. */
+static flexdiag_status alisa_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                  int32_t t, flexdiag_stream *s) {
+    size_t lists = (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq;
+    FLEXDIAG_TRY(upload_shared_rows(pd, run, t, s));
+    FLEXDIAG_TRY(pd->k->alisa_plan(pd->b.slots, pd->b.nslots, pd->b.arpos, pd->b.arp, pd->b.arn,
+                                   pd->b.ascore, pd->b.akeys, (int64_t)lists, pd->kp.h_kv,
+                                   pd->max_slots, pd->kp.n_att, pd->l_dec, t, s));
+    return run->plan_out ? record_device_plan(pd, run, t, s) : FLEXDIAG_OK;
+}
+
+static flexdiag_status alisa_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                    int32_t t, flexdiag_stream *s) {
+    (void)run;
+    return pd->k->alisa_update(pd->b.arp, pd->b.arn, pd->b.pscore,
+                               (int64_t)pd->kp.n_layers * pd->kp.n_seq, pd->kp.h_q,
+                               pd->max_slots, pd->kp.n_att, t, s);
+}
+
+static const pd_mode mode_alisa = {"alisa", 1, 0, alisa_plan, alisa_update};
+
+/* ---- setup and memory ---- */
+
+/* The mode for the policy on backend k. */
+static const pd_mode *pick_mode(const flexdiag_policy_driver *pd, int force_host) {
+    flexdiag_policy_kind kind = pd->kp.kind;
+    const flexdiag_kernels *k = pd->k;
+    if (kind == FLEXDIAG_POLICY_DENSE || kind == FLEXDIAG_POLICY_WINDOW ||
+        kind == FLEXDIAG_POLICY_STREAMING)
+        return &mode_shared;
+    if (force_host) return &mode_host;
+    if (is_diagonal(kind) && k->diag_slots && pd->kp.h_q / pd->kp.h_kv <= k->diag_max_group)
+        return &mode_diag;
+    if ((kind == FLEXDIAG_POLICY_H2O || kind == FLEXDIAG_POLICY_TOVA) && k->evict_plan &&
+        k->evict_update)
+        return &mode_evict;
+    if (kind == FLEXDIAG_POLICY_ALISA && k->alisa_plan && k->alisa_update) return &mode_alisa;
+    return &mode_host;
+}
+
+flexdiag_status flexdiag__pd_setup(flexdiag_policy_driver *pd, const flexdiag_policy_params *pub,
+                                   const flexdiag_kernels *k, int32_t n_layers, int32_t h_q,
+                                   int32_t h_kv, int32_t n_seq, int32_t p_cap, int32_t l_dec,
+                                   int force_host) {
+    memset(pd, 0, sizeof *pd);
+    FLEXDIAG_TRY(flexdiag__kvp_resolve(pub, l_dec, &pd->kp));
+    pd->kp.n_seq = n_seq;
+    pd->kp.n_layers = n_layers;
+    pd->kp.h_q = h_q;
+    pd->kp.h_kv = h_kv;
+    pd->k = k;
+    pd->p_cap = p_cap;
+    pd->l_dec = l_dec;
+    pd->ring = flexdiag__kvp_ring_rows(&pd->kp);
+    pd->max_slots = flexdiag__kvp_max_slots(&pd->kp);
+    pd->mode = pick_mode(pd, force_host);
+    pd->scored = pd->mode != &mode_shared;
+    pd->score_probs = flexdiag__kvp_traits(pd->kp.kind)->needs_probabilities;
+    pd->shared_rows = pd->mode == &mode_shared || pd->mode == &mode_diag ||
+                      pd->mode == &mode_alisa;
+    pd->shared_slots = pd->mode == &mode_shared || pd->mode == &mode_evict;
+    return FLEXDIAG_OK;
+}
+
+size_t flexdiag__pd_layout(flexdiag_policy_driver *pd, char *base) {
+    size_t L = (size_t)pd->kp.n_layers, S = (size_t)pd->kp.n_seq, hkv = (size_t)pd->kp.h_kv;
+    size_t hq = (size_t)pd->kp.h_q, ms = (size_t)pd->max_slots, na = (size_t)pd->kp.n_att;
+    size_t lists = pd->shared_slots ? 1 : L * S * hkv, off = 0;
+    int diag = pd->mode == &mode_diag, evict = pd->mode == &mode_evict;
+    int alisa = pd->mode == &mode_alisa;
+#define TAKE(field, bytes)                                                                         \
+    do {                                                                                           \
+        if (base) pd->b.field = (void *)(base + off);                                              \
+        off += al(bytes);                                                                          \
+    } while (0)
+    TAKE(pscore, (pd->scored && !diag ? L * S : 0) * hq * ms * 4);
+    TAKE(rows, (pd->shared_rows ? S * hkv : L * S * hkv) * 4);
+    TAKE(slots, lists * ms * 4);
+    TAKE(nslots, lists * 4);
+    size_t dl = diag ? L * S * hkv : 0;
+    TAKE(lag, dl * (size_t)diag_len(pd) * 2);
+    TAKE(cnt, dl * 2);
+    TAKE(dnext, diag ? 4 : 0);
+    size_t el = evict ? evict_lists(pd) : 0;
+    TAKE(epos, el * na * 4);
+    TAKE(eacc, (is_h2o(pd) ? el * na : 0) * 4);
+    TAKE(efree, el * 4);
+    size_t al_ = alisa ? L * S : 0, aw = (size_t)(pd->kp.n_att - pd->kp.n_att / 2);
+    TAKE(arpos, al_ * aw * na * 4);
+    TAKE(arp, al_ * aw * na * 4);
+    TAKE(arn, al_ * aw * 4);
+    TAKE(ascore, al_ * (size_t)pd->l_dec * 4);
+    TAKE(akeys, al_ * (size_t)pd->l_dec * 8);
+#undef TAKE
+    return off;
+}
+
+/* Host mirrors of the plan and scores: one block, page-locked when the backend offers it so the
+ * per-step copies are asynchronous. */
+static flexdiag_status host_mirrors(flexdiag_policy_driver *pd) {
+    const flexdiag_kernels *k = pd->k;
+    size_t L = (size_t)pd->kp.n_layers, S = (size_t)pd->kp.n_seq, hkv = (size_t)pd->kp.h_kv;
+    size_t lists = pd->shared_slots ? 1 : L * S * hkv, ms = (size_t)pd->max_slots;
+    size_t scored = pd->mode == &mode_host ? L * S * (size_t)pd->kp.h_q * ms : 0;
+    size_t n_rows = pd->shared_rows ? S * hkv : L * S * hkv;
+    size_t sz[5] = {n_rows, lists * ms, lists, scored, 1}, total = 0;
+    for (int i = 0; i < 5; i++) total += al(sz[i] * 4);
+    flexdiag_status st = k->host_alloc ? k->host_alloc(total, &pd->host) : FLEXDIAG_OK;
+    if (!k->host_alloc) pd->host = malloc(total);
+    if (st != FLEXDIAG_OK) return st;
+    if (!pd->host) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "policy: no host memory");
+    pd->host_bytes = total;
+    char *p = pd->host;
+    void **dst[5] = {(void **)&pd->h_rows, (void **)&pd->h_slots, (void **)&pd->h_nslots,
+                     (void **)&pd->h_pscore, (void **)&pd->h_dnext};
+    for (int i = 0; i < 5; i++) {
+        *dst[i] = p;
+        p += al(sz[i] * 4);
+    }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__pd_start(flexdiag_policy_driver *pd, int threads) {
+    FLEXDIAG_TRY(host_mirrors(pd));
+    FLEXDIAG_TRY(flexdiag__kvp_create(&pd->kp, &pd->kvp));
+    if (pd->mode == &mode_host) /* per-(layer, sequence) host state machines */
+        FLEXDIAG_TRY(flexdiag__pool_create(threads, &pd->pool));
+    return FLEXDIAG_OK;
+}
+
+void flexdiag__pd_fini(flexdiag_policy_driver *pd) {
+    flexdiag__kvp_destroy(pd->kvp);
+    flexdiag__pool_destroy(pd->pool);
+    if (pd->k && pd->k->host_free) pd->k->host_free(pd->host);
+    else free(pd->host);
+    pd->kvp = NULL;
+    pd->pool = NULL;
+    pd->host = NULL;
+}
+
+void flexdiag__pd_reset(flexdiag_policy_driver *pd) {
+    flexdiag__kvp_reset(pd->kvp);
+    pd->dev_evictions = 0;
+}
+
+/* ---- per step ---- */
+
+flexdiag_status flexdiag__pd_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                  int32_t t, flexdiag_stream *s) {
+    return pd->mode->plan(pd, run, t, s);
+}
+
+int flexdiag__pd_scores(const flexdiag_policy_driver *pd, int32_t t) {
+    return pd->scored && flexdiag__kvp_needs_scores(pd->kvp, t);
+}
+
+const int32_t *flexdiag__pd_attn(const flexdiag_policy_driver *pd, int32_t j, int32_t s0,
+                                 int scores, flexdiag_attn_args *a) {
+    size_t li = list_index(pd, j, s0), ms = (size_t)pd->max_slots;
+    a->slots = pd->b.slots + li * ms;
+    a->n_slots = pd->b.nslots + li;
+    a->max_slots = pd->max_slots;
+    a->shared_slots = pd->shared_slots;
+    if (scores && pd->mode->fuse_diag) {
+        a->diag_lag = pd->b.lag + li * (size_t)diag_len(pd);
+        a->diag_a = diag_len(pd);
+        a->diag_base = diag_base(pd);
+        a->diag_next = pd->b.dnext;
+    } else if (scores) {
+        size_t q0 = ((size_t)j * (size_t)pd->kp.n_seq + (size_t)s0) * (size_t)pd->kp.h_q;
+        float *out = pd->b.pscore + q0 * ms; /* (n_seq, h_q, ms) rows of this micro-batch */
+        if (pd->score_probs) a->probs_out = out;
+        else a->logits_out = out;
+    }
+    size_t r0 = pd->shared_rows ? (size_t)s0 * (size_t)pd->kp.h_kv : head_index(pd, j, s0);
+    return pd->b.rows + r0;
+}
+
+flexdiag_status flexdiag__pd_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                    int32_t t, flexdiag_stream *s) {
+    if (!flexdiag__pd_scores(pd, t)) return FLEXDIAG_OK;
+    return pd->mode->update(pd, run, t, s);
+}
+
+uint64_t flexdiag__pd_evictions(const flexdiag_policy_driver *pd) {
+    return flexdiag__kvp_evictions(pd->kvp) + pd->dev_evictions;
+}
+
+int flexdiag__pd_on_device(const flexdiag_policy_driver *pd) { return pd->mode->device; }

@@ -1,0 +1,330 @@
+/*
+ * run.c - one run of a context: prompts in, prefill, then the decode steps, each
+ *
+ *   plan (policy driver) -> body: feedback embedding, for layer j: for micro-batch k:
+ *   acquire (scheduler + policy driver) -> layer forward (layer.c) -> release; heads
+ *   -> CFG, sample, ids to the host -> update (policy driver)
+ *
+ * The body reads only device buffers whose contents change between steps (ids, positions,
+ * slot lists), so on backends with launch graphs it is recorded once per sequence count and
+ * policy variant (with or without scores) and replayed every step; the resident scheduler's
+ * acquire/release are address arithmetic, safe inside the recording. Prefill runs the same
+ * layer-major loop over prompt chunks of at most PREFILL_TOKENS (context.c) and reports its
+ * progress per layer (phase 0); decode steps report phase 1.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "runtime/engine/run.h"
+
+/* ---- profiling and cancellation ---- */
+
+double flexdiag__prof_begin(const run_state *r) {
+    if (!r->split || r->k->stream_sync(r->s) != FLEXDIAG_OK) return 0.0;
+    return flexdiag__now();
+}
+
+flexdiag_status flexdiag__prof_end(const run_state *r, int cat, double t0) {
+    if (!r->split) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    r->split[cat] += flexdiag__now() - t0;
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status cancelled(const run_state *r) {
+    if (!atomic_load(&r->c->cancel)) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_CANCELLED, "generation cancelled");
+}
+
+/* The progress callback (phase 0 prefill, 1 decode); false from it cancels. */
+static flexdiag_status progress(const run_state *r, int phase, uint64_t done, uint64_t total) {
+    const flexdiag_block *b = r->b;
+    if (!b->progress || b->progress(phase, done, total, b->progress_user)) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_CANCELLED, "cancelled by the progress callback");
+}
+
+/* ---- layer I/O: acquire and release ---- */
+
+/* The I/O object of layer j for sequences [s0, s0 + nb): the scheduler's addresses for
+ * rows_per_seq activation rows per sequence, the layer's tensors, the attention arguments;
+ * decode steps (t >= 0) add the policy driver's rows and slot lists, prefill (t < 0) the
+ * prompt rows and positions. */
+static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int32_t nb,
+                                  int32_t t, flexdiag_layer_io *io) {
+    const flexdiag_context *c = r->c;
+    const flexdiag_lm_config *l = &c->m->cfg.lm;
+    memset(io, 0, sizeof *io);
+    io->mem = (flexdiag_sched_io){.layer = j, .s0 = s0, .n_seq = nb,
+                                  .rows_per_seq = t < 0 ? c->p_cap : 1};
+    FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
+    io->w = flexdiag__layer_view(&c->m->w, io->mem.weights);
+    io->t = t;
+    io->a = (flexdiag_attn_args){.n_seq = nb, .h_q = l->heads, .h_kv = l->kv_heads,
+                                 .d_h = l->head_dim, .p_cap = c->p_cap, .ring = c->pd.ring,
+                                 .scale = 1.0f / sqrtf((float)l->head_dim), .lp = c->b.lp + s0,
+                                 .rope_theta = l->rope_theta};
+    if (t < 0) {
+        io->a.pos = c->b.pos_pf;
+        io->rows = c->b.rows_pf;
+        return FLEXDIAG_OK;
+    }
+    io->a.pos = c->b.pos + s0;
+    io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd, t), &io->a);
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status io_release(const run_state *r, const flexdiag_layer_io *io) {
+    return flexdiag__sched_release(r->c->sched, &io->mem);
+}
+
+/* ---- prompts and prefill ---- */
+
+/* Host prompt table (n_seq, p_cap) with the Janus uncond rows, uploaded with lp and gathers. */
+static flexdiag_status upload_prompts(run_state *r) {
+    flexdiag_context *c = r->c;
+    const flexdiag_block *b = r->b;
+    size_t cells = (size_t)r->n_seq * (size_t)c->p_cap;
+    int32_t *ids = calloc(cells, 4), *last = malloc((size_t)r->n_seq * 4);
+    if (!ids || !last) {
+        free(ids);
+        free(last);
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompts: no host memory");
+    }
+    int32_t pad = c->m->cfg.pad_id >= 0 ? c->m->cfg.pad_id : 0;
+    for (int32_t i = 0; i < b->n_img; i++) {
+        int32_t n = b->prompt_len[i];
+        for (int32_t q = 0; q < c->rows_per_img; q++) {
+            int32_t s = i * c->rows_per_img + q, *row = ids + (size_t)s * (size_t)c->p_cap;
+            if (q == 0) memcpy(row, b->prompt[i], (size_t)n * 4);
+            else flexdiag__janus_uncond(b->prompt[i], n, pad, row);
+            r->lp[s] = n;
+            last[s] = s * c->p_cap + n - 1;
+        }
+    }
+    flexdiag_status st = r->k->copy_h2d(c->b.ids_in, ids, cells * 4, r->s);
+    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.lp, r->lp, (size_t)r->n_seq * 4, r->s);
+    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.last, last, (size_t)r->n_seq * 4, r->s);
+    if (st == FLEXDIAG_OK) st = r->k->stream_sync(r->s);
+    free(ids);
+    free(last);
+    return st;
+}
+
+void flexdiag__janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond) {
+    for (int32_t i = 0; i < n; i++) uncond[i] = (i == 0 || i == n - 1) ? cond[i] : pad_id;
+}
+
+static flexdiag_status validate_block(const flexdiag_context *c, const flexdiag_block *b) {
+    const flexdiag_model_config *m = &c->m->cfg;
+    if (b->n_img < 1 || b->n_img > c->n_img)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%d images requested, context holds 1..%d",
+                             b->n_img, c->n_img);
+    if (b->n_steps < 1 || b->n_steps > c->l_dec)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%d tokens per image requested, 1..%d allowed",
+                             b->n_steps, c->l_dec);
+    for (int32_t i = 0; i < b->n_img; i++) {
+        if (b->prompt_len[i] < 1 || b->prompt_len[i] > c->p_cap)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "prompt %d has %d tokens; the context allows 1..%d (raise the "
+                                 "maximum prompt length)",
+                                 i, b->prompt_len[i], c->p_cap);
+        for (int32_t j = 0; j < b->prompt_len[i]; j++)
+            if (b->prompt[i][j] < 0 || b->prompt[i][j] >= m->lm.vocab)
+                return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                     "prompt %d: token %d is id %d, outside the vocabulary [0, %d)",
+                                     i, j, b->prompt[i][j], m->lm.vocab);
+    }
+    for (int64_t i = 0; b->forced && i < (int64_t)b->n_img * b->n_steps; i++)
+        if (b->forced[i] < 0 || b->forced[i] >= c->vocab_out)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "forced token %lld is id %d, outside [0, %d)", (long long)i,
+                                 b->forced[i], c->vocab_out);
+    if ((b->hidden && (int64_t)b->n_hidden_pos * m->lm.hidden > (int64_t)c->n_seq * c->vocab_out) ||
+        (b->attn_out && (int64_t)m->lm.heads * m->lm.head_dim > (int64_t)c->n_seq * c->vocab_out))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "captures do not fit the scratch buffer");
+    return FLEXDIAG_OK;
+}
+
+/* Layer j of the prompts of prefill chunk ch (sequences ch·pf_seq ..). */
+static flexdiag_status prefill_chunk(const run_state *r, int32_t j, int32_t ch) {
+    const flexdiag_context *c = r->c;
+    int32_t s0 = ch * c->pf_seq, nb = r->n_seq - s0 < c->pf_seq ? r->n_seq - s0 : c->pf_seq;
+    flexdiag_layer_io io;
+    FLEXDIAG_TRY(io_acquire(r, j, s0, nb, -1, &io));
+    FLEXDIAG_TRY(flexdiag__layer_prefill(r, &io));
+    return io_release(r, &io);
+}
+
+static flexdiag_status run_prefill(run_state *r) {
+    flexdiag_context *c = r->c;
+    const flexdiag_lm_config *l = &c->m->cfg.lm;
+    FLEXDIAG_TRY(upload_prompts(r));
+    FLEXDIAG_TRY(r->k->embed(c->b.x, c->m->w.embed, c->b.ids_in, (int64_t)r->n_seq * c->p_cap,
+                             l->hidden, 1, r->s));
+    int32_t chunks = (r->n_seq + c->pf_seq - 1) / c->pf_seq;
+    for (int32_t j = 0; j < l->layers; j++) {
+        FLEXDIAG_TRY(cancelled(r));
+        for (int32_t ch = 0; ch < chunks; ch++) FLEXDIAG_TRY(prefill_chunk(r, j, ch));
+        FLEXDIAG_TRY(progress(r, 0, (uint64_t)j + 1, (uint64_t)l->layers));
+    }
+    FLEXDIAG_TRY(r->k->gather_rows(c->b.xl, c->b.x, c->b.last, r->n_seq, l->hidden, r->s));
+    for (int32_t mb = 0; mb < r->n_mb; mb++) {
+        int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
+        FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.xl + (size_t)s0 * (size_t)l->hidden * r->act,
+                                    s0, nb));
+    }
+    return flexdiag__take_step_output(r, 0);
+}
+
+/* ---- decode steps ---- */
+
+/* Layer j of micro-batch mb at decode step t. */
+static flexdiag_status decode_mb(const run_state *r, int32_t j, int32_t mb, int32_t t) {
+    int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
+    flexdiag_layer_io io;
+    FLEXDIAG_TRY(io_acquire(r, j, s0, nb, t, &io));
+    FLEXDIAG_TRY(flexdiag__layer_decode(r, &io));
+    return io_release(r, &io);
+}
+
+/* The device work of decode step t that reads only device buffers (ids, positions, plans):
+ * feedback embedding, every layer of every micro-batch, the heads. Recordable as a graph. */
+static flexdiag_status step_body(const run_state *r, int32_t t) {
+    flexdiag_context *c = r->c;
+    const flexdiag_lm_config *l = &c->m->cfg.lm;
+    FLEXDIAG_TRY(flexdiag__feedback(r));
+    for (int32_t j = 0; j < l->layers; j++)
+        for (int32_t mb = 0; mb < r->n_mb; mb++) FLEXDIAG_TRY(decode_mb(r, j, mb, t));
+    for (int32_t mb = 0; mb < r->n_mb; mb++) {
+        int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
+        FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act,
+                                    s0, nb));
+    }
+    return FLEXDIAG_OK;
+}
+
+/* Graphs need the backend's support and a step without host-side captures or profiling. */
+static int use_graph(const run_state *r) {
+    return r->k->graph_begin && !r->c->graphs_off && !r->split && !r->b->hidden &&
+           !r->b->attn_out;
+}
+
+/* Replay the recorded step body (recording it first, for this variant and sequence count);
+ * a failed recording turns graphs off for the context and runs the step op by op. The first
+ * step at a new sequence count runs op by op, outside capture, so the backend builds (and
+ * autotunes) its GEMM plans there; nothing may synchronise the host while recording. */
+static flexdiag_status step_body_graph(const run_state *r, int32_t t, int scores) {
+    flexdiag_context *c = r->c;
+    void **g = &c->graph[scores];
+    if (*g && c->graph_seq[scores] != r->n_seq) {
+        r->k->graph_destroy(*g);
+        *g = NULL;
+    }
+    if (!*g && c->eager_seq != r->n_seq) {
+        c->eager_seq = r->n_seq;
+        return step_body(r, t);
+    }
+    if (!*g) {
+        FLEXDIAG_TRY(r->k->graph_begin(r->s));
+        flexdiag_status st = step_body(r, t);
+        void *ng = NULL;
+        flexdiag_status st2 = r->k->graph_end(r->s, &ng);
+        if (st != FLEXDIAG_OK || st2 != FLEXDIAG_OK) {
+            if (ng) r->k->graph_destroy(ng);
+            FLEXDIAG_WARN("decode-step graph not recorded (%s): launching op by op",
+                          flexdiag__err_msg());
+            flexdiag__err_clear();
+            c->graphs_off = 1;
+            return step_body(r, t);
+        }
+        *g = ng;
+        c->graph_seq[scores] = r->n_seq;
+    }
+    return r->k->graph_launch(*g, r->s);
+}
+
+static flexdiag_status run_decode_step(run_state *r, int32_t t) {
+    flexdiag_context *c = r->c;
+    FLEXDIAG_TRY(cancelled(r));
+    for (int32_t s = 0; s < r->n_seq; s++) c->h_pos[s] = r->lp[s] + t;
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.pos, c->h_pos, (size_t)r->n_seq * 4, r->s));
+    double t0 = flexdiag__prof_begin(r);
+    FLEXDIAG_TRY(flexdiag__pd_plan(&c->pd, &r->pr, t, r->s));
+    FLEXDIAG_TRY(flexdiag__prof_end(r, PROF_ATTN, t0));
+    if (use_graph(r))
+        FLEXDIAG_TRY(step_body_graph(r, t, flexdiag__pd_scores(&c->pd, t)));
+    else
+        FLEXDIAG_TRY(step_body(r, t));
+    FLEXDIAG_TRY(flexdiag__take_step_output(r, t + 1));
+    t0 = flexdiag__prof_begin(r);
+    FLEXDIAG_TRY(flexdiag__pd_update(&c->pd, &r->pr, t, r->s));
+    return flexdiag__prof_end(r, PROF_ATTN, t0);
+}
+
+/* One decode step; when profiled, its whole wall time (between stream syncs) goes to
+ * split[3]. */
+static flexdiag_status profiled_step(run_state *r, int32_t t) {
+    if (!r->split) return run_decode_step(r, t);
+    FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    double t0 = flexdiag__now();
+    FLEXDIAG_TRY(run_decode_step(r, t));
+    FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    r->split[3] += flexdiag__now() - t0;
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b) {
+    FLEXDIAG_TRY(validate_block(c, b));
+    run_state r = {.c = c, .b = b, .k = c->m->rt->k, .s = c->s,
+                   .n_seq = b->n_img * c->rows_per_img, .act = (size_t)c->m->rt->k->act_bytes};
+    r.n_mb = (b->n_img + c->mb_img - 1) / c->mb_img;
+    r.pr = (flexdiag_pd_run){.n_seq = r.n_seq, .mb_seq = c->mb_seq, .n_mb = r.n_mb,
+                             .plan_out = b->plan_out};
+    r.lp = malloc((size_t)r.n_seq * 4);
+    if (!r.lp) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "run: no host memory");
+    flexdiag__pd_reset(&c->pd);
+    double t0 = flexdiag__now();
+    flexdiag_status st = run_prefill(&r);
+    if (st == FLEXDIAG_OK) st = r.k->stream_sync(r.s);
+    double t1 = flexdiag__now();
+    for (int32_t t = 0; st == FLEXDIAG_OK && t + 1 < b->n_steps; t++) {
+        r.split = b->split && t >= b->split_from ? b->split : NULL; /* decode steps only */
+        st = profiled_step(&r, t);
+        if (st == FLEXDIAG_OK) st = progress(&r, 1, (uint64_t)t + 2, (uint64_t)b->n_steps);
+    }
+    if (st == FLEXDIAG_OK) st = r.k->stream_sync(r.s);
+    double t2 = flexdiag__now();
+    c->stats.prefill_s += t1 - t0;
+    c->stats.decode_s += t2 - t1;
+    c->stats.tokens_generated += (uint64_t)r.n_seq * (uint64_t)b->n_steps;
+    c->stats.evictions = flexdiag__pd_evictions(&c->pd);
+    const flexdiag_lm_config *l = &c->m->cfg.lm;
+    c->stats.kv_bytes_per_seq = (uint64_t)l->layers * 2 * (uint64_t)l->kv_heads *
+                                (uint64_t)l->head_dim * r.act *
+                                (uint64_t)(r.lp[0] +
+                                           flexdiag__kvp_resident_rows(&c->pd.kp, c->l_dec - 1));
+    free(r.lp);
+    return st;
+}
+
+flexdiag_status flexdiag__context_score(flexdiag_context *c, const int32_t *prompt, int32_t np,
+                                        const int32_t *ids, int32_t n, float cfg_weight,
+                                        float *logits, float *raw) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&c->busy, &expected, 1))
+        return flexdiag__err(FLEXDIAG_ERR_BUSY, "another call is running on this context");
+    int32_t *tokens = malloc((size_t)(n > 0 ? n : 1) * 4);
+    flexdiag_block b = {.n_img = 1, .prompt = &prompt, .prompt_len = &np, .n_steps = n,
+                        .forced = ids, .cfg_weight = cfg_weight, .tokens = tokens,
+                        .logits = logits, .raw_logits = raw, .sp = {1.0f, 0, 1.0f, 0}};
+    atomic_store(&c->cancel, 0);
+    memset(&c->stats, 0, sizeof c->stats);
+    flexdiag_status st = tokens ? flexdiag__engine_run(c, &b)
+                                : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "score: no memory");
+    free(tokens);
+    atomic_store(&c->busy, 0);
+    return st;
+}
