@@ -16,7 +16,8 @@
  *
  * Files: context.c (sizing, carving, creation), run.c (prefill, decode steps, graphs, the
  * acquire/release of layer I/O), layer.c (one layer's forward over its I/O object), heads.c
- * (heads, CFG, sampling, the feedback embedding), policy_driver.c (the KV policy).
+ * (heads, CFG, sampling, the feedback embedding), policy_driver.c (the KV policy); run_state.h
+ * holds what they share.
  */
 #ifndef FLEXDIAG_ENGINE_H
 #define FLEXDIAG_ENGINE_H

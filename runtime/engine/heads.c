@@ -5,7 +5,7 @@
  * (Llama: embed_tokens; Janus: gen_embed -> gen_aligner MLP).
  */
 #include "base/core.h"
-#include "runtime/engine/run.h"
+#include "runtime/engine/run_state.h"
 
 flexdiag_status flexdiag__head(const run_state *r, const void *xin, int32_t s0, int32_t nb) {
     const flexdiag_context *c = r->c;

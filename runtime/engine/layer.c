@@ -1,5 +1,5 @@
 /*
- * layer.c - one decoder layer's forward over its I/O object (run.h flexdiag_layer_io):
+ * layer.c - one decoder layer's forward over its I/O object (run_state.h flexdiag_layer_io):
  *
  *   x += o_proj(attention(rope(qkv(rmsnorm(x)))));  x += down(swiglu(gate_up(rmsnorm(x))))
  *
@@ -9,7 +9,7 @@
  * Every address comes from the I/O object; this file computes, it never locates.
  */
 #include "base/core.h"
-#include "runtime/engine/run.h"
+#include "runtime/engine/run_state.h"
 
 /* rmsnorm -> QKV GEMM for n rows starting at x (RoPE on the q and k heads is part of the
  * kv_append that follows). */

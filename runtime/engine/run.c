@@ -18,21 +18,9 @@
 #include <string.h>
 
 #include "base/core.h"
-#include "runtime/engine/run.h"
+#include "runtime/engine/run_state.h"
 
-/* ---- profiling and cancellation ---- */
-
-double flexdiag__prof_begin(const run_state *r) {
-    if (!r->split || r->k->stream_sync(r->s) != FLEXDIAG_OK) return 0.0;
-    return flexdiag__now();
-}
-
-flexdiag_status flexdiag__prof_end(const run_state *r, int cat, double t0) {
-    if (!r->split) return FLEXDIAG_OK;
-    FLEXDIAG_TRY(r->k->stream_sync(r->s));
-    r->split[cat] += flexdiag__now() - t0;
-    return FLEXDIAG_OK;
-}
+/* ---- cancellation and progress ---- */
 
 static flexdiag_status cancelled(const run_state *r) {
     if (!atomic_load(&r->c->cancel)) return FLEXDIAG_OK;

@@ -1,5 +1,5 @@
 /*
- * run.h - what the files of one run share (private to runtime/engine): the run's state, the
+ * run_state.h - what the files of one run share (private to runtime/engine): the run's state, the
  * profiling brackets, and the layer I/O object the step hands each (layer, micro-batch).
  *
  * A layer I/O object is everything one layer forward touches, resolved before it runs: the
@@ -8,14 +8,15 @@
  * from the policy driver) and the cache rows the new K/V go to. layer.c computes from it and
  * nothing else, so where the memory lives is the scheduler's decision alone.
  */
-#ifndef FLEXDIAG_RUN_H
-#define FLEXDIAG_RUN_H
+#ifndef FLEXDIAG_RUN_STATE_H
+#define FLEXDIAG_RUN_STATE_H
 
 #include "base/layer.h"
 #if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_RUNTIME_ENGINE)
-#error "runtime/engine/run.h is private to runtime/engine/ (docs/architecture.md)"
+#error "runtime/engine/run_state.h is private to runtime/engine/ (docs/architecture.md)"
 #endif
 
+#include "base/core.h"
 #include "runtime/engine/engine.h"
 
 typedef struct run_state {
@@ -43,8 +44,17 @@ typedef struct flexdiag_layer_io {
 enum { PROF_GEMM, PROF_ATTN, PROF_REST };
 
 /* Profiling brackets: with a split requested, sync before and after an op group. */
-double flexdiag__prof_begin(const run_state *r);
-flexdiag_status flexdiag__prof_end(const run_state *r, int cat, double t0);
+static inline double flexdiag__prof_begin(const run_state *r) {
+    if (!r->split || r->k->stream_sync(r->s) != FLEXDIAG_OK) return 0.0;
+    return flexdiag__now();
+}
+
+static inline flexdiag_status flexdiag__prof_end(const run_state *r, int cat, double t0) {
+    if (!r->split) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    r->split[cat] += flexdiag__now() - t0;
+    return FLEXDIAG_OK;
+}
 
 #define TIMED(r, cat, expr)                                                                        \
     do {                                                                                           \
@@ -76,4 +86,4 @@ flexdiag_status flexdiag__take_step_output(run_state *r, int32_t step);
 /* Next input embedding: the step's token of every image, fed to all its rows. */
 flexdiag_status flexdiag__feedback(const run_state *r);
 
-#endif /* FLEXDIAG_RUN_H */
+#endif /* FLEXDIAG_RUN_STATE_H */
