@@ -17,7 +17,14 @@
  * KV cache: per (sequence s, KV head h) a block of p_cap prompt rows then `ring` decode rows,
  * each d_h act elements; row r of (s, h) is at ((s·h_kv + h)·(p_cap + ring) + r)·d_h. Keys are
  * stored after RoPE at absolute positions and never re-rotated.
- * Every op returns flexdiag_status and takes the stream (execution queue) last.
+ * Every op returns flexdiag_status and takes the stream (execution queue) last (stream_wait_event,
+ * whose subject is the stream, takes it first). Each op's signature and contract are declared
+ * once, as the function type flexdiag_op_<op> below; the table holds pointers to those types.
+ *
+ * Streams and events: a process may run several streams at once (a compute stream per context,
+ * copy streams of an offloading scheduler); work on one stream runs in order, and events order
+ * work across streams (event_record on the producer, stream_wait_event on the consumer) without
+ * blocking the host.
  */
 #ifndef FLEXDIAG_KERNELS_H
 #define FLEXDIAG_KERNELS_H
@@ -38,6 +45,8 @@ extern "C" {
 
 /* An execution queue: CUDA stream + cuBLAS handle + workspace, or a CPU thread pool. */
 typedef struct flexdiag_stream flexdiag_stream;
+/* A completion marker recorded into a stream (cudaEvent_t, or a CPU completion object). */
+typedef struct flexdiag_event flexdiag_event;
 
 /* matmul flags */
 #define FLEXDIAG_MM_ACCUM 1u   /* out += x·Wᵀ (+ b) instead of out = ... (act output only) */
@@ -92,201 +101,351 @@ typedef struct flexdiag_attn_args {
     const int32_t *diag_next;
 } flexdiag_attn_args;
 
+/* ======== op types: each op's signature and contract, declared once ========
+ * The table below holds pointers to these types, and the backends declare their implementations
+ * with them (`flexdiag_op_matmul flexdiag__cpu_ref_matmul;`), so a definition that drifts from
+ * its slot fails to compile. */
+
+/* ---- streams, events and memory ---- */
+
+/* Create an execution queue; threads = CPU workers (0 = all cores), device = CUDA ordinal.
+ * A process may hold any number of streams, on one device or several; each is driven by one
+ * host thread at a time, and different streams run independently (events order them). */
+typedef flexdiag_status flexdiag_op_stream_create(int device, int threads, flexdiag_stream **out);
+/* Wait for s's work, then free it; NULL is a no-op. */
+typedef void flexdiag_op_stream_destroy(flexdiag_stream *s);
+/* Wait until all work queued on s is done. */
+typedef flexdiag_status flexdiag_op_stream_sync(flexdiag_stream *s);
+
+/* Events: a completion marker recorded into a stream, the way one stream waits for another
+ * without the host. An event that was never recorded is complete. Recording again replaces the
+ * event's state; a wait or sync concerns the most recent record at the time of its call. One
+ * event may be recorded on one thread and waited on or synchronised on others.
+ * Inside a launch graph's capture (graph_begin .. graph_end) event_record and stream_wait_event
+ * are captured (CUDA: cudaEventRecord / cudaStreamWaitEvent are capturable): a record and a
+ * wait inside the capture order the streams captured into that graph (a stream that waits on an
+ * event recorded inside the capture joins it and must be joined back to the capturing stream,
+ * by a record there and a wait on the capturing stream, before graph_end); a wait on an event
+ * last recorded outside the capture becomes a wait node of the graph, so every replay waits for
+ * that event's latest record. An event recorded inside a capture belongs to that capture: no
+ * event_sync or event_query on it, and no wait on it from outside the capture or inside
+ * another one, until it is recorded again outside. */
+/* Create an event on the device of s (a CPU event for the CPU backends; s may be NULL there). */
+typedef flexdiag_status flexdiag_op_event_create(flexdiag_stream *s, flexdiag_event **out);
+/* Free e; NULL is a no-op. No thread may be waiting on e. */
+typedef void flexdiag_op_event_destroy(flexdiag_event *e);
+/* Record e on s: e completes when all work queued on s before this call is done. Does not
+ * block the host. */
+typedef flexdiag_status flexdiag_op_event_record(flexdiag_event *e, flexdiag_stream *s);
+/* Work queued on s after this call waits until e (its most recent record) completes. Does not
+ * block the host on CUDA; a synchronous CPU stream waits on the host (event_sync). */
+typedef flexdiag_status flexdiag_op_stream_wait_event(flexdiag_stream *s, flexdiag_event *e);
+/* The host waits until e (its most recent record) completes. */
+typedef flexdiag_status flexdiag_op_event_sync(flexdiag_event *e);
+/* *done = 1 when e (its most recent record) has completed, else 0; never blocks. */
+typedef flexdiag_status flexdiag_op_event_query(flexdiag_event *e, int *done);
+
+/* Device memory (64-byte aligned at least); bytes == 0 gives NULL. */
+typedef flexdiag_status flexdiag_op_mem_alloc(size_t bytes, void **out);
+/* Free memory of mem_alloc; NULL is a no-op. */
+typedef void flexdiag_op_mem_free(void *p);
+/* Copies of bytes from src to dst, ordered on s (the direction is the slot's: copy_h2d, ...);
+ * the ranges must not overlap; bytes == 0 does nothing.
+ *   copy_h2d, copy_d2h, copy_d2d: host memory need not be pinned (then the call may block);
+ *     copy_d2h synchronises: dst holds the data when it returns.
+ *   copy_h2d_async, copy_d2h_async: never synchronise the host; the copy is done when an event
+ *     recorded on s after it completes (or stream_sync(s) returns), and until then src must not
+ *     change and dst must not be read. On CUDA the host side must be pinned (host_alloc or
+ *     host_register) for the copy to overlap anything: from pageable memory CUDA stages it and
+ *     the call may block (device to pageable host memory: until the copy is done). */
+typedef flexdiag_status flexdiag_op_copy(void *dst, const void *src, size_t bytes,
+                                         flexdiag_stream *s);
+/* Zero bytes of dst, ordered on s. */
+typedef flexdiag_status flexdiag_op_memset0(void *dst, size_t bytes, flexdiag_stream *s);
+/* (optional) free and total device bytes; default: unknown (CPU) */
+typedef flexdiag_status flexdiag_op_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* (optional) name of s's device ("NVIDIA H200", the CPU's model name) into out (n bytes,
+ * always NUL-terminated), for reports; default: the table's name */
+typedef void flexdiag_op_device_name(const flexdiag_stream *s, char *out, size_t n);
+
+/* ---- conversions ---- */
+
+/* out (n) f32 <- in (n) act */
+typedef flexdiag_status flexdiag_op_act_to_f32(float *out, const void *in, int64_t n,
+                                               flexdiag_stream *s);
+/* out (n) act <- in (n) f32 (bf16 act: round to nearest even) */
+typedef flexdiag_status flexdiag_op_act_from_f32(void *out, const float *in, int64_t n,
+                                                 flexdiag_stream *s);
+
+/* ---- elementwise and row ops ---- */
+
+/* out (n, d) act; table (V, d) bf16; ids (ceil(n/rep)): row i takes table[ids[i / rep]] */
+typedef flexdiag_status flexdiag_op_embed(void *out, const uint16_t *table, const int32_t *ids,
+                                          int64_t n, int64_t d, int32_t rep, flexdiag_stream *s);
+/* out (n, d) act = x / sqrt(mean(x²) + eps) ⊙ w; x (n, d) act; w (d) bf16; stats fp32 */
+typedef flexdiag_status flexdiag_op_rmsnorm(void *out, const void *x, const uint16_t *w, int64_t n,
+                                            int64_t d, float eps, flexdiag_stream *s);
+/* out (n, m) = x (n, k) act · W (m, k)ᵀ + b (m) (b may be NULL); act or f32 out per flags */
+typedef flexdiag_status flexdiag_op_matmul(void *out, const void *x, const uint16_t *w,
+                                           const uint16_t *b, int64_t n, int64_t k, int64_t m,
+                                           unsigned flags, flexdiag_stream *s);
+/* out (n, f) act = silu(gu[:, :f]) ⊙ gu[:, f:]; gu (n, 2f) act */
+typedef flexdiag_status flexdiag_op_swiglu(void *out, const void *gu, int64_t n, int64_t f,
+                                           flexdiag_stream *s);
+/* x (n) act in place: exact (erf) GELU */
+typedef flexdiag_status flexdiag_op_gelu(void *x, int64_t n, flexdiag_stream *s);
+/* out (n, d) act = in rows idx (n) */
+typedef flexdiag_status flexdiag_op_gather_rows(void *out, const void *in, const int32_t *idx,
+                                                int64_t n, int64_t d, flexdiag_stream *s);
+
+/* ---- KV cache and attention ---- */
+
+/* Write K and V of n_tok tokens into the caches k, v (layout above). qkv (n_tok, qkv width)
+ * act; token i belongs to sequence i / tok_per_seq and goes to cache row rows[i·h_kv + h]
+ * of KV head h. With a->pos set, the h_q + h_kv q and k heads of qkv row i are first
+ * rotated in place by RoPE at position pos[i] (rotate-half, HF layout; inv_freq[j] =
+ * rope_theta^(-2j/d_h) and the angle in double, cos/sin rounded to fp32, fp32 rotation
+ * without fma contraction, one rounding to act), so the cache gets rotated keys and qkv
+ * rotated queries; with a->pos NULL it is a plain copy and qkv is not written. */
+typedef flexdiag_status flexdiag_op_kv_append(void *k, void *v, void *qkv, const int32_t *rows,
+                                              int64_t n_tok, int32_t tok_per_seq,
+                                              const flexdiag_attn_args *a, flexdiag_stream *s);
+/* Causal prompt attention. out (n_seq·p_cap, h_q·d_h) act; qkv (n_seq·p_cap, qkv width);
+ * query row r < lp[s] of sequence s attends prompt rows 0..r of its cache; rows r >= lp[s]
+ * are written as zeros. */
+typedef flexdiag_status flexdiag_op_attn_prefill(void *out, const void *qkv, const void *k,
+                                                 const void *v, const flexdiag_attn_args *a,
+                                                 flexdiag_stream *s);
+/* One decode query per sequence. out (n_seq, h_q·d_h) act; qkv (n_seq, qkv width); each
+ * query head of KV head h attends prompt rows 0..lp[s]-1, then ring rows slots[s][h][..],
+ * with one online softmax; fills logits_out / lse_out / probs_out when given and applies
+ * the Diagonal update when diag_lag is set. */
+typedef flexdiag_status flexdiag_op_attn_decode(void *out, const void *qkv, const void *k,
+                                                const void *v, const flexdiag_attn_args *a,
+                                                flexdiag_stream *s);
+
+/* ---- heads and sampling ---- */
+
+/* out (n_pairs, V) f32 = u + w·(c - u) with c = logits row 2i, u = row 2i+1 */
+typedef flexdiag_status flexdiag_op_cfg_combine(float *out, const float *logits, int64_t n_pairs,
+                                                int64_t V, float w, flexdiag_stream *s);
+/* ids (n) int32 drawn from softmax(logits (n, V) / T) after top-k / top-p; the uniform
+ * number for row i is flexdiag__rng_uniform(p->seed, req0 + i, step). */
+typedef flexdiag_status flexdiag_op_sample(int32_t *ids, const float *logits, int64_t n,
+                                           int64_t V, const flexdiag_sample_params *p,
+                                           int64_t req0, int64_t step, flexdiag_stream *s);
+
+/* ---- image decoder (VQ-16) ---- */
+/* Tensors are NCHW f32 on every backend, not act: bf16 activations put the CUDA decode 0.022
+ * relative L2 from transformers' pixels (limit 2e-2). The void * activation pointers point
+ * to float; only CUDA conv2d rounds, its input to bf16 for the tensor-core GEMM. */
+
+/* out (n, c, hw) f32: column j of image i = codebook row ids[i·hw + j]; codebook (V, c) f32,
+ * already L2-normalised by the loader */
+typedef flexdiag_status flexdiag_op_vq_lookup(void *out, const float *codebook, const int32_t *ids,
+                                              int64_t n, int32_t c, int32_t hw,
+                                              flexdiag_stream *s);
+/* out (n, cout, h, w) f32 (+)= conv(x (n, cin, h, w) f32, w (cout, cin, k, k) bf16) + b (cout)
+ * bf16 (b may be NULL); stride 1, zero padding (k-1)/2, k odd; fp32 accumulation (CUDA: x
+ * rounded to bf16 for the GEMM); flags: FLEXDIAG_MM_ACCUM (adds onto out in fp32) */
+typedef flexdiag_status flexdiag_op_conv2d(void *out, const void *x, const uint16_t *w,
+                                           const uint16_t *b, int64_t n, int32_t cin,
+                                           int32_t cout, int32_t h, int32_t wd, int32_t k,
+                                           unsigned flags, flexdiag_stream *s);
+/* out (n, c, hw) f32 = GroupNorm(groups, eps)(x (n, c, hw) f32) · gamma + beta (bf16 (c)),
+ * stats fp32 or wider; then swish x·sigmoid(x) when swish != 0 */
+typedef flexdiag_status flexdiag_op_groupnorm(void *out, const void *x, const uint16_t *gamma,
+                                              const uint16_t *beta, int64_t n, int32_t c,
+                                              int32_t hw, int32_t groups, float eps,
+                                              int32_t swish, flexdiag_stream *s);
+/* out (n, c, 2h, 2w) f32 = nearest-neighbour ×2 of x (n, c, h, w) f32 */
+typedef flexdiag_status flexdiag_op_upsample2x(void *out, const void *x, int64_t n, int32_t c,
+                                               int32_t h, int32_t wd, flexdiag_stream *s);
+/* Single-head attention over positions: out (n, c, hw) f32 = v · softmax_keys(qᵀk·c^-0.5)ᵀ,
+ * q, k, v (n, c, hw) f32; logits, softmax and both products in fp32 */
+typedef flexdiag_status flexdiag_op_attn_spatial(void *out, const void *q, const void *k,
+                                                 const void *v, int64_t n, int32_t c, int32_t hw,
+                                                 flexdiag_stream *s);
+/* out (n, h, w, 3) f32 = x (n, 3, h, w) f32 (NCHW -> NHWC, the float pixels before uint8) */
+typedef flexdiag_status flexdiag_op_to_nhwc(float *out, const void *x, int64_t n, int32_t c,
+                                            int32_t hw, flexdiag_stream *s);
+
+/* ---- host staging ---- */
+
+/* (optional) page-locked host memory, so copy_h2d / copy_d2h from it are asynchronous;
+ * default: the runtime uses malloc/free */
+typedef flexdiag_status flexdiag_op_host_alloc(size_t bytes, void **out);
+/* Free memory of host_alloc; NULL is a no-op. */
+typedef void flexdiag_op_host_free(void *p);
+/* Pin bytes of host memory the caller allocated at p (malloc, mmap), so the async copies from
+ * and to it overlap other work, until host_unregister(p); bytes == 0 pins nothing, a NULL p
+ * with bytes > 0 is INVALID_ARG. Not during a graph capture. CUDA: cudaHostRegister,
+ * FLEXDIAG_ERR_OOM_PINNED when the locked-memory limit (ulimit -l) or the driver refuses.
+ * CPU: nothing to pin without a device, returns OK. */
+typedef flexdiag_status flexdiag_op_host_register(void *p, size_t bytes);
+/* Unpin memory of host_register (p as registered); NULL is a no-op. */
+typedef flexdiag_status flexdiag_op_host_unregister(void *p);
+
+/* ---- device-resident Diagonal policy (policies.md §2.3, §2.8; policy/policy_diagonal.c
+ * is the reference these must equal). A lag list i = (layer, seq, KV head) holds cnt[i]
+ * lags lag[i·a ..]; base = 4 for diagonal-sink4 (4 sink rows ahead of the ring), else 0;
+ * inner step ti = t - base. ---- */
+
+/* (optional) Plan step t for n_lists lists: when 0 <= ti <= a-1 first append lag ti
+ * (ti == 0 resets the list to {0}); then slots[i] = sinks 0..base-1 followed by list
+ * entry j at column base + cnt-1-j: base + (ti - lag[j]) mod n_r; n_slots[i] = base + cnt.
+ * For ti < 0 (sink4, t <= 3): slots 0..t. slots (n_lists, max_slots), n_slots (n_lists). */
+typedef flexdiag_status flexdiag_op_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
+                                               int16_t *cnt, int64_t n_lists, int32_t max_slots,
+                                               int32_t a, int32_t t, int32_t n_r, int32_t base,
+                                               flexdiag_stream *s);
+
+/* ---- device-resident eviction policies H2O and TOVA (policies.md §3.4, §3.5;
+ * policy/policy_score.c is the reference these must equal). List i owns n_att ring slots:
+ * H2O one list per (layer, seq, KV head), TOVA one per (layer, seq) whose slot map all its
+ * KV heads share. pos (n_lists, n_att): decode position held by each slot; acc (n_lists,
+ * n_att): H2O's accumulated scores (NULL for TOVA); free_slot (n_lists): the victim the
+ * last update chose. Slots 0..min(t+1, n_att)-1 are the occupied ones, so every list
+ * attends the same slot list and only the write slot differs. ---- */
+
+/* (optional) Plan step t: t == 0 resets the list (pos -1, acc 0); f = t < n_att ? t :
+ * free_slot[i]; pos[i][f] = t, acc[i][f] = 0; rows[i·rows_per_list + r] = p_cap + f for
+ * r < rows_per_list (the cache rows kv_append writes: 1 for H2O, h_kv for TOVA). */
+typedef flexdiag_status flexdiag_op_evict_plan(int32_t *rows, int32_t *pos, float *acc,
+                                               const int32_t *free_slot, int64_t n_lists,
+                                               int32_t rows_per_list, int32_t n_att, int32_t t,
+                                               int32_t p_cap, flexdiag_stream *s);
+/* (optional) Update after step t from probs (n_lists·heads, max_slots), attn_decode's
+ * probs_out (list i owns rows i·heads ..), n = min(t+1, n_att):
+ *   acc != NULL (H2O, heads = the group g): acc[i][j] += the sum over q of
+ *     probs[i·heads + q][j] for j < n; when n == n_att, free_slot[i] = the slot minimising
+ *     (acc, pos) among those with pos <= t - R + 1, R = n_att - n_att / 2;
+ *   acc == NULL (TOVA, heads = h_q): when n == n_att, free_slot[i] = the slot minimising
+ *     (sum over q of probs[i·heads + q][j] / heads, pos) over all n_att slots.
+ * Sums start at 0 and add q = 0, 1, ... in order (fp32), as the reference does, so every
+ * backend picks the same victims. */
+typedef flexdiag_status flexdiag_op_evict_update(int32_t *free_slot, float *acc,
+                                                 const int32_t *pos, const float *probs,
+                                                 int64_t n_lists, int32_t heads,
+                                                 int32_t max_slots, int32_t n_att, int32_t t,
+                                                 flexdiag_stream *s);
+
+/* ---- device-resident ALISA (policies.md §3.6; policy/policy_alisa.c is the reference).
+ * List i = (layer, seq) keeps the records of its last w = n_att - n_att/2 steps: rec_pos,
+ * rec_p (n_lists, w, n_att) the positions attended then and their head-summed
+ * probabilities, rec_n (n_lists, w) their counts. All KV heads of a list attend the same
+ * positions; ALISA never evicts, so ring slot = position. ---- */
+
+/* (optional) Plan step t: the positions attended at t, i.e. the top k_g = n_att/2 of the
+ * older tokens 0..t-w by S_t = the sum of the records' probabilities (S descending, then
+ * position descending; the order of flexdiag__alisa_key), ascending, followed by t-w+1..t;
+ * written as the slot list of each of the list's `copies` KV heads (slots
+ * (n_lists·copies, max_slots), n_slots (n_lists·copies)) and as record t mod w with zero
+ * probabilities. score (n_lists, l_dec) and keys (n_lists, l_dec) are scratch, l_dec > t. */
+typedef flexdiag_status flexdiag_op_alisa_plan(int32_t *slots, int32_t *n_slots, int32_t *rec_pos,
+                                               float *rec_p, int32_t *rec_n, float *score,
+                                               uint64_t *keys, int64_t n_lists, int32_t copies,
+                                               int32_t max_slots, int32_t n_att, int32_t l_dec,
+                                               int32_t t, flexdiag_stream *s);
+/* (optional) Update after step t: entry j < rec_n of record t mod w gets the sum over
+ * q = 0, 1, ..., heads-1 (fp32, in order) of probs[i·heads + q][j]: probs is attn_decode's
+ * probs_out (n_lists·heads, max_slots), heads = h_q. */
+typedef flexdiag_status flexdiag_op_alisa_update(float *rec_p, const int32_t *rec_n,
+                                                 const float *probs, int64_t n_lists,
+                                                 int32_t heads, int32_t max_slots, int32_t n_att,
+                                                 int32_t t, flexdiag_stream *s);
+
+/* ---- launch graphs (optional; NULL: the engine launches op by op) ---- */
+
+/* Start recording the ops queued on s instead of running them (no sync, copy_d2h or
+ * allocation may happen until graph_end). */
+typedef flexdiag_status flexdiag_op_graph_begin(flexdiag_stream *s);
+/* Stop recording; *graph is a replayable instance of what was recorded. */
+typedef flexdiag_status flexdiag_op_graph_end(flexdiag_stream *s, void **graph);
+/* Replay graph on s (same buffers, their current contents). */
+typedef flexdiag_status flexdiag_op_graph_launch(void *graph, flexdiag_stream *s);
+/* Free graph; NULL is a no-op. */
+typedef void flexdiag_op_graph_destroy(void *graph);
+
+/* ======== the op table ======== */
+
 typedef struct flexdiag_kernels {
     const char *name; /* "cpu-ref", "cpu", "cuda" */
     int act_bytes;    /* 4 (fp32) or 2 (bf16) */
     size_t stream_bytes; /* device bytes each stream holds outside mem_alloc (workspaces); the
                             runtime charges them to its memory budget */
 
-    /* ---- streams and memory ---- */
-    /* Create an execution queue; threads = CPU workers (0 = all cores), device = CUDA ordinal. */
-    flexdiag_status (*stream_create)(int device, int threads, flexdiag_stream **out);
-    void (*stream_destroy)(flexdiag_stream *s);
-    /* Wait until all work queued on s is done. */
-    flexdiag_status (*stream_sync)(flexdiag_stream *s);
-    /* Device memory (64-byte aligned at least); bytes == 0 gives NULL. */
-    flexdiag_status (*mem_alloc)(size_t bytes, void **out);
-    void (*mem_free)(void *p);
-    /* Copies ordered on s; host memory need not be pinned (then the call may block). */
-    flexdiag_status (*copy_h2d)(void *dst, const void *src, size_t bytes, flexdiag_stream *s);
-    flexdiag_status (*copy_d2h)(void *dst, const void *src, size_t bytes, flexdiag_stream *s);
-    flexdiag_status (*copy_d2d)(void *dst, const void *src, size_t bytes, flexdiag_stream *s);
-    flexdiag_status (*memset0)(void *dst, size_t bytes, flexdiag_stream *s);
-    /* (optional) free and total device bytes; default: unknown (CPU) */
-    flexdiag_status (*mem_info)(size_t *free_bytes, size_t *total_bytes);
-    /* (optional) name of s's device ("NVIDIA H200", the CPU's model name) into out (n bytes,
-     * always NUL-terminated), for reports; default: the table's name */
-    void (*device_name)(const flexdiag_stream *s, char *out, size_t n);
+    /* ---- streams, events and memory ---- */
+    flexdiag_op_stream_create *stream_create;
+    flexdiag_op_stream_destroy *stream_destroy;
+    flexdiag_op_stream_sync *stream_sync;
+    flexdiag_op_event_create *event_create;
+    flexdiag_op_event_destroy *event_destroy;
+    flexdiag_op_event_record *event_record;
+    flexdiag_op_stream_wait_event *stream_wait_event;
+    flexdiag_op_event_sync *event_sync;
+    flexdiag_op_event_query *event_query;
+    flexdiag_op_mem_alloc *mem_alloc;
+    flexdiag_op_mem_free *mem_free;
+    flexdiag_op_copy *copy_h2d;       /* host -> device; may block on pageable memory */
+    flexdiag_op_copy *copy_d2h;       /* device -> host; synchronises s */
+    flexdiag_op_copy *copy_d2d;       /* device -> device */
+    flexdiag_op_copy *copy_h2d_async; /* host -> device; never synchronises (pinned host) */
+    flexdiag_op_copy *copy_d2h_async; /* device -> host; never synchronises (pinned host) */
+    flexdiag_op_memset0 *memset0;
+    flexdiag_op_mem_info *mem_info;       /* optional */
+    flexdiag_op_device_name *device_name; /* optional */
 
     /* ---- conversions ---- */
-    /* out (n) f32 <- in (n) act */
-    flexdiag_status (*act_to_f32)(float *out, const void *in, int64_t n, flexdiag_stream *s);
-    /* out (n) act <- in (n) f32 (bf16 act: round to nearest even) */
-    flexdiag_status (*act_from_f32)(void *out, const float *in, int64_t n, flexdiag_stream *s);
+    flexdiag_op_act_to_f32 *act_to_f32;
+    flexdiag_op_act_from_f32 *act_from_f32;
 
     /* ---- elementwise and row ops ---- */
-    /* out (n, d) act; table (V, d) bf16; ids (ceil(n/rep)): row i takes table[ids[i / rep]] */
-    flexdiag_status (*embed)(void *out, const uint16_t *table, const int32_t *ids, int64_t n,
-                             int64_t d, int32_t rep, flexdiag_stream *s);
-    /* out (n, d) act = x / sqrt(mean(x²) + eps) ⊙ w; x (n, d) act; w (d) bf16; stats fp32 */
-    flexdiag_status (*rmsnorm)(void *out, const void *x, const uint16_t *w, int64_t n, int64_t d,
-                               float eps, flexdiag_stream *s);
-    /* out (n, m) = x (n, k) act · W (m, k)ᵀ + b (m) (b may be NULL); act or f32 out per flags */
-    flexdiag_status (*matmul)(void *out, const void *x, const uint16_t *w, const uint16_t *b,
-                              int64_t n, int64_t k, int64_t m, unsigned flags,
-                              flexdiag_stream *s);
-    /* out (n, f) act = silu(gu[:, :f]) ⊙ gu[:, f:]; gu (n, 2f) act */
-    flexdiag_status (*swiglu)(void *out, const void *gu, int64_t n, int64_t f,
-                              flexdiag_stream *s);
-    /* x (n) act in place: exact (erf) GELU */
-    flexdiag_status (*gelu)(void *x, int64_t n, flexdiag_stream *s);
-    /* out (n, d) act = in rows idx (n) */
-    flexdiag_status (*gather_rows)(void *out, const void *in, const int32_t *idx, int64_t n,
-                                   int64_t d, flexdiag_stream *s);
+    flexdiag_op_embed *embed;
+    flexdiag_op_rmsnorm *rmsnorm;
+    flexdiag_op_matmul *matmul;
+    flexdiag_op_swiglu *swiglu;
+    flexdiag_op_gelu *gelu;
+    flexdiag_op_gather_rows *gather_rows;
 
     /* ---- KV cache and attention ---- */
-    /* Write K and V of n_tok tokens into the caches k, v (layout above). qkv (n_tok, qkv width)
-     * act; token i belongs to sequence i / tok_per_seq and goes to cache row rows[i·h_kv + h]
-     * of KV head h. With a->pos set, the h_q + h_kv q and k heads of qkv row i are first
-     * rotated in place by RoPE at position pos[i] (rotate-half, HF layout; inv_freq[j] =
-     * rope_theta^(-2j/d_h) and the angle in double, cos/sin rounded to fp32, fp32 rotation
-     * without fma contraction, one rounding to act), so the cache gets rotated keys and qkv
-     * rotated queries; with a->pos NULL it is a plain copy and qkv is not written. */
-    flexdiag_status (*kv_append)(void *k, void *v, void *qkv, const int32_t *rows,
-                                 int64_t n_tok, int32_t tok_per_seq, const flexdiag_attn_args *a,
-                                 flexdiag_stream *s);
-    /* Causal prompt attention. out (n_seq·p_cap, h_q·d_h) act; qkv (n_seq·p_cap, qkv width);
-     * query row r < lp[s] of sequence s attends prompt rows 0..r of its cache; rows r >= lp[s]
-     * are written as zeros. */
-    flexdiag_status (*attn_prefill)(void *out, const void *qkv, const void *k, const void *v,
-                                    const flexdiag_attn_args *a, flexdiag_stream *s);
-    /* One decode query per sequence. out (n_seq, h_q·d_h) act; qkv (n_seq, qkv width); each
-     * query head of KV head h attends prompt rows 0..lp[s]-1, then ring rows slots[s][h][..],
-     * with one online softmax; fills logits_out / lse_out / probs_out when given and applies
-     * the Diagonal update when diag_lag is set. */
-    flexdiag_status (*attn_decode)(void *out, const void *qkv, const void *k, const void *v,
-                                   const flexdiag_attn_args *a, flexdiag_stream *s);
+    flexdiag_op_kv_append *kv_append;
+    flexdiag_op_attn_prefill *attn_prefill;
+    flexdiag_op_attn_decode *attn_decode;
 
     /* ---- heads and sampling ---- */
-    /* out (n_pairs, V) f32 = u + w·(c - u) with c = logits row 2i, u = row 2i+1 */
-    flexdiag_status (*cfg_combine)(float *out, const float *logits, int64_t n_pairs, int64_t V,
-                                   float w, flexdiag_stream *s);
-    /* ids (n) int32 drawn from softmax(logits (n, V) / T) after top-k / top-p; the uniform
-     * number for row i is flexdiag__rng_uniform(p->seed, req0 + i, step). */
-    flexdiag_status (*sample)(int32_t *ids, const float *logits, int64_t n, int64_t V,
-                              const flexdiag_sample_params *p, int64_t req0, int64_t step,
-                              flexdiag_stream *s);
+    flexdiag_op_cfg_combine *cfg_combine;
+    flexdiag_op_sample *sample;
 
     /* ---- image decoder (VQ-16) ---- */
-    /* Tensors are NCHW f32 on every backend, not act: bf16 activations put the CUDA decode 0.022
-     * relative L2 from transformers' pixels (limit 2e-2). The void * activation pointers point
-     * to float; only CUDA conv2d rounds, its input to bf16 for the tensor-core GEMM. */
-    /* out (n, c, hw) f32: column j of image i = codebook row ids[i·hw + j]; codebook (V, c) f32,
-     * already L2-normalised by the loader */
-    flexdiag_status (*vq_lookup)(void *out, const float *codebook, const int32_t *ids, int64_t n,
-                                 int32_t c, int32_t hw, flexdiag_stream *s);
-    /* out (n, cout, h, w) f32 (+)= conv(x (n, cin, h, w) f32, w (cout, cin, k, k) bf16) + b (cout)
-     * bf16 (b may be NULL); stride 1, zero padding (k-1)/2, k odd; fp32 accumulation (CUDA: x
-     * rounded to bf16 for the GEMM); flags: FLEXDIAG_MM_ACCUM (adds onto out in fp32) */
-    flexdiag_status (*conv2d)(void *out, const void *x, const uint16_t *w, const uint16_t *b,
-                              int64_t n, int32_t cin, int32_t cout, int32_t h, int32_t wd,
-                              int32_t k, unsigned flags, flexdiag_stream *s);
-    /* out (n, c, hw) f32 = GroupNorm(groups, eps)(x (n, c, hw) f32) · gamma + beta (bf16 (c)),
-     * stats fp32 or wider; then swish x·sigmoid(x) when swish != 0 */
-    flexdiag_status (*groupnorm)(void *out, const void *x, const uint16_t *gamma,
-                                 const uint16_t *beta, int64_t n, int32_t c, int32_t hw,
-                                 int32_t groups, float eps, int32_t swish, flexdiag_stream *s);
-    /* out (n, c, 2h, 2w) f32 = nearest-neighbour ×2 of x (n, c, h, w) f32 */
-    flexdiag_status (*upsample2x)(void *out, const void *x, int64_t n, int32_t c, int32_t h,
-                                  int32_t wd, flexdiag_stream *s);
-    /* Single-head attention over positions: out (n, c, hw) f32 = v · softmax_keys(qᵀk·c^-0.5)ᵀ,
-     * q, k, v (n, c, hw) f32; logits, softmax and both products in fp32 */
-    flexdiag_status (*attn_spatial)(void *out, const void *q, const void *k, const void *v,
-                                    int64_t n, int32_t c, int32_t hw, flexdiag_stream *s);
-    /* out (n, h, w, 3) f32 = x (n, 3, h, w) f32 (NCHW -> NHWC, the float pixels before uint8) */
-    flexdiag_status (*to_nhwc)(float *out, const void *x, int64_t n, int32_t c, int32_t hw,
-                               flexdiag_stream *s);
+    flexdiag_op_vq_lookup *vq_lookup;
+    flexdiag_op_conv2d *conv2d;
+    flexdiag_op_groupnorm *groupnorm;
+    flexdiag_op_upsample2x *upsample2x;
+    flexdiag_op_attn_spatial *attn_spatial;
+    flexdiag_op_to_nhwc *to_nhwc;
 
     /* ---- host staging ---- */
-    /* (optional) page-locked host memory, so copy_h2d / copy_d2h from it are asynchronous;
-     * default: the runtime uses malloc/free */
-    flexdiag_status (*host_alloc)(size_t bytes, void **out);
-    void (*host_free)(void *p);
+    flexdiag_op_host_alloc *host_alloc; /* optional */
+    flexdiag_op_host_free *host_free;   /* optional, with host_alloc */
+    flexdiag_op_host_register *host_register;
+    flexdiag_op_host_unregister *host_unregister;
 
-    /* ---- device-resident Diagonal policy (policies.md §2.3, §2.8; policy/policy_diagonal.c
-     * is the reference these must equal). A lag list i = (layer, seq, KV head) holds cnt[i]
-     * lags lag[i·a ..]; base = 4 for diagonal-sink4 (4 sink rows ahead of the ring), else 0;
-     * inner step ti = t - base. ---- */
-    /* (optional) Plan step t for n_lists lists: when 0 <= ti <= a-1 first append lag ti
-     * (ti == 0 resets the list to {0}); then slots[i] = sinks 0..base-1 followed by list
-     * entry j at column base + cnt-1-j: base + (ti - lag[j]) mod n_r; n_slots[i] = base + cnt.
-     * For ti < 0 (sink4, t <= 3): slots 0..t. slots (n_lists, max_slots), n_slots (n_lists). */
-    flexdiag_status (*diag_slots)(int32_t *slots, int32_t *n_slots, int16_t *lag, int16_t *cnt,
-                                  int64_t n_lists, int32_t max_slots, int32_t a, int32_t t,
-                                  int32_t n_r, int32_t base, flexdiag_stream *s);
+    /* ---- device-resident policies (optional) ---- */
+    flexdiag_op_diag_slots *diag_slots;
     /* Largest group h_q / h_kv for which attn_decode applies diag_lag (0: never); the engine
      * keeps a larger group's Diagonal policy on the host. */
     int32_t diag_max_group;
-
-    /* ---- device-resident eviction policies H2O and TOVA (policies.md §3.4, §3.5;
-     * policy/policy_score.c is the reference these must equal). List i owns n_att ring slots:
-     * H2O one list per (layer, seq, KV head), TOVA one per (layer, seq) whose slot map all its
-     * KV heads share. pos (n_lists, n_att): decode position held by each slot; acc (n_lists,
-     * n_att): H2O's accumulated scores (NULL for TOVA); free_slot (n_lists): the victim the
-     * last update chose. Slots 0..min(t+1, n_att)-1 are the occupied ones, so every list
-     * attends the same slot list and only the write slot differs. ---- */
-    /* (optional) Plan step t: t == 0 resets the list (pos -1, acc 0); f = t < n_att ? t :
-     * free_slot[i]; pos[i][f] = t, acc[i][f] = 0; rows[i·rows_per_list + r] = p_cap + f for
-     * r < rows_per_list (the cache rows kv_append writes: 1 for H2O, h_kv for TOVA). */
-    flexdiag_status (*evict_plan)(int32_t *rows, int32_t *pos, float *acc,
-                                  const int32_t *free_slot, int64_t n_lists,
-                                  int32_t rows_per_list, int32_t n_att, int32_t t, int32_t p_cap,
-                                  flexdiag_stream *s);
-    /* (optional) Update after step t from probs (n_lists·heads, max_slots), attn_decode's
-     * probs_out (list i owns rows i·heads ..), n = min(t+1, n_att):
-     *   acc != NULL (H2O, heads = the group g): acc[i][j] += the sum over q of
-     *     probs[i·heads + q][j] for j < n; when n == n_att, free_slot[i] = the slot minimising
-     *     (acc, pos) among those with pos <= t - R + 1, R = n_att - n_att / 2;
-     *   acc == NULL (TOVA, heads = h_q): when n == n_att, free_slot[i] = the slot minimising
-     *     (sum over q of probs[i·heads + q][j] / heads, pos) over all n_att slots.
-     * Sums start at 0 and add q = 0, 1, ... in order (fp32), as the reference does, so every
-     * backend picks the same victims. */
-    flexdiag_status (*evict_update)(int32_t *free_slot, float *acc, const int32_t *pos,
-                                    const float *probs, int64_t n_lists, int32_t heads,
-                                    int32_t max_slots, int32_t n_att, int32_t t,
-                                    flexdiag_stream *s);
-
-    /* ---- device-resident ALISA (policies.md §3.6; policy/policy_alisa.c is the reference).
-     * List i = (layer, seq) keeps the records of its last w = n_att - n_att/2 steps: rec_pos,
-     * rec_p (n_lists, w, n_att) the positions attended then and their head-summed
-     * probabilities, rec_n (n_lists, w) their counts. All KV heads of a list attend the same
-     * positions; ALISA never evicts, so ring slot = position. ---- */
-    /* (optional) Plan step t: the positions attended at t, i.e. the top k_g = n_att/2 of the
-     * older tokens 0..t-w by S_t = the sum of the records' probabilities (S descending, then
-     * position descending; the order of flexdiag__alisa_key), ascending, followed by t-w+1..t;
-     * written as the slot list of each of the list's `copies` KV heads (slots
-     * (n_lists·copies, max_slots), n_slots (n_lists·copies)) and as record t mod w with zero
-     * probabilities. score (n_lists, l_dec) and keys (n_lists, l_dec) are scratch, l_dec > t. */
-    flexdiag_status (*alisa_plan)(int32_t *slots, int32_t *n_slots, int32_t *rec_pos,
-                                  float *rec_p, int32_t *rec_n, float *score, uint64_t *keys,
-                                  int64_t n_lists, int32_t copies, int32_t max_slots,
-                                  int32_t n_att, int32_t l_dec, int32_t t, flexdiag_stream *s);
-    /* (optional) Update after step t: entry j < rec_n of record t mod w gets the sum over
-     * q = 0, 1, ..., heads-1 (fp32, in order) of probs[i·heads + q][j]: probs is attn_decode's
-     * probs_out (n_lists·heads, max_slots), heads = h_q. */
-    flexdiag_status (*alisa_update)(float *rec_p, const int32_t *rec_n, const float *probs,
-                                    int64_t n_lists, int32_t heads, int32_t max_slots,
-                                    int32_t n_att, int32_t t, flexdiag_stream *s);
+    flexdiag_op_evict_plan *evict_plan;
+    flexdiag_op_evict_update *evict_update;
+    flexdiag_op_alisa_plan *alisa_plan;
+    flexdiag_op_alisa_update *alisa_update;
 
     /* ---- launch graphs (optional; NULL: the engine launches op by op) ---- */
-    /* Start recording the ops queued on s instead of running them (no sync, copy_d2h or
-     * allocation may happen until graph_end). */
-    flexdiag_status (*graph_begin)(flexdiag_stream *s);
-    /* Stop recording; *graph is a replayable instance of what was recorded. */
-    flexdiag_status (*graph_end)(flexdiag_stream *s, void **graph);
-    /* Replay graph on s (same buffers, their current contents). */
-    flexdiag_status (*graph_launch)(void *graph, flexdiag_stream *s);
-    void (*graph_destroy)(void *graph);
+    flexdiag_op_graph_begin *graph_begin;
+    flexdiag_op_graph_end *graph_end;
+    flexdiag_op_graph_launch *graph_launch;
+    flexdiag_op_graph_destroy *graph_destroy;
 } flexdiag_kernels;
 
 /* ---- registry (kernels/registry.c) ---- */

@@ -2,7 +2,9 @@
  * ref_mem.c - streams, "device" memory and copies of the CPU backends: a stream owns a thread
  * pool (cpu_stream.h); the device is host memory, so
  * allocation is posix_memalign (64 bytes: one cache line, and the alignment kernels.h
- * promises) and every copy direction is a memcpy that has finished when it returns.
+ * promises) and every copy direction, the async ones included, is a memcpy that has finished
+ * when it returns. There is no device to pin host memory for: host_register and host_unregister
+ * only check their arguments.
  *
  * device_name reports the CPU's model name from /proc/cpuinfo (Linux), else "cpu".
  *
@@ -93,6 +95,18 @@ flexdiag_status flexdiag__cpu_memset0(void *dst, size_t bytes, flexdiag_stream *
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu memset0 of %zu bytes: dst is NULL",
                              bytes);
     memset(dst, 0, bytes);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_host_register(void *p, size_t bytes) {
+    if (!p && bytes)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu host_register of %zu bytes: p is NULL",
+                             bytes);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_host_unregister(void *p) {
+    (void)p; /* nothing was pinned */
     return FLEXDIAG_OK;
 }
 

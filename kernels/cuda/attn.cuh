@@ -3,10 +3,11 @@
  * (prefill) and single-query decode attention over the policy's slot lists.
  *
  * The op table (kernels_cuda.cu) points its kv_append / attn_prefill / attn_decode entries at
- * these functions; the kernels live in kv_append.cu, attn_prefill.cu and attn_decode.cu. All
- * tensors are bf16 device buffers laid out as kernels.h describes (qkv rows, KV-cache blocks of
- * p_cap prompt rows then `ring` decode rows per (sequence, KV head)); math is fp32. The
- * launchers check shapes on the host, enqueue on s->stream and never synchronise.
+ * these functions, declared with those entries' kernels.h op types; the kernels live in
+ * kv_append.cu, attn_prefill.cu and attn_decode.cu. All tensors are bf16 device buffers laid
+ * out as kernels.h describes (qkv rows, KV-cache blocks of p_cap prompt rows then `ring` decode
+ * rows per (sequence, KV head)); math is fp32. The launchers check shapes on the host, enqueue
+ * on s->stream and never synchronise.
  */
 #ifndef FLEXDIAG_CUDA_ATTN_CUH
 #define FLEXDIAG_CUDA_ATTN_CUH
@@ -27,15 +28,11 @@ extern "C" {
 /* kernels.h kv_append: copy K and V of n_tok tokens (bf16, exact) into cache rows
  * rows[i·h_kv + h]; token i belongs to sequence i / tok_per_seq. With a->pos set, RoPE first
  * rotates the q and k heads of qkv in place (one fused kernel, one CTA per token). */
-flexdiag_status flexdiag__cuda_kv_append(void *k, void *v, void *qkv, const int32_t *rows,
-                                         int64_t n_tok, int32_t tok_per_seq,
-                                         const flexdiag_attn_args *a, flexdiag_stream *s);
+flexdiag_op_kv_append flexdiag__cuda_kv_append;
 
 /* kernels.h attn_prefill: causal attention of every prompt row over the cached prompt rows
  * 0..r; rows r >= lp[s] of out are zeros. Tiled, online softmax in fp32. */
-flexdiag_status flexdiag__cuda_attn_prefill(void *out, const void *qkv, const void *k,
-                                            const void *v, const flexdiag_attn_args *a,
-                                            flexdiag_stream *s);
+flexdiag_op_attn_prefill flexdiag__cuda_attn_prefill;
 
 /* Query heads one decode CTA serves at most; the fused Diagonal update needs the whole group in
  * one CTA, so it is the table's diag_max_group. */
@@ -44,9 +41,7 @@ flexdiag_status flexdiag__cuda_attn_prefill(void *out, const void *qkv, const vo
 /* kernels.h attn_decode: one query per sequence over prompt rows 0..lp-1 and the ring rows of
  * the slot lists; one CTA per (sequence, KV head) serves all its query heads. Fills
  * logits_out / lse_out / probs_out when given; applies the Diagonal update (diag_lag). */
-flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv, const void *k,
-                                           const void *v, const flexdiag_attn_args *a,
-                                           flexdiag_stream *s);
+flexdiag_op_attn_decode flexdiag__cuda_attn_decode;
 
 /* ---- shared by the attention .cu files ---- */
 

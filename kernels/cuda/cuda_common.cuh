@@ -6,7 +6,9 @@
  * bound to it + one device workspace for the GEMM heuristics (FLEXDIAG_CUDA_WORKSPACE_BYTES,
  * allocated by stream_create; the runtime counts it in the GPU arena). Ops get the stream as
  * their last argument and never synchronise the host, except copy_d2h (the contract says the
- * host buffer is filled on return).
+ * host buffer is filled on return). A process may hold many streams (one per context, copy
+ * streams); nothing here is per process except matmul.cu's GEMM plan cache, which every stream
+ * of a device shares under a lock.
  *
  * Errors: FLEXDIAG_CUDA_TRY / FLEXDIAG_CUBLAS_TRY evaluate the expression once and, on failure,
  * go to one slow-path function that records "cuda device D: <statement> failed: <error>" with the
@@ -51,7 +53,6 @@ struct flexdiag_stream {
     size_t workspace_bytes; /* FLEXDIAG_CUDA_WORKSPACE_BYTES */
     int device;             /* CUDA ordinal; ops run with this device current */
     int sm_count;           /* multiprocessors of device (grid sizing) */
-    void *mm_cache;         /* matmul.cu's GEMM plans (descriptors + chosen algorithm), or NULL */
 };
 
 #ifdef __cplusplus

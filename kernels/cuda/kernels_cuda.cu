@@ -7,7 +7,8 @@
  * row ops, GEMM, CFG, sampling; one op per .cu file) or attn.cuh (KV append and attention, helper
  * F2's files). registry.c reaches this table through flexdiag__kernels_cuda_table() when the
  * build has CUDA. Image-decoder ops live in conv2d.cu and vq_ops.cu; the device-resident Diagonal
- * policy in diag_policy.cu; graph capture and page-locked staging in mem.cu.
+ * policy in diag_policy.cu; graph capture, page-locked staging and host registration in mem.cu;
+ * events in event.cu.
  *
  * Device-side contracts the runtime must keep (documented at the launchers): ids passed to
  * embed / gather_rows are in range; sample writes id -1 for a row with non-finite logits, and
@@ -27,11 +28,19 @@ static flexdiag_kernels make_table(void) {
     t.stream_create = flexdiag__cuda_stream_create;
     t.stream_destroy = flexdiag__cuda_stream_destroy;
     t.stream_sync = flexdiag__cuda_stream_sync;
+    t.event_create = flexdiag__cuda_event_create;
+    t.event_destroy = flexdiag__cuda_event_destroy;
+    t.event_record = flexdiag__cuda_event_record;
+    t.stream_wait_event = flexdiag__cuda_stream_wait_event;
+    t.event_sync = flexdiag__cuda_event_sync;
+    t.event_query = flexdiag__cuda_event_query;
     t.mem_alloc = flexdiag__cuda_mem_alloc;
     t.mem_free = flexdiag__cuda_mem_free;
     t.copy_h2d = flexdiag__cuda_copy_h2d;
     t.copy_d2h = flexdiag__cuda_copy_d2h;
     t.copy_d2d = flexdiag__cuda_copy_d2d;
+    t.copy_h2d_async = flexdiag__cuda_copy_h2d; /* cudaMemcpyAsync: never waits for pinned memory */
+    t.copy_d2h_async = flexdiag__cuda_copy_d2h_async;
     t.memset0 = flexdiag__cuda_memset0;
     t.mem_info = flexdiag__cuda_mem_info;
     t.device_name = flexdiag__cuda_device_name;
@@ -50,6 +59,8 @@ static flexdiag_kernels make_table(void) {
     t.sample = flexdiag__cuda_sample;
     t.host_alloc = flexdiag__cuda_host_alloc;
     t.host_free = flexdiag__cuda_host_free;
+    t.host_register = flexdiag__cuda_host_register;
+    t.host_unregister = flexdiag__cuda_host_unregister;
     t.graph_begin = flexdiag__cuda_graph_begin;
     t.graph_end = flexdiag__cuda_graph_end;
     t.graph_launch = flexdiag__cuda_graph_launch;

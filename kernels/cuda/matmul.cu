@@ -25,22 +25,34 @@
  * output does not fit there (the large prefill GEMMs) keep the first choice. The choice is a
  * timing, so two processes may pick different algorithms (and round differently);
  * FLEXDIAG_GEMM_TUNE=0 in the environment keeps the heuristic's first choice for run-to-run
- * reproducible bits. Plans built during graph capture are never timed.
+ * reproducible bits. Plans built during graph capture are never timed. Tuning runs on the calling
+ * stream and its workspace, so it needs nothing another stream holds.
  *
- * Heuristic queries cost tens of microseconds, so each stream keeps a small cache of plans
- * (descriptors + algorithm) keyed by shape, flags, bias presence and pointer alignments; the
- * runtime issues a handful of distinct shapes, reused every layer and step. A stream is used by
- * one host thread at a time, so the cache needs no lock.
+ * Plan cache: heuristic queries cost tens of microseconds and tuning milliseconds, so plans
+ * (descriptors + algorithm) are kept per device, keyed by shape, flags, bias presence and pointer
+ * alignments, and shared by every stream of the process; the runtime issues a handful of
+ * distinct shapes, reused every layer and step. Streams may call matmul concurrently from
+ * different host threads (two contexts, say). One mutex guards the cache and is held only to
+ * look a key up and to publish a plan, never while a plan is built or a GEMM runs. A miss builds
+ * (and tunes) its plan outside the lock, then publishes it, unless another thread published one
+ * for the same key meanwhile: then that plan is used and the new one destroyed, so every stream
+ * runs one algorithm per key and gets the same bits for the same inputs. Published plans are
+ * immutable and never freed (the cache only grows, up to MM_CACHE_CAP plans per device, for the
+ * life of the process), so no thread can lose a plan it is using; past the cap a call builds a
+ * temporary plan (the heuristic's first choice, not timed) and destroys it after its GEMM. The
+ * bias pointer is the one per-call part of a descriptor: a call with the bias epilogue sets it on
+ * its own copy of the plan's matmul descriptor, never on the shared one.
  */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.cuh"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 
-/* Plans kept per stream: a decoder issues < 10 distinct GEMM shapes per phase (qkv, o, gate|up,
- * down, head; prefill and decode), so 32 is ample; the oldest plan is replaced when full. */
-#define MM_CACHE_SLOTS 32
+/* Plans kept per device: a decoder issues < 10 distinct GEMM shapes per phase (qkv, o, gate|up,
+ * down, head; prefill and decode), so a few models and batch shapes stay far below 256. */
+#define MM_CACHE_CAP 256
 /* Autotuning: candidates asked of the heuristic, timed launches of each (the best counts, after
  * one untimed warm-up launch). */
 #define MM_TUNE_ALGOS 32
@@ -55,10 +67,10 @@ typedef struct mm_key {
 
 typedef struct mm_plan {
     mm_key key;                 /* what this plan was built for */
-    int used;                   /* slot holds a plan */
     int use_lt;                 /* 1: cublasLtMatmul with algo; 0: cublasGemmEx */
     int lt_bias;                /* bias applied by the Lt epilogue (else by bias_kernel) */
-    cublasLtMatmulDesc_t op;    /* compute / scale types, transposes, epilogue */
+    cublasLtMatmulDesc_t op;    /* compute / scale types, transposes, epilogue (bias pointer:
+                                   the one of the call that built the plan) */
     cublasLtMatrixLayout_t la;  /* A = W: bf16 k × m, ld k */
     cublasLtMatrixLayout_t lb;  /* B = xᵀ: bf16 k × n, ld k */
     cublasLtMatrixLayout_t lc;  /* C = D = outᵀ: bf16 / fp32 m × n, ld m */
@@ -66,9 +78,17 @@ typedef struct mm_plan {
 } mm_plan;
 
 typedef struct mm_cache {
-    mm_plan plan[MM_CACHE_SLOTS]; /* plans, valid where used */
-    int next;                     /* slot replaced on the next miss (round robin) */
+    int device;                  /* CUDA ordinal whose streams share these plans */
+    int n;                       /* published plans: plan[0 .. n-1] */
+    mm_plan *plan[MM_CACHE_CAP]; /* published plans: immutable, kept for the process's life */
+    struct mm_cache *next;       /* the next device's cache */
 } mm_cache;
+
+/* Guards mm_caches and every mm_cache's n and plan[] (not the plans: published ones are
+ * immutable). */
+static pthread_mutex_t mm_lock = PTHREAD_MUTEX_INITIALIZER;
+/* One cache per device that has run a GEMM. */
+static mm_cache *mm_caches;
 
 /* ---- bias / fill kernel ---- */
 
@@ -129,26 +149,40 @@ static void plan_release(mm_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Create the descriptors of p for its key; epilogue BIAS when lt_bias. */
+/* Release and free a plan that was never published (or a temporary one); NULL is a no-op. */
+static void plan_free(mm_plan *p) {
+    if (!p) return;
+    plan_release(p);
+    free(p);
+}
+
+/* Set the transposes of the matmul descriptor op and, when lt_bias, the BIAS epilogue with bias
+ * pointer b (bf16). */
+static flexdiag_status op_configure(cublasLtMatmulDesc_t op, int lt_bias, const uint16_t *b) {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    FLEXDIAG_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    FLEXDIAG_CUBLAS_TRY(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (lt_bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const int32_t bias_t = CUDA_R_16BF;
+        FLEXDIAG_CUBLAS_TRY(
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
+            op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof bias_t));
+        FLEXDIAG_CUBLAS_TRY(
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
+    }
+    return FLEXDIAG_OK;
+}
+
+/* Create the descriptors of p for its key; epilogue BIAS (with bias b) when lt_bias. */
 static flexdiag_status plan_describe(mm_plan *p, const uint16_t *b) {
     const mm_key *key = &p->key;
     const cudaDataType_t out_t = (key->flags & FLEXDIAG_MM_OUT_F32) ? CUDA_R_32F : CUDA_R_16BF;
-    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    FLEXDIAG_CUBLAS_TRY(
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    FLEXDIAG_CUBLAS_TRY(
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (p->lt_bias) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        const int32_t bias_t = CUDA_R_16BF;
-        FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                           &epi, sizeof epi));
-        FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
-            p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof bias_t));
-        FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
-            p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
-    }
+    FLEXDIAG_TRY(op_configure(p->op, p->lt_bias, b));
     FLEXDIAG_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)key->k,
                                                    (uint64_t)key->m, key->k));
     FLEXDIAG_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)key->k,
@@ -236,10 +270,10 @@ static int tune_pick(flexdiag_stream *s, mm_plan *p, const cublasLtMatmulHeurist
 }
 
 /* Ask the heuristic for algorithms for p under the stream's workspace and the pointer
- * alignments of the key, and keep the first (or, tuning, the fastest); *found = 0 when it has
- * none (not an error: the caller falls back). */
+ * alignments of the key, and keep the first (or, when tune is set and tuning is allowed, the
+ * fastest); *found = 0 when it has none (not an error: the caller falls back). */
 static flexdiag_status plan_heuristic(flexdiag_stream *s, mm_plan *p, const mm_operands *o,
-                                      int *found) {
+                                      int tune, int *found) {
     cublasLtMatmulPreference_t pref = NULL;
     FLEXDIAG_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = s->workspace_bytes;
@@ -264,7 +298,7 @@ static flexdiag_status plan_heuristic(flexdiag_stream *s, mm_plan *p, const mm_o
     cublasLtMatmulHeuristicResult_t res[MM_TUNE_ALGOS];
     memset(res, 0, sizeof res);
     int n_res = 0;
-    const int want = tuning_allowed(s) ? MM_TUNE_ALGOS : 1;
+    const int want = tune && tuning_allowed(s) ? MM_TUNE_ALGOS : 1;
     if (e == CUBLAS_STATUS_SUCCESS) {
         /* NOT_SUPPORTED (or any refusal) here only means "no Lt algorithm": fall back. */
         if (cublasLtMatmulAlgoGetHeuristic(s->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, want,
@@ -282,9 +316,10 @@ static flexdiag_status plan_heuristic(flexdiag_stream *s, mm_plan *p, const mm_o
     return FLEXDIAG_OK;
 }
 
-/* Build p for key: Lt with the bias epilogue if possible, then Lt without it, else GemmEx. */
+/* Build p for key: Lt with the bias epilogue if possible, then Lt without it, else GemmEx;
+ * tune: time the candidates (when tuning is allowed). */
 static flexdiag_status plan_build(flexdiag_stream *s, mm_plan *p, const mm_key *key,
-                                  const mm_operands *o) {
+                                  const mm_operands *o, int tune) {
     const int want_bias = key->has_bias && !(key->flags & FLEXDIAG_MM_OUT_F32);
     for (int attempt = want_bias ? 0 : 1; attempt < 2; attempt++) {
         plan_release(p);
@@ -292,66 +327,103 @@ static flexdiag_status plan_build(flexdiag_stream *s, mm_plan *p, const mm_key *
         p->lt_bias = attempt == 0;
         FLEXDIAG_TRY(plan_describe(p, o->b));
         int found = 0;
-        FLEXDIAG_TRY(plan_heuristic(s, p, o, &found));
+        FLEXDIAG_TRY(plan_heuristic(s, p, o, tune, &found));
         if (found) {
             p->use_lt = 1;
-            p->used = 1;
             return FLEXDIAG_OK;
         }
     }
     p->use_lt = 0;
     p->lt_bias = 0;
-    p->used = 1;
     return FLEXDIAG_OK;
 }
 
-/* The cached plan for key, building it on a miss. */
+/* ---- the shared plan cache ---- */
+
+/* Under mm_lock: the cache of device, created on first use; NULL when out of host memory. */
+static mm_cache *cache_of(int device) {
+    for (mm_cache *c = mm_caches; c; c = c->next)
+        if (c->device == device) return c;
+    mm_cache *c = (mm_cache *)calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->device = device;
+    c->next = mm_caches;
+    mm_caches = c;
+    return c;
+}
+
+/* Under mm_lock: the plan of c published for key, or NULL. */
+static mm_plan *cache_find(const mm_cache *c, const mm_key *key) {
+    for (int i = 0; i < c->n; i++)
+        if (key_eq(&c->plan[i]->key, key)) return c->plan[i];
+    return NULL;
+}
+
+/* The plan for key on s's device: the published one, or one built now (outside the lock) and
+ * published unless another thread published one for key first, which is then used instead.
+ * *tmp = 1 when the cache is full and the plan is the caller's, to plan_free after its GEMM. */
 static flexdiag_status plan_get(flexdiag_stream *s, const mm_key *key, const mm_operands *o,
-                                mm_plan **out) {
-    if (!s->mm_cache) {
-        s->mm_cache = calloc(1, sizeof(mm_cache));
-        if (!s->mm_cache)
-            return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
-                                 "cuda matmul: cannot allocate the plan cache (%zu bytes)",
-                                 sizeof(mm_cache));
+                                mm_plan **out, int *tmp) {
+    *out = NULL;
+    *tmp = 0;
+    pthread_mutex_lock(&mm_lock);
+    mm_cache *c = cache_of(s->device);
+    mm_plan *hit = c ? cache_find(c, key) : NULL;
+    const int full = c && c->n == MM_CACHE_CAP;
+    pthread_mutex_unlock(&mm_lock);
+    if (!c)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                             "cuda matmul: cannot allocate the plan cache (%zu bytes)",
+                             sizeof(mm_cache));
+    if (hit) {
+        *out = hit;
+        return FLEXDIAG_OK;
     }
-    mm_cache *c = (mm_cache *)s->mm_cache;
-    for (int i = 0; i < MM_CACHE_SLOTS; i++)
-        if (c->plan[i].used && key_eq(&c->plan[i].key, key)) {
-            *out = &c->plan[i];
-            return FLEXDIAG_OK;
-        }
-    mm_plan *p = &c->plan[c->next];
-    c->next = (c->next + 1) % MM_CACHE_SLOTS;
-    flexdiag_status st = plan_build(s, p, key, o);
+    mm_plan *p = (mm_plan *)calloc(1, sizeof *p);
+    if (!p)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                             "cuda matmul: cannot allocate a GEMM plan (%zu bytes)", sizeof *p);
+    const flexdiag_status st = plan_build(s, p, key, o, !full); /* no timing for a temporary */
     if (st != FLEXDIAG_OK) {
-        plan_release(p);
+        plan_free(p);
         return st;
     }
+    int published = 0;
+    pthread_mutex_lock(&mm_lock);
+    hit = cache_find(c, key);
+    if (!hit && c->n < MM_CACHE_CAP) {
+        c->plan[c->n++] = p;
+        published = 1;
+    }
+    pthread_mutex_unlock(&mm_lock);
+    if (hit) {
+        plan_free(p); /* another thread's plan for key won: every stream runs that one */
+        *out = hit;
+        return FLEXDIAG_OK;
+    }
     *out = p;
+    *tmp = !published;
     return FLEXDIAG_OK;
-}
-
-extern "C" void flexdiag__cuda_matmul_cache_free(flexdiag_stream *s) {
-    if (!s || !s->mm_cache) return;
-    mm_cache *c = (mm_cache *)s->mm_cache;
-    for (int i = 0; i < MM_CACHE_SLOTS; i++) plan_release(&c->plan[i]);
-    free(c);
-    s->mm_cache = NULL;
 }
 
 /* ---- launcher ---- */
 
-/* Run the GEMM of plan p (without the bias unless the Lt epilogue adds it). */
-static flexdiag_status gemm_run(flexdiag_stream *s, mm_plan *p, void *out, const void *x,
+/* Run the GEMM of plan p (without the bias unless the Lt epilogue adds it); p is read only. */
+static flexdiag_status gemm_run(flexdiag_stream *s, const mm_plan *p, void *out, const void *x,
                                 const uint16_t *w, const uint16_t *b) {
     const mm_key *key = &p->key;
     const float alpha = 1.0f, beta = (key->flags & FLEXDIAG_MM_ACCUM) ? 1.0f : 0.0f;
     if (p->use_lt) {
-        if (p->lt_bias)
-            FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
-                p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
-        FLEXDIAG_CUBLAS_TRY(cublasLtMatmul(s->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, out,
+        /* The plan is shared: a call with the bias epilogue describes its own copy of the
+         * matmul descriptor (in place, nothing to free) carrying its own bias pointer. */
+        cublasLtMatmulDescOpaque_t call_op;
+        cublasLtMatmulDesc_t op = p->op;
+        if (p->lt_bias) {
+            op = &call_op;
+            FLEXDIAG_CUBLAS_TRY(cublasLtMatmulDescInit(op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+            FLEXDIAG_TRY(op_configure(op, 1, b));
+        }
+        FLEXDIAG_CUBLAS_TRY(cublasLtMatmul(s->lt, op, &alpha, w, p->la, x, p->lb, &beta, out,
                                            p->lc, out, p->lc, &p->algo, s->workspace,
                                            s->workspace_bytes, s->stream));
         return FLEXDIAG_OK;
@@ -399,9 +471,13 @@ extern "C" flexdiag_status flexdiag__cuda_matmul(void *out, const void *x, const
                             (b ? align_log2(b) : 0u) << 12};
     const mm_operands ops = {x, w, b};
     mm_plan *p = NULL;
-    FLEXDIAG_TRY(plan_get(s, &key, &ops, &p));
-    FLEXDIAG_TRY(gemm_run(s, p, out, x, w, b));
-    if (b && !p->lt_bias) return bias_launch(out, b, n, m, 1, out_f32, s->stream);
+    int tmp = 0;
+    FLEXDIAG_TRY(plan_get(s, &key, &ops, &p, &tmp));
+    const flexdiag_status st = gemm_run(s, p, out, x, w, b);
+    const int bias_after = b && !p->lt_bias;
+    if (tmp) plan_free(p); /* cublasLtMatmul has enqueued the GEMM: the descriptors may go */
+    FLEXDIAG_TRY(st);
+    if (bias_after) return bias_launch(out, b, n, m, 1, out_f32, s->stream);
     FLEXDIAG_CUDA_LAUNCH_CHECK(s->stream);
     return FLEXDIAG_OK;
 }

@@ -10,8 +10,15 @@
  *
  * Copies are cudaMemcpyAsync on the stream: host memory may be pageable (the driver then
  * stages it and the call may block). copy_d2h synchronises the stream before it returns because
- * the contract says the host buffer holds the data on return. No other op waits for the device.
- * A NULL stream means the legacy default stream (matmul excepted: it needs the handles).
+ * the contract says the host buffer holds the data on return; copy_d2h_async does not, and
+ * copy_h2d serves as copy_h2d_async (cudaMemcpyAsync never waits for a pinned source). No other
+ * op waits for the device. A NULL stream means the legacy default stream (matmul excepted: it
+ * needs the handles). Streams share nothing but the device: a process may create as many as it
+ * needs and drive each from its own host thread.
+ *
+ * Host memory for asynchronous copies is pinned either by host_alloc (cudaHostAlloc) or, for
+ * memory the caller already has, by host_register (cudaHostRegister); both count against the
+ * locked-memory limit of the process (ulimit -l) where the driver enforces one.
  */
 #include <stdio.h>
 
@@ -114,7 +121,6 @@ extern "C" flexdiag_status flexdiag__cuda_stream_create(int device, int threads,
 extern "C" void flexdiag__cuda_stream_destroy(flexdiag_stream *s) {
     if (!s) return;
     if (s->stream) (void)cudaStreamSynchronize(s->stream);
-    flexdiag__cuda_matmul_cache_free(s);
     if (s->lt) (void)cublasLtDestroy(s->lt);
     if (s->blas) (void)cublasDestroy(s->blas);
     flexdiag__cuda_mem_free(s->workspace);
@@ -192,6 +198,14 @@ extern "C" flexdiag_status flexdiag__cuda_copy_d2h(void *dst, const void *src, s
     return FLEXDIAG_OK;
 }
 
+extern "C" flexdiag_status flexdiag__cuda_copy_d2h_async(void *dst, const void *src, size_t bytes,
+                                                         flexdiag_stream *s) {
+    if (bytes == 0) return FLEXDIAG_OK;
+    FLEXDIAG_CUDA_TRY(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, flexdiag__cuda_st(s)));
+    return FLEXDIAG_OK;
+}
+
 extern "C" flexdiag_status flexdiag__cuda_copy_d2d(void *dst, const void *src, size_t bytes,
                                                    flexdiag_stream *s) {
     if (bytes == 0) return FLEXDIAG_OK;
@@ -222,6 +236,31 @@ extern "C" flexdiag_status flexdiag__cuda_host_alloc(size_t bytes, void **out) {
 
 extern "C" void flexdiag__cuda_host_free(void *p) {
     if (p) (void)cudaFreeHost(p);
+}
+
+extern "C" flexdiag_status flexdiag__cuda_host_register(void *p, size_t bytes) {
+    if (bytes == 0) return FLEXDIAG_OK;
+    if (!p)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cuda host_register of %zu bytes: p is NULL",
+                             bytes);
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e == cudaSuccess) return FLEXDIAG_OK;
+    (void)cudaGetLastError();
+    if (e == cudaErrorHostMemoryAlreadyRegistered)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda host_register: %zu bytes at %p: (part of) this range is "
+                             "already registered: host_unregister it first",
+                             bytes, p);
+    return flexdiag__err(FLEXDIAG_ERR_OOM_PINNED,
+                         "cuda host_register: cannot pin %zu bytes (%.2f MiB) of host memory at "
+                         "%p (%s): raise ulimit -l (the locked-memory limit) or pin less",
+                         bytes, bytes / 1048576.0, p, cudaGetErrorString(e));
+}
+
+extern "C" flexdiag_status flexdiag__cuda_host_unregister(void *p) {
+    if (!p) return FLEXDIAG_OK;
+    FLEXDIAG_CUDA_TRY(cudaHostUnregister(p));
+    return FLEXDIAG_OK;
 }
 
 /* ---- CUDA graphs: the engine records one decode step and replays it ---- */
