@@ -1,7 +1,8 @@
 /*
- * core.c - error messages, logging, assertions, status strings and small numeric helpers shared
- * by every module (see core.h). The error buffer is thread-local so concurrent contexts on
- * different threads never mix messages; logging goes through one replaceable callback.
+ * core.c - error messages, logging, assertions, status strings, the library's version and small
+ * numeric helpers shared by every module (see core.h). The error buffer is thread-local so
+ * concurrent contexts on different threads never mix messages; logging goes through one
+ * replaceable callback.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "base/core.h"
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "flexdiag_version.h"
 
 /* ---- errors ---- */
 
@@ -33,7 +36,9 @@ flexdiag_status flexdiag__err_prefix(flexdiag_status s, const char *fmt, ...) {
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
     memcpy(old, err_buf, sizeof old);
-    snprintf(err_buf, sizeof err_buf, "%s: %s", pre, err_set ? old : flexdiag_status_str(s));
+    const char *rest = err_set ? old : flexdiag_status_str(s);
+    int n = snprintf(err_buf, sizeof err_buf, "%s: %s", pre, rest);
+    (void)n; /* a longer message is cut to the buffer, as flexdiag__err cuts it */
     err_set = 1;
     return s;
 }
@@ -51,6 +56,8 @@ const char *flexdiag_last_error(const void *handle) {
 }
 
 uint32_t flexdiag_api_version(void) { return FLEXDIAG_API_VERSION; }
+
+const char *flexdiag_version(void) { return FLEXDIAG_VERSION_STRING; }
 
 const char *flexdiag_status_str(flexdiag_status s) {
     switch (s) {

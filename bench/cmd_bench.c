@@ -23,8 +23,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli/cli.h"
 #include "base/core.h"
+#include "bench/bench.h"
+#include "cli/cli.h"
 #include "runtime/engine/engine.h"
 
 typedef struct tp_opts {
@@ -40,6 +41,7 @@ typedef struct roofline {
 } roofline;
 
 typedef struct tp_row {
+    flexdiag_policy_info pol;   /* the context's policy, resolved */
     int32_t batch, steps, l_dec;
     double prefill_s, decode_s, img_s, prefill_tps, decode_tps, step_ms;
     double split[3];            /* fractions of a profiled step */
@@ -124,10 +126,10 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
     double att = 0; /* mean attended decode rows */
     for (int32_t t = 0; t < steps; t++) {
         int32_t a = t + 1;
-        if (c->pd.kp.kind != FLEXDIAG_POLICY_DENSE && c->pd.kp.kind != FLEXDIAG_POLICY_ALISA &&
-            a > c->pd.kp.n_att)
-            a = c->pd.kp.n_att;
-        if (c->pd.kp.kind == FLEXDIAG_POLICY_ALISA && a > c->pd.kp.n_att) a = c->pd.kp.n_att;
+        if (row->pol.kind != FLEXDIAG_POLICY_DENSE && row->pol.kind != FLEXDIAG_POLICY_ALISA &&
+            a > row->pol.n_att)
+            a = row->pol.n_att;
+        if (row->pol.kind == FLEXDIAG_POLICY_ALISA && a > row->pol.n_att) a = row->pol.n_att;
         att += a;
     }
     att /= steps > 0 ? steps : 1;
@@ -228,10 +230,10 @@ static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
-static void print_row(const flexdiag_context *c, const tp_row *r) {
+static void print_row(const tp_row *r) {
     printf("| %s | %d | %d | %d | %.3f%s | %.0f | %.0f | %.2f | %.0f/%.0f/%.0f | %.2f | %.1f | "
            "%.2f | %.0f%% |\n",
-           flexdiag__kvp_name(c->pd.kp.kind), c->pd.kp.n_att, c->pd.kp.n_r, r->batch, r->img_s,
+           flexdiag_policy_name(r->pol.kind), r->pol.n_att, r->pol.n_r, r->batch, r->img_s,
            r->projected ? " (proj.)" : "", r->prefill_tps, r->decode_tps, r->step_ms,
            100 * r->split[0], 100 * r->split[1], 100 * r->split[2], r->peak_gib, r->kv_mib_seq,
            r->roof_ms, 100 * r->roof_frac);
@@ -262,8 +264,8 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
             "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
             "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f}\n",
             ts, c->m->rt->k->name, dev, c->m->cfg.name, (long long)o->mo.seed,
-            flexdiag__kvp_name(c->pd.kp.kind), c->pd.kp.n_att,
-            c->pd.kp.n_r, flexdiag__kvp_reported_sparsity(&c->pd.kp), r->batch, c->mb_img,
+            flexdiag_policy_name(r->pol.kind), r->pol.n_att, r->pol.n_r, r->pol.sparsity,
+            r->batch, c->mb_img,
             (long long)o->prompt_len, r->l_dec, c->rows_per_img,
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
             r->prefill_tps, r->decode_tps, r->step_ms, r->split[0], r->split[1], r->split[2],
@@ -288,7 +290,11 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     cp.micro_batch = (int32_t)o->micro;
     flexdiag_status st = flexdiag_context_create(m, &cp, &c);
     if (st != FLEXDIAG_OK) return cli_fail("bench", st);
-    tp_row row = {.batch = batch, .l_dec = c->l_dec};
+    tp_row row = {.pol.struct_size = sizeof row.pol, .batch = batch, .l_dec = c->l_dec};
+    if ((st = flexdiag_context_policy(c, &row.pol)) != FLEXDIAG_OK) {
+        flexdiag_context_destroy(c);
+        return cli_fail("bench", st);
+    }
     row.steps = o->steps > 0 && o->steps < c->l_dec ? (int32_t)o->steps : c->l_dec;
     row.projected = row.steps < c->l_dec;
     int rc = measure(o, m, c, &row);
@@ -297,7 +303,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     row.roof_ms = 1e3 * roof;
     row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
     if (rc == 0) {
-        print_row(c, &row);
+        print_row(&row);
         append_json(o->json, c, o, rf, &row);
         *img_s = row.img_s;
     }
@@ -317,22 +323,22 @@ static int sweep_lists(const tp_opts *o, flexdiag_policy_kind *kinds, int *nk, d
             fprintf(stderr, "flexdiag bench: give --policy or --policies, not both\n");
             return 2;
         }
-        if (cli_parse_policies("bench", o->policies, kinds, nk)) return 2;
+        if (bench_parse_policies("bench", o->policies, kinds, nk)) return 2;
     } else {
         flexdiag_policy_params pp;
         if (cli_policy_params("bench", &o->po, &pp)) return 2;
         *nk = 1;
         kinds[0] = pp.kind;
     }
-    if (o->sparsities) return cli_parse_sparsities("bench", o->sparsities, sps, ns);
+    if (o->sparsities) return bench_parse_sparsities("bench", o->sparsities, sps, ns);
     *ns = 1;
     sps[0] = o->po.sparsity;
     return 0;
 }
 
 static int throughput(const tp_opts *o) {
-    flexdiag_policy_kind kinds[CLI_MAX_LIST];
-    double sps[CLI_MAX_LIST];
+    flexdiag_policy_kind kinds[BENCH_MAX_LIST];
+    double sps[BENCH_MAX_LIST];
     int nk = 0, ns = 0, rc = sweep_lists(o, kinds, &nk, sps, &ns);
     if (rc) return rc;
     flexdiag_runtime *rt = NULL;
@@ -349,7 +355,7 @@ static int throughput(const tp_opts *o) {
             int once = kinds[k] == FLEXDIAG_POLICY_DENSE || o->po.n_att > 0; /* no sparsity */
             if (once && j > 0) break;
             cli_policy_opts po = o->po;
-            po.policy = flexdiag__kvp_name(kinds[k]);
+            po.policy = flexdiag_policy_name(kinds[k]);
             po.sparsity = sps[j];
             double img_s = 0;
             int row_rc = bench_row(o, m, &rf, &po, &img_s);
@@ -365,7 +371,7 @@ static int throughput(const tp_opts *o) {
             if (img_s > best) best = img_s, best_k = k, best_s = j;
         }
     if (rows > 1) {
-        printf("\nfastest: %s", flexdiag__kvp_name(kinds[best_k]));
+        printf("\nfastest: %s", flexdiag_policy_name(kinds[best_k]));
         if (kinds[best_k] != FLEXDIAG_POLICY_DENSE && o->po.n_att <= 0)
             printf(" at sparsity %g", sps[best_s]);
         printf(", %.3f img/s", best);

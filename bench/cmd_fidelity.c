@@ -2,98 +2,28 @@
  * cmd_fidelity.c - `flexdiag bench fidelity`: attention-output error of every KV policy against
  * dense attention, per requested sparsity, with resident KV rows/bytes and eviction counts.
  *
- * Today the only runner is synthetic (--synthetic grid:W, policy/synthetic.h): T = W² decode
- * steps of the 2-D locality model, seeded value vectors, one layer, MHA heads; KL and top-1
- * need a model head and print "n/a". The row struct and its printers (fidelity.h) are separate
- * from the runner so the model-backed mode can reuse them. Dense runs once (its sparsity is 0);
- * a (policy, sparsity) pair that fails validation (e.g. streaming with N_att < 5 on a small grid)
- * is reported on stderr and skipped, the other rows still run.
+ * Two runners: synthetic here (--synthetic grid:W, policy/synthetic.h: T = W² decode steps of
+ * the 2-D locality model, seeded value vectors, one layer, MHA heads; KL and top-1 need a model
+ * head and print "n/a"), and the model-backed one (fidelity_model.c) otherwise. Both fill
+ * fidelity.h rows that the printers of fidelity_report.c write, so calls go one way: this file
+ * -> fidelity_model.c -> fidelity_report.c. Dense runs once (its sparsity is 0); a (policy,
+ * sparsity) pair that fails validation (e.g. streaming with N_att < 5 on a small grid) is
+ * reported on stderr and skipped, the other rows still run.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
 #include "base/core.h"
+#include "bench/bench.h"
 #include "bench/fidelity.h"
+#include "cli/cli.h"
 #include "policy/kv_policy.h"
 #include "policy/synthetic.h"
 
 #define FID_CMD "bench fidelity"
-#define FID_MAX_LIST CLI_MAX_LIST /* policies or sparsities per run */
-
-/* ---- printers ---- */
-
-void flexdiag_fidelity_md_header(FILE *f) {
-    fprintf(f, "| policy | sparsity | N_att | N_r | attn_err | KL | top-1 | resident rows "
-               "| resident KB | evictions |\n");
-    fprintf(f, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-}
-
-/* "%.4f" or "n/a" for NaN. */
-static const char *fmt_opt(char *buf, size_t n, double v, const char *fmt) {
-    if (isnan(v)) return "n/a";
-    snprintf(buf, n, fmt, v);
-    return buf;
-}
-
-void flexdiag_fidelity_md_row(FILE *f, const flexdiag_fidelity_row *r) {
-    char kl[32], top1[32], nr[16] = "-";
-    if (r->n_r > 0) snprintf(nr, sizeof nr, "%d", (int)r->n_r);
-    fprintf(f, "| %s | %.4f | %d | %s | %.4f | %s | %s | %lld | %.1f | %llu |\n",
-            flexdiag__kvp_name(r->kind), r->reported_sparsity, (int)r->n_att, nr, r->attn_err,
-            fmt_opt(kl, sizeof kl, r->kl, "%.4f"), fmt_opt(top1, sizeof top1, r->top1, "%.4f"),
-            (long long)r->resident_rows, (double)r->resident_bytes / 1024.0,
-            (unsigned long long)r->evictions);
-    fflush(f);
-}
-
-/* JSON string with the characters JSON requires escaped. */
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
-/* A number, or null for NaN. */
-static void json_num(FILE *f, const char *key, double v) {
-    if (isnan(v)) fprintf(f, ",\"%s\":null", key);
-    else fprintf(f, ",\"%s\":%.6g", key, v);
-}
-
-int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r) {
-    const flexdiag_kvp_traits *tr = flexdiag__kvp_traits(r->kind);
-    fprintf(f, "{\"bench\":\"fidelity\",\"mode\":");
-    json_str(f, r->mode);
-    fprintf(f, ",\"source\":");
-    json_str(f, r->source);
-    fprintf(f, ",\"policy\":\"%s\"", flexdiag__kvp_name(r->kind));
-    json_num(f, "sparsity", r->sparsity);
-    json_num(f, "reported_sparsity", r->reported_sparsity);
-    fprintf(f, ",\"n_att\":%d,\"n_r\":%d,\"l_dec\":%d,\"prompt_len\":%d,\"heads\":%d,"
-               "\"d_head\":%d,\"seed\":%llu", (int)r->n_att, (int)r->n_r, (int)r->l_dec,
-            (int)r->prompt_len, (int)r->heads, (int)r->d_head, (unsigned long long)r->seed);
-    json_num(f, "attn_err", r->attn_err);
-    json_num(f, "attn_err_max", r->attn_err_max);
-    json_num(f, "kl", r->kl);
-    json_num(f, "top1", r->top1);
-    fprintf(f, ",\"resident_rows\":%lld,\"resident_bytes\":%llu,\"evictions\":%llu",
-            (long long)r->resident_rows, (unsigned long long)r->resident_bytes,
-            (unsigned long long)r->evictions);
-    fprintf(f, ",\"phase\":\"decode\",\"score_source\":\"%s\",\"granularity\":\"%s\","
-               "\"gqa_reduction\":\"%s\",\"normalisation\":\"full row\",\"positions\":\"keep\","
-               "\"eviction\":\"%s\",\"resident_kv\":\"%s\",\"extra_work\":\"%s\","
-               "\"needs_probabilities\":%s,\"provenance\":\"measured\"}\n",
-            tr->score_source, tr->granularity, tr->gqa_reduction, tr->eviction, tr->resident_kv,
-            tr->extra_work, tr->needs_probabilities ? "true" : "false");
-    return fflush(f) == 0 && !ferror(f) ? 0 : -1;
-}
+#define FID_MAX_LIST BENCH_MAX_LIST /* policies or sparsities per run */
 
 /* ---- synthetic runner ---- */
 
@@ -227,8 +157,8 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     flexdiag_policy_kind kinds[FID_MAX_LIST];
     double sps[FID_MAX_LIST];
     int nk, ns;
-    if ((rc = cli_parse_policies(FID_CMD, o.policies, kinds, &nk)) != 0) return rc;
-    if ((rc = cli_parse_sparsities(FID_CMD, o.sparsities, sps, &ns)) != 0) return rc;
+    if ((rc = bench_parse_policies(FID_CMD, o.policies, kinds, &nk)) != 0) return rc;
+    if ((rc = bench_parse_sparsities(FID_CMD, o.sparsities, sps, &ns)) != 0) return rc;
     if (o.n_r < 0 || o.n_r > 32767) {
         fprintf(stderr, "flexdiag " FID_CMD ": --n-r %lld must be in [0, 32767]\n",
                 (long long)o.n_r);

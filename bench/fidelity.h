@@ -2,10 +2,11 @@
  * fidelity.h - `flexdiag bench fidelity`: how far each KV policy's attention (and, with a model,
  * its logits) drifts from dense decoding, with the memory it keeps resident.
  *
- * A row is filled by a runner and written by the printers below; the runners are separate so a
- * model-backed mode (`--model DIR`, driving the engine) can fill the KL / top-1 columns that the
- * synthetic mode leaves as NaN ("n/a"). Markdown goes to stdout, JSONL rows to --json FILE,
- * appended and flushed per row (reliability.md §2).
+ * A row is filled by a runner and written by the printers (fidelity_report.c); the runners are
+ * separate so the model-backed mode (fidelity_model.c, `--model DIR`, driving the engine) can
+ * fill the KL / top-1 columns that the synthetic mode (cmd_fidelity.c) leaves as NaN ("n/a").
+ * Calls go one way: cmd_fidelity.c -> fidelity_model.c -> fidelity_report.c. Markdown goes to
+ * stdout, JSONL rows to --json FILE, appended and flushed per row (reliability.md §2).
  */
 #ifndef FLEXDIAG_BENCH_FIDELITY_H
 #define FLEXDIAG_BENCH_FIDELITY_H
@@ -39,6 +40,8 @@ typedef struct flexdiag_fidelity_row {
     uint64_t resident_bytes;  /* resident K+V bytes per sequence (bf16, all heads, per layer) */
     uint64_t evictions;       /* KV rows evicted over the run */
 } flexdiag_fidelity_row;
+
+/* ---- printers (fidelity_report.c) ---- */
 
 /* Markdown table header / one row (columns: policy, sparsity, N_att, N_r, attn_err, KL, top-1,
  * resident rows, resident KB, evictions). */

@@ -16,9 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
-#include "runtime/engine/engine.h"
 #include "bench/fidelity.h"
+#include "cli/cli.h"
+#include "policy/kv_policy.h"
+#include "runtime/engine/engine.h"
 #include "runtime/text/prompt.h"
 
 typedef struct dense_ref {
@@ -134,11 +135,13 @@ static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity
         row->top1 = top1 / ref->n;
         row->attn_err = na ? err / (double)na : 0;
         row->attn_err_max = err_max;
-        row->kind = c->pd.kp.kind;
-        row->n_att = c->pd.kp.n_att;
-        row->n_r = c->pd.kp.kind >= FLEXDIAG_POLICY_DIAGONAL ? c->pd.kp.n_r : 0;
-        row->reported_sparsity = flexdiag__kvp_reported_sparsity(&c->pd.kp);
-        row->resident_rows = ref->np + flexdiag__kvp_resident_rows(&c->pd.kp, ref->n - 1);
+        flexdiag_kvp_params kp; /* the policy as the context resolved it (it was created) */
+        flexdiag__kvp_resolve(pol, c->l_dec, &kp);
+        row->kind = kp.kind;
+        row->n_att = kp.n_att;
+        row->n_r = kp.n_r;
+        row->reported_sparsity = flexdiag__kvp_reported_sparsity(&kp);
+        row->resident_rows = ref->np + flexdiag__kvp_resident_rows(&kp, ref->n - 1);
         row->resident_bytes = (uint64_t)row->resident_rows * 2 * 2 * (uint64_t)l->kv_heads *
                               (uint64_t)l->head_dim * (uint64_t)l->layers;
         row->evictions = c->stats.evictions;

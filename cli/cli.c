@@ -1,5 +1,6 @@
 /*
- * cli.c - flag parsing and error printing shared by every flexdiag subcommand (see cli.h).
+ * cli.c - flag parsing, error printing and the model and policy flags shared by every flexdiag
+ * subcommand and by the bench tool (see cli.h); public API only.
  */
 #include "cli/cli.h"
 
@@ -8,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
+#include <time.h>
+
+#include "cli/fileio.h"
 
 int cli_mkdirs(const char *path) {
     char buf[4096];
@@ -45,22 +48,10 @@ int cli_parse_size(const char *s, uint64_t *out) {
     return 0;
 }
 
-int cli_write_atomic(const char *path, const void *data, size_t n) {
-    char tmp[4400];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return -1;
-    int ok = fwrite(data, 1, n, f) == n;
-    int err = errno;
-    if (fclose(f) != 0 && ok) ok = 0, err = errno;
-    if (ok && rename(tmp, path) == 0) return 0;
-    err = ok ? errno : err;
-    unlink(tmp);
-    errno = err;
-    return -1;
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n) {
@@ -150,9 +141,12 @@ int cli_fail(const char *cmd, flexdiag_status st) {
     return 1;
 }
 
-/* ---- model and policy flags ---- */
+int cli_fail_io(const char *cmd) {
+    fprintf(stderr, "flexdiag %s: %s\n", cmd, cli_io_error());
+    return 1;
+}
 
-#include "policy/kv_policy.h"
+/* ---- model and policy flags ---- */
 
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
                    flexdiag_model **m) {
@@ -186,9 +180,8 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
 
 int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out) {
     flexdiag_policy_params_init(out);
-    if (o->policy && flexdiag__kvp_parse(o->policy, &out->kind) != 0) {
-        fprintf(stderr, "flexdiag %s: --policy: unknown policy '%s' (valid: %s)\n", cmd, o->policy,
-                flexdiag__kvp_names());
+    if (o->policy && flexdiag_policy_from_name(o->policy, &out->kind) != FLEXDIAG_OK) {
+        fprintf(stderr, "flexdiag %s: --policy: %s\n", cmd, flexdiag_last_error(NULL));
         return 2;
     }
     if (o->sparsity < 0 || o->sparsity >= 1) {
@@ -229,61 +222,4 @@ int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
         fprintf(stderr, "flexdiag %s: --batch auto: not even one image fits the memory budget "
                 "(raise --gpu-mem or lower the prompt length)\n", cmd);
     return fit < 1 ? -1 : fit;
-}
-
-/* ---- comma lists ---- */
-
-/* Parse the comma list s item by item (item() returns 0 when tok is valid and stores it at
- * index i); returns the count, or -1 with *bad pointing at the first bad token (inside buf) or
- * NULL for an empty list. */
-static int split_list(const char *s, char *buf, size_t buf_n,
-                      int (*item)(const char *, int, void *), void *out, const char **bad) {
-    snprintf(buf, buf_n, "%s", s);
-    int n = 0;
-    *bad = NULL;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        if (n == CLI_MAX_LIST || item(tok, n, out)) {
-            *bad = tok;
-            return -1;
-        }
-        n++;
-    }
-    return n > 0 ? n : -1;
-}
-
-static int policy_item(const char *tok, int i, void *out) {
-    return flexdiag__kvp_parse(tok, (flexdiag_policy_kind *)out + i);
-}
-
-static int sparsity_item(const char *tok, int i, void *out) {
-    char *end = NULL;
-    double v = strtod(tok, &end);
-    ((double *)out)[i] = v;
-    return end == tok || *end || !(v >= 0.0 && v <= 1.0);
-}
-
-int cli_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n) {
-    char buf[512];
-    const char *bad;
-    if ((*n = split_list(s, buf, sizeof buf, policy_item, out, &bad)) > 0) return 0;
-    if (bad)
-        fprintf(stderr, "flexdiag %s: --policies: unknown policy '%s' or more than %d (valid: "
-                "%s)\n", cmd, bad, CLI_MAX_LIST, flexdiag__kvp_names());
-    else
-        fprintf(stderr, "flexdiag %s: --policies is empty (valid: %s)\n", cmd,
-                flexdiag__kvp_names());
-    return 2;
-}
-
-int cli_parse_sparsities(const char *cmd, const char *s, double *out, int *n) {
-    char buf[512];
-    const char *bad;
-    if ((*n = split_list(s, buf, sizeof buf, sparsity_item, out, &bad)) > 0) return 0;
-    if (bad)
-        fprintf(stderr, "flexdiag %s: --sparsities: '%s' is not a number in [0, 1] (e.g. "
-                "0.8,0.9,0.95; at most %d)\n", cmd, bad, CLI_MAX_LIST);
-    else
-        fprintf(stderr, "flexdiag %s: --sparsities is empty\n", cmd);
-    return 2;
 }

@@ -2,6 +2,8 @@
  * cli.h - the flexdiag command-line tool: subcommand entry points and the one flag parser they
  * share, so every command reports bad flags the same way ("flexdiag score: --cfg: expected a
  * number, got 'x'") and exits 2. Library errors are printed with flexdiag_last_error() and exit 1.
+ * Everything here is built on include/flexdiag.h alone (the tool links the shared library); the
+ * bench tool (bench/) reuses the parser and the model and policy flags.
  */
 #ifndef FLEXDIAG_CLI_H
 #define FLEXDIAG_CLI_H
@@ -14,9 +16,6 @@
 /* ---- subcommands: argv[0] is the subcommand name; return the process exit code ---- */
 int flexdiag_cmd_generate(int argc, char **argv);
 int flexdiag_cmd_score(int argc, char **argv);
-int flexdiag_cmd_policy_trace(int argc, char **argv);
-int flexdiag_cmd_bench(int argc, char **argv);
-int flexdiag_cmd_bench_fidelity(int argc, char **argv); /* argv[0] = "fidelity" */
 int flexdiag_cmd_decode(int argc, char **argv);
 
 /* ---- flag parser ---- */
@@ -41,14 +40,14 @@ typedef struct cli_opt {
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n_opts);
 /* Print "flexdiag <cmd>: <library message>" for a failed status and return 1. */
 int cli_fail(const char *cmd, flexdiag_status st);
+/* Print "flexdiag <cmd>: <message of the failed file operation>" (cli_io_error) and return 1. */
+int cli_fail_io(const char *cmd);
 /* mkdir -p; returns 0 on success. */
 int cli_mkdirs(const char *path);
 /* Parse a size like "24G"; returns 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
-/* Write n bytes (borrowed) to path atomically: "<path>.tmp.<pid>" in the same folder, then
- * rename, so readers never see a partial file. 0 on success, else -1 with errno set and no
- * temp file left. */
-int cli_write_atomic(const char *path, const void *data, size_t n);
+/* Monotonic seconds. */
+double cli_now(void);
 /* 64-bit FNV-1a of n token ids taken as little-endian int32 bytes (a fingerprint of a
  * generated image that does not depend on the host's byte order). */
 uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n);
@@ -87,13 +86,5 @@ int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy
  * flag (a bad value, auto without a budget, nothing fits) and returns -1. */
 int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
                   const flexdiag_context_params *cp);
-
-/* ---- comma lists (--policies, --sparsities of bench and bench fidelity) ---- */
-#define CLI_MAX_LIST 64 /* entries per list */
-/* Split s into at most CLI_MAX_LIST policy kinds; prints the valid names and returns 2 on an
- * unknown or missing name. */
-int cli_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n);
-/* Split s into at most CLI_MAX_LIST numbers in [0, 1]; prints the error and returns 2. */
-int cli_parse_sparsities(const char *cmd, const char *s, double *out, int *n);
 
 #endif /* FLEXDIAG_CLI_H */

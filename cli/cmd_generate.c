@@ -32,9 +32,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "base/core.h"
+#include "cli/fileio.h"
 #include "cli/image_out.h"
-#include "policy/kv_policy.h"
 
 #define CMD "generate"
 #define DEFAULT_PROMPT "a red apple on a wooden table"
@@ -438,16 +437,16 @@ static int prompt_folder(const gen_out *w, int64_t p) {
     if (!line) return fail(1, "out of host memory");
     memcpy(line, meta, n);
     line[n] = '\n';
-    int rc = cli_write_atomic(path, line, n + 1);
+    cli_part part = {line, n + 1};
+    flexdiag_status st = cli_write_atomic(path, &part, 1);
     free(line);
-    return rc ? fail(1, "cannot write '%s': %s", path, strerror(errno)) : 0;
+    return st == FLEXDIAG_OK ? 0 : cli_fail_io(CMD);
 }
 
 static int write_png(const gen_out *w, const char *rel, const uint8_t *rgb, int pw, int ph) {
     char path[8400];
     snprintf(path, sizeof path, "%s/%s", w->o->out, rel);
-    flexdiag_status st = flexdiag__png_write_rgb(path, rgb, pw, ph);
-    return st == FLEXDIAG_OK ? 0 : cli_fail(CMD, st);
+    return flexdiag__png_write_rgb(path, rgb, pw, ph) == FLEXDIAG_OK ? 0 : cli_fail_io(CMD);
 }
 
 /* results.jsonl record of image i of block b; NULL when out of memory. */
@@ -480,7 +479,7 @@ static int dpg_flush(gen_out *w, const char *rel) {
     for (int k = 0; k < n; k++) cells[k] = w->dpg_cells + (size_t)k * px;
     uint8_t *grid = NULL;
     flexdiag_status st = flexdiag__png_tile(cells, n, w->img_w, w->img_h, cols, &grid, &gw, &gh);
-    int rc = st == FLEXDIAG_OK ? write_png(w, rel, grid, gw, gh) : cli_fail(CMD, st);
+    int rc = st == FLEXDIAG_OK ? write_png(w, rel, grid, gw, gh) : cli_fail_io(CMD);
     free(grid);
     free(cells);
     if (!rc) w->pngs++;
@@ -531,7 +530,7 @@ typedef struct progress_state {
 static bool on_progress(int phase, uint64_t done, uint64_t total, void *user) {
     progress_state *p = user;
     if (g_signal) return false;
-    double now = flexdiag__now();
+    double now = cli_now();
     if (p->quiet || phase != 1 || (now - p->last < 1.0 && done != total)) return true;
     p->last = now;
     fprintf(stderr, "step %llu/%llu  %.1f tok/s\n", (unsigned long long)done,
@@ -575,7 +574,7 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     r->rq.first_image = first;
     r->prog.rows = (uint64_t)n * 2;
     flexdiag_output out = {.tokens = r->tokens};
-    double t0 = flexdiag__now();
+    double t0 = cli_now();
     r->prog.t0 = r->prog.last = t0;
     flexdiag_status st = flexdiag_generate(r->c, &r->rq, &out);
     if (st == FLEXDIAG_ERR_CANCELLED && g_signal) return -1;
@@ -589,7 +588,7 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     r->sum.peak_device_bytes = s.peak_device_bytes;
     int rc = r->w.img_h ? decode_block(r, n) : 0;
     gen_block b = {.first = first, .n = n, .tokens = r->tokens,
-                   .rgb = r->w.img_h ? r->rgb : NULL, .seconds = flexdiag__now() - t0};
+                   .rgb = r->w.img_h ? r->rgb : NULL, .seconds = cli_now() - t0};
     for (int32_t i = 0; !rc && i < n; i++) rc = emit_image(&r->w, &b, i);
     return rc;
 }
@@ -598,20 +597,20 @@ static int run_blocks(gen_run *r) {
     for (int64_t first = 0; first < r->total; first += r->batch) {
         if (g_signal) return -1;
         int32_t n = (int32_t)(r->total - first < r->batch ? r->total - first : r->batch);
-        double t0 = flexdiag__now();
+        double t0 = cli_now();
         int rc = run_block(r, first, n);
         if (rc) return rc;
         if (!r->w.o->quiet)
             fprintf(stderr, "[%lld/%lld images] block of %d in %.2f s\n",
-                    (long long)(first + n), (long long)r->total, n, flexdiag__now() - t0);
+                    (long long)(first + n), (long long)r->total, n, cli_now() - t0);
     }
     return 0;
 }
 
-/* Fields every results.jsonl record shares: model, policy (resolved), sampling. */
-static int common_fields(gen_out *w, const flexdiag_policy_params *pp) {
-    flexdiag_kvp_params kp;
-    flexdiag_status st = flexdiag__kvp_resolve(pp, w->per_image, &kp);
+/* Fields every results.jsonl record shares: model, policy (as c's runs resolve it), sampling. */
+static int common_fields(gen_out *w, const flexdiag_context *c) {
+    flexdiag_policy_info pi = {.struct_size = sizeof pi};
+    flexdiag_status st = flexdiag_context_policy(c, &pi);
     if (st != FLEXDIAG_OK) return cli_fail(CMD, st);
     const gen_opts *o = w->o;
     flexdiag_model_params mp;
@@ -619,8 +618,8 @@ static int common_fields(gen_out *w, const flexdiag_policy_params *pp) {
     const char *model = o->mo.model ? o->mo.model : (o->mo.arch ? o->mo.arch : mp.arch);
     w->common = json_pack("{s:I, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:I, s:f}",
                           "seed", (json_int_t)o->sample_seed, "model", model,
-                          "policy", flexdiag__kvp_name(kp.kind), "n_att", (int)kp.n_att,
-                          "n_r", (int)kp.n_r, "sparsity", flexdiag__kvp_reported_sparsity(&kp),
+                          "policy", flexdiag_policy_name(pi.kind), "n_att", (int)pi.n_att,
+                          "n_r", (int)pi.n_r, "sparsity", pi.sparsity,
                           "cfg_weight", o->cfg, "temperature", o->temperature,
                           "top_k", (json_int_t)o->top_k, "top_p", o->top_p);
     w->dpg_records = json_array();
@@ -688,7 +687,7 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     r->w.dpg_cells = malloc(px ? (size_t)o->per_prompt * px : 1);
     if (!r->tokens || !r->pix || !r->rgb || !r->w.dpg_cells)
         return fail(1, "no host memory for a block of %d images (lower --batch)", r->batch);
-    int rc = common_fields(&r->w, pp);
+    int rc = common_fields(&r->w, r->c);
     return rc ? rc : tokens_open(&r->w);
 }
 

@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "runtime/engine/engine.h"
 #include "cli/npy.h"
 
 typedef struct score_input {
@@ -76,20 +75,34 @@ static int score(flexdiag_model *m, const score_input *in, const flexdiag_policy
     flexdiag_context *c = NULL;
     flexdiag_status st = flexdiag_context_create(m, &cp, &c);
     if (st != FLEXDIAG_OK) return cli_fail("score", st);
-    int64_t V = c->vocab_out, rows = raw ? c->rows_per_img : 1;
-    float *buf = malloc((size_t)rows * (size_t)in->n * (size_t)V * 4);
-    if (!buf) st = FLEXDIAG_ERR_OOM_HOST;
-    else st = flexdiag__context_score(c, in->prompt, in->np, in->ids, in->n, (float)in->cfg,
-                                      raw ? NULL : buf, raw ? buf : NULL);
-    if (st == FLEXDIAG_OK) {
-        int64_t shape3[3] = {rows, in->n, V}, *shape = raw ? shape3 : shape3 + 1;
-        st = flexdiag__npy_write(out, FLEXDIAG_DTYPE_F32, raw ? 3 : 2, shape, buf);
+    flexdiag_score_request rq;
+    flexdiag_score_request_init(&rq);
+    rq.prompt_ids = in->prompt;
+    rq.prompt_len = in->np;
+    rq.ids = in->ids;
+    rq.n = in->n;
+    rq.cfg_weight = (float)in->cfg;
+    flexdiag_score_output so = {.struct_size = sizeof so};
+    st = flexdiag_score(c, &rq, &so); /* size query: vocab and rows */
+    int64_t V = so.vocab, rows = raw ? so.rows : 1;
+    float *buf = st == FLEXDIAG_OK ? malloc((size_t)rows * (size_t)in->n * (size_t)V * 4) : NULL;
+    if (st == FLEXDIAG_OK && !buf) {
+        fprintf(stderr, "flexdiag score: no host memory for %lld x %d logits\n",
+                (long long)rows * V, in->n);
+        flexdiag_context_destroy(c);
+        return 1;
     }
-    free(buf);
+    *(raw ? &so.raw : &so.logits) = buf;
+    if (st == FLEXDIAG_OK) st = flexdiag_score(c, &rq, &so);
     flexdiag_context_destroy(c);
-    if (st != FLEXDIAG_OK) return cli_fail("score", st);
-    fprintf(stderr, "scored %d token(s) after a %d-token prompt: %s\n", in->n, in->np, out);
-    return 0;
+    int rc = st == FLEXDIAG_OK ? 0 : cli_fail("score", st);
+    int64_t shape3[3] = {rows, in->n, V}, *shape = raw ? shape3 : shape3 + 1;
+    if (!rc && flexdiag__npy_write(out, FLEXDIAG_NPY_F32, raw ? 3 : 2, shape, buf))
+        rc = cli_fail_io("score");
+    free(buf);
+    if (!rc)
+        fprintf(stderr, "scored %d token(s) after a %d-token prompt: %s\n", in->n, in->np, out);
+    return rc;
 }
 
 int flexdiag_cmd_score(int argc, char **argv) {

@@ -1,7 +1,8 @@
 /*
  * image_out.h - decoded pixels to files: float -> uint8 conversion of the Janus reference
  * (models.md §3.5 step 8), grid tiling of several images, and an atomic 8-bit RGB PNG writer
- * (temp file in the same folder, fsync, rename: an interrupted run never leaves a partial PNG).
+ * (cli_write_atomic: an interrupted run never leaves a partial PNG). Plain C on libpng; failures
+ * return a status of the public header and leave their message in cli_io_error().
  */
 #ifndef FLEXDIAG_IMAGE_OUT_H
 #define FLEXDIAG_IMAGE_OUT_H
@@ -19,15 +20,15 @@ extern "C" {
  * numpy code; NaN -> 0. x and out hold n elements (borrowed). */
 void flexdiag__pixels_to_u8(const float *x, int64_t n, uint8_t *out);
 
-/* Write w×h interleaved RGB (rgb: h rows of 3·w bytes, borrowed) to path as an 8-bit PNG.
- * Writes "<path>.tmp.<pid>", fsyncs it and renames it over path; on any failure the temp file
- * is removed and path is untouched. Errors name the path: FLEXDIAG_ERR_INVALID_ARG (sizes),
- * FLEXDIAG_ERR_NO_SPACE (ENOSPC/EDQUOT), FLEXDIAG_ERR_IO (errno or libpng's message). */
+/* Write w×h interleaved RGB (rgb: h rows of 3·w bytes, borrowed) to path as an 8-bit PNG,
+ * atomically; on any failure path is untouched. Errors name the path: FLEXDIAG_ERR_INVALID_ARG
+ * (sizes), FLEXDIAG_ERR_IO (libpng), or cli_write_atomic's (NO_SPACE, NOT_FOUND, IO). */
 flexdiag_status flexdiag__png_write_rgb(const char *path, const uint8_t *rgb, int w, int h);
 
 /* Tile n images of w×h RGB (imgs[i], borrowed) into a grid of `cols` columns and
  * ceil(n / cols) rows in row-major order; cells without an image are black. *out is malloc'ed
- * (caller frees), *out_w = cols·w, *out_h = rows·h. */
+ * (caller frees), *out_w = cols·w, *out_h = rows·h. FLEXDIAG_ERR_INVALID_ARG for sizes that are
+ * not positive or exceed the PNG limit, FLEXDIAG_ERR_OOM_HOST. */
 flexdiag_status flexdiag__png_tile(const uint8_t *const *imgs, int n, int w, int h, int cols,
                                    uint8_t **out, int *out_w, int *out_h);
 

@@ -28,7 +28,9 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-#define FLEXDIAG_API_VERSION 2u /* 2: flexdiag_context_max_images */
+/* 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
+ * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*. */
+#define FLEXDIAG_API_VERSION 3u
 
 /* ---- enums ---- */
 
@@ -218,6 +220,93 @@ FLEXDIAG_API flexdiag_status flexdiag_context_cancel(flexdiag_context *c);
 FLEXDIAG_API flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats *out);
 /* Destroy; NULL is a no-op. */
 FLEXDIAG_API void flexdiag_context_destroy(flexdiag_context *c);
+
+/* ---- since API version 3 ---- */
+
+/* Version of the loaded library ("0.1.0"; flexdiag_version.h has the version of the headers a
+ * program was compiled with). Static string, never NULL. */
+FLEXDIAG_API const char *flexdiag_version(void);
+
+/* ---- policies ---- */
+
+/* Command-line name of a policy ("dense", "diagonal-sink4"); static string, NULL for a kind
+ * that does not exist. */
+FLEXDIAG_API const char *flexdiag_policy_name(flexdiag_policy_kind kind);
+/* The policy whose command-line name is name (borrowed) into *out. FLEXDIAG_ERR_INVALID_ARG for
+ * an unknown name, with a message that lists the valid names. */
+FLEXDIAG_API flexdiag_status flexdiag_policy_from_name(const char *name, flexdiag_policy_kind *out);
+
+/* The KV policy a context's runs use, budget resolved (what results should record). */
+typedef struct flexdiag_policy_info {
+    uint32_t struct_size;      /* sizeof(flexdiag_policy_info), set by the caller */
+    flexdiag_policy_kind kind; /* policy */
+    int32_t n_att;             /* attended decode tokens per step (l_dec for dense) */
+    int32_t n_r;               /* Diagonal ring size; 0 for the other policies */
+    int32_t l_dec;             /* decode tokens per sequence the budget was resolved for */
+    double sparsity;           /* reported sparsity 1 - n_att / l_dec (0 for dense) */
+} flexdiag_policy_info;
+
+/* Fill *out (caller-owned, struct_size set) with the resolved policy of c's runs. */
+FLEXDIAG_API flexdiag_status flexdiag_context_policy(const flexdiag_context *c,
+                                                     flexdiag_policy_info *out);
+
+/* ---- teacher-forced scoring ---- */
+
+typedef struct flexdiag_score_request {
+    uint32_t struct_size;      /* sizeof(flexdiag_score_request), set by _init */
+    const int32_t *prompt_ids; /* conditional prompt (BOS .. <begin_of_image>), borrowed; the
+                                  unconditional row follows the Janus rule */
+    int32_t prompt_len;        /* ids in prompt_ids, <= the context's max_prompt_len */
+    const int32_t *ids;        /* the n tokens to score, borrowed */
+    int32_t n;                 /* <= tokens_per_image (Janus) or max_new_tokens (Llama) */
+    float cfg_weight;          /* Janus CFG weight (default 5.0) */
+} flexdiag_score_request;
+
+typedef struct flexdiag_score_output {
+    uint32_t struct_size; /* sizeof(flexdiag_score_output), set by the caller */
+    int32_t vocab;        /* set by the call: logits per position */
+    int32_t rows;         /* set by the call: rows of raw (2 with CFG: conditional, then
+                             unconditional; 1 for Llama) */
+    float *logits;        /* caller-owned (n, vocab): CFG-combined (Janus) or plain (Llama)
+                             logits; NULL = not wanted */
+    float *raw;           /* caller-owned (rows, n, vocab) per-row logits; NULL = not wanted */
+} flexdiag_score_output;
+
+/* Fill defaults and struct_size. */
+FLEXDIAG_API void flexdiag_score_request_init(flexdiag_score_request *r);
+/* Teacher-forced logits of req on c under c's policy: row i predicts ids[i] from the prompt and
+ * ids[0..i). Fills out->vocab and out->rows; with both buffers NULL that is all (size query).
+ * FLEXDIAG_ERR_BUSY if a call is in flight on c. */
+FLEXDIAG_API flexdiag_status flexdiag_score(flexdiag_context *c, const flexdiag_score_request *req,
+                                            flexdiag_score_output *out);
+
+/* ---- an image decoder on its own ---- */
+
+typedef struct flexdiag_decoder flexdiag_decoder; /* image decoder loaded without the model;
+                                                     calls from several threads take turns */
+
+typedef struct flexdiag_decoder_info {
+    uint32_t struct_size;     /* sizeof(flexdiag_decoder_info), set by the caller */
+    int32_t grid_h, grid_w;   /* token grid; ids per image = grid_h * grid_w, raster order */
+    int32_t codebook_size;    /* valid ids are 0 .. codebook_size - 1 */
+    int32_t image_h, image_w; /* pixels of a decoded image */
+    const char *backend;      /* where it decodes: "cpu" or "cuda" (static string) */
+} flexdiag_decoder_info;
+
+/* Load the image decoder (VQ) of a model folder (config.json + safetensors) alone, sized for
+ * max_batch images per pass; it runs on rt's backend when that has the image ops, else on the
+ * CPU. rt is borrowed and must outlive it; *out is owned by the caller (destroy). */
+FLEXDIAG_API flexdiag_status flexdiag_decoder_load(flexdiag_runtime *rt, const char *path,
+                                                   int32_t max_batch, flexdiag_decoder **out);
+/* Fill *out (caller-owned, struct_size set) with d's token grid, codebook and image size. */
+FLEXDIAG_API flexdiag_status flexdiag_decoder_get_info(const flexdiag_decoder *d,
+                                                       flexdiag_decoder_info *out);
+/* Decode n token grids tokens (n, grid_h * grid_w; borrowed) into float pixels (n, H, W, 3),
+ * caller-owned, as flexdiag_decode_images does. Ids outside the codebook: INVALID_ARG. */
+FLEXDIAG_API flexdiag_status flexdiag_decoder_decode(flexdiag_decoder *d, const int32_t *tokens,
+                                                     int32_t n, float *pixels);
+/* Destroy; NULL is a no-op. */
+FLEXDIAG_API void flexdiag_decoder_destroy(flexdiag_decoder *d);
 
 #ifdef __cplusplus
 }

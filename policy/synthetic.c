@@ -182,8 +182,6 @@ void flexdiag__synth_ctx_destroy(flexdiag_synth_ctx *c) {
     free(c);
 }
 
-const float *flexdiag__synth_ctx_logits(const flexdiag_synth_ctx *c) { return c->logits; }
-
 /* Relative L2 distance of o from the dense output ref (absolute when ref is 0). */
 static double rel_err(const double *o, const double *ref, int32_t d) {
     double num = 0.0, den = 0.0;

@@ -64,8 +64,6 @@ flexdiag_status flexdiag__synth_fill(const flexdiag_synth_params *p, float *out)
 flexdiag_status flexdiag__synth_ctx_create(const flexdiag_synth_params *p, int32_t d_head,
                                            flexdiag_synth_ctx **out);
 void flexdiag__synth_ctx_destroy(flexdiag_synth_ctx *c);
-/* The context's logit tensor [heads, steps, prompt_len + steps] (borrowed). */
-const float *flexdiag__synth_ctx_logits(const flexdiag_synth_ctx *c);
 /* Run policy kp (resolved with l_dec = steps; n_seq/n_layers/heads are set here) over the whole
  * grid and measure its attention-output error against dense. */
 flexdiag_status flexdiag__synth_run(const flexdiag_synth_ctx *c, const flexdiag_kvp_params *kp,

@@ -116,8 +116,6 @@ flexdiag_status flexdiag__config_validate(const flexdiag_model_config *c);
  * applied, 0 when the name was copied unchanged, -1 when out is too small. */
 int flexdiag__name_canonical(flexdiag_arch arch, const char *name, char *out, size_t out_size);
 
-/* Bytes of all weights of cfg on the device. */
-size_t flexdiag__weights_bytes(const flexdiag_model_config *cfg);
 /* Load weights from an open checkpoint into memory of arena a's backend. */
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
                                        const flexdiag_model_config *cfg,

@@ -38,6 +38,12 @@
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
 #define ST_HEADER_CAP 100000000ull /* header bytes; the reference Rust reader's limit */
+
+/* Read exactly n bytes at off from fd (retrying short reads and EINTR). Errors are
+ * FLEXDIAG_ERR_IO naming path and what ("tensor 'x'", "header"): strerror, or "file truncated"
+ * when the file ends first. */
+static flexdiag_status pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                                  const char *what);
 #define ST_CHUNK ((size_t)8 << 20) /* bounce buffer for converting reads: bounded memory */
 #define ST_MAX_DEPTH 3             /* root { entry { shape [ : valid headers never nest deeper */
 
@@ -226,7 +232,7 @@ static flexdiag_status load_header(const st_file *f, json_t **root, uint64_t *da
                              "length (not a safetensors file)",
                              f->path, f->size);
     unsigned char pre[8];
-    FLEXDIAG_TRY(flexdiag__pread_full(f->fd, pre, 8, 0, f->path, "the header length"));
+    FLEXDIAG_TRY(pread_full(f->fd, pre, 8, 0, f->path, "the header length"));
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | pre[i];
     if (n > ST_HEADER_CAP)
@@ -243,7 +249,7 @@ static flexdiag_status load_header(const st_file *f, json_t **root, uint64_t *da
     if (!hdr)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory for the header", f->path);
     *data_start = 8 + n;
-    flexdiag_status s = flexdiag__pread_full(f->fd, hdr, n, 8, f->path, "the header");
+    flexdiag_status s = pread_full(f->fd, hdr, n, 8, f->path, "the header");
     if (s == FLEXDIAG_OK) s = parse_header(f->path, hdr, n, root);
     free(hdr);
     return s;
@@ -487,7 +493,7 @@ static flexdiag_status load_json_file(const char *path, json_t **root) {
     else if (!(buf = malloc((size_t)sb.st_size + 1)))
         s = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory", path);
     else
-        s = flexdiag__pread_full(fd, buf, (size_t)sb.st_size, 0, path, "the index");
+        s = pread_full(fd, buf, (size_t)sb.st_size, 0, path, "the index");
     if (s == FLEXDIAG_OK &&
         !(*root = json_loadb(buf, (size_t)sb.st_size, JSON_REJECT_DUPLICATES, &jerr)))
         s = flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: not valid JSON at byte %d: %s", path,
@@ -688,8 +694,8 @@ const char *flexdiag__st_file_path(const flexdiag_safetensors *st, int32_t file)
 
 /* ---- reads ---- */
 
-flexdiag_status flexdiag__pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path,
-                                     const char *what) {
+static flexdiag_status pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                                  const char *what) {
     size_t done = 0;
     while (done < n) {
         ssize_t r = pread(fd, (char *)buf + done, n - done, (off_t)(off + done));
@@ -713,7 +719,7 @@ static flexdiag_status read_span(const flexdiag_safetensors *st, const flexdiag_
     char what[FLEXDIAG_ST_NAME_MSG + 16];
     snprintf(what, sizeof what, "tensor '%.*s'", FLEXDIAG_ST_NAME_MSG, t->name);
     const st_file *f = &st->files[t->file];
-    return flexdiag__pread_full(f->fd, buf, n, t->offset + from, f->path, what);
+    return pread_full(f->fd, buf, n, t->offset + from, f->path, what);
 }
 
 typedef void (*convert_fn)(void *dst, const void *src, size_t n);

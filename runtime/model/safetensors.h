@@ -108,26 +108,6 @@ flexdiag_status flexdiag__st_read_raw(const flexdiag_safetensors *st, const flex
 /* The dtype whose safetensors name is str (e.g. "BF16"), or -1 when flexdiag does not know it. */
 int flexdiag__dtype_parse(const char *str);
 
-/* ---- file helpers (shared with npy.c) ---- */
-
-/* One piece of a file being written: len bytes at data (borrowed). */
-typedef struct flexdiag_wpart {
-    const void *data; /* bytes to write; may be NULL when len == 0 */
-    size_t len;       /* bytes */
-} flexdiag_wpart;
-
-/* Write the concatenation of parts[0..n) to path atomically: "<path>.tmp.<pid>", fsync, rename,
- * fsync of the folder; the temp file is removed on failure. ENOSPC/EDQUOT give
- * FLEXDIAG_ERR_NO_SPACE, a missing folder FLEXDIAG_ERR_NOT_FOUND, other failures FLEXDIAG_ERR_IO;
- * messages name path. Not for concurrent writers of one path within a process. */
-flexdiag_status flexdiag__write_file_atomic(const char *path, const flexdiag_wpart *parts,
-                                            int64_t n);
-/* Read exactly n bytes at off from fd (retrying short reads and EINTR). Errors are
- * FLEXDIAG_ERR_IO naming path and what ("tensor 'x'", "header"): strerror, or "file truncated"
- * when the file ends first. */
-flexdiag_status flexdiag__pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path,
-                                     const char *what);
-
 #ifdef __cplusplus
 }
 #endif

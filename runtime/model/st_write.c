@@ -1,6 +1,5 @@
 /*
- * st_write.c - writing safetensors files (tests, tools, exporting weights) and the atomic
- * file-write helper the other writers share (.npy, safetensors).
+ * st_write.c - writing safetensors files (tests, tools, exporting weights).
  *
  * A file is written to "<path>.tmp.<pid>" in the same folder, fsync'ed, renamed over the target
  * and the folder fsync'ed: an interrupted write never leaves a partial file at the target name.
@@ -24,6 +23,12 @@
 #include "base/core.h"
 
 /* ---- writer ---- */
+
+/* One piece of a file being written: len bytes at data (borrowed). */
+typedef struct wpart {
+    const void *data; /* bytes to write; may be NULL when len == 0 */
+    size_t len;       /* bytes */
+} wpart;
 
 static flexdiag_status errno_status(int e) {
     return e == ENOSPC || e == EDQUOT ? FLEXDIAG_ERR_NO_SPACE
@@ -57,8 +62,11 @@ static void sync_parent(const char *path) {
     free(copy);
 }
 
-flexdiag_status flexdiag__write_file_atomic(const char *path, const flexdiag_wpart *parts,
-                                            int64_t n) {
+/* Write the concatenation of parts[0..n) to path atomically: "<path>.tmp.<pid>", fsync, rename,
+ * fsync of the folder; the temp file is removed on failure. ENOSPC/EDQUOT give
+ * FLEXDIAG_ERR_NO_SPACE, a missing folder FLEXDIAG_ERR_NOT_FOUND, other failures FLEXDIAG_ERR_IO;
+ * messages name path. */
+static flexdiag_status write_file_atomic(const char *path, const wpart *parts, int64_t n) {
     char *tmp = NULL;
     if (asprintf(&tmp, "%s.tmp.%ld", path, (long)getpid()) < 0)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory", path);
@@ -163,7 +171,7 @@ flexdiag_status flexdiag__st_write(const char *path, const flexdiag_st_entry *en
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "safetensors writer: bad path or %" PRId64 " entries", n);
     uint64_t *sizes = malloc(sizeof *sizes * (size_t)(n + 1));
-    flexdiag_wpart *parts = malloc(sizeof *parts * (size_t)(n + 2));
+    wpart *parts = malloc(sizeof *parts * (size_t)(n + 2));
     flexdiag_status s =
         sizes && parts ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "out of memory");
     for (int64_t i = 0; i < n && s == FLEXDIAG_OK; i++)
@@ -174,10 +182,10 @@ flexdiag_status flexdiag__st_write(const char *path, const flexdiag_st_entry *en
     if (s == FLEXDIAG_OK) {
         unsigned char pre[8];
         for (int i = 0; i < 8; i++) pre[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-        parts[0] = (flexdiag_wpart){pre, 8};
-        parts[1] = (flexdiag_wpart){hdr, hlen};
-        for (int64_t i = 0; i < n; i++) parts[i + 2] = (flexdiag_wpart){entries[i].data, sizes[i]};
-        s = flexdiag__write_file_atomic(path, parts, n + 2);
+        parts[0] = (wpart){pre, 8};
+        parts[1] = (wpart){hdr, hlen};
+        for (int64_t i = 0; i < n; i++) parts[i + 2] = (wpart){entries[i].data, sizes[i]};
+        s = write_file_atomic(path, parts, n + 2);
     }
     free(hdr);
     free(parts);

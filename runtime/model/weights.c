@@ -200,15 +200,6 @@ static flexdiag_status allocate(flexdiag_arena *a, const flexdiag_model_config *
     return FLEXDIAG_OK;
 }
 
-size_t flexdiag__weights_bytes(const flexdiag_model_config *cfg) {
-    wtable t = {0};
-    model_off o;
-    size_t bytes = build_table(cfg, &t, &o) == FLEXDIAG_OK ? t.bytes : 0;
-    free(o.layers);
-    free(t.e);
-    return bytes;
-}
-
 void flexdiag__weights_free(flexdiag_arena *a, flexdiag_weights *w) {
     if (!w) return;
     flexdiag__arena_free(a, w->block, w->bytes);

@@ -1,6 +1,7 @@
 /*
  * tokenizer.c - tokenizer.json (Hugging Face `tokenizers`) byte-level BPE, bit-exact with the
- * library for the options DeepSeek-LLM / Janus-Pro use, plus the Janus prompt template.
+ * library for the options DeepSeek-LLM / Janus-Pro use, plus token queries and the Janus prompt
+ * template: everything that reads a tokenizer tokenizer_load.c built (it calls nothing there).
  *
  * One encode mirrors the library stage by stage (one different id changes the prompt):
  *   UTF-8 check -> added tokens split out in two passes (normalized=false first, then true;
@@ -509,67 +510,22 @@ flexdiag_status flexdiag__tok_encode(const flexdiag_tokenizer *t, const char *te
     return st;
 }
 
-/* ---- decode ---- */
+/* ---- queries ---- */
 
-/* Append token bytes: GPT-2 symbols -> bytes when every character is one, else raw text. */
-static flexdiag_status decode_token(const flexdiag_tokenizer *t, const char *s, size_t n,
-                                    enc *out) {
-    size_t start = out->len, i = 0, k;
-    RESERVE(out->buf, out->cap, out->len + n + 1);
-    if (t->byte_level) {
-        int b;
-        for (; i < n && (b = symbol_to_byte(utf8_decode((const unsigned char *)s + i, &k))) >= 0;
-             i += k)
-            out->buf[out->len++] = (char)b;
-        if (i == n) return FLEXDIAG_OK;
-        out->len = start;
-    }
-    memcpy(out->buf + out->len, s, n);
-    out->len += n;
-    return FLEXDIAG_OK;
+int32_t flexdiag__tok_id(const flexdiag_tokenizer *t, const char *token) {
+    size_t n = strlen(token);
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].len == n && !memcmp(t->added[i].s, token, n)) return t->added[i].id;
+    return vocab_get(t, token, n);
 }
 
-/* Copy bytes as valid UTF-8, each maximal invalid subpart replaced by U+FFFD (Rust's
- * from_utf8_lossy, which the library's ByteLevel decoder uses). */
-static flexdiag_status utf8_lossy(const char *s, size_t n, enc *out) {
-    for (size_t i = 0; i < n;) {
-        size_t ok = utf8_valid_prefix((const unsigned char *)s + i, n - i);
-        FLEXDIAG_TRY(arena_put(out, s + i, ok));
-        i += ok;
-        if (i < n) {
-            FLEXDIAG_TRY(arena_put(out, "\xef\xbf\xbd", 3));
-            i += utf8_bad_len((const unsigned char *)s + i, n - i);
-        }
-    }
-    return FLEXDIAG_OK;
-}
-
-flexdiag_status flexdiag__tok_decode(const flexdiag_tokenizer *t, const int32_t *ids, int64_t n,
-                                     char **text, size_t *len) {
-    enc raw = {0}, out = {0};
-    flexdiag_status st = FLEXDIAG_OK;
-    *text = NULL;
-    *len = 0;
-    for (int64_t i = 0; i < n && !st; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n_ids || !t->id_str[ids[i]])
-            st = flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                               "%s: id %d (position %lld) is not a "
-                               "token of this tokenizer",
-                               t->name, ids[i], (long long)i);
-        else
-            st = decode_token(t, t->id_str[ids[i]], t->id_len[ids[i]], &raw);
-    }
-    if (!st) st = utf8_lossy(raw.buf ? raw.buf : "", raw.len, &out);
-    if (!st) st = arena_put(&out, "", 0);
-    if (!st) {
-        out.buf[out.len] = 0;
-        *text = out.buf;
-        *len = out.len;
-        out.buf = NULL;
-    }
-    free(raw.buf);
-    free(out.buf);
-    return st;
+flexdiag_status flexdiag__tok_require_id(const flexdiag_tokenizer *t, const char *token,
+                                         int32_t *id) {
+    *id = flexdiag__tok_id(t, token);
+    if (*id != NO_ID) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
+                         "%s: token \"%s\" is in neither added_tokens nor model.vocab", t->name,
+                         token);
 }
 
 /* ---- Janus-Pro template ---- */

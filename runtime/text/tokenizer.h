@@ -63,23 +63,14 @@ int32_t flexdiag__tok_id(const flexdiag_tokenizer *t, const char *token);
 /* Like flexdiag__tok_id but absence is FLEXDIAG_ERR_NOT_FOUND naming the token and the file. */
 flexdiag_status flexdiag__tok_require_id(const flexdiag_tokenizer *t, const char *token,
                                          int32_t *id);
-/* 1 + the largest id of model.vocab and added_tokens. */
-int64_t flexdiag__tok_vocab_size(const flexdiag_tokenizer *t);
-/* The path or name the tokenizer was loaded from (borrowed, lives as long as t). */
-const char *flexdiag__tok_name(const flexdiag_tokenizer *t);
 
-/* ---- encode / decode ---- */
+/* ---- encode ---- */
 
 /* Encode len bytes of UTF-8 text (borrowed) exactly like tokenizers' encode(text,
  * add_special_tokens=False): no BOS. *ids is malloc'ed (caller frees; non-NULL even when
  * *n == 0). Invalid UTF-8 -> FLEXDIAG_ERR_INVALID_ARG naming the byte offset. */
 flexdiag_status flexdiag__tok_encode(const flexdiag_tokenizer *t, const char *text, size_t len,
                                      int32_t **ids, int64_t *n);
-/* Ids -> UTF-8 text (byte-level reversed, invalid sequences replaced by U+FFFD), for debugging.
- * *text is malloc'ed and NUL-terminated (caller frees); *len excludes the NUL. Unknown ids ->
- * FLEXDIAG_ERR_INVALID_ARG. */
-flexdiag_status flexdiag__tok_decode(const flexdiag_tokenizer *t, const int32_t *ids, int64_t n,
-                                     char **text, size_t *len);
 
 /* ---- Janus-Pro ---- */
 

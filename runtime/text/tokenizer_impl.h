@@ -1,6 +1,6 @@
 /*
  * tokenizer_impl.h - what the two halves of the tokenizer share (tokenizer_load.c parses and
- * checks tokenizer.json; tokenizer.c encodes, decodes and applies the Janus template): the
+ * checks tokenizer.json; tokenizer.c answers queries, encodes and applies the Janus template): the
  * loaded-tokenizer struct, the UTF-8 / character-class helpers and the open-addressing hash maps
  * of the vocabulary and the merge ranks. Internal to runtime/.
  */
@@ -91,7 +91,7 @@ struct flexdiag_tokenizer {
     bool fuse_unk;       /* consecutive unknown chars become one unk */
     bool byte_fallback;  /* unknown chars -> <0xXX> tokens */
     bool ignore_merges;  /* a piece already in the vocab is emitted whole */
-    bool byte_level;     /* decode maps GPT-2 symbols back to bytes */
+    bool byte_level;     /* tokens are GPT-2 byte symbols (ByteLevel pre-tokenizer / decoder) */
 };
 
 /* ---- UTF-8 and character classes ---- */
@@ -204,20 +204,13 @@ static inline size_t span_trailing(const char *s, size_t n, bool (*pred)(uint32_
     return end;
 }
 
-/* GPT-2 byte <-> symbol table: printable Latin-1 bytes map to themselves, the other 68 bytes
+/* GPT-2 byte -> symbol table: printable Latin-1 bytes map to themselves, the other 68 bytes
  * (controls, space, DEL..NBSP, soft hyphen) to U+0100.. in byte order. */
 static inline uint32_t byte_to_symbol(unsigned b) {
     if (b <= 0x20) return 0x100 + b;
     if (b >= 0x7f && b <= 0xa0) return 0x100 + 33 + (b - 0x7f);
     if (b == 0xad) return 0x100 + 67;
     return b;
-}
-
-static inline int symbol_to_byte(uint32_t cp) {
-    if (cp < 0x100) return byte_to_symbol(cp) == cp ? (int)cp : -1;
-    if (cp <= 0x120) return (int)(cp - 0x100);
-    if (cp <= 0x142) return (int)(0x7f + cp - 0x121);
-    return cp == 0x143 ? 0xad : -1;
 }
 
 /* ---- hash maps ---- */

@@ -3,7 +3,8 @@
  * merges in both "a b" and [a, b] forms), added tokens (ids re-derived as the library does),
  * normalizer and pre-tokenizer steps (Split regexes translated from Oniguruma to PCRE2,
  * ByteLevel), with every unsupported option or malformed field reported by file and field.
- * Encoding and decoding live in tokenizer.c; the shared struct in tokenizer_impl.h.
+ * Everything that reads a loaded tokenizer (queries, encoding, the Janus template) lives in
+ * tokenizer.c and the shared struct in tokenizer_impl.h; neither file calls the other.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -520,25 +521,3 @@ void flexdiag__tok_destroy(flexdiag_tokenizer *t) {
     free(t->name);
     free(t);
 }
-
-/* ---- queries ---- */
-
-int32_t flexdiag__tok_id(const flexdiag_tokenizer *t, const char *token) {
-    size_t n = strlen(token);
-    for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].len == n && !memcmp(t->added[i].s, token, n)) return t->added[i].id;
-    return vocab_get(t, token, n);
-}
-
-flexdiag_status flexdiag__tok_require_id(const flexdiag_tokenizer *t, const char *token,
-                                         int32_t *id) {
-    *id = flexdiag__tok_id(t, token);
-    if (*id != NO_ID) return FLEXDIAG_OK;
-    return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
-                         "%s: token \"%s\" is in neither added_tokens nor model.vocab", t->name,
-                         token);
-}
-
-int64_t flexdiag__tok_vocab_size(const flexdiag_tokenizer *t) { return t->n_ids; }
-
-const char *flexdiag__tok_name(const flexdiag_tokenizer *t) { return t->name; }

@@ -9,7 +9,8 @@
  * memory budget (JSON null, "none" in the header); --json appends one line per run. A policy
  * search (--policies, --sparsities) gives one row per (policy, sparsity), dense once, each with
  * its own N_att, and names the fastest row against dense. Bad flags give exit 2 and a message
- * naming the flag.
+ * naming the flag. `flexdiag bench` runs the analysis tool flexdiag-bench from its own folder: a
+ * copy of flexdiag without the tool next to it fails with exit 1, naming the path it tried.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -173,6 +174,24 @@ static void test_bad_flags(void **state) {
     }
 }
 
+static void test_tool_missing(void **state) {
+    (void)state;
+    char lib[4096];
+    snprintf(lib, sizeof lib, "%s", g_bin);
+    char *slash = strrchr(lib, '/');
+    if (slash) *slash = 0; /* the build folder: libflexdiag.so for the copy */
+    assert_int_equal(tu_system("mkdir -p '%s/alone' && cp '%s' '%s/alone/flexdiag'", g_dir, g_bin,
+                               g_dir),
+                     0);
+    assert_int_equal(tu_system("cd '%s' && LD_LIBRARY_PATH='%s' alone/flexdiag bench --help "
+                               ">out.txt 2>err.txt", g_dir, slash ? lib : "."),
+                     1);
+    char *err = read_in_dir("err.txt"), want[4200];
+    snprintf(want, sizeof want, "%s/alone/flexdiag-bench", g_dir);
+    if (!strstr(err, want)) fail_msg("stderr '%s' does not name %s", err, want);
+    free(err);
+}
+
 static int setup(void **state) {
     (void)state;
     g_bin = getenv("FLEXDIAG_BIN");
@@ -196,6 +215,7 @@ int main(void) {
         cmocka_unit_test(test_row),
         cmocka_unit_test(test_sweep),
         cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_tool_missing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,7 +4,9 @@
  * exported. One throughput-backend session on the builtin micro-janus model on the CPU under
  * a 32 MiB budget: API version, the largest batch that fits (flexdiag_context_max_images) and
  * a context of that size, one more image refused with a message, a Diagonal generation of two
- * prompts (ids inside the image vocabulary), stats, and the decoded pixels finite.
+ * prompts (ids inside the image vocabulary), stats, and the decoded pixels finite. API version 3:
+ * policy names both ways, the context's resolved policy, teacher-forced scoring (size query, CFG
+ * logits = uncond + w (cond - uncond) of the raw rows) and the library version.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -16,6 +18,7 @@
 #include <cmocka.h>
 
 #include "flexdiag.h"
+#include "flexdiag_version.h"
 
 static void test_session(void **state) {
     (void)state;
@@ -82,7 +85,115 @@ static void test_session(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
+static void test_policy_names(void **state) {
+    (void)state;
+    int k = 0;
+    for (; flexdiag_policy_name((flexdiag_policy_kind)k); k++) {
+        flexdiag_policy_kind back = FLEXDIAG_POLICY_DENSE;
+        assert_int_equal(flexdiag_policy_from_name(flexdiag_policy_name((flexdiag_policy_kind)k),
+                                                   &back),
+                         FLEXDIAG_OK);
+        assert_int_equal(back, k);
+    }
+    assert_int_equal(k, FLEXDIAG_POLICY_DIAGONAL_SINK4 + 1);
+    assert_string_equal(flexdiag_policy_name(FLEXDIAG_POLICY_DIAGONAL_SINK4), "diagonal-sink4");
+    assert_null(flexdiag_policy_name((flexdiag_policy_kind)-1));
+    flexdiag_policy_kind kind;
+    assert_int_equal(flexdiag_policy_from_name("nope", &kind), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "'nope'"));
+    assert_non_null(strstr(flexdiag_last_error(NULL), "diagonal-sink4"));
+    assert_string_equal(flexdiag_version(), FLEXDIAG_VERSION_STRING);
+}
+
+/* A micro-janus context on the CPU with policy pp and room for one image. */
+static void open_ctx(const flexdiag_policy_params *pp, flexdiag_runtime **rt, flexdiag_model **m,
+                     flexdiag_context **c) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    assert_int_equal(flexdiag_runtime_create(&rp, rt), FLEXDIAG_OK);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    assert_int_equal(flexdiag_model_load(*rt, NULL, &mp, m), FLEXDIAG_OK);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 1;
+    cp.max_prompt_len = 8;
+    cp.policy = *pp;
+    assert_int_equal(flexdiag_context_create(*m, &cp, c), FLEXDIAG_OK);
+}
+
+static void test_context_policy(void **state) {
+    (void)state;
+    flexdiag_policy_params pp;
+    flexdiag_policy_params_init(&pp);
+    pp.kind = FLEXDIAG_POLICY_DIAGONAL;
+    pp.sparsity = 0.5;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    flexdiag_context *c;
+    open_ctx(&pp, &rt, &m, &c);
+    flexdiag_policy_info pi = {0};
+    assert_int_equal(flexdiag_context_policy(c, &pi), FLEXDIAG_ERR_INVALID_ARG); /* no size */
+    pi.struct_size = sizeof pi;
+    assert_int_equal(flexdiag_context_policy(c, &pi), FLEXDIAG_OK);
+    assert_int_equal(pi.kind, FLEXDIAG_POLICY_DIAGONAL);
+    assert_int_equal(pi.l_dec, 64); /* micro-janus: 8x8 tokens */
+    assert_int_equal(pi.n_att, 32);
+    assert_int_equal(pi.n_r, 32);
+    assert_true(fabs(pi.sparsity - 0.5) < 1e-12);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
+static void test_score(void **state) {
+    (void)state;
+    flexdiag_policy_params pp;
+    flexdiag_policy_params_init(&pp);
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    flexdiag_context *c;
+    open_ctx(&pp, &rt, &m, &c);
+    const int32_t prompt[4] = {1, 97, 98, 2};
+    int32_t ids[64];
+    flexdiag_score_request rq;
+    flexdiag_score_request_init(&rq);
+    assert_true(rq.cfg_weight == 5.0f);
+    rq.prompt_ids = prompt;
+    rq.prompt_len = 4;
+    rq.ids = ids;
+    rq.n = 64;
+    flexdiag_score_output so = {.struct_size = sizeof so};
+    assert_int_equal(flexdiag_score(c, &rq, &so), FLEXDIAG_OK); /* size query */
+    assert_int_equal(so.vocab, 256); /* micro-janus image codes */
+    assert_int_equal(so.rows, 2);      /* conditional, unconditional */
+    for (int i = 0; i < 64; i++) ids[i] = (i * 37) % so.vocab;
+    size_t n = (size_t)rq.n * (size_t)so.vocab;
+    so.logits = malloc(n * sizeof *so.logits);
+    so.raw = malloc(2 * n * sizeof *so.raw);
+    assert_true(so.logits && so.raw);
+    assert_int_equal(flexdiag_score(c, &rq, &so), FLEXDIAG_OK);
+    for (size_t i = 0; i < n; i++) {
+        float cond = so.raw[i], uncond = so.raw[n + i];
+        float want = uncond + rq.cfg_weight * (cond - uncond);
+        assert_true(isfinite(so.logits[i]));
+        assert_true(fabsf(so.logits[i] - want) <= 1e-3f * (1.0f + fabsf(want)));
+    }
+    rq.n = 0;
+    assert_int_equal(flexdiag_score(c, &rq, &so), FLEXDIAG_ERR_INVALID_ARG);
+    free(so.logits);
+    free(so.raw);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_session)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_session),
+                                       cmocka_unit_test(test_policy_names),
+                                       cmocka_unit_test(test_context_policy),
+                                       cmocka_unit_test(test_score)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

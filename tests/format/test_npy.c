@@ -1,12 +1,13 @@
 /*
- * test_npy.c - the .npy reader and writer (runtime/npy.c).
+ * test_npy.c - the .npy reader and writer (cli/npy.c, over cli/fileio.c's atomic writer).
  *
  * Round trips of every accepted dtype ('<f4', '<i4', '<i8') over ranks 0..3 and an empty array;
  * byte-exact comparison with a file laid out by hand the way numpy's np.save writes it (format
  * 1.0, header padded to a 64-byte data offset); a 2.0 file with double-quoted keys; and the error
  * cases (bad magic, unknown version, Fortran order, big-endian and other dtypes, malformed or
  * duplicate keys, overflowing shapes, truncated or trailing data), each checked for status, file
- * name and reason.
+ * name and reason (cli_io_error: the CLI's writers do not use the library's message buffer).
+ * The npy element types carry the library's dtype numbers, checked at compile time.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,9 +19,15 @@
 
 #include <cmocka.h>
 
-#include "base/core.h"
+#include "cli/fileio.h"
 #include "cli/npy.h"
+#include "runtime/model/safetensors.h"
 #include "util.h"
+
+_Static_assert((int)FLEXDIAG_NPY_F32 == (int)FLEXDIAG_DTYPE_F32 &&
+                   (int)FLEXDIAG_NPY_I32 == (int)FLEXDIAG_DTYPE_I32 &&
+                   (int)FLEXDIAG_NPY_I64 == (int)FLEXDIAG_DTYPE_I64,
+               "npy element types must keep the library's dtype numbers (cli/npy.h)");
 
 static char *tmp; /* per-run temp folder */
 
@@ -32,7 +39,7 @@ static char *tpath(const char *name) {
 
 static void expect_err(flexdiag_status got, flexdiag_status want, const char *file,
                        const char *phrase) {
-    const char *msg = flexdiag_last_error(NULL);
+    const char *msg = cli_io_error();
     int ok = got == want && strstr(msg, file) && strstr(msg, phrase);
     if (!ok)
         print_error("status %d (want %d), message \"%s\"; want file %s phrase \"%s\"\n", got, want,
@@ -68,15 +75,15 @@ static void test_round_trip(void **state) {
     tu_rng_seed(&r, 3);
     tu_fill_f32(&r, f, 24, 2.0f);
     const struct {
-        flexdiag_dtype dt;
+        int32_t dt;
         int32_t ndim;
         int64_t shape[3];
         const void *data;
         size_t bytes;
     } cases[] = {
-        {FLEXDIAG_DTYPE_F32, 2, {2, 3}, f, 24},   {FLEXDIAG_DTYPE_F32, 3, {2, 3, 4}, f, 96},
-        {FLEXDIAG_DTYPE_I32, 1, {5}, i4, 20},     {FLEXDIAG_DTYPE_I64, 0, {0}, &i8, 8},
-        {FLEXDIAG_DTYPE_F32, 2, {0, 7}, NULL, 0},
+        {FLEXDIAG_NPY_F32, 2, {2, 3}, f, 24},   {FLEXDIAG_NPY_F32, 3, {2, 3, 4}, f, 96},
+        {FLEXDIAG_NPY_I32, 1, {5}, i4, 20},     {FLEXDIAG_NPY_I64, 0, {0}, &i8, 8},
+        {FLEXDIAG_NPY_F32, 2, {0, 7}, NULL, 0},
     };
     char *p = tpath("rt.npy");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -120,7 +127,7 @@ static void test_numpy_layout(void **state) {
     assert_int_equal(tu_write_file(hand, want, sizeof want), 0);
     flexdiag_npy a;
     assert_int_equal(flexdiag__npy_read(hand, &a), FLEXDIAG_OK);
-    assert_true(a.dtype == FLEXDIAG_DTYPE_I32 && a.ndim == 2 && a.shape[0] == 2 &&
+    assert_true(a.dtype == FLEXDIAG_NPY_I32 && a.ndim == 2 && a.shape[0] == 2 &&
                 a.shape[1] == 3 && a.numel == 6);
     assert_memory_equal(a.data, data, sizeof data);
     assert_int_equal(flexdiag__npy_write(ours, a.dtype, a.ndim, a.shape, a.data), FLEXDIAG_OK);
@@ -136,7 +143,7 @@ static void test_numpy_layout(void **state) {
     write_npy_raw(hand, 2, "{\"shape\": (4,), \"fortran_order\": False, \"descr\": \"<f4\"}", v,
                   sizeof v);
     assert_int_equal(flexdiag__npy_read(hand, &a), FLEXDIAG_OK);
-    assert_true(a.dtype == FLEXDIAG_DTYPE_F32 && a.ndim == 1 && a.shape[0] == 4);
+    assert_true(a.dtype == FLEXDIAG_NPY_F32 && a.ndim == 1 && a.shape[0] == 4);
     assert_memory_equal(a.data, v, sizeof v);
     flexdiag__npy_free(&a);
     free(hand);
@@ -197,7 +204,6 @@ static void test_errors(void **state) {
         char *p = tpath(cases[i].file);
         write_npy_raw(p, cases[i].major, cases[i].dict, NULL, cases[i].data_len);
         flexdiag_npy a;
-        flexdiag__err_clear();
         expect_err(flexdiag__npy_read(p, &a), cases[i].want, cases[i].file, cases[i].phrase);
         assert_null(a.data);
         free(p);
@@ -221,28 +227,23 @@ static void test_errors(void **state) {
         char *p = tpath(raw[i].file);
         assert_int_equal(tu_write_file(p, raw[i].bytes, raw[i].len), 0);
         flexdiag_npy a;
-        flexdiag__err_clear();
         expect_err(flexdiag__npy_read(p, &a), raw[i].want, raw[i].file, raw[i].phrase);
         free(p);
     }
     char *p = tpath("absent.npy");
     flexdiag_npy a;
-    flexdiag__err_clear();
     expect_err(flexdiag__npy_read(p, &a), FLEXDIAG_ERR_NOT_FOUND, "absent.npy", "No such file");
     free(p);
 
     int64_t shape[1] = {2};
     float v[2] = {0, 0};
     p = tpath("w.npy");
-    flexdiag__err_clear();
     expect_err(flexdiag__npy_write(p, FLEXDIAG_DTYPE_BF16, 1, shape, v), FLEXDIAG_ERR_INVALID_ARG,
                "w.npy", "F32, I32 or I64");
     free(p);
     p = tpath("no_dir/w.npy");
-    flexdiag__err_clear();
-    expect_err(flexdiag__npy_write(p, FLEXDIAG_DTYPE_F32, 1, shape, v), FLEXDIAG_ERR_NOT_FOUND,
+    expect_err(flexdiag__npy_write(p, FLEXDIAG_NPY_F32, 1, shape, v), FLEXDIAG_ERR_NOT_FOUND,
                "no_dir", "folder");
-    flexdiag__err_clear();
     free(p);
 }
 

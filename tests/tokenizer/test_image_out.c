@@ -1,7 +1,8 @@
 /*
- * test_image_out.c - pixel conversion and the PNG writer: values of the float -> uint8 rule,
- * byte-exact PNG contents read back through libpng's simplified reading API (a path independent
- * of the writer), atomic replacement with no temp files left behind, clean errors, and tiling.
+ * test_image_out.c - pixel conversion and the PNG writer (cli/image_out.c): values of the
+ * float -> uint8 rule, byte-exact PNG contents read back through libpng's simplified reading API
+ * (a path independent of the writer), atomic replacement with no temp files left behind, clean
+ * errors (status and cli_io_error message), and tiling.
  */
 #include <dirent.h>
 #include <math.h>
@@ -15,7 +16,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "base/core.h"
+#include "cli/fileio.h"
 #include "cli/image_out.h"
 #include "util.h"
 
@@ -68,7 +69,6 @@ static void test_png_round_trip(void **state) {
     const int w = 7, h = 5; /* odd sizes: no row padding assumptions */
     uint8_t px[7 * 5 * 3];
     for (size_t i = 0; i < sizeof px; i++) px[i] = (uint8_t)tu_rng_int(&r, 0, 255);
-    flexdiag__err_clear();
     assert_int_equal(flexdiag__png_write_rgb(path, px, w, h), FLEXDIAG_OK);
     int rw = 0, rh = 0;
     uint8_t *back = read_png(path, &rw, &rh);
@@ -92,22 +92,19 @@ static void test_png_round_trip(void **state) {
 static void test_png_errors(void **state) {
     (void)state;
     uint8_t px[12] = {0};
-    flexdiag__err_clear();
     assert_int_equal(flexdiag__png_write_rgb("/nonexistent-flexdiag-dir/x.png", px, 2, 2),
-                     FLEXDIAG_ERR_IO);
-    assert_non_null(strstr(flexdiag__err_msg(), "/nonexistent-flexdiag-dir/x.png"));
-    assert_non_null(strstr(flexdiag__err_msg(), "No such file or directory"));
-    flexdiag__err_clear();
+                     FLEXDIAG_ERR_NOT_FOUND);
+    assert_non_null(strstr(cli_io_error(), "/nonexistent-flexdiag-dir/x.png"));
+    assert_non_null(strstr(cli_io_error(), "No such file or directory"));
     assert_int_equal(flexdiag__png_write_rgb("x.png", px, 0, 2), FLEXDIAG_ERR_INVALID_ARG);
-    assert_non_null(strstr(flexdiag__err_msg(), "x.png"));
+    assert_non_null(strstr(cli_io_error(), "x.png"));
     /* a folder in place of the target: rename fails, the temp file is removed */
     char *dir = tu_tempdir("pngerr");
     char path[512];
     snprintf(path, sizeof path, "%s/taken.png", dir);
     assert_int_equal(tu_system("mkdir '%s' && touch '%s/inner'", path, path), 0);
-    flexdiag__err_clear();
     assert_int_equal(flexdiag__png_write_rgb(path, px, 2, 2), FLEXDIAG_ERR_IO);
-    assert_non_null(strstr(flexdiag__err_msg(), "rename"));
+    assert_non_null(strstr(cli_io_error(), "rename"));
     assert_int_equal(count_tmp(dir), 0);
     tu_rmtree(dir);
     free(dir);
@@ -130,8 +127,8 @@ static void test_tile(void **state) {
     for (int p = 0; p < 16; p++)
         for (int ch = 0; ch < 3; ch++) assert_int_equal(g[p * 3 + ch], want_px[p]);
     free(g);
-    flexdiag__err_clear();
     assert_int_equal(flexdiag__png_tile(imgs, 3, 2, 2, 0, &g, &gw, &gh), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(cli_io_error(), "image grid"));
     assert_null(g);
 }
 

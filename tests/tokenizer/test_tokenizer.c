@@ -1,7 +1,7 @@
 /*
  * test_tokenizer.c - the tokenizer.json BPE tokenizer on the handmade data/mini.json: every
  * stage with ids derived by hand (and confirmed against the `tokenizers` library), the Janus
- * template, decoding, every load-time error, and a replay of the fuzz entry point.
+ * template, every load-time error, and a replay of the fuzz entry point.
  *
  * mini.json: ids 0..255 are the 256 GPT-2 byte symbols in byte order (so a lone byte b is id b),
  * 256.. the results of its merges in order (he, ll, hell, hello, Ġw, or, Ġwor, ld, Ġworld, ĠĠ,
@@ -23,6 +23,7 @@
 
 #include "base/core.h"
 #include "runtime/text/tokenizer.h"
+#include "tok_bytes.h"
 #include "util.h"
 
 int flexdiag__fuzz_tokenizer(const uint8_t *data, size_t n);
@@ -148,7 +149,7 @@ static void test_lookup(void **state) {
     assert_int_equal(flexdiag__tok_id(t, FLEXDIAG_TOK_BOI), 278); /* from model.vocab */
     assert_int_equal(flexdiag__tok_id(t, "hello"), 259);
     assert_int_equal(flexdiag__tok_id(t, "nope"), -1);
-    assert_int_equal(flexdiag__tok_vocab_size(t), 293);
+    assert_int_equal(tu_tok_ids(t), 293);
     flexdiag_janus_tokens sp;
     assert_int_equal(flexdiag__janus_tokens(t, &sp), FLEXDIAG_OK);
     assert_int_equal(sp.bos, 281);
@@ -238,40 +239,6 @@ static void test_invalid_utf8(void **state) {
     assert_int_equal(n, 3);
     assert_int_equal(ids[1], 0);
     free(ids);
-    flexdiag__tok_destroy(t);
-}
-
-static void expect_decode(const flexdiag_tokenizer *t, const int32_t *ids, int64_t n,
-                          const char *want) {
-    char *s = NULL;
-    size_t len = 0;
-    assert_int_equal(flexdiag__tok_decode(t, ids, n, &s, &len), FLEXDIAG_OK);
-    assert_int_equal(len, strlen(want));
-    assert_string_equal(s, want);
-    free(s);
-}
-
-static void test_decode(void **state) {
-    (void)state;
-    flexdiag_tokenizer *t = load_mini();
-    expect_decode(t, (const int32_t[]){259, 264}, 2, "hello world");
-    expect_decode(t, (const int32_t[]){281, 284, 58, 276, 275, 10, 10, 285, 58, 278}, 10,
-                  FLEXDIAG_TOK_BOS "<|User|>: a cat\n\n<|Assistant|>:<begin_of_image>");
-    expect_decode(t, (const int32_t[]){272}, 1, "\xe4\xbd\xa0");
-    expect_decode(t, (const int32_t[]){97, 228, 189, 98}, 4,
-                  "a\xef\xbf\xbd"
-                  "b"); /* cut 你 */
-    expect_decode(t, (const int32_t[]){248, 0x41}, 2,
-                  "\xef\xbf\xbd"
-                  "A"); /* byte F8 */
-    expect_decode(t, NULL, 0, "");
-    char *s = (char *)1;
-    size_t len;
-    flexdiag__err_clear();
-    assert_int_equal(flexdiag__tok_decode(t, (const int32_t[]){97, 293}, 2, &s, &len),
-                     FLEXDIAG_ERR_INVALID_ARG);
-    assert_null(s);
-    assert_msg_has("id 293 (position 1)");
     flexdiag__tok_destroy(t);
 }
 
@@ -475,7 +442,7 @@ int main(void) {
         cmocka_unit_test(test_bpe_merges),        cmocka_unit_test(test_pretokenizer),
         cmocka_unit_test(test_added_tokens),      cmocka_unit_test(test_lookup),
         cmocka_unit_test(test_janus_template),    cmocka_unit_test(test_janus_missing_special),
-        cmocka_unit_test(test_invalid_utf8),      cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_merges_as_pairs),   cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_gpt2_byte_level),   cmocka_unit_test(test_split_behaviors),
         cmocka_unit_test(test_load_errors_model), cmocka_unit_test(test_load_errors_pipeline),

@@ -8,18 +8,20 @@
  * synthetic grid model (policy/synthetic.h). One sequence, one layer, h_q = h_kv = heads; the
  * policy is resolved with L_dec = T. Output is JSONL on stdout, one object per (step, head):
  *   {"t":3,"head":0,"attended":[0,1,2,3],"resident":[0,1,2,3],"evicted":[]}
- * ("evicted": positions whose row was overwritten at this step).
+ * ("evicted": positions whose row was overwritten at this step). Part of the analysis tool
+ * (flexdiag-bench): it replays the host policy state machines, which are library internals.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
 #include "base/core.h"
+#include "bench/bench.h"
+#include "cli/cli.h"
+#include "cli/npy.h"
 #include "policy/kv_policy.h"
 #include "policy/kvp_replay.h"
-#include "cli/npy.h"
 #include "policy/synthetic.h"
 
 #define TRACE_CMD "policy-trace"
@@ -42,10 +44,10 @@ typedef struct trace_input {
 /* Check shape [heads, T, Lp + T] against the flags that were given (-1 = not given). */
 static int check_shape(const trace_opts *o, const flexdiag_npy *a, trace_input *in) {
     const int64_t *s = a->shape;
-    if (a->dtype != FLEXDIAG_DTYPE_F32 || a->ndim != 3) {
+    if (a->dtype != FLEXDIAG_NPY_F32 || a->ndim != 3) {
         fprintf(stderr, "flexdiag " TRACE_CMD ": --logits %s: expected a float32 array of shape "
                 "[heads, T, Lp+T], got rank %d%s\n", o->logits, (int)a->ndim,
-                a->dtype != FLEXDIAG_DTYPE_F32 ? " and a non-float32 dtype" : "");
+                a->dtype != FLEXDIAG_NPY_F32 ? " and a non-float32 dtype" : "");
         return 1;
     }
     int64_t t = o->steps >= 0 ? o->steps : s[1];
@@ -93,9 +95,7 @@ static int check_finite(const trace_opts *o, const trace_input *in) {
 }
 
 static int load_file(const trace_opts *o, trace_input *in) {
-    flexdiag__err_clear();
-    flexdiag_status st = flexdiag__npy_read(o->logits, &in->npy);
-    if (st != FLEXDIAG_OK) return cli_fail(TRACE_CMD, st);
+    if (flexdiag__npy_read(o->logits, &in->npy) != FLEXDIAG_OK) return cli_fail_io(TRACE_CMD);
     if (check_shape(o, &in->npy, in) || check_finite(o, in)) return 1;
     return 0;
 }

@@ -1,0 +1,31 @@
+/*
+ * bench.h - the commands of `flexdiag-bench`, the analysis tool (bench/main.c dispatches them;
+ * `flexdiag bench` and `flexdiag policy-trace` exec the tool with their arguments). Each takes
+ * argv[0] = its own name and returns the process exit code.
+ */
+#ifndef FLEXDIAG_BENCH_H
+#define FLEXDIAG_BENCH_H
+
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_BENCH)
+#error "bench/bench.h is private to bench/ (docs/architecture.md)"
+#endif
+
+#include "flexdiag.h"
+
+/* `bench [throughput]`: throughput rows against the roofline, policy search. */
+int flexdiag_cmd_bench(int argc, char **argv);
+/* `bench fidelity` (argv[0] = "fidelity"): each policy's drift from dense. */
+int flexdiag_cmd_bench_fidelity(int argc, char **argv);
+/* `policy-trace`: a policy's attended / resident / evicted sets, step by step, as JSON lines. */
+int flexdiag_cmd_policy_trace(int argc, char **argv);
+
+/* ---- comma lists (lists.c) ---- */
+#define BENCH_MAX_LIST 64 /* entries per list */
+/* Split s into at most BENCH_MAX_LIST policy kinds; prints the valid names and returns 2 on an
+ * unknown or missing name (cmd names the command in messages). */
+int bench_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n);
+/* Split s into at most BENCH_MAX_LIST numbers in [0, 1]; prints the error and returns 2. */
+int bench_parse_sparsities(const char *cmd, const char *s, double *out, int *n);
+
+#endif /* FLEXDIAG_BENCH_H */

@@ -1,0 +1,51 @@
+/*
+ * api_policy.c - the public API of KV policies (include/flexdiag.h, API version 3): their
+ * command-line names and the resolved budget a context's runs use.
+ *
+ * Names and resolution are the policy layer's (policy/kv_policy.h), so the CLI, the bench tool
+ * and embedders spell and resolve policies one way. A context's policy is resolved again from
+ * its params and decode length, as context creation did, rather than read from engine state.
+ */
+#include <stddef.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "policy/kv_policy.h"
+#include "runtime/engine/engine.h"
+
+/* Bytes of flexdiag_policy_info in API version 3: the least a caller may pass. */
+#define POLICY_INFO_V3 (offsetof(flexdiag_policy_info, sparsity) + sizeof(double))
+
+const char *flexdiag_policy_name(flexdiag_policy_kind kind) {
+    const char *name = flexdiag__kvp_name(kind);
+    flexdiag_policy_kind back;
+    return flexdiag__kvp_parse(name, &back) == 0 && back == kind ? name : NULL;
+}
+
+flexdiag_status flexdiag_policy_from_name(const char *name, flexdiag_policy_kind *out) {
+    flexdiag__err_clear();
+    if (!name || !out)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "policy_from_name: NULL argument");
+    if (flexdiag__kvp_parse(name, out) != 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "unknown policy '%s' (valid: %s)", name,
+                             flexdiag__kvp_names());
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag_context_policy(const flexdiag_context *c, flexdiag_policy_info *out) {
+    flexdiag__err_clear();
+    if (!c || !out)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_policy: NULL argument");
+    if (out->struct_size < POLICY_INFO_V3 || out->struct_size > sizeof *out)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "flexdiag_policy_info.struct_size is %u (expected %zu): set it to "
+                             "sizeof(flexdiag_policy_info)",
+                             out->struct_size, sizeof *out);
+    flexdiag_kvp_params kp;
+    FLEXDIAG_TRY(flexdiag__kvp_resolve(&c->p.policy, c->l_dec, &kp));
+    flexdiag_policy_info info = {.struct_size = out->struct_size, .kind = kp.kind,
+                                 .n_att = kp.n_att, .n_r = kp.n_r, .l_dec = kp.l_dec,
+                                 .sparsity = flexdiag__kvp_reported_sparsity(&kp)};
+    memcpy(out, &info, out->struct_size);
+    return FLEXDIAG_OK;
+}
