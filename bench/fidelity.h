@@ -6,7 +6,7 @@
  * separate so the model-backed mode (fidelity_model.c, `--model DIR`, driving the engine) can
  * fill the KL / top-1 columns that the synthetic mode (cmd_fidelity.c) leaves as NaN ("n/a").
  * Calls go one way: cmd_fidelity.c -> fidelity_model.c -> fidelity_report.c. Markdown goes to
- * stdout, JSONL rows to --json FILE, appended and flushed per row (reliability.md §2).
+ * stdout, JSONL rows to --json FILE, appended and flushed per row (docs/formats.md §1).
  */
 #ifndef FLEXDIAG_BENCH_FIDELITY_H
 #define FLEXDIAG_BENCH_FIDELITY_H
@@ -47,8 +47,8 @@ typedef struct flexdiag_fidelity_row {
  * resident rows, resident KB, evictions). */
 void flexdiag_fidelity_md_header(FILE *f);
 void flexdiag_fidelity_md_row(FILE *f, const flexdiag_fidelity_row *r);
-/* One JSON object per line (policy traits of policies.md §6 included), flushed; returns 0 or -1
- * when the write failed. */
+/* One JSON object per line (policy traits of docs/policies.md §6 included), flushed; returns 0 or
+ * -1 when the write failed. */
 int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r);
 
 /* Model-backed mode (fidelity_model.c): kinds x sparsities on the model of mo, prompt text,

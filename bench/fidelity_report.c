@@ -1,6 +1,6 @@
 /*
  * fidelity_report.c - the printers of `flexdiag bench fidelity` rows (fidelity.h): a markdown
- * table on stdout and JSON lines with the policy's reporting traits (policies.md §6). Both
+ * table on stdout and JSON lines with the policy's reporting traits (docs/policies.md §6). Both
  * runners (cmd_fidelity.c synthetic, fidelity_model.c model-backed) call these; nothing here
  * calls back.
  */

@@ -1,5 +1,6 @@
 /*
- * image_out.c - pixels -> uint8 -> PNG files (models.md §3.5 step 8, reliability.md §2).
+ * image_out.c - pixels -> uint8 -> PNG files (docs/architecture.md §4.1 step 8, docs/formats.md
+ * §1).
  *
  * Conversion follows the Janus reference exactly: fp32 (x + 1) / 2 · 255, clipped to [0, 255],
  * then truncated toward zero by the uint8 cast; NaN (undefined in the reference) becomes 0.

@@ -1,8 +1,8 @@
 /*
  * image_out.h - decoded pixels to files: float -> uint8 conversion of the Janus reference
- * (models.md §3.5 step 8), grid tiling of several images, and an atomic 8-bit RGB PNG writer
- * (cli_write_atomic: an interrupted run never leaves a partial PNG). Plain C on libpng; failures
- * return a status of the public header and leave their message in cli_io_error().
+ * (docs/architecture.md §4.1 step 8), grid tiling of several images, and an atomic 8-bit RGB PNG
+ * writer (cli_write_atomic: an interrupted run never leaves a partial PNG). Plain C on libpng;
+ * failures return a status of the public header and leave their message in cli_io_error().
  */
 #ifndef FLEXDIAG_IMAGE_OUT_H
 #define FLEXDIAG_IMAGE_OUT_H

@@ -10,6 +10,22 @@
  * Conventions: every function returns flexdiag_status (results through out-params, constructor
  * out-param first, *out == NULL after a failed create); params structs start with struct_size,
  * are filled by their _params_init() and only ever grow at the end; handles are opaque.
+ *
+ * Threads. Each context owns its execution stream (a CUDA stream with its own cuBLAS handles
+ * and workspace, or a pool of `threads` CPU workers), its buffers and its KV-policy state, so:
+ *   - calls on different contexts may run at the same time from different threads, also on
+ *     contexts of one runtime and one model (flexdiag_generate, flexdiag_score,
+ *     flexdiag_context_stats, flexdiag_context_create and _destroy of other contexts);
+ *   - one context runs one call at a time: a second call while one is in flight returns
+ *     FLEXDIAG_ERR_BUSY; flexdiag_context_cancel may come from any thread at any time;
+ *   - flexdiag_decode_images and the decoder calls may run beside generation; decode calls of
+ *     models of one runtime take turns, as do calls on one flexdiag_decoder;
+ *   - a model must outlive its contexts, a runtime its models; create/destroy of a runtime or
+ *     model must not overlap other calls on it; flexdiag_log_set must not overlap logging;
+ *   - error messages (flexdiag_last_error) are per thread.
+ * The memory budget is shared: the runtime's accounting is atomic, so contexts created from
+ * several threads never overshoot it together. On the CPU engine every context starts its own
+ * worker pool; give each `threads` so their sum fits the cores.
  */
 #ifndef FLEXDIAG_FLEXDIAG_H
 #define FLEXDIAG_FLEXDIAG_H
@@ -60,7 +76,7 @@ typedef enum flexdiag_log_level {
     FLEXDIAG_LOG_DEBUG = 3,
 } flexdiag_log_level;
 
-/* KV policies of policies.md; values never change. */
+/* KV policies of docs/policies.md; values never change. */
 typedef enum flexdiag_policy_kind {
     FLEXDIAG_POLICY_DENSE = 0,
     FLEXDIAG_POLICY_WINDOW = 1,
@@ -115,7 +131,8 @@ typedef struct flexdiag_context_params {
     flexdiag_policy_params policy; /* KV policy */
     int32_t max_new_tokens;        /* Llama: tokens generated per prompt (default 128);
                                       Janus: fixed by the model (576), this field is ignored */
-    flexdiag_progress_fn progress; /* optional, called per decode step; false cancels */
+    flexdiag_progress_fn progress; /* optional, called after each prefill layer (phase 0)
+                                      and each decode step (phase 1); false cancels */
     void *progress_user;           /* passed to progress */
 } flexdiag_context_params;
 
@@ -187,7 +204,7 @@ FLEXDIAG_API flexdiag_status flexdiag_model_image_size(const flexdiag_model *m, 
                                                        int32_t *w);
 /* Decode n image-token grids tokens (n, tokens_per_image) into float pixels (n, H, W, 3), the
  * decoder output before the uint8 conversion (about [-1, 1]); pixels is caller-owned.
- * Not thread-safe with other decode calls on the same model. */
+ * Safe beside generation; decode calls of models of one runtime take turns. */
 FLEXDIAG_API flexdiag_status flexdiag_decode_images(flexdiag_model *m, const int32_t *tokens,
                                                     int32_t n, float *pixels);
 
@@ -214,7 +231,8 @@ FLEXDIAG_API flexdiag_status flexdiag_context_max_images(const flexdiag_model *m
  * call is in flight on c, FLEXDIAG_ERR_CANCELLED after flexdiag_context_cancel. */
 FLEXDIAG_API flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *req,
                                                flexdiag_output *out);
-/* Ask the call in flight to stop at the next layer boundary; callable from any thread. */
+/* Ask the call in flight to stop before its next prefill layer or decode step; callable from
+ * any thread. */
 FLEXDIAG_API flexdiag_status flexdiag_context_cancel(flexdiag_context *c);
 /* Counters of the last call. */
 FLEXDIAG_API flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats *out);

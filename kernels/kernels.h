@@ -85,8 +85,8 @@ typedef struct flexdiag_attn_args {
     /* decode only: policy scores */
     float *probs_out;      /* (optional) (n_seq, h_q, max_slots) fp32 p = expf(logit - lse) of the
                               attended ring rows, slot-list order (0 when lse = -inf): the
-                              probability epilogue of H2O/TOVA/ALISA (policies.md §4.3) */
-    /* (optional) Diagonal's build-up update fused into decode attention (policies.md §2.3
+                              probability epilogue of H2O/TOVA/ALISA (docs/policies.md §4.3) */
+    /* (optional) Diagonal's build-up update fused into decode attention (docs/policies.md §2.3
      * step 4, §4.3). diag_lag holds one lag list of diag_a entries per (sequence, KV head)
      * (n_seq, h_kv, diag_a), in the order kernels.h diag_slots keeps it: the slot list of
      * (s, h) is diag_base sink slots, then ring column c (diag_base <= c < n_slots) holding
@@ -286,7 +286,7 @@ typedef flexdiag_status flexdiag_op_host_register(void *p, size_t bytes);
 /* Unpin memory of host_register (p as registered); NULL is a no-op. */
 typedef flexdiag_status flexdiag_op_host_unregister(void *p);
 
-/* ---- device-resident Diagonal policy (policies.md §2.3, §2.8; policy/policy_diagonal.c
+/* ---- device-resident Diagonal policy (docs/policies.md §2.3, §2.8; policy/policy_diagonal.c
  * is the reference these must equal). A lag list i = (layer, seq, KV head) holds cnt[i]
  * lags lag[i·a ..]; base = 4 for diagonal-sink4 (4 sink rows ahead of the ring), else 0;
  * inner step ti = t - base. ---- */
@@ -300,7 +300,7 @@ typedef flexdiag_status flexdiag_op_diag_slots(int32_t *slots, int32_t *n_slots,
                                                int32_t a, int32_t t, int32_t n_r, int32_t base,
                                                flexdiag_stream *s);
 
-/* ---- device-resident eviction policies H2O and TOVA (policies.md §3.4, §3.5;
+/* ---- device-resident eviction policies H2O and TOVA (docs/policies.md §3.4, §3.5;
  * policy/policy_score.c is the reference these must equal). List i owns n_att ring slots:
  * H2O one list per (layer, seq, KV head), TOVA one per (layer, seq) whose slot map all its
  * KV heads share. pos (n_lists, n_att): decode position held by each slot; acc (n_lists,
@@ -330,7 +330,7 @@ typedef flexdiag_status flexdiag_op_evict_update(int32_t *free_slot, float *acc,
                                                  int32_t max_slots, int32_t n_att, int32_t t,
                                                  flexdiag_stream *s);
 
-/* ---- device-resident ALISA (policies.md §3.6; policy/policy_alisa.c is the reference).
+/* ---- device-resident ALISA (docs/policies.md §3.6; policy/policy_alisa.c is the reference).
  * List i = (layer, seq) keeps the records of its last w = n_att - n_att/2 steps: rec_pos,
  * rec_p (n_lists, w, n_att) the positions attended then and their head-summed
  * probabilities, rec_n (n_lists, w) their counts. All KV heads of a list attend the same

@@ -1,7 +1,7 @@
 /*
- * kv_policy.c - the KV-policy front end: parameter resolution and validation (policies.md §0.2,
- * §0.6), sizing and the one allocation of all state, and the plan/update dispatch to the policy
- * families (policy_position.c, policy_diagonal.c, policy_score.c, policy_alisa.c).
+ * kv_policy.c - the KV-policy front end: parameter resolution and validation (docs/policies.md
+ * §0.2, §0.6), sizing and the one allocation of all state, and the plan/update dispatch to the
+ * policy families (policy_position.c, policy_diagonal.c, policy_score.c, policy_alisa.c).
  *
  * plan() and update() check the call protocol (steps in order per (layer, sequence), update()
  * ran whenever needs_scores() said it was needed) with FLEXDIAG_ASSERT: a violation is an engine
@@ -72,7 +72,7 @@ static int is_diagonal(flexdiag_policy_kind k) {
 
 /* ---- resolve and validate ---- */
 
-/* Largest ring a lag list can index: lags are int16 (policies.md §2.3). */
+/* Largest ring a lag list can index: lags are int16 (docs/policies.md §2.3). */
 #define KVP_MAX_NR 32767
 
 static flexdiag_status resolve_n_att(const flexdiag_policy_params *pub, int32_t l_dec,

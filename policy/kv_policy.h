@@ -1,5 +1,5 @@
 /*
- * kv_policy.h - KV-cache policies as plain-C state machines (policies.md), host only.
+ * kv_policy.h - KV-cache policies as plain-C state machines (docs/policies.md), host only.
  *
  * One flexdiag_kvp instance holds the state of every (sequence, layer, KV head) of a batch. The
  * engine drives it per (layer, step) for a contiguous range of sequences (a micro-batch):
@@ -26,12 +26,12 @@
  *   diagonal-sink4  4 + n_r      p for p = 0..3 (sinks); 4 + (p-4) mod n_r for p >= 4
  * Slot lists: dense/window/streaming/alisa/h2o/tova ascending slot or position order; diagonal:
  * attended-lag list reversed (entry j at column cnt-1-j, oldest first while nothing is skipped,
- * policies.md §2.3), sink4: the 4 sinks first, then the list the same way.
+ * docs/policies.md §2.3), sink4: the 4 sinks first, then the list the same way.
  *
  * Numerics of update(): probabilities p = expf(logit - lse) in fp32 (full-row normalisation,
  * computed here or taken from the attention kernel's probability epilogue,
- * policies.md §0.3); GQA group/head sums in fp32 in ascending head order (H2O: the group sum is
- * added to acc; TOVA: the sum over all h_q heads divided by h_q; ALISA: the sum over all h_q
+ * docs/policies.md §0.3); GQA group/head sums in fp32 in ascending head order (H2O: the group sum
+ * is added to acc; TOVA: the sum over all h_q heads divided by h_q; ALISA: the sum over all h_q
  * heads). Diagonal uses the fp32 logits only (group max), never probabilities.
  *
  * Threading: plan()/update() calls on disjoint (layer, sequence) ranges may run concurrently;
@@ -67,7 +67,7 @@ typedef struct flexdiag_kvp flexdiag_kvp;
 
 /* Resolve public params for a model with decode length l_dec: n_att from sparsity
  * (lround((1-s)·l_dec), clamped to [1, l_dec]) when pub->n_att == 0, n_r default
- * max(lround(0.5·l_dec), n_att); validate (policies.md §0.6). Fills kind, n_att, n_r, l_dec
+ * max(lround(0.5·l_dec), n_att); validate (docs/policies.md §0.6). Fills kind, n_att, n_r, l_dec
  * only. */
 flexdiag_status flexdiag__kvp_resolve(const flexdiag_policy_params *pub, int32_t l_dec,
                                       flexdiag_kvp_params *out);
@@ -117,10 +117,10 @@ const char *flexdiag__kvp_names(void);
  * included): dense/alisa t+1, window/streaming/h2o/tova min(t+1, n_att), diagonal
  * min(t+1, n_r), diagonal-sink4 t+1 for t <= 3 else 4 + min(t-3, n_r). */
 int64_t flexdiag__kvp_resident_rows(const flexdiag_kvp_params *p, int32_t t);
-/* Reported sparsity 1 - n_att / l_dec (0 for dense), policies.md §0.2. */
+/* Reported sparsity 1 - n_att / l_dec (0 for dense), docs/policies.md §0.2. */
 double flexdiag__kvp_reported_sparsity(const flexdiag_kvp_params *p);
 
-/* The policies.md §6 reporting columns of a policy (static strings). */
+/* The docs/policies.md §6 reporting columns of a policy (static strings). */
 typedef struct flexdiag_kvp_traits {
     const char *score_source;  /* "position", "accumulated p", "current p", "windowed p",
                                   "logits", "-" */

@@ -1,5 +1,5 @@
 /*
- * policy_alisa.c - ALISA, fixed-budget adaptation (policies.md §3.6), per (sequence, layer).
+ * policy_alisa.c - ALISA, fixed-budget adaptation (docs/policies.md §3.6), per (sequence, layer).
  *
  * All decode KV stays resident (ring slot = position). Each step attends the k_l = ceil(N_att/2)
  * most recent tokens plus the top k_g = N_att - k_l older tokens by the windowed score

@@ -1,5 +1,5 @@
 /*
- * policy_diagonal.c - the Diagonal policy (paper Algorithm 1 as policies.md §2.3 restates it)
+ * policy_diagonal.c - the Diagonal policy (paper Algorithm 1 as docs/policies.md §2.3 restates it)
  * and Diagonal+sink4 (§2.8), per (sequence, layer, KV head).
  *
  * State is the attended-lag list lag[0..A-1] (int16) and its fill cnt; the skip set is implicit

@@ -1,5 +1,5 @@
 /*
- * policy_position.c - the position-only policies (policies.md §3.1-§3.3): Dense, SlidingWindow
+ * policy_position.c - the position-only policies (docs/policies.md §3.1-§3.3): Dense, SlidingWindow
  * and StreamingLLM. They keep no per-head state: the write slot and the attended slots follow
  * from the step t alone, so plan() computes one list and copies it to every KV head, and the
  * slot -> position map is a closed formula (also used for ALISA, whose ring is slot = position).

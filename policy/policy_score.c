@@ -1,6 +1,6 @@
 /*
- * policy_score.c - the probability-driven eviction policies H2O (policies.md §3.4, per KV head,
- * HF real-drop semantics) and TOVA (§3.5, per layer, one slot map shared by all KV heads).
+ * policy_score.c - the probability-driven eviction policies H2O (docs/policies.md §3.4, per KV
+ * head, HF real-drop semantics) and TOVA (§3.5, per layer, one slot map shared by all KV heads).
  *
  * Both keep an N_att-slot array with the decode position of each slot. While t < N_att token t
  * goes to slot t; afterwards update(t-1) has chosen a victim slot, and plan(t) writes token t

@@ -94,6 +94,7 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
     FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_runtime_params"));
     flexdiag_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
+    pthread_mutex_init(&rt->s_mu, NULL);
     memcpy(&rt->p, p, p->struct_size);
     flexdiag_status st = pick_backend(rt);
     uint64_t budget = p->gpu_mem;
@@ -121,6 +122,7 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
 void flexdiag_runtime_destroy(flexdiag_runtime *rt) {
     if (!rt) return;
     if (rt->s) rt->k->stream_destroy(rt->s);
+    pthread_mutex_destroy(&rt->s_mu);
     free(rt);
 }
 
@@ -214,7 +216,6 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     flexdiag_model *m = calloc(1, sizeof *m);
     if (!m) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
     m->rt = rt;
-    pthread_mutex_init(&m->vq_mu, NULL);
     flexdiag_status st;
     if (path) {
         st = model_from_dir(m, path);
@@ -238,7 +239,6 @@ void flexdiag_model_destroy(flexdiag_model *m) {
     flexdiag__arena_charge(&m->rt->arena, -(int64_t)m->vq_charge, "VQ decoder");
     flexdiag__weights_free(&m->rt->arena, &m->w);
     flexdiag__tok_destroy(m->tok);
-    pthread_mutex_destroy(&m->vq_mu);
     free(m->dir);
     free(m);
 }
@@ -259,9 +259,9 @@ flexdiag_status flexdiag_decode_images(flexdiag_model *m, const int32_t *tokens,
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "%s has no image decoder (no gen_vision_model / vqmodel tensors)",
                              m->dir ? m->dir : m->cfg.name);
-    pthread_mutex_lock(&m->vq_mu); /* the decoder's scratch serves one call at a time */
+    pthread_mutex_lock(&m->rt->s_mu); /* the runtime's stream and the decoder's scratch */
     flexdiag_status st = flexdiag__vq_decode(m->vq, m->vq_s, tokens, n, pixels);
-    pthread_mutex_unlock(&m->vq_mu);
+    pthread_mutex_unlock(&m->rt->s_mu);
     return st;
 }
 

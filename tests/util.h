@@ -1,7 +1,8 @@
 /*
  * util.h - helpers shared by the test executables: deterministic random data, the
- * kernel-vs-reference comparison of style.md §7 (NaN/Inf pattern, atol + rtol·|ref|, nmse),
- * temporary folders and fixture paths. Tests may abort (cmocka asserts); the library never does.
+ * kernel-vs-reference comparison of docs/architecture.md §10.2 (NaN/Inf pattern, atol + rtol·|ref|,
+ * nmse), temporary folders and fixture paths. Tests may abort (cmocka asserts); the library never
+ * does.
  */
 #ifndef FLEXDIAG_TEST_UTIL_H
 #define FLEXDIAG_TEST_UTIL_H
@@ -21,7 +22,8 @@ void tu_fill_bf16(tu_rng *r, uint16_t *x, int64_t n, float scale); /* N(0, scale
 /* n bf16 values widened to a new fp32 array (malloc'ed; aborts when memory runs out). */
 float *tu_bf16_to_f32(const uint16_t *x, int64_t n);
 
-/* style.md §7 comparison; prints up to 5 mismatches with label; returns 1 when all hold. */
+/* docs/architecture.md §10.2 comparison; prints up to 5 mismatches with label; returns 1 when all
+ * hold. */
 int tu_allclose(const char *label, const float *got, const float *ref, int64_t n, double atol,
                 double rtol, double max_nmse);
 /* ‖got − ref‖₂ / ‖ref‖₂ (in double). */

@@ -1,6 +1,6 @@
 /*
  * fast_attn.c - multi-threaded CPU attention for the "cpu" table: decode over prompt + ring
- * slots (the policies' sparse decode, policies.md §4.3 on a CPU), and causal prompt attention.
+ * slots (the policies' sparse decode, docs/policies.md §4.3 on a CPU), and causal prompt attention.
  *
  * Decode runs one task per (sequence, KV head) that serves all g query heads of the group, so
  * each K/V row is read from memory once and used g times, like the CUDA kernel's one CTA per

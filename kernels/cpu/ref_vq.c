@@ -1,8 +1,8 @@
 /*
- * ref_vq.c - scalar CPU reference of the image-decoder ops (VQ-16, models.md §3.6): codebook
- * lookup, direct convolution, GroupNorm (+ swish), nearest ×2 upsampling, single-head spatial
- * attention and the NCHW -> NHWC pixel transpose. Activations are fp32, weights bf16 widened
- * on the fly; these are the oracle for the CUDA versions.
+ * ref_vq.c - scalar CPU reference of the image-decoder ops (VQ-16, docs/architecture.md §4.4):
+ * codebook lookup, direct convolution, GroupNorm (+ swish), nearest ×2 upsampling, single-head
+ * spatial attention and the NCHW -> NHWC pixel transpose. Activations are fp32, weights bf16
+ * widened on the fly; these are the oracle for the CUDA versions.
  *
  * Written for obviousness first, but with loop orders that stream contiguous memory so the
  * compiler vectorises the inner loops: conv2d builds each output row of each (image, out

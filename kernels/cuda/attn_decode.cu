@@ -1,6 +1,7 @@
 /*
  * attn_decode.cu - the CUDA attn_decode op: one query token per sequence attends its prompt
- * rows and the ring rows its KV policy selected (policies.md §4.3), the hot kernel of decoding.
+ * rows and the ring rows its KV policy selected (docs/policies.md §4.3), the hot kernel of
+ * decoding.
  *
  * One CTA per (sequence, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
  * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
@@ -109,7 +110,7 @@ static __device__ __forceinline__ float exp_shift(float x, float m) {
     return exp2f((x - (m == -INFINITY ? 0.0f : m)) * DEC_LOG2E);
 }
 
-/* Diagonal's candidate of a key range: lowest group score, larger lag on ties (policies.md
+/* Diagonal's candidate of a key range: lowest group score, larger lag on ties (docs/policies.md
  * §2.3 step 4); e < 0 = none yet. */
 struct dec_amin {
     float s;

@@ -1,6 +1,6 @@
 /*
  * cuda_common.cuh - what every CUDA op file shares: the stream struct behind the opaque
- * flexdiag_stream, the error-check macros of style.md §4 and small device helpers.
+ * flexdiag_stream, the error-check macros of docs/architecture.md §8 and small device helpers.
  *
  * One flexdiag_stream = one cudaStream_t (non-blocking) + one cuBLAS and one cuBLASLt handle
  * bound to it + one device workspace for the GEMM heuristics (FLEXDIAG_CUDA_WORKSPACE_BYTES,

@@ -1,8 +1,8 @@
 /*
  * rmsnorm.cu - RMSNorm of bf16 rows: y = w ⊙ x / sqrt(mean(x²) + eps).
  *
- * Rounding follows models.md §2 (transformers' LlamaRMSNorm in bf16): the statistic is fp32,
- * the normalised value x·r is rounded to bf16, then multiplied by the bf16 weight in fp32 and
+ * Rounding follows docs/architecture.md §9 (transformers' LlamaRMSNorm in bf16): the statistic is
+ * fp32, the normalised value x·r is rounded to bf16, then multiplied by the bf16 weight in fp32 and
  * rounded again. The fp32 reference rounds nothing; the two differ by at most two bf16
  * roundings, inside the bf16 test tolerance, and this way the GPU matches the bf16 model.
  *
@@ -21,7 +21,7 @@
 /* 16-byte vectors one thread keeps in registers on the vector path. */
 #define RMS_VEC_MAX 8
 
-/* y = bf16(bf16(x·r) · w) for one element, the rounding of models.md §2. */
+/* y = bf16(bf16(x·r) · w) for one element, the rounding of docs/architecture.md §9. */
 static __device__ __forceinline__ float rms_apply(float x, float r, float w) {
     return __bfloat162float(__float2bfloat16_rn(x * r)) * w;
 }

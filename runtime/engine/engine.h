@@ -45,6 +45,7 @@ struct flexdiag_runtime {
     const flexdiag_kernels *k;   /* backend op table */
     flexdiag_stream *s;          /* stream for loading weights and decoding images; each
                                     context runs on its own */
+    pthread_mutex_t s_mu;        /* image decodes on s take turns */
     flexdiag_arena arena;        /* device memory under --gpu-mem */
 };
 
@@ -61,7 +62,6 @@ struct flexdiag_model {
                                         when the runtime's backend lacks the image ops) */
     flexdiag_stream *vq_s;           /* its stream: rt->s, or an owned CPU stream */
     size_t vq_charge;                /* bytes charged to the arena for the decoder */
-    pthread_mutex_t vq_mu;           /* one image decode at a time (the decoder's scratch) */
 };
 
 /* Device buffers of a context, carved from one block (context.c ctx_layout); the KV policy's
@@ -175,8 +175,8 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
 flexdiag_status flexdiag__context_score(flexdiag_context *c, const int32_t *prompt, int32_t np,
                                         const int32_t *ids, int32_t n, float cfg_weight,
                                         float *logits, float *raw);
-/* Conditional/unconditional rows of an image (Janus rule, models.md §3.5 step 3): uncond copies
- * BOS and the last id and pads the middle. */
+/* Conditional/unconditional rows of an image (Janus rule, docs/architecture.md §4.1 step 3): uncond
+ * copies BOS and the last id and pads the middle. */
 void flexdiag__janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond);
 
 #endif /* FLEXDIAG_ENGINE_H */

@@ -1,8 +1,8 @@
 /*
- * vq.c - the VQ-16 image decoder (models.md §3.6): weight loading and the decode pipeline, all
- * device work through the op table so one code path serves CPU and CUDA. The shape comes from
- * vq_config.c; mid is always ResBlock, AttnBlock, ResBlock, and levels with attention have an
- * AttnBlock after every ResBlock.
+ * vq.c - the VQ-16 image decoder (docs/architecture.md §4.4): weight loading and the decode
+ * pipeline, all device work through the op table so one code path serves CPU and CUDA. The shape
+ * comes from vq_config.c; mid is always ResBlock, AttnBlock, ResBlock, and levels with attention
+ * have an AttnBlock after every ResBlock.
  *
  * Loading (size first, allocate once): a table of every needed tensor (canonical name, shape,
  * offset in one device block) is built from the config alone; checkpoint names are rewritten
@@ -298,7 +298,7 @@ static int unexpected(const char *canon) {
     return 1;
 }
 
-/* One warning listing VQ tensors the config does not use (models.md §1): up to 10, then a
+/* One warning listing VQ tensors the config does not use (docs/formats.md §2.6): up to 10, then a
  * count. Usually means the config has fewer levels or blocks than the checkpoint. */
 static void warn_unused(const flexdiag_safetensors *st, char **canon, const char *used) {
     int64_t n = flexdiag__st_count(st), extra = 0;

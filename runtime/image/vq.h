@@ -1,5 +1,5 @@
 /*
- * vq.h - the VQ-16 image decoder of Janus-Pro (models.md §3.6): image token ids -> float
+ * vq.h - the VQ-16 image decoder of Janus-Pro (docs/architecture.md §4.4): image token ids -> float
  * pixels, run entirely through the backend op table so the same code serves CPU and CUDA.
  *
  * One config struct covers both checkpoint layouts: the transformers `janus` config.json
@@ -52,7 +52,7 @@ typedef struct flexdiag_vq flexdiag_vq;
 
 /* ---- config ---- */
 
-/* The VQ-16 constants of Janus-Pro (models.md §3.6). */
+/* The VQ-16 constants of Janus-Pro (docs/architecture.md §4.4). */
 void flexdiag__vq_config_default(flexdiag_vq_config *c);
 /* Parse the VQ part of a config.json text (either layout); path names the file in messages. */
 flexdiag_status flexdiag__vq_config_parse(const char *json_text, const char *path,

@@ -1,5 +1,5 @@
 /*
- * vq_config.c - the VQ-16 decoder shape from config.json (models.md §3.1, §3.6), for both
+ * vq_config.c - the VQ-16 decoder shape from config.json (docs/formats.md §2.3), for both
  * checkpoint layouts, and its validation.
  *
  * transformers `janus`: vq_config, absent fields taking the JanusVQVAEConfig defaults (the

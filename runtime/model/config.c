@@ -2,7 +2,7 @@
  * config.c - model configuration from config.json (+ generation_config.json), and the builtin
  * shapes used for random-weight runs.
  *
- * Three layouts (models.md §3.1, §5, §9):
+ * Three layouts (docs/formats.md §2.2):
  *   multi_modality (deepseek-ai original): language_config (LlamaConfig defaults for missing
  *       fields), gen_vision_config / gen_aligner_config / gen_head_config `params`;
  *   janus (transformers): text_config + vq_config (embed_dim, num_embeddings, projection_dim,
@@ -66,7 +66,7 @@ static json_t *get_params(json_t *root, const char *key) {
     return json_is_object(p) ? p : NULL;
 }
 
-/* ---- Llama decoder fields (models.md §5), with LlamaConfig defaults ---- */
+/* ---- Llama decoder fields (docs/formats.md §2.2), with LlamaConfig defaults ---- */
 
 static flexdiag_status reject_unsupported(const cfg_ctx *c, json_t *o) {
     json_t *act = json_object_get(o, "hidden_act");
@@ -137,7 +137,7 @@ static flexdiag_status parse_janus_original(const cfg_ctx *c, json_t *root,
                              "input_dim %d vs n_embed %d)",
                              c->file, head_in, m->lm.hidden, head_out, m->image_vocab, align_in,
                              m->image_embed);
-    m->grid = 24; /* VQ-16 at 384 px (models.md §3.5 step 7) */
+    m->grid = 24; /* VQ-16 at 384 px (docs/architecture.md §4.1 step 7) */
     return FLEXDIAG_OK;
 }
 

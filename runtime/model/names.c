@@ -1,6 +1,6 @@
 /*
  * names.c - one rule table that rewrites checkpoint tensor names onto each architecture's
- * canonical scheme (models.md §1, §3.2).
+ * canonical scheme (docs/formats.md §2.6).
  *
  * Janus: canonical = the original deepseek-ai names (`language_model.model.layers.N...`,
  * `gen_head...`, `gen_vision_model.decoder.conv_blocks.N.res.M...`); the transformers port

@@ -2,7 +2,7 @@
  * safetensors.c - the validated safetensors reader (one file, a folder, or a sharded
  * model.safetensors.index.json), the atomic writer, and the file helpers npy.c shares.
  *
- * Open: every header is checked (reliability.md §4) before anything is sized from it: the
+ * Open: every header is checked (docs/formats.md §2.5) before anything is sized from it: the
  * 8-byte length prefix against a 100 MB cap and the file size, '{' start, UTF-8, a structural
  * pre-scan (nesting depth, entry count) so jansson never builds a tree for a hostile header,
  * JSON with duplicate keys rejected, dtype, shape and data_offsets of each entry with checked

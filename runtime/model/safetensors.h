@@ -1,6 +1,6 @@
 /*
  * safetensors.h - validated reader for safetensors checkpoints: one file, a folder, or a sharded
- * model.safetensors.index.json. Every header is checked (reliability.md §4) before anything is
+ * model.safetensors.index.json. Every header is checked (docs/formats.md §2.5) before anything is
  * sized from it; tensor data is read with pread (never a live mmap, so a file truncated during a
  * run gives FLEXDIAG_ERR_IO instead of SIGBUS) and converted to the dtype the caller asks for.
  */
@@ -30,7 +30,7 @@ typedef enum flexdiag_dtype {
 } flexdiag_dtype;
 
 #define FLEXDIAG_ST_MAX_DIMS 8
-#define FLEXDIAG_ST_MAX_ENTRIES 1000000 /* tensors per header or index (reliability.md §4) */
+#define FLEXDIAG_ST_MAX_ENTRIES 1000000 /* tensors per header or index (docs/formats.md §2.5) */
 #define FLEXDIAG_ST_NAME_MSG 200        /* characters of a tensor name quoted in messages */
 
 typedef struct flexdiag_st_tensor {

@@ -8,7 +8,7 @@
  * the same destination at different row offsets. Loading matches checkpoint names through
  * flexdiag__name_canonical, checks presence and shape of every entry before reading a byte,
  * ignores the architecture's skip list and warns once about any other unknown tensor
- * (models.md §1, §9). Random weights use the counter-based RNG so they are identical on every
+ * (docs/formats.md §2.6). Random weights use the counter-based RNG so they are identical on every
  * machine and thread count.
  */
 #include <math.h>
@@ -291,7 +291,7 @@ flexdiag_status flexdiag__weights_random(flexdiag_arena *a, flexdiag_stream *s,
 
 /* ---- loading from safetensors ---- */
 
-/* Tensors an architecture does not need (models.md §3.3); never read. */
+/* Tensors an architecture does not need (docs/formats.md §2.6); never read. */
 static int skipped(flexdiag_arch arch, const char *canon) {
     static const char *janus[] = {"language_model.lm_head.", "vision_model.", "aligner.",
                                   "gen_vision_model."};

@@ -1,6 +1,6 @@
 /*
  * tokenizer.h - byte-level BPE tokenizer read from a Hugging Face `tokenizers` tokenizer.json,
- * and the Janus-Pro prompt template (models.md §3.5, §3.7).
+ * and the Janus-Pro prompt template (docs/architecture.md §4.1, docs/formats.md §3).
  *
  * Encoding reproduces the `tokenizers` library (encode(text, add_special_tokens=False)) for the
  * configurations DeepSeek-LLM / Janus ship: added tokens split out first (exact strings, leftmost

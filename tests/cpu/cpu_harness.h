@@ -1,8 +1,9 @@
 /*
- * cpu_harness.h - helpers shared by the CPU kernel tests: guarded output buffers (style.md §7:
- * 1024 known floats on each side must come back bit-identical), stream creation, and a random
- * attention fixture (caches, per-sequence prompt lengths, slot lists in random order, some heads
- * with no ring slots, one sequence with an empty prompt) built from a shape table entry.
+ * cpu_harness.h - helpers shared by the CPU kernel tests: guarded output buffers
+ * (docs/architecture.md §10.2: 1024 known floats on each side must come back bit-identical), stream
+ * creation, and a random attention fixture (caches, per-sequence prompt lengths, slot lists in
+ * random order, some heads with no ring slots, one sequence with an empty prompt) built from a
+ * shape table entry.
  */
 #ifndef FLEXDIAG_TEST_CPU_HARNESS_H
 #define FLEXDIAG_TEST_CPU_HARNESS_H
@@ -13,7 +14,7 @@
 #include "util.h"
 
 #define CH_GUARD 1024 /* guard floats on each side of an output */
-#define CH_ATOL 1e-5  /* style.md §7 fp32 tolerances */
+#define CH_ATOL 1e-5  /* docs/architecture.md §10.2 fp32 tolerances */
 #define CH_RTOL 1.3e-6
 #define CH_NMSE 1e-7
 

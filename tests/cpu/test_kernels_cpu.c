@@ -3,13 +3,13 @@
  * here (double precision where natural), over shape tables with odd sizes (n = 1, 3, 17;
  * d = 8, 24, 130; GQA g = 1, 2, 4; varying prompt lengths, ring slot lists in random order,
  * heads with no slots, a sequence with no keys at all). Outputs are compared with the fp32
- * tolerances of style.md §7 and sit between guard regions that must come back bit-identical.
- * Data movement (embed, gather, KV append, copies) must be exact. RoPE (not a table slot: the
- * internal flexdiag__cpu_ref_rope that kv_append runs when its args carry positions) is checked
- * against the closed form, and kv_append with positions must equal RoPE then the plain append
- * bit for bit. The decode epilogue, on both tables: probs_out must be expf(logits_out - lse_out)
- * of the same call bit for bit, and the fused Diagonal update (diag_fixture.h) must equal the
- * literal argmin over the call's own logits, with bitwise ties going to the larger lag; both
+ * tolerances of docs/architecture.md §10.2 and sit between guard regions that must come back
+ * bit-identical. Data movement (embed, gather, KV append, copies) must be exact. RoPE (not a table
+ * slot: the internal flexdiag__cpu_ref_rope that kv_append runs when its args carry positions) is
+ * checked against the closed form, and kv_append with positions must equal RoPE then the plain
+ * append bit for bit. The decode epilogue, on both tables: probs_out must be expf(logits_out -
+ * lse_out) of the same call bit for bit, and the fused Diagonal update (diag_fixture.h) must equal
+ * the literal argmin over the call's own logits, with bitwise ties going to the larger lag; both
  * must come out the same without logits_out / lse_out (the scratch path). Bad arguments must
  * fail with FLEXDIAG_ERR_INVALID_ARG and a message naming the culprit.
  */
@@ -241,7 +241,7 @@ static void test_rmsnorm(void **state) {
     expect_invalid(ref()->rmsnorm(y, x, w, 1, 8, NAN, NULL), "eps");
 }
 
-/* Closed-form rotate-half RoPE of one head in double (models.md §2). */
+/* Closed-form rotate-half RoPE of one head in double (docs/architecture.md §9). */
 static void rope_closed_form(double *out, const float *x, int32_t pos, int32_t d_h, double theta) {
     int32_t half = d_h / 2;
     for (int32_t i = 0; i < half; i++) {

@@ -1,7 +1,7 @@
 /*
  * test_kernels_cpu_fast.c - the "cpu" table's multi-threaded matmul, prompt attention and
- * decode attention against the "cpu-ref" oracle (style.md §7: the oracle is always the scalar
- * reference), with no stream and with pools of 1, 2, 3 and 5 threads.
+ * decode attention against the "cpu-ref" oracle (docs/architecture.md §10.2: the oracle is
+ * always the scalar reference), with no stream and with pools of 1, 2, 3 and 5 threads.
  *
  * matmul: fp32 tolerance against the reference, and bit-identical outputs for every thread
  * count (each element is summed by one thread in a fixed order). Shapes cross every blocking

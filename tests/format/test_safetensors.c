@@ -3,9 +3,9 @@
  *
  * Good files are written with flexdiag__st_write (BF16/F16/F32/I32/I64/F64, rank 0, empty,
  * a tensor larger than the 8 MiB read chunk, sharded indexes, folders) and read back bit-exact.
- * Corrupt files follow reliability.md §5: a table of headers built by hand as raw bytes, plus
- * truncations of a valid file. Every failure asserts the exact status and that the message names
- * the file, the tensor (when there is one) and a key phrase. A file truncated after open must
+ * Corrupt files follow docs/architecture.md §10.1: a table of headers built by hand as raw bytes,
+ * plus truncations of a valid file. Every failure asserts the exact status and that the message
+ * names the file, the tensor (when there is one) and a key phrase. A file truncated after open must
  * give FLEXDIAG_ERR_IO on read, never a crash.
  */
 #include <dirent.h>

@@ -5,8 +5,8 @@ Run once from anywhere: `python3 tests/fuzz/gen_corpus.py`; the output is commit
 by the 'format' suite. Seeds are small valid files (every dtype family, metadata, rank 0, empty
 tensors, an empty header), valid and invalid index JSON (the fuzz harness provides the shard
 s1.safetensors holding "a" F32 [2] and "b" BF16 [3]), and one corrupt file per class of
-reliability.md §5, so mutations start next to every validation branch. Standard library only.
-"""
+docs/architecture.md §10.1, so mutations start next to every validation branch. Standard library
+only. """
 import json
 import os
 import struct

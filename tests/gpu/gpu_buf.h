@@ -1,8 +1,8 @@
 /*
- * gpu_buf.h - device buffers between guard regions for the GPU op tests (style.md §7): every
- * output lives between GUARD_N known elements on each side that must come back bit-identical,
- * and its body starts poisoned (0xFF bytes) so an unwritten element shows. One backend and
- * stream per test process, set once with gpu_buf_use().
+ * gpu_buf.h - device buffers between guard regions for the GPU op tests (docs/architecture.md
+ * §10.2): every output lives between GUARD_N known elements on each side that must come back
+ * bit-identical, and its body starts poisoned (0xFF bytes) so an unwritten element shows. One
+ * backend and stream per test process, set once with gpu_buf_use().
  */
 #ifndef FLEXDIAG_TEST_GPU_BUF_H
 #define FLEXDIAG_TEST_GPU_BUF_H

@@ -10,15 +10,16 @@
  *
  * Per case: the prompt is appended (padding qkv rows are NaN, so the kernels must never read
  * cache rows >= lp), prefill runs, one decode token is appended into a ring slot of each
- * (sequence, KV head) and decode runs with logits_out and lse_out. Checks (style.md §7):
- * kv_append exact (whole caches bit-identical); outputs within bf16 tolerances of the
+ * (sequence, KV head) and decode runs with logits_out and lse_out. Checks (docs/architecture.md
+ * §10.2): kv_append exact (whole caches bit-identical); outputs within bf16 tolerances of the
  * reference and within 2x the error of a naive bf16 implementation vs an fp64 reference
  * (flash-attention's rule); logits / lse within a bound derived from fp32 dot-product error;
  * identical keys give bit-identical logits; the policy outputs (probs_out, the fused Diagonal
  * update over random lag lists, all-tie lists included) against the call's own logits;
  * 1024-element guard regions around every device buffer come back unchanged; outputs are poisoned
  * before each call so unwritten elements fail. kv_append with positions (fused RoPE) has its own
- * file, test_kv_append_cuda.c. Also: the host-side argument checks. Exits 77 when CUDA is not built or no device is usable.
+ * file, test_kv_append_cuda.c. Also: the host-side argument checks. Exits 77 when CUDA is not
+ * built or no device is usable.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -39,8 +40,8 @@
 /* bf16 quiet NaN: the content of padding qkv rows and of ring rows no slot list names. */
 #define BF16_NAN 0x7fc0u
 
-/* bf16 output tolerances (style.md §7). max_nmse: bf16 rounding of the outputs alone gives
- * ~1e-6; 1e-4 (1 % rms) still fails any indexing or masking error, which is O(1). */
+/* bf16 output tolerances (docs/architecture.md §10.2). max_nmse: bf16 rounding of the outputs alone
+ * gives ~1e-6; 1e-4 (1 % rms) still fails any indexing or masking error, which is O(1). */
 #define OUT_ATOL 1e-3
 #define OUT_RTOL 1.6e-2
 #define OUT_NMSE 1e-4

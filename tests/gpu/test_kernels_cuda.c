@@ -1,7 +1,7 @@
 /*
  * test_kernels_cuda.c - every CUDA op except attention and KV append with its fused RoPE
  * (test_attn_cuda.c has those) against the scalar CPU reference flexdiag__kernels_cpu_ref(),
- * style.md §7:
+ * docs/architecture.md §10.2:
  *   - inputs are bf16 (the CUDA act type); the reference runs on the same values upcast to fp32;
  *   - NaN/Inf patterns must match, then |got − ref| <= atol + rtol·|ref| and nmse <= max_nmse
  *     (bf16: atol 1e-3, rtol 1.6e-2; fp32 outputs: atol 1e-5, rtol 1.3e-6), data movement exact;
@@ -34,8 +34,9 @@
 #include "util.h"
 
 
-/* style.md §7 tolerances. bf16 nmse: one bf16 rounding gives ≈ 2^-18/3 ≈ 1.3e-6, the GPU's and
- * the reference's paths may differ by two roundings, so 1e-4 still catches real errors. */
+/* docs/architecture.md §10.2 tolerances. bf16 nmse: one bf16 rounding gives ≈ 2^-18/3 ≈ 1.3e-6, the
+ * GPU's and the reference's paths may differ by two roundings, so 1e-4 still catches real errors.
+ *  */
 #define BF16_ATOL 1e-3
 #define BF16_RTOL 1.6e-2
 #define BF16_NMSE 1e-4
@@ -111,7 +112,7 @@ static void err_stats(const float *got, const float *ref, int64_t n, double *max
     *nmse = den > 0 ? num / den : num;
 }
 
-/* style.md §7 comparison of one case; records it; returns 1 on pass. */
+/* docs/architecture.md §10.2 comparison of one case; records it; returns 1 on pass. */
 /* extra_ok: the case's other checks (guards, ...) held. */
 static int compare(const char *op, const char *shape, const float *got, const float *ref,
                    int64_t n, double atol, double rtol, double max_nmse, int extra_ok) {

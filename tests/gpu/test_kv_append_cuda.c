@@ -5,12 +5,12 @@
  *
  * Table of shapes: h_q/h_kv 32/32 and 32/8, d_h 64 and 128, theta 1e4 and 1e6, 1..70 tokens, one
  * (decode) or many (prompt) per sequence, positions 0, 16383, 20000 and random up to 20000, and
- * one (token, KV head) with an out-of-range cache row that the GPU must skip. Checks (style.md
- * §7): the rotated q and k heads of qkv and the K cache equal the reference rounded to bf16 up to
- * rare rounding ties (check_rope_bits), V heads and the V cache exactly; every device buffer sits
- * between guard regions that must come back unchanged (gpu_buf.h). The argument checks of the
- * fused path (theta) are in test_attn_cuda.c with the other kv_append checks. Exits 77 when CUDA
- * is not built or no device is usable.
+ * one (token, KV head) with an out-of-range cache row that the GPU must skip. Checks
+ * (docs/architecture.md §10.2): the rotated q and k heads of qkv and the K cache equal the
+ * reference rounded to bf16 up to rare rounding ties (check_rope_bits), V heads and the V cache
+ * exactly; every device buffer sits between guard regions that must come back unchanged
+ * (gpu_buf.h). The argument checks of the fused path (theta) are in test_attn_cuda.c with the other
+ * kv_append checks. Exits 77 when CUDA is not built or no device is usable.
  */
 #include <math.h>
 #include <setjmp.h>

@@ -1,7 +1,7 @@
 /*
  * test_vq_cuda.c - the CUDA image-decoder ops (vq_lookup, conv2d, groupnorm, upsample2x,
  * attn_spatial, to_nhwc) against the scalar CPU reference flexdiag__kernels_cpu_ref(), then the
- * whole VQ-16 decoder on CUDA (style.md §7):
+ * whole VQ-16 decoder on CUDA (docs/architecture.md §10.2):
  *   - activations are fp32 on both backends (kernels.h); weights bf16, as in the decoder;
  *   - data movement (lookup, upsample, transpose) is exact; groupnorm and attn_spatial use fp32
  *     tolerances; conv2d rounds its input to bf16 for the tensor cores, so its reference gets x
@@ -37,7 +37,7 @@
 #include "runtime/image/vq.h"
 
 
-/* style.md §7 default for fp32 outputs. */
+/* docs/architecture.md §10.2 default for fp32 outputs. */
 #define F32_NMSE 1e-7
 /* conv2d: every product of a bf16-rounded x and a bf16 weight is exact in fp32 (8 + 8
  * significant bits) and the bias enters as b·1, so GPU and reference differ only in the order

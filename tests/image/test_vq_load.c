@@ -268,7 +268,7 @@ static void test_config_layouts(void **state) {
     assert_int_equal(w, 256);
 }
 
-/* The full VQ-16 table: 42.58 M parameters (models.md §3.6) ≈ 85.2 MB in bf16, plus the
+/* The full VQ-16 table: 42.58 M parameters (docs/architecture.md §4.4) ≈ 85.2 MB in bf16, plus the
  * fp32 codebook's extra 0.26 MB and alignment padding; scratch grows linearly with the batch. */
 static void test_plan_vq16(void **state) {
     (void)state;

@@ -25,7 +25,7 @@
 #define GUARD_VAL -7777.25f /* any value no op produces */
 #define JUNK 1.0e30f        /* pre-fill of outputs: an unwritten element fails the comparison */
 
-/* fp32 tolerances of style.md §7 */
+/* fp32 tolerances of docs/architecture.md §10.2 */
 #define ATOL 1e-5
 #define RTOL 1.3e-6
 #define NMSE 1e-7

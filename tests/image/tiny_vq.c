@@ -1,7 +1,7 @@
 /*
  * tiny_vq.c - small random VQ decoders as model folders, name maps and a naive decoder for the
  * image-decoder tests (see tiny_vq.h). The architecture is spelled out again here from
- * models.md §3.6 / transformers' JanusVQVAEDecoder, on purpose apart from runtime/vq.c.
+ * docs/architecture.md §4.4 / transformers' JanusVQVAEDecoder, on purpose apart from runtime/vq.c.
  */
 #include "tiny_vq.h"
 

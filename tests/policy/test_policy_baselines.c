@@ -1,6 +1,6 @@
 /*
  * test_policy_baselines.c - Dense, SlidingWindow, StreamingLLM, H2O, TOVA and ALISA
- * (policies.md §3) vs slow literal references written below in terms of sets of decode
+ * (docs/policies.md §3) vs slow literal references written below in terms of sets of decode
  * positions (never slots), on many random configurations with forced logit ties, GQA groups,
  * several sequences and layers. Every step checks: the attended set equals the reference,
  * |ATT_t| = min(t+1, N_att), every attended slot holds a live token, the resident set equals the

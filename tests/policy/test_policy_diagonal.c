@@ -1,5 +1,5 @@
 /*
- * test_policy_diagonal.c - the Diagonal and Diagonal+sink4 state machines (policies.md §2).
+ * test_policy_diagonal.c - the Diagonal and Diagonal+sink4 state machines (docs/policies.md §2).
  *
  * 1. The §2.7 worked example (N_r 7, N_att 4, the tie at t = 4): attended positions, lag list,
  *    resident range, evicted position and slot, skip set and D after every step.

@@ -1,5 +1,5 @@
 /*
- * test_policy_resolve.c - parameter resolution and validation of the KV policies (policies.md
+ * test_policy_resolve.c - parameter resolution and validation of the KV policies (docs/policies.md
  * §0.2, §0.6, §2.2): sparsity -> N_att (lround, clamp), the default N_r, every validation error
  * and its message, names, ring sizes, resident rows, create-time validation, and that reset()
  * replays a generation identically.

@@ -7,9 +7,9 @@
 #   tools/device/ab.sh BASE_TREE ROUNDS "bench ARGS..." ["bench ARGS..." ...]
 #
 # BASE_TREE is a source tree of the other version (e.g. `git archive <commit> | tar -x -C
-# .baseline`, carried to the host). Both trees are built with CUDA for sm_90 (the current one in
-# build-gpu/, the base in $BASE_TREE/build-gpu/); its `flexdiag` lives at build-gpu/bench/flexdiag
-# in trees older than the per-folder layout and at build-gpu/flexdiag after it. Each row runs
+# .baseline`, carried to the host). Both trees are built with CUDA for sm_90, in parallel (the
+# current one in build-gpu/, the base in $BASE_BUILD, default /tmp/ab-base); `flexdiag` lives at
+# bench/flexdiag in builds older than the per-folder layout and at flexdiag after it. Each row runs
 # ROUNDS times per build, base first, and every run appends its JSON row to $OUT/ab.jsonl with the
 # build's name in a "build" field; the summary prints img/s per build and row (mean and spread)
 # and new/base.
@@ -21,27 +21,28 @@ base=$1 rounds=$2
 shift 2
 eval "$(tools/deps/unpack.sh)" || { echo "dependency bundle failed"; exit 1; }
 
-build() { # tree log
-    (cd "$1" && { [ -f build-gpu/build.ninja ] ||
-        meson setup build-gpu -Dcuda=enabled -Dcuda-arch=90 >"$2" 2>&1; } &&
-        ninja -C build-gpu >>"$2" 2>&1) || { tail -30 "$2"; exit 1; }
+build() { # tree builddir log
+    { [ -f "$2/build.ninja" ] ||
+        meson setup "$2" "$1" -Dcuda=enabled -Dcuda-arch=90 >"$3" 2>&1; } &&
+        ninja -C "$2" >>"$3" 2>&1 || { tail -30 "$3"; exit 1; }
 }
-bin() { # tree -> its flexdiag
-    if [ -x "$1/build-gpu/flexdiag" ]; then echo "$1/build-gpu/flexdiag"
-    else echo "$1/build-gpu/bench/flexdiag"; fi
+bin() { # builddir -> its flexdiag
+    if [ -x "$1/flexdiag" ]; then echo "$1/flexdiag"; else echo "$1/bench/flexdiag"; fi
 }
-build "$base" "$OUT/build-base.log"
-build . "$OUT/build-new.log"
+base_build=${BASE_BUILD:-/tmp/ab-base} # outside the tree: a carried tree is replaced per call
+build "$base" "$base_build" "$OUT/build-base.log" &
+build . build-gpu "$OUT/build-new.log"
+wait $! || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
 for row in "$@"; do
     read -ra args <<<"$row"
     for ((i = 0; i < rounds; i++)); do
         for which in base new; do
-            tree=$([ $which = base ] && echo "$base" || echo .)
+            dir=$([ $which = base ] && echo "$base_build" || echo build-gpu)
             tmp="$OUT/row.jsonl"
             rm -f "$tmp"
-            "$(bin "$tree")" "${args[@]}" --json "$tmp" >>"$OUT/ab-$which.log" 2>&1 ||
+            "$(bin "$dir")" "${args[@]}" --json "$tmp" >>"$OUT/ab-$which.log" 2>&1 ||
                 { echo "$which: $row failed"; tail -5 "$OUT/ab-$which.log"; continue; }
             sed "s/^{/{\"build\":\"$which\",\"row\":\"$row\",/" "$tmp" >>"$OUT/ab.jsonl"
         done

@@ -33,7 +33,7 @@ import tokenizer_fixture as tokfx
 GENERATOR = "tools/golden/make_fixtures.py"
 SEED = 20250101
 N_POS_HIDDEN = 4      # positions of the per-layer hidden-state references
-CFG_WEIGHT = 5.0      # models.md §3.5 default
+CFG_WEIGHT = 5.0      # docs/architecture.md §4.1 default
 N_IMAGE_IDS = 12      # teacher-forced image tokens scored per row
 GRID = 4              # Janus image grid (GRID x GRID tokens): vision image_size / patch_size
 
@@ -162,7 +162,8 @@ class LayerCapture:
 # ---- Janus ----
 
 def janus_config(text_vocab, ids):
-    """Tiny Janus-Pro-shaped config (models.md §3): 2 layers, hidden 64, 4 MHA heads of 16."""
+    """Tiny Janus-Pro-shaped config (docs/formats.md §2.2): 2 layers, hidden 64, 4 MHA heads
+    of 16."""
     from transformers import JanusConfig, JanusVisionConfig, JanusVQVAEConfig, LlamaConfig
     text = LlamaConfig(vocab_size=text_vocab, hidden_size=64, intermediate_size=160,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -231,7 +232,8 @@ def gen_logits(model, prompt_ids, image_ids, capture=None):
 
 
 def uncond_ids(prompt_ids, pad):
-    """models.md §3.5 step 3: keep BOS (first) and <begin_of_image> (last), pad the rest."""
+    """docs/architecture.md §4.1 step 3: keep BOS (first) and <begin_of_image> (last), pad
+    the rest."""
     return [prompt_ids[0]] + [pad] * (len(prompt_ids) - 2) + [prompt_ids[-1]]
 
 
@@ -252,7 +254,8 @@ def new_cache(model):
 
 
 def greedy_cached(model, prompt_ids, pad, steps):
-    """Greedy CFG decoding with a KV cache, as models.md §3.5 (argmax instead of sampling):
+    """Greedy CFG decoding with a KV cache, as docs/architecture.md §4.1 (argmax instead of
+    sampling):
     prefill the cond/uncond pair, then feed each chosen id to both rows."""
     lm = model.model.language_model
     rows = torch.tensor([prompt_ids, uncond_ids(prompt_ids, pad)])

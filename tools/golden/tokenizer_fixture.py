@@ -288,7 +288,7 @@ JANUS_PROMPTS = [
 
 
 def janus_text(prompt):
-    """models.md §3.5: the sft template with an empty system prompt, stripped."""
+    """docs/architecture.md §4.1: the sft template with an empty system prompt, stripped."""
     return ("<|User|>: " + prompt.strip() + "\n\n<|Assistant|>:").strip()
 
 

@@ -30,7 +30,7 @@ VQ_GRID = 24              # 384 px / patch 16: tokens per side of one image
 WARM_TOKENS = 8           # image tokens of the warm-up generation
 INIT_STD = 0.02           # random weights: N(0, 0.02^2) matrices, norms 1, biases 0
 
-# Janus-Pro shapes (models.md §3.1) and the special ids flexdiag's built-in configs use.
+# Janus-Pro shapes (docs/formats.md §2.4) and the special ids flexdiag's built-in configs use.
 ARCHS = {
     "janus-pro-7b": {"hidden": 4096, "layers": 30, "heads": 32, "kv_heads": 32, "ffn": 11008,
                      "bos": 100000, "eos": 100001, "pad": 100015, "boi": 100016,
