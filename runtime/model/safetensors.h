@@ -69,19 +69,6 @@ int flexdiag__dtype_size(flexdiag_dtype dt);
 /* "BF16", "F16", ... */
 const char *flexdiag__dtype_name(flexdiag_dtype dt);
 
-/* ---- writer (tests, tools, exporting random weights) ---- */
-
-typedef struct flexdiag_st_entry {
-    const char *name;                    /* tensor name */
-    flexdiag_dtype dtype;                /* stored dtype */
-    int32_t ndim;                        /* rank */
-    int64_t shape[FLEXDIAG_ST_MAX_DIMS]; /* dims */
-    const void *data;                    /* numel × dtype size bytes, little-endian */
-} flexdiag_st_entry;
-
-/* Write a valid safetensors file atomically (temp file + rename). */
-flexdiag_status flexdiag__st_write(const char *path, const flexdiag_st_entry *entries, int64_t n);
-
 /* ---- stored-only dtypes ---- */
 
 /* Standard safetensors dtypes that flexdiag knows the element size of but does not convert. A

@@ -22,6 +22,7 @@
 
 #include "base/core.h"
 #include "runtime/model/safetensors.h"
+#include "st_write.h"
 #include "util.h"
 
 static char *tmp; /* per-run temp folder */

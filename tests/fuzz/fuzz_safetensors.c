@@ -24,6 +24,7 @@
 
 #include "base/core.h"
 #include "runtime/model/safetensors.h"
+#include "st_write.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

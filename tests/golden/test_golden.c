@@ -26,6 +26,7 @@
 #include "runtime/model/model.h"
 #include "cli/npy.h"
 #include "runtime/model/safetensors.h"
+#include "st_write.h"
 #include "util.h"
 
 #define TOL 1e-4

@@ -22,6 +22,7 @@
 #include "kernels/kernels.h"
 #include "cli/npy.h"
 #include "runtime/model/safetensors.h"
+#include "st_write.h"
 #include "tiny_vq.h"
 #include "util.h"
 #include "runtime/image/vq.h"

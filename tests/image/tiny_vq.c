@@ -13,6 +13,7 @@
 #include "base/core.h"
 #include "naive_vq.h"
 #include "runtime/model/safetensors.h"
+#include "st_write.h"
 #include "util.h"
 
 /* ---- building ---- */

@@ -1,101 +1,21 @@
 /*
- * st_write.c - writing safetensors files (tests, tools, exporting weights).
+ * st_write.c - writing safetensors files for the tests (st_write.h).
  *
- * A file is written to "<path>.tmp.<pid>" in the same folder, fsync'ed, renamed over the target
- * and the folder fsync'ed: an interrupted write never leaves a partial file at the target name.
- * The header is built with jansson from checked entries (known dtype, rank <= 8, byte size by
+ * The file is written by the CLI's atomic writer (cli/fileio.h: temp file, fsync, rename), so
+ * an interrupted write never leaves a partial file at the target name. The header is built with jansson from checked entries (known dtype, rank <= 8, byte size by
  * checked multiplication, unique names), entries laid out in order, padded with spaces to a
  * multiple of 8 as the format recommends; the reader (safetensors.c) validates what this writes.
  */
-#include "runtime/model/safetensors.h"
+#include "st_write.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "base/core.h"
-
-/* ---- writer ---- */
-
-/* One piece of a file being written: len bytes at data (borrowed). */
-typedef struct wpart {
-    const void *data; /* bytes to write; may be NULL when len == 0 */
-    size_t len;       /* bytes */
-} wpart;
-
-static flexdiag_status errno_status(int e) {
-    return e == ENOSPC || e == EDQUOT ? FLEXDIAG_ERR_NO_SPACE
-           : e == ENOENT              ? FLEXDIAG_ERR_NOT_FOUND
-                                      : FLEXDIAG_ERR_IO;
-}
-
-static flexdiag_status write_all(int fd, const void *p, size_t n, const char *path) {
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = w < 0 ? errno : EIO;
-            return flexdiag__err(errno_status(e), "%s: write failed: %s", path, strerror(e));
-        }
-        p = (const char *)p + w;
-        n -= (size_t)w;
-    }
-    return FLEXDIAG_OK;
-}
-
-/* Best effort: make the rename durable (some file systems refuse fsync on folders). */
-static void sync_parent(const char *path) {
-    char *copy = strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
-/* Write the concatenation of parts[0..n) to path atomically: "<path>.tmp.<pid>", fsync, rename,
- * fsync of the folder; the temp file is removed on failure. ENOSPC/EDQUOT give
- * FLEXDIAG_ERR_NO_SPACE, a missing folder FLEXDIAG_ERR_NOT_FOUND, other failures FLEXDIAG_ERR_IO;
- * messages name path. */
-static flexdiag_status write_file_atomic(const char *path, const wpart *parts, int64_t n) {
-    char *tmp = NULL;
-    if (asprintf(&tmp, "%s.tmp.%ld", path, (long)getpid()) < 0)
-        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
-        flexdiag_status s =
-            flexdiag__err(errno_status(e), "%s: cannot create %s: %s%s", path, tmp, strerror(e),
-                          e == ENOENT ? " (does the folder exist?)" : "");
-        free(tmp);
-        return s;
-    }
-    flexdiag_status s = FLEXDIAG_OK;
-    for (int64_t i = 0; i < n && s == FLEXDIAG_OK; i++)
-        s = write_all(fd, parts[i].data, parts[i].len, path);
-    if (s == FLEXDIAG_OK && fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-        s = flexdiag__err(errno_status(errno), "%s: fsync failed: %s", path, strerror(errno));
-    if (close(fd) != 0 && s == FLEXDIAG_OK)
-        s = flexdiag__err(errno_status(errno), "%s: close failed: %s", path, strerror(errno));
-    if (s == FLEXDIAG_OK && rename(tmp, path) != 0)
-        s = flexdiag__err(FLEXDIAG_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp,
-                          strerror(errno));
-    if (s != FLEXDIAG_OK)
-        unlink(tmp);
-    else
-        sync_parent(path);
-    free(tmp);
-    return s;
-}
+#include "cli/fileio.h"
 
 /* Validate entry e and return its byte size. */
 static flexdiag_status check_entry(const char *path, const flexdiag_st_entry *e, uint64_t *nbytes) {
@@ -171,7 +91,7 @@ flexdiag_status flexdiag__st_write(const char *path, const flexdiag_st_entry *en
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "safetensors writer: bad path or %" PRId64 " entries", n);
     uint64_t *sizes = malloc(sizeof *sizes * (size_t)(n + 1));
-    wpart *parts = malloc(sizeof *parts * (size_t)(n + 2));
+    cli_part *parts = malloc(sizeof *parts * (size_t)(n + 2));
     flexdiag_status s =
         sizes && parts ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "out of memory");
     for (int64_t i = 0; i < n && s == FLEXDIAG_OK; i++)
@@ -182,10 +102,11 @@ flexdiag_status flexdiag__st_write(const char *path, const flexdiag_st_entry *en
     if (s == FLEXDIAG_OK) {
         unsigned char pre[8];
         for (int i = 0; i < 8; i++) pre[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-        parts[0] = (wpart){pre, 8};
-        parts[1] = (wpart){hdr, hlen};
-        for (int64_t i = 0; i < n; i++) parts[i + 2] = (wpart){entries[i].data, sizes[i]};
-        s = write_file_atomic(path, parts, n + 2);
+        parts[0] = (cli_part){pre, 8};
+        parts[1] = (cli_part){hdr, hlen};
+        for (int64_t i = 0; i < n; i++) parts[i + 2] = (cli_part){entries[i].data, sizes[i]};
+        s = cli_write_atomic(path, parts, (int)(n + 2));
+        if (s != FLEXDIAG_OK) flexdiag__err(s, "%s", cli_io_error());
     }
     free(hdr);
     free(parts);
