@@ -175,8 +175,5 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
 flexdiag_status flexdiag__context_score(flexdiag_context *c, const int32_t *prompt, int32_t np,
                                         const int32_t *ids, int32_t n, float cfg_weight,
                                         float *logits, float *raw);
-/* Conditional/unconditional rows of an image (Janus rule, docs/architecture.md §4.1 step 3): uncond
- * copies BOS and the last id and pads the middle. */
-void flexdiag__janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond);
 
 #endif /* FLEXDIAG_ENGINE_H */

@@ -70,6 +70,12 @@ static flexdiag_status io_release(const run_state *r, const flexdiag_layer_io *i
 
 /* ---- prompts and prefill ---- */
 
+/* Conditional/unconditional rows of an image (Janus rule, docs/architecture.md §4.1 step 3):
+ * uncond copies BOS and the last id and pads the middle. */
+static void janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond) {
+    for (int32_t i = 0; i < n; i++) uncond[i] = (i == 0 || i == n - 1) ? cond[i] : pad_id;
+}
+
 /* Host prompt table (n_seq, p_cap) with the Janus uncond rows, uploaded with lp and gathers. */
 static flexdiag_status upload_prompts(run_state *r) {
     flexdiag_context *c = r->c;
@@ -87,7 +93,7 @@ static flexdiag_status upload_prompts(run_state *r) {
         for (int32_t q = 0; q < c->rows_per_img; q++) {
             int32_t s = i * c->rows_per_img + q, *row = ids + (size_t)s * (size_t)c->p_cap;
             if (q == 0) memcpy(row, b->prompt[i], (size_t)n * 4);
-            else flexdiag__janus_uncond(b->prompt[i], n, pad, row);
+            else janus_uncond(b->prompt[i], n, pad, row);
             r->lp[s] = n;
             last[s] = s * c->p_cap + n - 1;
         }
@@ -101,9 +107,6 @@ static flexdiag_status upload_prompts(run_state *r) {
     return st;
 }
 
-void flexdiag__janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond) {
-    for (int32_t i = 0; i < n; i++) uncond[i] = (i == 0 || i == n - 1) ? cond[i] : pad_id;
-}
 
 static flexdiag_status validate_block(const flexdiag_context *c, const flexdiag_block *b) {
     const flexdiag_model_config *m = &c->m->cfg;
