@@ -10,7 +10,7 @@
 # .baseline`, carried to the host). Both trees are built with CUDA for sm_90, in parallel (the
 # current one in build-gpu/, the base in $BASE_BUILD, default /tmp/ab-base); `flexdiag` lives at
 # bench/flexdiag in builds older than the per-folder layout and at flexdiag after it. Each row runs
-# ROUNDS times per build, base first, and every run appends its JSON row to $OUT/ab.jsonl with the
+# ROUNDS times per build, base first (ORDER="new base" reverses it), and every run appends its JSON row to $OUT/ab.jsonl with the
 # build's name in a "build" field; the summary prints img/s per build and row (mean and spread)
 # and new/base.
 set -u -o pipefail
@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 for row in "$@"; do
     read -ra args <<<"$row"
     for ((i = 0; i < rounds; i++)); do
-        for which in base new; do
+        for which in ${ORDER:-base new}; do
             dir=$([ $which = base ] && echo "$base_build" || echo build-gpu)
             tmp="$OUT/row.jsonl"
             rm -f "$tmp"
