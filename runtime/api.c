@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "runtime/api_check.h"
 #include "runtime/engine/engine.h"
 #include "runtime/text/prompt.h"
 #include "runtime/text/tokenizer.h"
@@ -59,14 +60,6 @@ void flexdiag_request_init(flexdiag_request *r) {
     r->top_p = 1.0f;
 }
 
-static flexdiag_status check_size(uint32_t got, size_t want, const char *what) {
-    if (got == 0 || got > want)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "%s.struct_size is %u (expected %zu): call %s_init() first", what,
-                             got, want, what);
-    return FLEXDIAG_OK;
-}
-
 /* ---- runtime ---- */
 
 static flexdiag_status pick_backend(flexdiag_runtime *rt) {
@@ -91,7 +84,7 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
     flexdiag__err_clear();
     if (!out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "runtime_create: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_runtime_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_runtime_params"));
     flexdiag_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
     pthread_mutex_init(&rt->s_mu, NULL);
@@ -212,7 +205,7 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     flexdiag__err_clear();
     if (!rt || !out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_model_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_model_params"));
     flexdiag_model *m = calloc(1, sizeof *m);
     if (!m) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
     m->rt = rt;
@@ -288,7 +281,7 @@ flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
     if (!m || !p || !out)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_max_images: NULL argument");
     *out = 0;
-    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_context_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_context_params"));
     flexdiag_context_params q;
     flexdiag_context_params_init(&q);
     memcpy(&q, p, p->struct_size);
@@ -305,7 +298,7 @@ flexdiag_status flexdiag_context_create(flexdiag_model *m, const flexdiag_contex
     flexdiag__err_clear();
     if (!m || !p || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_create: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(check_size(p->struct_size, sizeof *p, "flexdiag_context_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_context_params"));
     flexdiag_context *c = calloc(1, sizeof *c);
     if (!c) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
     c->m = m;
@@ -343,7 +336,7 @@ flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats
 /* ---- generate ---- */
 
 static flexdiag_status check_request(const flexdiag_context *c, const flexdiag_request *r) {
-    FLEXDIAG_TRY(check_size(r->struct_size, sizeof *r, "flexdiag_request"));
+    FLEXDIAG_TRY(flexdiag__check_params(r->struct_size, sizeof *r, "flexdiag_request"));
     if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "request needs n_prompts >= 1 and prompts or prompt_ids+prompt_lens");

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "runtime/api_check.h"
 #include "runtime/engine/engine.h"
 #include "runtime/image/vq.h"
 #include "runtime/model/safetensors.h"
@@ -91,11 +92,8 @@ flexdiag_status flexdiag_decoder_get_info(const flexdiag_decoder *d, flexdiag_de
     flexdiag__err_clear();
     if (!d || !out)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "decoder_get_info: NULL argument");
-    if (out->struct_size < DECODER_INFO_V3 || out->struct_size > sizeof *out)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "flexdiag_decoder_info.struct_size is %u (expected %zu): set it to "
-                             "sizeof(flexdiag_decoder_info)",
-                             out->struct_size, sizeof *out);
+    FLEXDIAG_TRY(flexdiag__check_output(out->struct_size, DECODER_INFO_V3, sizeof *out,
+                                        "flexdiag_decoder_info"));
     const flexdiag_vq_config *c = flexdiag__vq_get_config(d->vq);
     flexdiag_decoder_info info = {.struct_size = out->struct_size, .grid_h = c->grid_h,
                                   .grid_w = c->grid_w, .codebook_size = c->codebook_size,

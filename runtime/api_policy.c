@@ -11,6 +11,7 @@
 
 #include "base/core.h"
 #include "policy/kv_policy.h"
+#include "runtime/api_check.h"
 #include "runtime/engine/engine.h"
 
 /* Bytes of flexdiag_policy_info in API version 3: the least a caller may pass. */
@@ -36,13 +37,9 @@ flexdiag_status flexdiag_context_policy(const flexdiag_context *c, flexdiag_poli
     flexdiag__err_clear();
     if (!c || !out)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_policy: NULL argument");
-    if (out->struct_size < POLICY_INFO_V3 || out->struct_size > sizeof *out)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "flexdiag_policy_info.struct_size is %u (expected %zu): set it to "
-                             "sizeof(flexdiag_policy_info)",
-                             out->struct_size, sizeof *out);
-    flexdiag_kvp_params kp;
-    FLEXDIAG_TRY(flexdiag__kvp_resolve(&c->p.policy, c->l_dec, &kp));
+    FLEXDIAG_TRY(flexdiag__check_output(out->struct_size, POLICY_INFO_V3, sizeof *out,
+                                        "flexdiag_policy_info"));
+    const flexdiag_kvp_params kp = c->pd.kp; /* what the context runs */
     flexdiag_policy_info info = {.struct_size = out->struct_size, .kind = kp.kind,
                                  .n_att = kp.n_att, .n_r = kp.n_r, .l_dec = kp.l_dec,
                                  .sparsity = flexdiag__kvp_reported_sparsity(&kp)};

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "runtime/api_check.h"
 #include "runtime/engine/engine.h"
 
 /* Bytes of flexdiag_score_output in API version 3: the least a caller may pass. */
@@ -22,16 +23,9 @@ flexdiag_status flexdiag_score(flexdiag_context *c, const flexdiag_score_request
                                flexdiag_score_output *out) {
     flexdiag__err_clear();
     if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "score: NULL argument");
-    if (req->struct_size == 0 || req->struct_size > sizeof *req)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "flexdiag_score_request.struct_size is %u (expected %zu): call "
-                             "flexdiag_score_request_init() first",
-                             req->struct_size, sizeof *req);
-    if (out->struct_size < SCORE_OUTPUT_V3 || out->struct_size > sizeof *out)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "flexdiag_score_output.struct_size is %u (expected %zu): set it to "
-                             "sizeof(flexdiag_score_output)",
-                             out->struct_size, sizeof *out);
+    FLEXDIAG_TRY(flexdiag__check_params(req->struct_size, sizeof *req, "flexdiag_score_request"));
+    FLEXDIAG_TRY(flexdiag__check_output(out->struct_size, SCORE_OUTPUT_V3, sizeof *out,
+                                        "flexdiag_score_output"));
     flexdiag_score_request r;
     flexdiag_score_request_init(&r);
     memcpy(&r, req, req->struct_size);
