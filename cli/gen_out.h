@@ -1,0 +1,57 @@
+/*
+ * gen_out.h - what `flexdiag generate` writes, image by image: the PNG (or, for DPG, its
+ * prompt's grid), the results.jsonl record and the tokens.json record, in the output layout of
+ * prompts.h. Images are emitted in job order, so one DPG prompt is pending at most.
+ */
+#ifndef FLEXDIAG_CLI_GEN_OUT_H
+#define FLEXDIAG_CLI_GEN_OUT_H
+
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli/prompts.h"
+
+typedef struct gen_out {
+    /* set by the caller before gen_out_open */
+    const char *dir;       /* --out */
+    cli_layout layout;     /* --layout */
+    int64_t per_prompt;    /* --images-per-prompt */
+    const cli_prompts *ps; /* the prompts (image g is sample g % per_prompt of prompt g / per) */
+    /* set by the caller before the first image */
+    int32_t per_image;    /* tokens per image */
+    int32_t grid_w;       /* ids per row in tokens.json */
+    int32_t img_h, img_w; /* decoded image size; 0 = no image decoder */
+    json_t *common;       /* record fields shared by all images (model, policy, sampling), owned */
+    uint8_t *dpg_cells;   /* dpg: per_prompt RGB images of the pending prompt, owned */
+    /* owned here */
+    FILE *results;       /* <out>/results.jsonl */
+    FILE *tokens;        /* <out>/tokens.json.tmp.<pid> until the end */
+    char *tokens_tmp;    /* its path (NULL when closed) */
+    json_t *dpg_records; /* dpg: records of the pending prompt, written with its grid */
+    int64_t images_done; /* images with all outputs written */
+    int64_t pngs;        /* PNG files written */
+} gen_out;
+
+/* One block's generated images, ready to write. */
+typedef struct gen_block {
+    int64_t first;         /* job index of the block's first image */
+    int32_t n;             /* images in the block */
+    const int32_t *tokens; /* (n, per_image) ids */
+    const uint8_t *rgb;    /* (n, H, W, 3) pixels, NULL without a decoder */
+    double seconds;        /* wall time of generate + decode */
+} gen_block;
+
+/* Create --out and results.jsonl (before the model loads, so a bad folder fails fast). These
+ * return 0, or an exit code after printing one line naming the file. */
+int gen_out_open(gen_out *w);
+/* Start tokens.json (in its temp file); needs per_image. */
+int gen_out_tokens_open(gen_out *w);
+/* All outputs of image i of block b. */
+int gen_out_emit(gen_out *w, const gen_block *b, int32_t i);
+/* Complete tokens.json with the images written so far and rename it into place. */
+int gen_out_tokens_close(gen_out *w);
+/* Close and free what gen_out owns (not the caller's fields). */
+void gen_out_free(gen_out *w);
+
+#endif /* FLEXDIAG_CLI_GEN_OUT_H */
