@@ -11,11 +11,16 @@
  * attention / rest (fractions of those steps' wall time). The roofline is measured in the same process through the same
  * op table: device copy bandwidth (bytes read + written) and the bf16 GEMM rate; the decode
  * step's bytes (weights + KV read and written) and FLOPs over those rates give its floor.
- * Markdown on stdout, one JSON object per row with --json FILE (appended, flushed per row).
+ * Markdown on stdout, one JSON object per row with --json FILE (opened before measuring; each
+ * row one append + fsync through cli/fileio.h, so the file never holds a partial row; a row
+ * that cannot be written stops the run with exit 1, the row being on stdout).
  * A policy search: --policies and --sparsities (comma lists) give one row per (policy,
  * sparsity) pair (dense once) in the same process, on one model and one roofline measurement;
  * each row sizes its own batch (`auto` gives each policy its largest), a row that fails is
- * reported and the sweep goes on, and a last line names the fastest row against dense.
+ * reported and the sweep goes on, and a last line names the fastest row against dense. Every
+ * row's policy flags pass the library's check (flexdiag__kvp_check) before the model loads, so
+ * a flag error stops the run at once with exit 2; what depends on the decode length fails its
+ * row at context creation.
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +31,8 @@
 #include "base/core.h"
 #include "bench/bench.h"
 #include "cli/cli.h"
+#include "cli/fileio.h"
+#include "policy/kv_policy.h"
 #include "runtime/engine/engine.h"
 
 typedef struct tp_opts {
@@ -240,10 +247,12 @@ static void print_row(const tp_row *r) {
     fflush(stdout);
 }
 
-static void append_json(const char *path, const flexdiag_context *c, const tp_opts *o,
-                        const roofline *rf, const tp_row *r) {
-    FILE *f = path ? fopen(path, "a") : NULL;
-    if (!f) return;
+/* The row as one JSON line appended to --json (json NULL: no --json); 0, or 1 after printing
+ * the line that names the file and the error (the row is on stdout already). After a failure
+ * json is closed: the sweep stops. */
+static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts *o,
+                       const roofline *rf, const tp_row *r) {
+    if (!json) return 0;
     char budget[32] = "null"; /* JSON null: no budget */
     if (budget_gib(c->m->rt) >= 0) snprintf(budget, sizeof budget, "%.3f", budget_gib(c->m->rt));
     char dev[128];
@@ -253,7 +262,8 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
     time_t now = time(NULL);
     char ts[32];
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    fprintf(f,
+    char line[4096]; /* about 1 KiB: 40 short fields and the device name */
+    int n = snprintf(line, sizeof line,
             "{\"time\":\"%s\",\"backend\":\"%s\",\"device\":\"%s\",\"arch\":\"%s\","
             "\"random_weights\":true,\"seed\":%lld,"
             "\"policy\":\"%s\",\"n_att\":%d,\"n_r\":%d,\"sparsity\":%.4f,\"batch\":%d,"
@@ -271,14 +281,24 @@ static void append_json(const char *path, const flexdiag_context *c, const tp_op
             r->prefill_tps, r->decode_tps, r->step_ms, r->split[0], r->split[1], r->split[2],
             r->peak_gib, r->kv_mib_seq, budget, rf->bw / 1e9,
             rf->gemm / 1e12, r->step_bytes, r->step_flops, r->roof_ms, r->roof_frac);
-    fclose(f);
+    flexdiag_status st =
+        n > 0 && (size_t)n < sizeof line
+            ? cli_jsonl_append(json, line, (size_t)n)
+            : cli_io_fail(FLEXDIAG_ERR_INTERNAL, "%s: row longer than %zu bytes", json->path,
+                          sizeof line);
+    if (st == FLEXDIAG_OK) return 0;
+    fprintf(stderr, "flexdiag bench: --json %s; the row is on stdout only; stopping\n",
+            cli_io_error());
+    (void)cli_jsonl_close(json);
+    return 1;
 }
 
 /* ---- throughput command ---- */
 
-/* One row: a context for the policy flags po, measured, printed; *img_s gets its img/s. */
+/* One row: a context for the policy flags po, measured, printed (and appended to json, may be
+ * NULL); *img_s gets its img/s. */
 static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
-                     const cli_policy_opts *po, double *img_s) {
+                     const cli_policy_opts *po, cli_jsonl *json, double *img_s) {
     flexdiag_context *c = NULL;
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
@@ -304,7 +324,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
     if (rc == 0) {
         print_row(&row);
-        append_json(o->json, c, o, rf, &row);
+        rc = append_json(json, c, o, rf, &row);
         *img_s = row.img_s;
     }
     flexdiag_context_destroy(c);
@@ -312,10 +332,29 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
 }
 
 /* The sweep's lists: --policies / --sparsities, else the single --policy / --sparsity. */
+/* Every row's policy flags through the library's validation that needs no decode length
+ * (flexdiag__kvp_check): a flag error stops the run before the model loads; what depends on
+ * the decode length fails its row at context creation. */
+static int check_rows(const tp_opts *o, const flexdiag_policy_kind *kinds, int nk,
+                      const double *sps, int ns) {
+    for (int k = 0; k < nk; k++)
+        for (int j = 0; j < ns; j++) {
+            cli_policy_opts po = o->po;
+            po.policy = flexdiag_policy_name(kinds[k]);
+            po.sparsity = sps[j];
+            flexdiag_policy_params pp;
+            if (cli_policy_params("bench", &po, &pp)) return 2;
+            flexdiag__err_clear();
+            flexdiag_status st = flexdiag__kvp_check(&pp);
+            if (st != FLEXDIAG_OK) return cli_fail("bench", st);
+        }
+    return 0;
+}
+
 static int sweep_lists(const tp_opts *o, flexdiag_policy_kind *kinds, int *nk, double *sps,
                        int *ns) {
-    if (o->sparsities && o->po.n_att > 0) {
-        fprintf(stderr, "flexdiag bench: --sparsities and --n-att exclude each other\n");
+    if (o->sparsities && (o->po.n_att > 0 || !isnan(o->po.sparsity))) {
+        fprintf(stderr, "flexdiag bench: --sparsities excludes --n-att and --sparsity\n");
         return 2;
     }
     if (o->policies) {
@@ -330,10 +369,12 @@ static int sweep_lists(const tp_opts *o, flexdiag_policy_kind *kinds, int *nk, d
         *nk = 1;
         kinds[0] = pp.kind;
     }
-    if (o->sparsities) return bench_parse_sparsities("bench", o->sparsities, sps, ns);
-    *ns = 1;
-    sps[0] = o->po.sparsity;
-    return 0;
+    if (o->sparsities && bench_parse_sparsities("bench", o->sparsities, sps, ns)) return 2;
+    if (!o->sparsities) {
+        *ns = 1;
+        sps[0] = o->po.sparsity;
+    }
+    return check_rows(o, kinds, *nk, sps, *ns);
 }
 
 static int throughput(const tp_opts *o) {
@@ -344,6 +385,11 @@ static int throughput(const tp_opts *o) {
     flexdiag_runtime *rt = NULL;
     flexdiag_model *m = NULL;
     roofline rf = {0};
+    cli_jsonl json = {.fd = -1}, *jp = o->json ? &json : NULL;
+    if (jp && cli_jsonl_open(jp, o->json, 0) != FLEXDIAG_OK) { /* before any measuring */
+        fprintf(stderr, "flexdiag bench: --json %s\n", cli_io_error());
+        return 1;
+    }
     rc = cli_open_model("bench", &o->mo, &rt, &m);
     if (rc == 0 && measure_roofline(rt, &rf))
         fprintf(stderr, "flexdiag bench: roofline measurement failed; fractions will be 0\n");
@@ -358,7 +404,9 @@ static int throughput(const tp_opts *o) {
             po.policy = flexdiag_policy_name(kinds[k]);
             po.sparsity = sps[j];
             double img_s = 0;
-            int row_rc = bench_row(o, m, &rf, &po, &img_s);
+            int row_rc = bench_row(o, m, &rf, &po, jp, &img_s);
+            if (row_rc && jp && !jp->path) rc = row_rc; /* --json failed (reported): stop */
+            if (rc) break;
             if (row_rc) { /* reported; the sweep goes on, the exit code is the first failure's */
                 if (nk * ns > 1)
                     fprintf(stderr, "flexdiag bench: row %s, sparsity %g failed\n", po.policy,
@@ -380,6 +428,10 @@ static int throughput(const tp_opts *o) {
     }
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
+    if (jp && cli_jsonl_close(jp) != FLEXDIAG_OK) {
+        fprintf(stderr, "flexdiag bench: --json %s\n", cli_io_error());
+        rc = rc ? rc : 1;
+    }
     return rc ? rc : first_rc;
 }
 
@@ -389,7 +441,8 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         argc--;
         argv++;
     }
-    tp_opts o = {.mo.seed = 1, .batch = "16", .prompt_len = 50, .profile_steps = 8};
+    tp_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .batch = "16", .prompt_len = 50,
+                 .profile_steps = 8};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
@@ -405,11 +458,15 @@ int flexdiag_cmd_bench(int argc, char **argv) {
     };
     int rc = cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
-    if (o.prompt_len < 2 || o.steps < 0 || o.profile_steps < 0) {
-        fprintf(stderr, "flexdiag bench: --prompt-len %lld, --steps %lld, --profile-steps %lld: "
-                "need --prompt-len >= 2 and the others >= 0\n", (long long)o.prompt_len,
-                (long long)o.steps, (long long)o.profile_steps);
+    const cli_int_range r[] = {
+        {"--micro-batch", o.micro, 0, INT32_MAX, "0 = the whole batch"},
+        {"--prompt-len", o.prompt_len, 2, INT32_MAX, NULL},
+        {"--steps", o.steps, 0, INT32_MAX, "0 = all tokens of an image"},
+        {"--profile-steps", o.profile_steps, 0, INT32_MAX, NULL},
+    };
+    if (cli_check_ints("bench", r, (int)(sizeof r / sizeof r[0])) ||
+        cli_check_model("bench", &o.mo) ||
+        (strcmp(o.batch, "auto") && cli_batch("bench", o.batch, NULL, NULL) < 1))
         return 2;
-    }
     return throughput(&o);
 }

@@ -8,7 +8,10 @@
  * fidelity.h rows that the printers of fidelity_report.c write, so calls go one way: this file
  * -> fidelity_model.c -> fidelity_report.c. Dense runs once (its sparsity is 0); a (policy,
  * sparsity) pair that fails validation (e.g. streaming with N_att < 5 on a small grid) is
- * reported on stderr and skipped, the other rows still run.
+ * reported on stderr and skipped, the other rows still run. --json FILE is opened before
+ * anything runs; its rows reach the file through cli/fileio.h (one append + fsync per row, never
+ * a partial row), and a row that cannot be written stops the run with exit 1 and one line naming
+ * the file (the row is on stdout).
  */
 #include <math.h>
 #include <stdio.h>
@@ -19,19 +22,88 @@
 #include "bench/bench.h"
 #include "bench/fidelity.h"
 #include "cli/cli.h"
+#include "cli/fileio.h"
 #include "policy/kv_policy.h"
 #include "policy/synthetic.h"
 
 #define FID_CMD "bench fidelity"
 #define FID_MAX_LIST BENCH_MAX_LIST /* policies or sparsities per run */
 
+/* ---- --json ---- */
+
+/* The row printers (fidelity_report.c) write to a stdio stream; for --json that stream is a
+ * cookie whose bytes go, whole lines at a time, to the CLI's JSON-lines appender (raw
+ * descriptor, one append + fsync per row, a failed row cut off again). */
+typedef struct fid_json {
+    cli_jsonl out; /* --json FILE */
+    char *part;    /* bytes of a line not complete yet, malloc'ed */
+    size_t len;    /* bytes in part */
+    int failed;    /* an append failed; its message is cli_io_error() */
+} fid_json;
+
+/* Cookie write: n bytes at buf; returns n, or 0 once an append failed (the stream's error). */
+static ssize_t fid_json_write(void *cookie, const char *buf, size_t n) {
+    fid_json *j = cookie;
+    char *g = j->failed ? NULL : realloc(j->part, j->len + n);
+    if (!g) {
+        if (!j->failed) cli_io_fail(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory", j->out.path);
+        j->failed = 1;
+        return 0;
+    }
+    memcpy(g + j->len, buf, n);
+    j->part = g;
+    j->len += n;
+    const char *nl = memrchr(j->part, '\n', j->len);
+    size_t whole = nl ? (size_t)(nl - j->part) + 1 : 0;
+    if (whole && cli_jsonl_append(&j->out, j->part, whole) != FLEXDIAG_OK) {
+        j->failed = 1;
+        return 0;
+    }
+    memmove(j->part, j->part + whole, j->len - whole);
+    j->len -= whole;
+    return (ssize_t)n;
+}
+
+/* --json path as a stream for the printers; NULL after printing the line naming the file. */
+static FILE *fid_json_open(fid_json *j, const char *path) {
+    memset(j, 0, sizeof *j);
+    if (cli_jsonl_open(&j->out, path, 0) != FLEXDIAG_OK) {
+        fprintf(stderr, "flexdiag " FID_CMD ": --json %s\n", cli_io_error());
+        return NULL;
+    }
+    FILE *f = fopencookie(j, "w", (cookie_io_functions_t){.write = fid_json_write});
+    if (!f) {
+        fprintf(stderr, "flexdiag " FID_CMD ": --json %s: out of memory\n", path);
+        (void)cli_jsonl_close(&j->out);
+    }
+    return f;
+}
+
+/* Close f (NULL: no --json); returns rc, or 1 after printing the line of a failed row or
+ * close (the rows are on stdout). */
+static int fid_json_close(FILE *f, fid_json *j, int rc) {
+    if (!f) return rc;
+    (void)fclose(f); /* every row was flushed by its printer; a failure is in j->failed */
+    if (j->failed) {
+        fprintf(stderr, "flexdiag " FID_CMD ": --json %s; the row is on stdout only; stopping\n",
+                cli_io_error());
+        rc = 1;
+    }
+    if (cli_jsonl_close(&j->out) != FLEXDIAG_OK && !j->failed) {
+        fprintf(stderr, "flexdiag " FID_CMD ": --json %s\n", cli_io_error());
+        rc = rc ? rc : 1;
+    }
+    free(j->part);
+    return rc;
+}
+
 /* ---- synthetic runner ---- */
 
 typedef struct fid_opts {
     const char *synthetic, *policies, *sparsities, *json;
-    int64_t prompt_len, heads, d_head, seed, n_r;
+    int64_t prompt_len, heads, d_head, n_r;
     double alpha, sigma, prompt_logit;
-    cli_model_opts mo;  /* model-backed mode (no --synthetic) */
+    cli_model_opts mo;  /* model-backed mode (no --synthetic); mo.seed seeds everything */
     const char *prompt; /* its prompt text */
 } fid_opts;
 
@@ -87,10 +159,8 @@ static int synth_table(const flexdiag_synth_ctx *ctx, const flexdiag_synth_param
             if (rc > 0) return rc;
             if (rc < 0) continue;
             flexdiag_fidelity_md_row(stdout, &row);
-            if (json && flexdiag_fidelity_jsonl_row(json, &row) != 0) {
-                fprintf(stderr, "flexdiag " FID_CMD ": --json: write failed\n");
-                return 1;
-            }
+            /* a row that cannot be written is reported by fid_json_close */
+            if (json && flexdiag_fidelity_jsonl_row(json, &row) != 0) return 1;
         }
     return 0;
 }
@@ -107,45 +177,67 @@ static int synth_main(const fid_opts *o, const flexdiag_policy_kind *kinds, int 
     flexdiag__synth_params_init(&sp, w);
     sp.prompt_len = (int32_t)o->prompt_len;
     sp.heads = (int32_t)o->heads;
-    sp.seed = (uint64_t)o->seed;
+    sp.seed = (uint64_t)o->mo.seed;
     sp.alpha = o->alpha;
     sp.sigma = o->sigma;
     sp.prompt_logit = o->prompt_logit;
-    if (o->prompt_len != sp.prompt_len || o->heads != sp.heads || o->d_head != (int32_t)o->d_head) {
-        fprintf(stderr, "flexdiag " FID_CMD ": --prompt-len %lld, --heads %lld or --d-head %lld "
-                "out of range\n", (long long)o->prompt_len, (long long)o->heads,
-                (long long)o->d_head);
-        return 2;
-    }
     flexdiag_synth_ctx *ctx = NULL;
     flexdiag_status st = flexdiag__synth_ctx_create(&sp, (int32_t)o->d_head, &ctx);
-    if (st != FLEXDIAG_OK) return cli_fail(FID_CMD, st);
+    if (st != FLEXDIAG_OK) return cli_fail(FID_CMD, st); /* INVALID_ARG names the flag: 2 */
+    fid_json fj;
     FILE *json = NULL;
-    if (o->json && !(json = fopen(o->json, "a"))) {
-        fprintf(stderr, "flexdiag " FID_CMD ": --json %s: cannot open for appending\n", o->json);
+    if (o->json && !(json = fid_json_open(&fj, o->json))) {
         flexdiag__synth_ctx_destroy(ctx);
         return 1;
     }
     int rc = synth_table(ctx, &sp, o, kinds, nk, sps, ns, json);
-    if (json && fclose(json) != 0 && rc == 0) rc = 1;
+    rc = fid_json_close(json, &fj, rc);
     flexdiag__synth_ctx_destroy(ctx);
     return rc;
 }
 
+/* Ranges of the int flags (the synthetic model's own limits are the library's, naming the
+ * flag), then every row's policy through the library's check that needs no decode length: a
+ * flag error stops the run; a row that fails only at its decode length is skipped. */
+static int check_flags(const fid_opts *o, const flexdiag_policy_kind *kinds, int nk,
+                       const double *sps, int ns) {
+    const cli_int_range r[] = {
+        {"--prompt-len", o->prompt_len, 0, INT32_MAX, NULL},
+        {"--heads", o->heads, 1, INT32_MAX, NULL},
+        {"--d-head", o->d_head, 1, INT32_MAX, NULL},
+        {"--n-r", o->n_r, 0, INT32_MAX, "0 = the default ring"},
+    };
+    if (cli_check_ints(FID_CMD, r, (int)(sizeof r / sizeof r[0])) ||
+        cli_check_model(FID_CMD, &o->mo))
+        return 2;
+    for (int i = 0; i < nk; i++)
+        for (int j = 0; j < ns; j++) {
+            flexdiag_policy_params pub;
+            flexdiag_policy_params_init(&pub);
+            pub.kind = kinds[i];
+            pub.sparsity = sps[j];
+            pub.n_r = (int32_t)o->n_r;
+            flexdiag__err_clear();
+            flexdiag_status st = flexdiag__kvp_check(&pub);
+            if (st != FLEXDIAG_OK) return cli_fail(FID_CMD, st);
+        }
+    return 0;
+}
+
 int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     fid_opts o = {NULL, "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4",
-                  "0.8,0.9,0.925,0.95,0.96", NULL, 50, 8, 64, 1, 0, 0.5, 0.5, 0.0,
+                  "0.8,0.9,0.925,0.95,0.96", NULL, 50, 8, 64, 0, 0.5, 0.5, 0.0,
                   {.seed = 1}, "a red apple on a wooden table"};
     const cli_opt opts[] = {
-        {"--synthetic", CLI_STR, &o.synthetic, "grid:W - synthetic 2-D locality model"},
-        CLI_MODEL_FLAGS(&o.mo),
+        {"--synthetic", CLI_STR, &o.synthetic, "grid:W, W <= 64: synthetic 2-D locality model"},
+        CLI_MODEL_FLAGS_SEED(&o.mo, "seed (default 1) of the random weights, the synthetic "
+                                    "noise and values, and the dense run's sampling"),
         {"--prompt", CLI_STR, &o.prompt, "model mode: prompt of the dense reference image"},
         {"--policies", CLI_STR, &o.policies, "comma list of policies (default: all eight)"},
         {"--sparsities", CLI_STR, &o.sparsities, "comma list (default 0.8,0.9,0.925,0.95,0.96)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "prompt keys (default 50)"},
         {"--heads", CLI_INT, &o.heads, "attention heads (default 8)"},
         {"--d-head", CLI_INT, &o.d_head, "value vector dims (default 64)"},
-        {"--seed", CLI_INT, &o.seed, "noise and value seed (default 1)"},
         {"--n-r", CLI_INT, &o.n_r, "Diagonal ring size (default max(round(0.5 T), N_att))"},
         {"--alpha", CLI_F64, &o.alpha, "locality strength (default 0.5)"},
         {"--sigma", CLI_F64, &o.sigma, "logit noise std (default 0.5)"},
@@ -159,19 +251,12 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     int nk, ns;
     if ((rc = bench_parse_policies(FID_CMD, o.policies, kinds, &nk)) != 0) return rc;
     if ((rc = bench_parse_sparsities(FID_CMD, o.sparsities, sps, &ns)) != 0) return rc;
-    if (o.n_r < 0 || o.n_r > 32767) {
-        fprintf(stderr, "flexdiag " FID_CMD ": --n-r %lld must be in [0, 32767]\n",
-                (long long)o.n_r);
-        return 2;
-    }
+    if ((rc = check_flags(&o, kinds, nk, sps, ns)) != 0) return rc;
     if (o.synthetic) return synth_main(&o, kinds, nk, sps, ns);
+    fid_json fj;
     FILE *json = NULL;
-    if (o.json && !(json = fopen(o.json, "a"))) {
-        fprintf(stderr, "flexdiag " FID_CMD ": --json %s: cannot open for appending\n", o.json);
-        return 1;
-    }
+    if (o.json && !(json = fid_json_open(&fj, o.json))) return 1;
     rc = flexdiag_fidelity_model(&o.mo, o.prompt, kinds, nk, sps, ns, (int32_t)o.n_r,
-                                 (uint64_t)o.seed, json);
-    if (json && fclose(json) != 0 && rc == 0) rc = 1;
-    return rc;
+                                 (uint64_t)o.mo.seed, json);
+    return fid_json_close(json, &fj, rc);
 }

@@ -27,9 +27,11 @@
 #define TRACE_CMD "policy-trace"
 
 typedef struct trace_opts {
-    const char *policy, *logits, *synthetic;
-    int64_t n_att, n_r, steps, prompt_len, heads, seed;
-    double sparsity, alpha, sigma, prompt_logit;
+    cli_policy_opts po;                 /* --policy, --sparsity, --n-att, --n-r */
+    const char *logits, *synthetic;     /* the two logit sources */
+    int64_t steps, prompt_len, heads;   /* -1 = from the file (or the synthetic defaults) */
+    int64_t seed;                       /* synthetic noise seed */
+    double alpha, sigma, prompt_logit;  /* synthetic model */
 } trace_opts;
 
 /* The logit tensor and its dims, from either source. */
@@ -116,19 +118,15 @@ static int load_synthetic(const trace_opts *o, trace_input *in) {
     sp.alpha = o->alpha;
     sp.sigma = o->sigma;
     sp.prompt_logit = o->prompt_logit;
-    if ((o->heads >= 0 && o->heads != sp.heads) || (o->steps >= 0 && o->steps != sp.steps) ||
-        (o->prompt_len >= 0 && o->prompt_len != sp.prompt_len)) {
-        fprintf(stderr, "flexdiag " TRACE_CMD ": --heads, --steps or --prompt-len out of range\n");
-        return 2;
-    }
+    flexdiag_status st = flexdiag__synth_check(&sp); /* before sizing the tensor */
+    if (st != FLEXDIAG_OK) return cli_fail(TRACE_CMD, st);
     size_t n = (size_t)sp.heads * (size_t)sp.steps * ((size_t)sp.prompt_len + (size_t)sp.steps);
     in->logits = malloc(n * sizeof(float));
     if (!in->logits) {
         fprintf(stderr, "flexdiag " TRACE_CMD ": cannot allocate %zu MiB of logits\n", n >> 18);
         return 1;
     }
-    flexdiag_status st = flexdiag__synth_fill(&sp, in->logits);
-    if (st != FLEXDIAG_OK) return cli_fail(TRACE_CMD, st);
+    flexdiag__synth_fill(&sp, in->logits); /* checked above */
     in->heads = sp.heads;
     in->steps = sp.steps;
     in->lp = sp.prompt_len;
@@ -184,18 +182,12 @@ static void trace_run(flexdiag_kvp_replay *r, const trace_input *in, int32_t *pr
     }
 }
 
-static int trace_policy(const trace_opts *o, flexdiag_policy_kind kind, const trace_input *in) {
-    flexdiag_policy_params pub;
-    memset(&pub, 0, sizeof pub);
-    pub.struct_size = sizeof pub;
-    pub.kind = kind;
-    pub.n_att = (int32_t)o->n_att;
-    pub.n_r = (int32_t)o->n_r;
-    pub.sparsity = o->sparsity;
+/* The policy pub (checked by check_flags) resolved for L_dec = T, traced step by step. */
+static int trace_policy(const flexdiag_policy_params *pub, const trace_input *in) {
     flexdiag_kvp_params kp;
     flexdiag_kvp_replay *r = NULL;
     flexdiag__err_clear();
-    flexdiag_status st = flexdiag__kvp_resolve(&pub, in->steps, &kp);
+    flexdiag_status st = flexdiag__kvp_resolve(pub, in->steps, &kp);
     if (st == FLEXDIAG_OK) st = flexdiag__kvp_replay_create(&kp, in->heads, in->lp, &r);
     if (st != FLEXDIAG_OK) return cli_fail(TRACE_CMD, st);
     size_t ring = (size_t)r->ring;
@@ -218,11 +210,12 @@ static int trace_policy(const trace_opts *o, flexdiag_policy_kind kind, const tr
     return rc;
 }
 
-/* Flag checks that need more than one flag; returns 0 or the exit code. */
-static int check_flags(const trace_opts *o, flexdiag_policy_kind *kind) {
-    if (!o->policy || flexdiag__kvp_parse(o->policy, kind) != 0) {
-        fprintf(stderr, "flexdiag " TRACE_CMD ": --policy %s: expected one of %s\n",
-                o->policy ? o->policy : "(missing)", flexdiag__kvp_names());
+/* Flag checks: ranges, the logit source, and the policy through the library's validation that
+ * needs no decode length (the rest runs when T is known); returns 0 or the exit code. */
+static int check_flags(const trace_opts *o, flexdiag_policy_params *pub) {
+    if (!o->po.policy) {
+        fprintf(stderr, "flexdiag " TRACE_CMD ": --policy is required (one of %s)\n",
+                flexdiag__kvp_names());
         return 2;
     }
     if (!o->logits == !o->synthetic) {
@@ -230,30 +223,28 @@ static int check_flags(const trace_opts *o, flexdiag_policy_kind *kind) {
                 "--synthetic grid:W\n");
         return 2;
     }
-    if (*kind != FLEXDIAG_POLICY_DENSE && o->n_att == 0 && isnan(o->sparsity)) {
-        fprintf(stderr, "flexdiag " TRACE_CMD ": %s needs a budget: give --n-att N or "
-                "--sparsity S\n", o->policy);
+    const cli_int_range r[] = {
+        {"--steps", o->steps, -1, 32767, "-1 = from the file, or W*W"},
+        {"--prompt-len", o->prompt_len, -1, INT32_MAX, "-1 = from the file, or 50"},
+        {"--heads", o->heads, -1, INT32_MAX, "-1 = from the file, or 1"},
+        {"--seed", o->seed, 0, INT64_MAX, NULL},
+    };
+    if (cli_check_ints(TRACE_CMD, r, (int)(sizeof r / sizeof r[0])) ||
+        cli_policy_params(TRACE_CMD, &o->po, pub))
         return 2;
-    }
-    if (o->n_att < 0 || o->n_att > 32767 || o->n_r < 0 || o->n_r > 32767) {
-        fprintf(stderr, "flexdiag " TRACE_CMD ": --n-att %lld / --n-r %lld must be in [1, 32767]"
-                "\n", (long long)o->n_att, (long long)o->n_r);
-        return 2;
-    }
-    return 0;
+    flexdiag__err_clear();
+    flexdiag_status st = flexdiag__kvp_check(pub);
+    return st == FLEXDIAG_OK ? 0 : cli_fail(TRACE_CMD, st);
 }
 
 int flexdiag_cmd_policy_trace(int argc, char **argv) {
-    trace_opts o = {NULL, NULL, NULL, 0, 0, -1, -1, -1, 1, NAN, 0.5, 0.5, 0.0};
+    trace_opts o = {CLI_POLICY_OPTS_INIT, NULL, NULL, -1, -1, -1, 1, 0.5, 0.5, 0.0};
     const cli_opt opts[] = {
-        {"--policy", CLI_STR, &o.policy, "policy name (required)"},
-        {"--n-att", CLI_INT, &o.n_att, "attended decode tokens per step"},
-        {"--n-r", CLI_INT, &o.n_r, "Diagonal ring size (default max(round(0.5 T), N_att))"},
-        {"--sparsity", CLI_F64, &o.sparsity, "derive N_att = round((1-s) T) instead of --n-att"},
-        {"--steps", CLI_INT, &o.steps, "decode steps T (default: from the file / W*W)"},
+        CLI_POLICY_FLAGS(&o.po),
+        {"--steps", CLI_INT, &o.steps, "decode steps T = L_dec (default: from the file / W*W)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "prompt keys Lp (default: file / 50)"},
         {"--logits", CLI_STR, &o.logits, "float32 .npy [heads, T, Lp+T] of pre-softmax logits"},
-        {"--synthetic", CLI_STR, &o.synthetic, "grid:W - synthetic 2-D locality logits"},
+        {"--synthetic", CLI_STR, &o.synthetic, "grid:W, W <= 64: synthetic 2-D locality logits"},
         {"--heads", CLI_INT, &o.heads, "heads (default: file / 1)"},
         {"--seed", CLI_INT, &o.seed, "synthetic noise seed (default 1)"},
         {"--alpha", CLI_F64, &o.alpha, "synthetic locality strength (default 0.5)"},
@@ -262,12 +253,12 @@ int flexdiag_cmd_policy_trace(int argc, char **argv) {
     };
     int rc = cli_parse(TRACE_CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
-    flexdiag_policy_kind kind;
-    if ((rc = check_flags(&o, &kind))) return rc;
+    flexdiag_policy_params pub;
+    if ((rc = check_flags(&o, &pub))) return rc;
     trace_input in;
     memset(&in, 0, sizeof in);
     rc = o.logits ? load_file(&o, &in) : load_synthetic(&o, &in);
-    if (rc == 0) rc = trace_policy(&o, kind, &in);
+    if (rc == 0) rc = trace_policy(&pub, &in);
     if (o.logits) flexdiag__npy_free(&in.npy);
     else free(in.logits);
     return rc;

@@ -1,10 +1,14 @@
 /*
- * cli.c - flag parsing, error printing and the model and policy flags shared by every flexdiag
- * subcommand and by the bench tool (see cli.h); public API only.
+ * cli.c - flag parsing, value ranges, error printing and the model and policy flags shared by
+ * every flexdiag subcommand and by the bench tool (see cli.h); public API only. The CLI checks
+ * what is its own (types, ranges of the sampling and size flags, which flags were given); the
+ * policy rules are the library's (docs/policies.md §0.6) so every command accepts and refuses
+ * the same policies.
  */
 #include "cli/cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +47,7 @@ int cli_parse_size(const char *s, uint64_t *out) {
     default: break;
     }
     if (*end == 'i' || *end == 'B') end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
-    if (*end) return -1;
+    if (*end || !(v * mul < 18446744073709551616.0)) return -1; /* NaN, inf, >= 2^64 */
     *out = (uint64_t)(v * mul);
     return 0;
 }
@@ -83,7 +87,7 @@ static int set_value(const char *cmd, const cli_opt *o, const char *v) {
     }
     case CLI_F64: {
         double x = strtod(v, &end);
-        if (end == v || *end || errno) break;
+        if (end == v || *end || errno || !isfinite(x)) break;
         *(double *)o->dst = x;
         return 0;
     }
@@ -95,11 +99,23 @@ static int set_value(const char *cmd, const cli_opt *o, const char *v) {
     case CLI_FLAG: *(int *)o->dst = 1; return 0;
     }
     fprintf(stderr, "flexdiag %s: %s: expected a %s, got '%s'\n", cmd, o->name,
-            o->type == CLI_INT ? "whole number" : "number", v);
+            o->type == CLI_INT ? "whole number" : "finite number", v);
     return 2;
 }
 
+/* A flag registered twice would silently feed only its first entry: a bug in the table. */
+static void check_unique(const char *cmd, const cli_opt *opts, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (!strcmp(opts[i].name, opts[j].name)) {
+                fprintf(stderr, "flexdiag %s: internal error: flag %s is registered twice\n",
+                        cmd, opts[i].name);
+                abort();
+            }
+}
+
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n_opts) {
+    check_unique(cmd, opts, n_opts);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -138,7 +154,7 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n
 int cli_fail(const char *cmd, flexdiag_status st) {
     const char *msg = flexdiag_last_error(NULL);
     fprintf(stderr, "flexdiag %s: %s\n", cmd, msg && *msg ? msg : flexdiag_status_str(st));
-    return 1;
+    return st == FLEXDIAG_ERR_INVALID_ARG ? 2 : 1;
 }
 
 int cli_fail_io(const char *cmd) {
@@ -146,10 +162,61 @@ int cli_fail_io(const char *cmd) {
     return 1;
 }
 
+/* ---- value ranges ---- */
+
+/* "flexdiag <cmd>: <flag> <value> is out of range: expected <what> (<note>)"; returns 2. */
+static int out_of_range(const char *cmd, const char *flag, const char *value, const char *what,
+                        const char *note) {
+    fprintf(stderr, "flexdiag %s: %s %s is out of range: expected %s%s%s%s\n", cmd, flag, value,
+            what, note ? " (" : "", note ? note : "", note ? ")" : "");
+    return 2;
+}
+
+int cli_check_ints(const char *cmd, const cli_int_range *r, int n) {
+    for (int i = 0; i < n; i++) {
+        if (r[i].value >= r[i].lo && r[i].value <= r[i].hi) continue;
+        char value[32], what[96];
+        snprintf(value, sizeof value, "%lld", (long long)r[i].value);
+        snprintf(what, sizeof what, "a whole number in [%lld, %lld]", (long long)r[i].lo,
+                 (long long)r[i].hi);
+        return out_of_range(cmd, r[i].flag, value, what, r[i].note);
+    }
+    return 0;
+}
+
+int cli_check_f64s(const char *cmd, const cli_f64_range *r, int n) {
+    for (int i = 0; i < n; i++) {
+        double v = r[i].value;
+        if ((r[i].lo_open ? v > r[i].lo : v >= r[i].lo) && v <= r[i].hi) continue;
+        char value[32], what[96];
+        snprintf(value, sizeof value, "%g", v);
+        snprintf(what, sizeof what, "a number in %c%g, %g]", r[i].lo_open ? '(' : '[', r[i].lo,
+                 r[i].hi);
+        return out_of_range(cmd, r[i].flag, value, what, r[i].note);
+    }
+    return 0;
+}
+
 /* ---- model and policy flags ---- */
+
+#define CLI_MAX_THREADS 1024 /* the library's thread-pool limit (base/thread_pool.c) */
+
+int cli_check_model(const char *cmd, const cli_model_opts *o) {
+    const cli_int_range r[] = {
+        {"--seed", o->seed, 0, INT64_MAX, NULL},
+        {"--threads", o->threads, 0, CLI_MAX_THREADS, "0 = all cores"},
+    };
+    return cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]));
+}
 
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
                    flexdiag_model **m) {
+    if (cli_check_model(cmd, o)) return 2;
+    if (o->model && (o->arch || o->random_weights)) {
+        fprintf(stderr, "flexdiag %s: --model loads real weights; drop --arch/--random-weights\n",
+                cmd);
+        return 2;
+    }
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
     if (o->cpu) rp.device = -1;
@@ -161,21 +228,12 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
     flexdiag_model_params_init(&mp);
     if (o->arch) mp.arch = o->arch;
     mp.seed = (uint64_t)o->seed;
-    if (o->model && (o->arch || o->random_weights)) {
-        fprintf(stderr, "flexdiag %s: --model loads real weights; drop --arch/--random-weights\n",
-                cmd);
-        flexdiag_runtime_destroy(*rt);
-        *rt = NULL;
-        return 2;
-    }
     st = flexdiag_model_load(*rt, o->model, &mp, m);
-    if (st != FLEXDIAG_OK) {
-        cli_fail(cmd, st);
-        flexdiag_runtime_destroy(*rt);
-        *rt = NULL;
-        return 1;
-    }
-    return 0;
+    if (st == FLEXDIAG_OK) return 0;
+    int rc = cli_fail(cmd, st);
+    flexdiag_runtime_destroy(*rt);
+    *rt = NULL;
+    return rc;
 }
 
 int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out) {
@@ -184,15 +242,18 @@ int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy
         fprintf(stderr, "flexdiag %s: --policy: %s\n", cmd, flexdiag_last_error(NULL));
         return 2;
     }
-    if (o->sparsity < 0 || o->sparsity >= 1) {
-        fprintf(stderr, "flexdiag %s: --sparsity must be in [0, 1), got %g\n", cmd, o->sparsity);
+    const cli_int_range r[] = {
+        {"--n-att", o->n_att, 0, INT32_MAX, "0 derives it from --sparsity"},
+        {"--n-r", o->n_r, 0, INT32_MAX, "0 = the default ring"},
+    };
+    if (cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]))) return 2;
+    if (o->n_att > 0 && !isnan(o->sparsity)) {
+        fprintf(stderr, "flexdiag %s: give --n-att or --sparsity, not both (--n-att %lld attends "
+                "%lld decode tokens per step; --sparsity %g attends round((1-S) L_dec))\n", cmd,
+                (long long)o->n_att, (long long)o->n_att, o->sparsity);
         return 2;
     }
-    if (o->n_att < 0 || o->n_r < 0) {
-        fprintf(stderr, "flexdiag %s: --n-att and --n-r must be positive\n", cmd);
-        return 2;
-    }
-    out->sparsity = o->sparsity;
+    out->sparsity = o->sparsity; /* NaN when not given: a sparse policy then needs --n-att */
     out->n_att = (int32_t)o->n_att;
     out->n_r = (int32_t)o->n_r;
     return 0;
@@ -213,9 +274,9 @@ int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
         return (int32_t)b;
     }
     int32_t fit = 0;
-    if (flexdiag_context_max_images(m, cp, &fit) != FLEXDIAG_OK) {
-        fprintf(stderr, "flexdiag %s: --batch auto: %s; or give a number of images\n", cmd,
-                flexdiag_last_error(NULL));
+    flexdiag_status st = flexdiag_context_max_images(m, cp, &fit);
+    if (st != FLEXDIAG_OK) { /* bad params (each message names its flag), or no budget */
+        cli_fail(cmd, st);
         return -1;
     }
     if (fit < 1)

@@ -1,13 +1,16 @@
 /*
  * cli.h - the flexdiag command-line tool: subcommand entry points and the one flag parser they
  * share, so every command reports bad flags the same way ("flexdiag score: --cfg: expected a
- * number, got 'x'") and exits 2. Library errors are printed with flexdiag_last_error() and exit 1.
+ * number, got 'x'"; "flexdiag generate: --top-p 2 is out of range: expected a number in (0, 1]")
+ * and exits 2. Library errors are printed with flexdiag_last_error() and exit 2 when the library
+ * refused a value (FLEXDIAG_ERR_INVALID_ARG: its messages name the flag), else 1.
  * Everything here is built on include/flexdiag.h alone (the tool links the shared library); the
  * bench tool (bench/) reuses the parser and the model and policy flags.
  */
 #ifndef FLEXDIAG_CLI_H
 #define FLEXDIAG_CLI_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,10 +38,13 @@ typedef struct cli_opt {
     const char *help; /* one line for --help */
 } cli_opt;
 
-/* Parse argv[1..] (argv[0] is the subcommand). Accepts "--x v" and "--x=v". Returns 0 on
- * success, 1 if --help was printed, 2 after printing an error naming the flag. */
+/* Parse argv[1..] (argv[0] is the subcommand). Accepts "--x v" and "--x=v"; CLI_F64 values
+ * must be finite. Returns 0 on success, 1 if --help was printed, 2 after printing an error
+ * naming the flag. A name registered twice in opts is a bug: it aborts. */
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n_opts);
-/* Print "flexdiag <cmd>: <library message>" for a failed status and return 1. */
+/* Print "flexdiag <cmd>: <library message>" for a failed status; return 2 for
+ * FLEXDIAG_ERR_INVALID_ARG (the library refused a value the flags or the input gave it: the
+ * messages name the flag), 1 for every other failure. */
 int cli_fail(const char *cmd, flexdiag_status st);
 /* Print "flexdiag <cmd>: <message of the failed file operation>" (cli_io_error) and return 1. */
 int cli_fail_io(const char *cmd);
@@ -52,6 +58,31 @@ double cli_now(void);
  * generated image that does not depend on the host's byte order). */
 uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n);
 
+/* ---- value ranges: flags whose values the parser accepted but the command does not ---- */
+
+/* An integer flag's value and the range [lo, hi] the command accepts. */
+typedef struct cli_int_range {
+    const char *flag; /* "--top-k" */
+    int64_t value;    /* as parsed */
+    int64_t lo, hi;   /* accepted, inclusive */
+    const char *note; /* what to know about the range ("0 = off"), or NULL */
+} cli_int_range;
+
+/* A number flag's value and the range the command accepts: [lo, hi], or (lo, hi] with lo_open.
+ * Non-finite values never get here: cli_parse refuses them. */
+typedef struct cli_f64_range {
+    const char *flag; /* "--top-p" */
+    double value;     /* as parsed */
+    double lo, hi;    /* bounds */
+    int lo_open;      /* 1: lo itself is refused */
+    const char *note; /* what to know about the range, or NULL */
+} cli_f64_range;
+
+/* Check every entry; at the first value out of range print "flexdiag <cmd>: --flag V is out of
+ * range: expected ... in [lo, hi] (note)" and return 2, else 0. */
+int cli_check_ints(const char *cmd, const cli_int_range *r, int n);
+int cli_check_f64s(const char *cmd, const cli_f64_range *r, int n);
+
 /* ---- model and policy flags shared by generate, score, bench ---- */
 
 typedef struct cli_model_opts {
@@ -64,26 +95,57 @@ typedef struct cli_model_opts {
     int64_t threads;    /* --threads N (0 = all cores) */
 } cli_model_opts;
 
+/* The policy flags as given; fill with CLI_POLICY_OPTS_INIT so "not given" is known. */
 typedef struct cli_policy_opts {
-    const char *policy; /* --policy NAME */
-    double sparsity;    /* --sparsity S (used when --n-att is absent) */
-    int64_t n_att;      /* --n-att N */
-    int64_t n_r;        /* --n-r N */
+    const char *policy; /* --policy NAME (NULL: dense) */
+    double sparsity;    /* --sparsity S; NaN = not given */
+    int64_t n_att;      /* --n-att N; 0 = not given (derive from --sparsity) */
+    int64_t n_r;        /* --n-r N; 0 = not given (the default ring) */
 } cli_policy_opts;
 
-#define CLI_MODEL_FLAGS(o)                                                                             {"--model", CLI_STR, &(o)->model, "model folder (config.json + safetensors); default builtin"},     {"--arch", CLI_STR, &(o)->arch, "builtin shape: tiny-janus (default), janus-pro-1b, janus-pro-7b"},     {"--random-weights", CLI_FLAG, &(o)->random_weights, "seeded random weights (builtin shapes)"},     {"--seed", CLI_INT, &(o)->seed, "random-weight seed (default 1)"},                                {"--cpu", CLI_FLAG, &(o)->cpu, "use the CPU engine even if a GPU is present"},                   {"--gpu-mem", CLI_SIZE, &(o)->gpu_mem, "GPU memory budget, e.g. 24G or 48G"},                    {"--threads", CLI_INT, &(o)->threads, "CPU threads (default: all cores)"}
+#define CLI_POLICY_OPTS_INIT {NULL, NAN, 0, 0}
 
-#define CLI_POLICY_FLAGS(o)                                                                            {"--policy", CLI_STR, &(o)->policy,                                                                 "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4 (default dense)"},                 {"--sparsity", CLI_F64, &(o)->sparsity, "S: N_att = round((1-S) L_dec)"},                         {"--n-att", CLI_INT, &(o)->n_att, "attended decode tokens per step"},                             {"--n-r", CLI_INT, &(o)->n_r, "Diagonal ring size (default max(round(L_dec/2), N_att))"}
+/* The model flags; seed_help says what --seed seeds in the command. */
+#define CLI_MODEL_FLAGS_SEED(o, seed_help)                                                         \
+    {"--model", CLI_STR, &(o)->model,                                                              \
+     "model folder (config.json + safetensors); default builtin"},                                 \
+    {"--arch", CLI_STR, &(o)->arch,                                                                \
+     "builtin shape: tiny-janus (default), micro-janus, janus-pro-1b, janus-pro-7b"},              \
+    {"--random-weights", CLI_FLAG, &(o)->random_weights,                                           \
+     "seeded random weights (builtin shapes)"},                                                    \
+    {"--seed", CLI_INT, &(o)->seed, seed_help},                                                    \
+    {"--cpu", CLI_FLAG, &(o)->cpu, "use the CPU engine even if a GPU is present"},                 \
+    {"--gpu-mem", CLI_SIZE, &(o)->gpu_mem, "GPU memory budget, e.g. 24G or 48G"},                  \
+    {"--threads", CLI_INT, &(o)->threads, "CPU threads, 0..1024 (default 0: all cores)"}
 
-/* Create runtime and model from the flags; prints the error and returns 1 on failure. */
+#define CLI_MODEL_FLAGS(o) CLI_MODEL_FLAGS_SEED(o, "random-weight seed (default 1)")
+
+#define CLI_POLICY_FLAGS(o)                                                                        \
+    {"--policy", CLI_STR, &(o)->policy,                                                            \
+     "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4 (default dense)"},             \
+    {"--sparsity", CLI_F64, &(o)->sparsity,                                                        \
+     "S in [0, 1]: N_att = round((1-S) L_dec); or give --n-att (a sparse policy needs one)"},      \
+    {"--n-att", CLI_INT, &(o)->n_att, "attended decode tokens per step, 1..L_dec"},                \
+    {"--n-r", CLI_INT, &(o)->n_r,                                                                  \
+     "Diagonal ring size, N_att..32767 (default max(round(L_dec/2), N_att))"}
+
+/* Range checks of the model flags (--seed, --threads); prints the error and returns 2. */
+int cli_check_model(const char *cmd, const cli_model_opts *o);
+/* Create runtime and model from the flags (checked first); prints the error and returns 2 for
+ * a bad flag, 1 for a runtime failure. */
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
                    flexdiag_model **m);
-/* Policy params from the flags; prints the error and returns 2 on bad values. */
+/* Policy params from the flags: the name, the int32 range of --n-att / --n-r and that --n-att
+ * and --sparsity are not both given; a --sparsity not given becomes NaN, which the library
+ * refuses for a sparse policy without --n-att ("needs a budget"). Every other rule is the
+ * library's one validation (docs/policies.md §0.6), run at context creation (or by the bench
+ * tool before it), whose INVALID_ARG cli_fail turns into exit 2. Prints the error and returns 2
+ * on bad flags. */
 int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out);
 
 /* --batch N|auto (bench, generate): N, or with "auto" the largest number of images whose
  * context (cp, max_images ignored) fits the model's memory budget. Prints the error naming the
- * flag (a bad value, auto without a budget, nothing fits) and returns -1. */
+ * flag (a bad value, bad context params, auto without a budget, nothing fits) and returns -1. */
 int32_t cli_batch(const char *cmd, const char *value, flexdiag_model *m,
                   const flexdiag_context_params *cp);
 

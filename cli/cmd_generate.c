@@ -98,7 +98,7 @@ static void signals_restore(const struct sigaction old[2]) {
 
 typedef struct progress_state {
     double t0, last; /* start and last print (seconds) */
-    uint64_t rows;   /* sequences per step (CFG rows counted) */
+    uint64_t rows;   /* sequences per step: images x rows per image (2 with CFG, 1 without) */
     int quiet;
 } progress_state;
 
@@ -127,6 +127,7 @@ typedef struct gen_run {
     uint8_t *rgb;          /* (batch, H, W, 3) pixels of the block */
     int64_t total;         /* images in the job */
     int32_t batch;         /* images per block */
+    int32_t rows_per_img;  /* sequences each image runs: 2 with CFG (Janus), 1 without */
     flexdiag_stats sum;    /* counters summed over blocks */
     progress_state prog;
 } gen_run;
@@ -150,7 +151,7 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     for (int32_t i = 0; i < n; i++) r->texts[i] = r->w.ps->p[(first + i) / per].text;
     r->rq.n_prompts = n;
     r->rq.first_image = first;
-    r->prog.rows = (uint64_t)n * 2;
+    r->prog.rows = (uint64_t)n * (uint64_t)r->rows_per_img;
     flexdiag_output out = {.tokens = r->tokens};
     double t0 = cli_now();
     r->prog.t0 = r->prog.last = t0;
@@ -247,6 +248,11 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     r->rq.seed = (uint64_t)o->sample_seed;
     flexdiag_output q = {0};
     if ((st = flexdiag_generate(r->c, &r->rq, &q)) != FLEXDIAG_OK) return cli_fail(CMD, st);
+    flexdiag_score_request sq; /* a size query: it reports the rows each image runs */
+    flexdiag_score_request_init(&sq);
+    flexdiag_score_output so = {.struct_size = sizeof so};
+    if ((st = flexdiag_score(r->c, &sq, &so)) != FLEXDIAG_OK) return cli_fail(CMD, st);
+    r->rows_per_img = so.rows;
     r->w.per_image = q.tokens_per_image;
     r->w.grid_w = 1;
     while ((r->w.grid_w + 1) * (r->w.grid_w + 1) <= q.tokens_per_image) r->w.grid_w++;
@@ -307,6 +313,24 @@ static int generate_job(gen_run *r, const flexdiag_policy_params *pp) {
 
 /* ---- flags ---- */
 
+/* Ranges of the numeric flags this command owns (the policy's are the library's). */
+static int check_ranges(const gen_opts *o) {
+    const cli_int_range ints[] = {
+        {"--images-per-prompt", o->per_prompt, 1, 65536, NULL},
+        {"--micro-batch", o->micro_batch, 0, INT32_MAX, "0 = the whole block"},
+        {"--max-prompt-len", o->max_prompt_len, 2, INT32_MAX, "BOS .. <begin_of_image>"},
+        {"--top-k", o->top_k, 0, INT32_MAX, "0 = off"},
+        {"--sample-seed", o->sample_seed, 0, INT64_MAX, NULL},
+    };
+    const cli_f64_range nums[] = {
+        {"--cfg", o->cfg, 0, 100, 0, "0 = unconditional only, 1 = conditional only"},
+        {"--temperature", o->temperature, 0, 100, 1, "0 is not greedy decoding: use --top-k 1"},
+        {"--top-p", o->top_p, 0, 1, 1, "1 = off"},
+    };
+    if (cli_check_ints(CMD, ints, (int)(sizeof ints / sizeof ints[0]))) return 2;
+    return cli_check_f64s(CMD, nums, (int)(sizeof nums / sizeof nums[0]));
+}
+
 static int check_opts(gen_opts *o) {
     if (!o->out) return fail(2, "--out DIR is required");
     o->layout = CLI_LAYOUT_COUNT;
@@ -321,17 +345,13 @@ static int check_opts(gen_opts *o) {
                     o->layout == CLI_LAYOUT_GENEVAL ? "GenEval's evaluation_metadata.jsonl"
                                                 : "a folder of <id>.txt, or <id><TAB><prompt>");
     if (strcmp(o->batch, "auto") && cli_batch(CMD, o->batch, NULL, NULL) < 1) return 2;
-    if (o->per_prompt < 1 || o->per_prompt > 65536 || o->micro_batch < 0 ||
-        o->micro_batch > INT32_MAX || o->max_prompt_len < 2 || o->max_prompt_len > INT32_MAX)
-        return fail(2, "--images-per-prompt must be 1..65536, --micro-batch >= 0, "
-                       "--max-prompt-len >= 2");
-    if (o->top_k < 0 || o->top_k > INT32_MAX) return fail(2, "--top-k must be >= 0");
-    return 0;
+    return check_ranges(o) || cli_check_model(CMD, &o->mo) ? 2 : 0;
 }
 
 int flexdiag_cmd_generate(int argc, char **argv) {
-    gen_opts o = {.mo.seed = 1, .per_prompt = 4, .batch = "16", .max_prompt_len = 128,
-                  .cfg = 5.0, .temperature = 1.0, .top_p = 1.0, .layout_name = "plain"};
+    gen_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .per_prompt = 4, .batch = "16",
+                  .max_prompt_len = 128, .cfg = 5.0, .temperature = 1.0, .top_p = 1.0,
+                  .layout_name = "plain"};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
@@ -346,10 +366,10 @@ int flexdiag_cmd_generate(int argc, char **argv) {
          "images generated together (default 16), or 'auto': the most that fit --gpu-mem"},
         {"--micro-batch", CLI_INT, &o.micro_batch, "images per micro-batch (default: batch)"},
         {"--max-prompt-len", CLI_INT, &o.max_prompt_len, "prompt capacity in tokens (default 128)"},
-        {"--cfg", CLI_F64, &o.cfg, "classifier-free guidance weight (default 5.0)"},
-        {"--temperature", CLI_F64, &o.temperature, "sampling temperature (default 1.0)"},
-        {"--top-k", CLI_INT, &o.top_k, "top-k sampling (default off)"},
-        {"--top-p", CLI_F64, &o.top_p, "top-p sampling (default off)"},
+        {"--cfg", CLI_F64, &o.cfg, "classifier-free guidance weight, 0..100 (default 5.0)"},
+        {"--temperature", CLI_F64, &o.temperature, "sampling temperature, (0, 100] (default 1.0)"},
+        {"--top-k", CLI_INT, &o.top_k, "top-k sampling (default 0: off; 1: greedy)"},
+        {"--top-p", CLI_F64, &o.top_p, "top-p sampling, (0, 1] (default 1: off)"},
         {"--sample-seed", CLI_INT, &o.sample_seed, "sampling seed (default 0)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress lines"},
     };

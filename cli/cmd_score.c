@@ -1,70 +1,22 @@
 /*
  * cmd_score.c - `flexdiag score`: teacher-forced logits of given image tokens.
  *
- * Input JSON {"prompt_ids": [...], "image_ids": [...], "cfg_weight": 5.0}: prompt_ids is the
- * conditional row from BOS through <begin_of_image>; the unconditional row follows the Janus
- * rule. Output: float32 .npy [n, image_vocab], row i = CFG-combined logits predicting image
- * token i from the prompt and image tokens < i; with --raw [2, n, image_vocab] (conditional,
- * unconditional). For Llama models the ids are a text continuation and the logits plain
- * ([n, vocab]; --raw [1, n, vocab]). Under --policy X the run uses policy X, so the output can
- * be compared with dense.
+ * Input JSON {"prompt_ids": [...], "image_ids": [...], "cfg_weight": 5.0}, read by
+ * cli/score_input.c: prompt_ids is the conditional row from BOS through <begin_of_image>; the
+ * unconditional row follows the Janus rule. Output: float32 .npy [n, image_vocab], row i =
+ * CFG-combined logits predicting image token i from the prompt and image tokens < i; with --raw
+ * [2, n, image_vocab] (conditional, unconditional). For Llama models the ids are a text
+ * continuation and the logits plain ([n, vocab]; --raw [1, n, vocab]). Under --policy X the run
+ * uses policy X, so the output can be compared with dense.
  */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cli/cli.h"
 #include "cli/npy.h"
+#include "cli/score_input.h"
 
-typedef struct score_input {
-    int32_t *prompt, *ids; /* malloc'ed */
-    int32_t np, n;
-    double cfg;
-} score_input;
-
-static int read_ids(const char *file, json_t *root, const char *key, int32_t **out, int32_t *n) {
-    json_t *a = json_object_get(root, key);
-    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > 1000000) {
-        fprintf(stderr, "flexdiag score: %s: \"%s\" must be a non-empty array of token ids\n",
-                file, key);
-        return 2;
-    }
-    *n = (int32_t)json_array_size(a);
-    *out = malloc((size_t)*n * 4);
-    for (int32_t i = 0; *out && i < *n; i++) {
-        json_t *v = json_array_get(a, (size_t)i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-            fprintf(stderr, "flexdiag score: %s: %s[%d] is not a token id\n", file, key, i);
-            return 2;
-        }
-        (*out)[i] = (int32_t)json_integer_value(v);
-    }
-    return *out ? 0 : 1;
-}
-
-static int read_input(const char *file, score_input *in) {
-    json_error_t je;
-    json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        fprintf(stderr, "flexdiag score: --input %s: %s (line %d)\n", file, je.text, je.line);
-        return 2;
-    }
-    int rc = read_ids(file, root, "prompt_ids", &in->prompt, &in->np);
-    if (rc == 0) rc = read_ids(file, root, "image_ids", &in->ids, &in->n);
-    json_t *w = json_object_get(root, "cfg_weight");
-    in->cfg = 5.0;
-    if (rc == 0 && w && !json_is_number(w)) {
-        fprintf(stderr, "flexdiag score: %s: cfg_weight must be a number\n", file);
-        rc = 2;
-    } else if (w) {
-        in->cfg = json_number_value(w);
-    }
-    json_decref(root);
-    return rc;
-}
-
-static int score(flexdiag_model *m, const score_input *in, const flexdiag_policy_params *pol,
+static int score(flexdiag_model *m, const cli_score_input *in, const flexdiag_policy_params *pol,
                  const char *out, int raw) {
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
@@ -107,7 +59,7 @@ static int score(flexdiag_model *m, const score_input *in, const flexdiag_policy
 
 int flexdiag_cmd_score(int argc, char **argv) {
     cli_model_opts mo = {.seed = 1};
-    cli_policy_opts po = {0};
+    cli_policy_opts po = CLI_POLICY_OPTS_INIT;
     const char *input = NULL, *out = NULL;
     int raw = 0;
     const cli_opt opts[] = {
@@ -125,15 +77,14 @@ int flexdiag_cmd_score(int argc, char **argv) {
     }
     flexdiag_policy_params pol;
     if (cli_policy_params("score", &po, &pol)) return 2;
-    score_input in = {0};
-    rc = read_input(input, &in);
+    cli_score_input in;
+    rc = cli_score_input_read("score", input, &in);
     flexdiag_runtime *rt = NULL;
     flexdiag_model *m = NULL;
     if (rc == 0) rc = cli_open_model("score", &mo, &rt, &m);
     if (rc == 0) rc = score(m, &in, &pol, out, raw);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
-    free(in.prompt);
-    free(in.ids);
+    cli_score_input_free(&in);
     return rc;
 }

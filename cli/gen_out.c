@@ -1,26 +1,37 @@
 /*
- * gen_out.c - the files `flexdiag generate` writes (see gen_out.h). Each PNG is written
- * atomically (temp + rename); its results.jsonl line follows as one fwrite of the whole line +
- * fflush, then its tokens.json record. tokens.json grows in "tokens.json.tmp.<pid>" and is
- * renamed at the end, after an interrupt too: memory stays O(block) and the file is never seen
- * half-written (rejected: keeping every token until the end, GBs for large prompt sets). DPG
- * grids hold the N samples of a prompt tiled in ceil(sqrt N) columns (2x2 for N = 4, as
- * DPG-Bench's scorer splits it).
+ * gen_out.c - the files `flexdiag generate` writes (see gen_out.h).
+ *
+ * An image (for DPG: a prompt's samples, with their grid) is written in one order: its PNG
+ * (atomic: temp + rename), its tokens.json record, its results.jsonl line; the results line is
+ * the commit. Records are built in memory first, and a failed write takes back what came before
+ * it for that image (a failed tokens record removes the PNG; a failed results line undoes the
+ * tokens record and removes the PNG). The first failure stops the job with one line naming the
+ * file, so results.jsonl, tokens.json and the PNGs always describe the same images, and
+ * fileio.c keeps each of them whole (no partial line, record or PNG).
+ * tokens.json grows in "tokens.json.tmp.<pid>" (always a complete file, see fileio.c) and is
+ * renamed at the end, after an interrupt or a failure too: memory stays O(block) and the file is
+ * never seen half-written (rejected: keeping every token until the end, GBs for large prompt
+ * sets). A reused --out is announced, never cleaned: its older PNGs stay (those at this run's
+ * paths are replaced); results.jsonl and tokens.json start afresh. DPG grids hold the N samples
+ * of a prompt tiled in ceil(sqrt N) columns (2x2 for N = 4, as DPG-Bench's scorer splits it).
  */
 #include "cli/gen_out.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "cli/fileio.h"
 #include "cli/image_out.h"
 
 #define CMD "generate"
 #define JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+#define SCAN_DEPTH 3 /* levels under --out holding PNGs: <out>/<p>/samples/<k>.png (geneval) */
 
 __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...) {
     va_list ap;
@@ -32,88 +43,184 @@ __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, .
     return rc;
 }
 
+/* The line of a failed write (cli_io_error), and exit code 1: the job stops here. left names a
+ * PNG that could not be taken back (errno e), or is NULL. */
+static int stop(const gen_out *w, const char *left, int e) {
+    fprintf(stderr, "flexdiag " CMD ": %s; stopped after %lld complete image(s) in %s",
+            cli_io_error(), (long long)w->images_done, w->dir);
+    if (left) fprintf(stderr, "; %s is left over: removing it failed: %s", left, strerror(e));
+    fputc('\n', stderr);
+    return 1;
+}
+
+/* ---- opening, closing ---- */
+
+/* Regular *.png files under dir, depth levels deep (symbolic links not followed). */
+static int64_t count_pngs(const char *dir, int depth) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int64_t n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        size_t len = strlen(e->d_name);
+        struct stat st;
+        if (lstat(path, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode) && depth > 1) n += count_pngs(path, depth - 1);
+        else if (S_ISREG(st.st_mode) && len > 4 && !strcmp(e->d_name + len - 4, ".png")) n++;
+    }
+    closedir(d);
+    return n;
+}
+
 int gen_out_open(gen_out *w) {
+    int64_t older = count_pngs(w->dir, SCAN_DEPTH);
+    if (older > 0)
+        fprintf(stderr, "flexdiag " CMD ": warning: --out %s already holds %lld PNG(s) from an "
+                        "earlier run; they are kept (this run replaces those at the paths it "
+                        "writes), results.jsonl and tokens.json will describe this run only\n",
+                w->dir, (long long)older);
     if (cli_mkdirs(w->dir))
         return fail(1, "--out: cannot create folder '%s': %s", w->dir, strerror(errno));
     char path[4200];
     snprintf(path, sizeof path, "%s/results.jsonl", w->dir);
-    w->results = fopen(path, "w");
-    if (!w->results) return fail(1, "--out: cannot write '%s': %s", path, strerror(errno));
-    w->dpg_records = json_array();
-    return w->dpg_records ? 0 : fail(1, "out of host memory");
-}
-
-void gen_out_free(gen_out *w) {
-    if (w->results) fclose(w->results);
-    w->results = NULL;
-    json_decref(w->dpg_records);
-    w->dpg_records = NULL;
-}
-
-/* One results.jsonl record as a single write of the whole line, flushed. */
-static int results_append(gen_out *w, json_t *rec) {
-    size_t n = json_dumpb(rec, NULL, 0, JSON_FLAGS);
-    char *buf = n ? malloc(n + 1) : NULL;
-    int ok = buf && json_dumpb(rec, buf, n, JSON_FLAGS) == n;
-    if (ok) {
-        buf[n] = '\n';
-        ok = fwrite(buf, 1, n + 1, w->results) == n + 1 && fflush(w->results) == 0;
-    }
-    free(buf);
-    return ok ? 0 : fail(1, "--out %s: cannot append to results.jsonl: %s", w->dir,
-                         strerror(errno));
-}
-
-/* The tokens.json record of image g (appended to the temp file). */
-static int tokens_append(gen_out *w, int64_t g, const int32_t *t) {
-    int per = (int)w->per_prompt;
-    const char *text = w->ps->p[g / per].text;
-    json_t *js = json_string(text); /* valid UTF-8: checked when the prompts were read */
-    char *ptext = json_dumps(js, JSON_ENCODE_ANY);
-    json_decref(js);
-    fprintf(w->tokens, "%s{\"prompt_index\": %lld, \"sample\": %lld, \"image_index\": %lld, "
-                       "\"prompt\": %s, \"grid\": [",
-            g ? ",\n" : "", (long long)(g / per), (long long)(g % per), (long long)g,
-            ptext ? ptext : "null");
-    free(ptext);
-    for (int32_t r = 0; r < w->per_image; r++)
-        fprintf(w->tokens, "%s%d", r % w->grid_w ? "," : (r ? "],\n  [" : "\n  ["), t[r]);
-    fprintf(w->tokens, "]]}");
-    return ferror(w->tokens) ? fail(1, "cannot write '%s': %s", w->tokens_tmp, strerror(errno))
-                             : 0;
-}
-
-int gen_out_tokens_open(gen_out *w) {
-    if (asprintf(&w->tokens_tmp, "%s/tokens.json.tmp.%ld", w->dir, (long)getpid()) < 0) {
-        w->tokens_tmp = NULL;
-        return fail(1, "out of host memory");
-    }
-    w->tokens = fopen(w->tokens_tmp, "w");
-    if (!w->tokens) {
-        int rc = fail(1, "--out %s: cannot create '%s': %s", w->dir, w->tokens_tmp,
-                      strerror(errno));
-        free(w->tokens_tmp);
-        w->tokens_tmp = NULL;
-        return rc;
-    }
-    fprintf(w->tokens, "{\"tokens_per_image\": %d, \"images\": [\n", w->per_image);
+    if (cli_jsonl_open(&w->results, path, 1) != FLEXDIAG_OK) return cli_fail_io(CMD);
+    /* an earlier run's tokens.json would contradict the emptied results.jsonl until the end */
+    snprintf(path, sizeof path, "%s/tokens.json", w->dir);
+    (void)unlink(path);
     return 0;
 }
 
-int gen_out_tokens_close(gen_out *w) {
-    if (!w->tokens) return 0;
-    fprintf(w->tokens, "\n]}\n");
-    int ok = !ferror(w->tokens) && fflush(w->tokens) == 0 && fsync(fileno(w->tokens)) == 0;
-    int err = errno;
-    if (fclose(w->tokens) != 0 && ok) ok = 0, err = errno;
-    w->tokens = NULL;
-    char path[4200];
+void gen_out_free(gen_out *w) {
+    cli_stream_abort(&w->tokens);
+    (void)cli_jsonl_close(&w->results);
+    free(w->pend_tokens);
+    free(w->pend_results);
+    w->pend_tokens = w->pend_results = NULL;
+    w->pend_tokens_len = w->pend_results_len = 0;
+    w->pending = 0;
+}
+
+int gen_out_tokens_open(gen_out *w) {
+    char path[4200], head[96];
     snprintf(path, sizeof path, "%s/tokens.json", w->dir);
-    if (ok && rename(w->tokens_tmp, path) != 0) ok = 0, err = errno;
-    if (!ok) unlink(w->tokens_tmp);
-    free(w->tokens_tmp);
-    w->tokens_tmp = NULL;
-    return ok ? 0 : fail(1, "cannot write '%s': %s", path, strerror(err));
+    snprintf(head, sizeof head, "{\"tokens_per_image\": %d, \"images\": [\n", w->per_image);
+    return cli_stream_open(&w->tokens, path, head, "\n]}\n") == FLEXDIAG_OK ? 0
+                                                                             : cli_fail_io(CMD);
+}
+
+int gen_out_tokens_close(gen_out *w) {
+    int rc = 0;
+    if (w->tokens.path && cli_stream_finish(&w->tokens) != FLEXDIAG_OK)
+        rc = fail(1, "%s (it lists the %lld image(s) of results.jsonl)", cli_io_error(),
+                  (long long)w->images_done);
+    if (cli_jsonl_close(&w->results) != FLEXDIAG_OK) rc = cli_fail_io(CMD);
+    return rc;
+}
+
+/* ---- records ---- */
+
+/* Append n bytes at p to the text *t of *len bytes (grown); 0, or -1 when out of memory. */
+static int text_add(char **t, size_t *len, const char *p, size_t n) {
+    char *g = realloc(*t, *len + n + 1);
+    if (!g) return -1;
+    memcpy(g + *len, p, n);
+    *len += n;
+    g[*len] = 0;
+    *t = g;
+    return 0;
+}
+
+/* The tokens.json record of image g (t: its per_image ids), with the ",\n" that separates it
+ * from an earlier one, malloc'ed (*len bytes); NULL when out of memory. */
+static char *tokens_record(const gen_out *w, int64_t g, const int32_t *t, size_t *len) {
+    long long per = w->per_prompt;
+    json_t *js = json_string(w->ps->p[g / per].text); /* valid UTF-8: checked when read */
+    char *ptext = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+    json_decref(js);
+    /* per id at most 6 bytes of separator ("],\n  [") and 11 of digits */
+    size_t cap = (ptext ? strlen(ptext) : 0) + 200 + (size_t)w->per_image * 18;
+    char *r = ptext ? malloc(cap) : NULL;
+    size_t n = 0;
+    if (r)
+        n = (size_t)snprintf(r, cap, "%s{\"prompt_index\": %lld, \"sample\": %lld, "
+                                     "\"image_index\": %lld, \"prompt\": %s, \"grid\": [",
+                             w->images_done + w->pending ? ",\n" : "", (long long)g / per,
+                             (long long)g % per, (long long)g, ptext);
+    for (int32_t i = 0; r && i < w->per_image; i++)
+        n += (size_t)snprintf(r + n, cap - n, "%s%d",
+                              i % w->grid_w ? "," : (i ? "],\n  [" : "\n  ["), t[i]);
+    if (r) n += (size_t)snprintf(r + n, cap - n, "]]}");
+    free(ptext);
+    *len = n;
+    return r;
+}
+
+/* results.jsonl record of image i of block b; NULL when out of memory. */
+static json_t *image_record(const gen_out *w, const gen_block *b, int32_t i, const char *file) {
+    int64_t g = b->first + i, per = w->per_prompt;
+    char hash[17];
+    snprintf(hash, sizeof hash, "%016llx",
+             (unsigned long long)cli_fnv1a64_ids(b->tokens + (size_t)i * (size_t)w->per_image,
+                                                 w->per_image));
+    json_t *r = json_pack("{s:I, s:I, s:I, s:s, s:s?}", "prompt_index", (json_int_t)(g / per),
+                          "sample", (json_int_t)(g % per), "image_index", (json_int_t)g,
+                          "prompt", w->ps->p[g / per].text, "file", file);
+    if (!r || json_object_update(r, w->common) != 0 ||
+        json_object_set_new(r, "tokens_fnv1a64", json_string(hash)) != 0 ||
+        json_object_set_new(r, "block_s", json_real(b->seconds)) != 0 ||
+        json_object_set_new(r, "images_in_block", json_integer(b->n)) != 0) {
+        json_decref(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Add image i of block b (its PNG at file, or NULL) to the pending records; -1 when out of
+ * memory. */
+static int queue_image(gen_out *w, const gen_block *b, int32_t i, const char *file) {
+    size_t tl = 0;
+    char *tok = tokens_record(w, b->first + i, b->tokens + (size_t)i * (size_t)w->per_image, &tl);
+    json_t *rec = image_record(w, b, i, file);
+    size_t rl = rec ? json_dumpb(rec, NULL, 0, JSON_FLAGS) : 0;
+    char *line = rl ? malloc(rl + 1) : NULL;
+    int ok = tok && line && json_dumpb(rec, line, rl, JSON_FLAGS) == rl;
+    if (ok) line[rl] = '\n';
+    ok = ok && text_add(&w->pend_tokens, &w->pend_tokens_len, tok, tl) == 0 &&
+         text_add(&w->pend_results, &w->pend_results_len, line, rl + 1) == 0;
+    free(tok);
+    free(line);
+    json_decref(rec);
+    if (ok) w->pending++;
+    return ok ? 0 : -1;
+}
+
+/* ---- commit ---- */
+
+/* Write the pending images: their PNG (rel, pw x ph pixels; none when rgb is NULL), their
+ * tokens.json records, their results.jsonl lines. On a failure, take back what was written for
+ * them and stop. */
+static int commit(gen_out *w, const char *rel, const uint8_t *rgb, int pw, int ph) {
+    char png[8400];
+    if (rgb) snprintf(png, sizeof png, "%s/%s", w->dir, rel);
+    flexdiag_status st = rgb ? flexdiag__png_write_rgb(png, rgb, pw, ph) : FLEXDIAG_OK;
+    int png_made = rgb && st == FLEXDIAG_OK;
+    if (st == FLEXDIAG_OK)
+        st = cli_stream_append(&w->tokens, w->pend_tokens, w->pend_tokens_len);
+    int tokens_made = st == FLEXDIAG_OK;
+    if (st == FLEXDIAG_OK)
+        st = cli_jsonl_append(&w->results, w->pend_results, w->pend_results_len);
+    if (st == FLEXDIAG_OK) {
+        w->images_done += w->pending;
+        w->pngs += rgb != NULL;
+        w->pending = 0;
+        w->pend_tokens_len = w->pend_results_len = 0;
+        return 0;
+    }
+    if (tokens_made) cli_stream_undo(&w->tokens);
+    int left = png_made && unlink(png) != 0;
+    return stop(w, left ? png : NULL, errno);
 }
 
 /* Path of image g's PNG relative to --out (dpg: its prompt's grid). */
@@ -142,37 +249,27 @@ static int prompt_folder(const gen_out *w, int64_t p) {
     cli_part part = {line, n + 1};
     flexdiag_status st = cli_write_atomic(path, &part, 1);
     free(line);
-    return st == FLEXDIAG_OK ? 0 : cli_fail_io(CMD);
+    return st == FLEXDIAG_OK ? 0 : stop(w, NULL, 0);
 }
 
-static int write_png(const gen_out *w, const char *rel, const uint8_t *rgb, int pw, int ph) {
-    char path[8400];
-    snprintf(path, sizeof path, "%s/%s", w->dir, rel);
-    return flexdiag__png_write_rgb(path, rgb, pw, ph) == FLEXDIAG_OK ? 0 : cli_fail_io(CMD);
-}
-
-/* results.jsonl record of image i of block b; NULL when out of memory. */
-static json_t *image_record(const gen_out *w, const gen_block *b, int32_t i, const char *file) {
-    int64_t g = b->first + i, per = w->per_prompt;
-    char hash[17];
-    snprintf(hash, sizeof hash, "%016llx",
-             (unsigned long long)cli_fnv1a64_ids(b->tokens + (size_t)i * (size_t)w->per_image,
-                                                 w->per_image));
-    json_t *r = json_pack("{s:I, s:I, s:I, s:s, s:s?}", "prompt_index", (json_int_t)(g / per),
-                          "sample", (json_int_t)(g % per), "image_index", (json_int_t)g,
-                          "prompt", w->ps->p[g / per].text, "file", file);
-    if (!r || json_object_update(r, w->common) != 0 ||
-        json_object_set_new(r, "tokens_fnv1a64", json_string(hash)) != 0 ||
-        json_object_set_new(r, "block_s", json_real(b->seconds)) != 0 ||
-        json_object_set_new(r, "images_in_block", json_integer(b->n)) != 0) {
-        json_decref(r);
-        return NULL;
+/* After prompt p's first image failed: remove its folder (geneval: with metadata.jsonl) when
+ * nothing else is in it, as if the prompt had not started; a reused folder stays as it is. */
+static void prompt_folder_undo(const gen_out *w, int64_t p) {
+    char dir[4200], path[4300];
+    if (w->layout == CLI_LAYOUT_GENEVAL) {
+        snprintf(dir, sizeof dir, "%s/%05lld/samples", w->dir, (long long)p);
+        if (rmdir(dir) != 0) return;
+        snprintf(path, sizeof path, "%s/%05lld/metadata.jsonl", w->dir, (long long)p);
+        (void)unlink(path);
+        snprintf(dir, sizeof dir, "%s/%05lld", w->dir, (long long)p);
+    } else {
+        snprintf(dir, sizeof dir, "%s/%lld", w->dir, (long long)p);
     }
-    return r;
+    (void)rmdir(dir);
 }
 
-/* DPG: the pending prompt's samples tiled into <id>.png, then their records. */
-static int dpg_flush(gen_out *w, const char *rel) {
+/* DPG: the pending prompt's samples tiled into <id>.png, committed with their records. */
+static int dpg_commit(gen_out *w, const char *rel) {
     int n = (int)w->per_prompt, cols = 1, gw = 0, gh = 0;
     while (cols * cols < n) cols++; /* ceil(sqrt n): 2x2 for 4 samples */
     size_t px = (size_t)w->img_h * (size_t)w->img_w * 3;
@@ -181,40 +278,25 @@ static int dpg_flush(gen_out *w, const char *rel) {
     for (int k = 0; k < n; k++) cells[k] = w->dpg_cells + (size_t)k * px;
     uint8_t *grid = NULL;
     flexdiag_status st = flexdiag__png_tile(cells, n, w->img_w, w->img_h, cols, &grid, &gw, &gh);
-    int rc = st == FLEXDIAG_OK ? write_png(w, rel, grid, gw, gh) : cli_fail_io(CMD);
+    int rc = st == FLEXDIAG_OK ? commit(w, rel, grid, gw, gh) : cli_fail_io(CMD);
     free(grid);
     free(cells);
-    if (!rc) w->pngs++;
-    for (size_t k = 0; !rc && k < json_array_size(w->dpg_records); k++)
-        rc = results_append(w, json_array_get(w->dpg_records, k));
-    if (!rc) w->images_done += n;
-    json_array_clear(w->dpg_records);
     return rc;
 }
 
-/* In order: tokens record, PNG, results line. */
 int gen_out_emit(gen_out *w, const gen_block *b, int32_t i) {
     int64_t g = b->first + i, per = w->per_prompt, k = g % per;
     size_t px = (size_t)w->img_h * (size_t)w->img_w * 3;
-    int rc = tokens_append(w, g, b->tokens + (size_t)i * (size_t)w->per_image);
     char rel[4200];
     if (b->rgb) image_rel(w, g, rel, sizeof rel);
-    int dpg = b->rgb && w->layout == CLI_LAYOUT_DPG;
-    if (!rc && dpg) memcpy(w->dpg_cells + (size_t)k * px, b->rgb + (size_t)i * px, px);
-    else if (!rc && b->rgb) {
-        rc = k == 0 ? prompt_folder(w, g / per) : 0;
-        if (!rc) rc = write_png(w, rel, b->rgb + (size_t)i * px, w->img_w, w->img_h);
-        if (!rc) w->pngs++;
+    if (queue_image(w, b, i, b->rgb ? rel : NULL)) return fail(1, "out of host memory");
+    if (!b->rgb) return commit(w, NULL, NULL, 0, 0);
+    if (w->layout == CLI_LAYOUT_DPG) {
+        memcpy(w->dpg_cells + (size_t)k * px, b->rgb + (size_t)i * px, px);
+        return k == per - 1 ? dpg_commit(w, rel) : 0;
     }
-    json_t *rec = rc ? NULL : image_record(w, b, i, b->rgb ? rel : NULL);
-    if (!rc && !rec) rc = fail(1, "out of host memory");
-    if (!rc && dpg) {
-        rc = json_array_append(w->dpg_records, rec) ? fail(1, "out of host memory") : 0;
-        if (!rc && k == per - 1) rc = dpg_flush(w, rel);
-    } else if (!rc) {
-        rc = results_append(w, rec);
-        if (!rc) w->images_done++;
-    }
-    json_decref(rec);
+    int rc = k == 0 ? prompt_folder(w, g / per) : 0;
+    if (!rc) rc = commit(w, rel, b->rgb + (size_t)i * px, w->img_w, w->img_h);
+    if (rc && k == 0) prompt_folder_undo(w, g / per);
     return rc;
 }

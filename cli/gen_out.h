@@ -1,15 +1,17 @@
 /*
  * gen_out.h - what `flexdiag generate` writes, image by image: the PNG (or, for DPG, its
- * prompt's grid), the results.jsonl record and the tokens.json record, in the output layout of
- * prompts.h. Images are emitted in job order, so one DPG prompt is pending at most.
+ * prompt's grid), the tokens.json record and the results.jsonl record, in the output layout of
+ * prompts.h. Images are emitted in job order, so one DPG prompt is pending at most. An image is
+ * written whole or not at all: after a failed write, results.jsonl, tokens.json and the PNGs
+ * describe exactly the images before it.
  */
 #ifndef FLEXDIAG_CLI_GEN_OUT_H
 #define FLEXDIAG_CLI_GEN_OUT_H
 
 #include <jansson.h>
 #include <stdint.h>
-#include <stdio.h>
 
+#include "cli/fileio.h"
 #include "cli/prompts.h"
 
 typedef struct gen_out {
@@ -25,10 +27,13 @@ typedef struct gen_out {
     json_t *common;       /* record fields shared by all images (model, policy, sampling), owned */
     uint8_t *dpg_cells;   /* dpg: per_prompt RGB images of the pending prompt, owned */
     /* owned here */
-    FILE *results;       /* <out>/results.jsonl */
-    FILE *tokens;        /* <out>/tokens.json.tmp.<pid> until the end */
-    char *tokens_tmp;    /* its path (NULL when closed) */
-    json_t *dpg_records; /* dpg: records of the pending prompt, written with its grid */
+    cli_jsonl results;   /* <out>/results.jsonl */
+    cli_stream tokens;   /* <out>/tokens.json, built in its temp file */
+    char *pend_tokens;   /* tokens.json records of the images not written yet (dpg: the pending
+                            prompt's), malloc'ed text */
+    char *pend_results;  /* their results.jsonl lines, malloc'ed text */
+    size_t pend_tokens_len, pend_results_len; /* bytes of text in each */
+    int64_t pending;     /* images in pend_* */
     int64_t images_done; /* images with all outputs written */
     int64_t pngs;        /* PNG files written */
 } gen_out;
@@ -42,14 +47,16 @@ typedef struct gen_block {
     double seconds;        /* wall time of generate + decode */
 } gen_block;
 
-/* Create --out and results.jsonl (before the model loads, so a bad folder fails fast). These
- * return 0, or an exit code after printing one line naming the file. */
+/* Create --out and results.jsonl (before the model loads, so a bad folder fails fast), after a
+ * warning when --out already holds PNGs (they are kept). These return 0, or an exit code after
+ * printing one line naming the file; a failed write stops the job. */
 int gen_out_open(gen_out *w);
 /* Start tokens.json (in its temp file); needs per_image. */
 int gen_out_tokens_open(gen_out *w);
 /* All outputs of image i of block b. */
 int gen_out_emit(gen_out *w, const gen_block *b, int32_t i);
-/* Complete tokens.json with the images written so far and rename it into place. */
+/* Complete tokens.json with the images written so far, rename it into place and close
+ * results.jsonl (if tokens.json cannot be completed, its temp file is kept and named). */
 int gen_out_tokens_close(gen_out *w);
 /* Close and free what gen_out owns (not the caller's fields). */
 void gen_out_free(gen_out *w);

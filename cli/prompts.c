@@ -1,7 +1,9 @@
 /*
  * prompts.c - reading the prompt sets of `flexdiag generate` (see prompts.h). Files are read
  * line by line (getline: no length limit), DPG <id>.txt files whole up to 1 MiB; UTF-8 is
- * checked with jansson, which also parses the GenEval lines.
+ * checked with jansson, which also parses the GenEval lines. A NUL byte anywhere is refused
+ * with its file and line (C strings would end there and cut the prompt); blank lines of the
+ * line files are skipped with one note on stderr (how many, and the first).
  */
 #include "cli/prompts.h"
 
@@ -20,14 +22,33 @@ const char *const cli_layout_names[CLI_LAYOUT_COUNT] = {"plain", "geneval", "dpg
 
 static _Thread_local const char *g_cmd = "generate"; /* command named in messages */
 
+/* One line "flexdiag <cmd>: <what><message>" on stderr. */
+static void say(const char *what, const char *fmt, va_list ap) {
+    fprintf(stderr, "flexdiag %s: %s", g_cmd, what);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "flexdiag %s: ", g_cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    say("", fmt, ap);
     va_end(ap);
     return rc;
+}
+
+__attribute__((format(printf, 1, 2))) static void note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    say("note: ", fmt, ap);
+    va_end(ap);
+}
+
+/* 1-based line of byte offset off in text (n bytes). */
+static long line_of(const char *text, size_t off) {
+    long no = 1;
+    for (size_t i = 0; i < off; i++) no += text[i] == '\n';
+    return no;
 }
 
 void cli_prompts_free(cli_prompts *s) {
@@ -80,21 +101,32 @@ static char *trim(char *s) {
 
 typedef int (*line_fn)(cli_prompts *s, char *line, long no);
 
-/* fn(line) for every non-blank line of s->path, newline stripped; stops at a nonzero return. */
+/* fn(line) for every non-blank line of s->path, newline stripped; stops at a nonzero return.
+ * A NUL byte refuses the file (the line would silently end there); blank lines are skipped,
+ * with one note that counts them and names the first. */
 static int each_line(cli_prompts *s, line_fn fn) {
     FILE *f = fopen(s->path, "r");
     if (!f) return fail(2, "--prompts: cannot open '%s': %s", s->path, strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    long no = 0;
+    long no = 0, blank = 0, first_blank = 0;
     int rc = 0;
     while (!rc && (len = getline(&line, &cap, f)) >= 0) {
         no++;
+        if (memchr(line, 0, (size_t)len)) {
+            rc = fail(2, "--prompts %s: line %ld holds a NUL byte (is it a text file?)", s->path,
+                      no);
+            break;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
         if (!is_blank(line)) rc = fn(s, line, no);
+        else if (!blank++) first_blank = no;
     }
     if (!rc && ferror(f)) rc = fail(2, "--prompts %s: read error", s->path);
+    if (!rc && blank)
+        note("--prompts %s: skipped %ld blank line(s), the first at line %ld", s->path, blank,
+             first_blank);
     free(line);
     fclose(f);
     return rc;
@@ -157,6 +189,13 @@ static char *read_text(const char *path) {
     if (bad) {
         fail(2, "--prompts: cannot read '%s' (%s)", path,
              n > PROMPT_FILE_MAX ? "larger than 1 MiB" : strerror(errno));
+        free(buf);
+        return NULL;
+    }
+    const char *nul = memchr(buf, 0, n);
+    if (nul) {
+        fail(2, "--prompts %s: line %ld holds a NUL byte (is it a text file?)", path,
+             line_of(buf, (size_t)(nul - buf)));
         free(buf);
         return NULL;
     }

@@ -75,73 +75,90 @@ static int is_diagonal(flexdiag_policy_kind k) {
 /* Largest ring a lag list can index: lags are int16 (docs/policies.md §2.3). */
 #define KVP_MAX_NR 32767
 
-static flexdiag_status resolve_n_att(const flexdiag_policy_params *pub, int32_t l_dec,
-                                     int32_t *n_att) {
-    if (pub->n_att < 0)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d must be >= 1 (or 0 to derive "
-                             "it from --sparsity)", (int)pub->n_att);
-    if (pub->n_att > l_dec)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d exceeds the decode length %d: "
-                             "use --n-att <= %d", (int)pub->n_att, (int)l_dec, (int)l_dec);
-    if (pub->n_att > 0) {
-        *n_att = pub->n_att;
-        return FLEXDIAG_OK;
-    }
-    if (!(pub->sparsity >= 0.0 && pub->sparsity <= 1.0))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--sparsity %g must be in [0, 1] (the "
-                             "fraction of decode tokens not attended)", pub->sparsity);
-    long n = lround((1.0 - pub->sparsity) * (double)l_dec);
-    *n_att = (int32_t)(n < 1 ? 1 : n > l_dec ? l_dec : n);
-    return FLEXDIAG_OK;
-}
-
-/* §0.6: streaming keeps 4 sinks, diagonal-sink4 needs min(n_att, n_r) >= 5. */
-static flexdiag_status validate_sinks(const flexdiag_kvp_params *p) {
-    if (p->kind == FLEXDIAG_POLICY_STREAMING && p->n_att < 5)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d is too small for streaming: "
-                             "it keeps 4 sink tokens, use --n-att >= 5 (or a lower --sparsity)",
-                             (int)p->n_att);
-    if (p->kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 && p->n_r < 5 && p->n_r < p->n_att)
+/* Sinks (docs/policies.md §0.6): streaming and diagonal-sink4 keep 4 sink tokens. n_att and
+ * n_r are given or resolved values; 0 = not known yet, not checked. */
+static flexdiag_status validate_sinks(flexdiag_policy_kind kind, int32_t n_att, int32_t n_r) {
+    if (kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 && n_r > 0 && n_r < 5)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-r %d is too small for "
-                             "diagonal-sink4: it keeps 4 sink tokens, use --n-r >= 5",
-                             (int)p->n_r);
-    if (p->kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 && p->n_att < 5)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d is too small for "
-                             "diagonal-sink4: it keeps 4 sink tokens, use --n-att >= 5 (or a "
-                             "lower --sparsity)", (int)p->n_att);
+                             "diagonal-sink4: it keeps 4 sink tokens, use --n-r >= 5", (int)n_r);
+    if ((kind == FLEXDIAG_POLICY_STREAMING || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) &&
+        n_att > 0 && n_att < 5)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d is too small for %s: it "
+                             "keeps 4 sink tokens, use --n-att >= 5 (or a lower --sparsity)",
+                             (int)n_att, flexdiag__kvp_name(kind));
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__kvp_resolve(const flexdiag_policy_params *pub, int32_t l_dec,
-                                      flexdiag_kvp_params *out) {
-    memset(out, 0, sizeof *out);
+/* §0.6: a Diagonal kind attends within its ring, N_att <= N_r (the lag list would otherwise
+ * clamp to N_r and the run attend fewer tokens than it reports). s is the sparsity N_att came
+ * from, NaN when N_att was given; 0 = not known yet, not checked. */
+static flexdiag_status validate_ring(flexdiag_policy_kind kind, int32_t n_att, int32_t n_r,
+                                     double s) {
+    if (!is_diagonal(kind) || n_att == 0 || n_r == 0 || n_att <= n_r) return FLEXDIAG_OK;
+    if (isnan(s))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d exceeds --n-r %d: the %s "
+                             "policy attends within its ring; raise --n-r or lower --n-att",
+                             (int)n_att, (int)n_r, flexdiag__kvp_name(kind));
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--sparsity %g gives N_att %d, which exceeds "
+                         "--n-r %d: the %s policy attends within its ring; raise --n-r or "
+                         "--sparsity", s, (int)n_att, (int)n_r, flexdiag__kvp_name(kind));
+}
+
+flexdiag_status flexdiag__kvp_check(const flexdiag_policy_params *pub) {
     if (!pub || pub->struct_size == 0)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "policy params: struct_size is 0: call "
                              "flexdiag_policy_params_init() first");
     if ((int)pub->kind < 0 || (int)pub->kind >= KVP_N_KINDS)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "policy kind %d is unknown: valid "
                              "policies are %s", (int)pub->kind, flexdiag__kvp_names());
+    if (pub->kind == FLEXDIAG_POLICY_DENSE) return FLEXDIAG_OK; /* budget fields do not apply */
+    if (pub->n_att < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d must be >= 1 (or 0 to derive "
+                             "it from --sparsity)", (int)pub->n_att);
+    if (pub->n_att == 0 && isnan(pub->sparsity))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s needs a budget: give --n-att N "
+                             "(attended decode tokens, >= 1) or --sparsity S in [0, 1]",
+                             flexdiag__kvp_name(pub->kind));
+    if (pub->n_att == 0 && !(pub->sparsity >= 0.0 && pub->sparsity <= 1.0))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--sparsity %g must be in [0, 1] (the "
+                             "fraction of decode tokens not attended)", pub->sparsity);
+    int32_t n_r = is_diagonal(pub->kind) ? pub->n_r : 0;
+    if (n_r < 0 || n_r > KVP_MAX_NR)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-r %d must be in [1, %d] (lag lists "
+                             "are int16), or 0 for the default max(round(0.5 L_dec), N_att)",
+                             (int)n_r, KVP_MAX_NR);
+    FLEXDIAG_TRY(validate_sinks(pub->kind, pub->n_att, n_r));
+    return validate_ring(pub->kind, pub->n_att, n_r, NAN);
+}
+
+flexdiag_status flexdiag__kvp_resolve(const flexdiag_policy_params *pub, int32_t l_dec,
+                                      flexdiag_kvp_params *out) {
+    memset(out, 0, sizeof *out);
+    FLEXDIAG_TRY(flexdiag__kvp_check(pub));
     if (l_dec < 1)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "decode length %d must be >= 1",
                              (int)l_dec);
     out->kind = pub->kind;
     out->l_dec = l_dec;
     if (pub->kind == FLEXDIAG_POLICY_DENSE) {
-        out->n_att = l_dec; /* dense attends everything; budget flags do not apply */
+        out->n_att = l_dec; /* dense attends everything */
         return FLEXDIAG_OK;
     }
-    FLEXDIAG_TRY(resolve_n_att(pub, l_dec, &out->n_att));
+    if (pub->n_att > l_dec)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d exceeds the decode length %d: "
+                             "use --n-att <= %d", (int)pub->n_att, (int)l_dec, (int)l_dec);
+    long n = pub->n_att > 0 ? pub->n_att : lround((1.0 - pub->sparsity) * (double)l_dec);
+    out->n_att = (int32_t)(n < 1 ? 1 : n > l_dec ? l_dec : n);
     if (is_diagonal(pub->kind)) {
-        if (pub->n_r < 0)
-            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-r %d must be >= 1 (or 0 for the "
-                                 "default max(round(0.5 L_dec), n_att))", (int)pub->n_r);
         long def = lround(0.5 * (double)l_dec);
         out->n_r = pub->n_r > 0 ? pub->n_r : (int32_t)(def > out->n_att ? def : out->n_att);
-        if (out->n_r > KVP_MAX_NR)
-            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-r %d exceeds %d (lag lists are "
-                                 "int16): use a smaller --n-r", (int)out->n_r, KVP_MAX_NR);
+        if (out->n_r > KVP_MAX_NR) /* a default from a long decode */
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "N_r %d (the default for decode "
+                                 "length %d) exceeds %d (lag lists are int16): give --n-r",
+                                 (int)out->n_r, (int)l_dec, KVP_MAX_NR);
     }
-    return validate_sinks(out);
+    FLEXDIAG_TRY(validate_sinks(out->kind, out->n_att, out->n_r));
+    return validate_ring(out->kind, out->n_att, out->n_r, pub->n_att > 0 ? NAN : pub->sparsity);
 }
 
 /* ---- sizes ---- */
@@ -247,7 +264,9 @@ static flexdiag_status validate_params(const flexdiag_kvp_params *p) {
     if (is_diagonal(p->kind) && (p->n_r < 1 || p->n_r > KVP_MAX_NR))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "kv policy: --n-r %d must be in [1, %d]",
                              (int)p->n_r, KVP_MAX_NR);
-    return validate_sinks(p);
+    /* no validate_ring: the state machine clamps N_att > N_r (the tests drive that clamp);
+     * flexdiag__kvp_resolve refuses it for every caller of the API and the tools */
+    return validate_sinks(p->kind, p->n_att, is_diagonal(p->kind) ? p->n_r : 0);
 }
 
 flexdiag_status flexdiag__kvp_create(const flexdiag_kvp_params *p, flexdiag_kvp **out) {

@@ -65,10 +65,16 @@ typedef struct flexdiag_kvp_params {
 
 typedef struct flexdiag_kvp flexdiag_kvp;
 
-/* Resolve public params for a model with decode length l_dec: n_att from sparsity
+/* The policy-parameter validation of docs/policies.md §0.6 that needs no decode length: kind,
+ * a budget (n_att > 0, or n_att == 0 and sparsity in [0, 1]; NaN = none given), n_r range, the
+ * sink minimums and N_att <= N_r of the values given. FLEXDIAG_ERR_INVALID_ARG with a message
+ * naming the command-line flag and the fix. Tools call it before they know L_dec. */
+flexdiag_status flexdiag__kvp_check(const flexdiag_policy_params *pub);
+/* THE validation and resolution of public params for a decode length l_dec, used by context
+ * creation and every tool: flexdiag__kvp_check, then n_att <= l_dec, n_att from sparsity
  * (lround((1-s)·l_dec), clamped to [1, l_dec]) when pub->n_att == 0, n_r default
- * max(lround(0.5·l_dec), n_att); validate (docs/policies.md §0.6). Fills kind, n_att, n_r, l_dec
- * only. */
+ * max(lround(0.5·l_dec), n_att), and the §0.6 rules again on the resolved values. Fills kind,
+ * n_att, n_r, l_dec only. */
 flexdiag_status flexdiag__kvp_resolve(const flexdiag_policy_params *pub, int32_t l_dec,
                                       flexdiag_kvp_params *out);
 /* Decode ring rows R per (sequence, KV head) this policy needs (sinks included). */

@@ -74,24 +74,29 @@ float flexdiag__synth_logit(const flexdiag_synth_params *p, int32_t head, int32_
     return (float)(-p->alpha * (dr * dr + dc * dc) + noise);
 }
 
-static flexdiag_status synth_validate(const flexdiag_synth_params *p) {
-    if (p->grid_w < 1 || p->grid_w > SYNTH_MAX_W || p->heads < 1 || p->heads > 1024 ||
-        p->steps < 1 || p->steps > SYNTH_MAX_W * SYNTH_MAX_W || p->prompt_len < 0 ||
-        p->prompt_len > 65536)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "synthetic model: need grid W in [1, %d], "
-                             "heads in [1, 1024], steps in [1, %d], prompt length in [0, 65536]; "
-                             "got W %d, heads %d, steps %d, prompt %d", SYNTH_MAX_W,
-                             SYNTH_MAX_W * SYNTH_MAX_W, (int)p->grid_w, (int)p->heads,
-                             (int)p->steps, (int)p->prompt_len);
+/* INVALID_ARG naming the flag of an int field outside [lo, hi], else OK. */
+static flexdiag_status synth_range(const char *flag, int32_t v, int32_t lo, int32_t hi) {
+    if (v >= lo && v <= hi) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "synthetic model: %s %d is out of range: "
+                         "expected a whole number in [%d, %d]", flag, (int)v, (int)lo, (int)hi);
+}
+
+flexdiag_status flexdiag__synth_check(const flexdiag_synth_params *p) {
+    if (p->grid_w < 1 || p->grid_w > SYNTH_MAX_W)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--synthetic grid:%d: expected grid:W "
+                             "with 1 <= W <= %d", (int)p->grid_w, SYNTH_MAX_W);
+    FLEXDIAG_TRY(synth_range("--heads", p->heads, 1, 1024));
+    FLEXDIAG_TRY(synth_range("--steps", p->steps, 1, SYNTH_MAX_W * SYNTH_MAX_W));
+    FLEXDIAG_TRY(synth_range("--prompt-len", p->prompt_len, 0, 65536));
     if (!isfinite(p->alpha) || !isfinite(p->prompt_logit) || !isfinite(p->sigma) || p->sigma < 0)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "synthetic model: alpha %g, sigma %g and "
-                             "prompt logit %g must be finite, sigma >= 0", p->alpha, p->sigma,
-                             p->prompt_logit);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "synthetic model: --alpha %g, --sigma %g "
+                             "and --prompt-logit %g must be finite, --sigma >= 0", p->alpha,
+                             p->sigma, p->prompt_logit);
     return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__synth_fill(const flexdiag_synth_params *p, float *out) {
-    FLEXDIAG_TRY(synth_validate(p));
+    FLEXDIAG_TRY(flexdiag__synth_check(p));
     size_t keys = (size_t)p->prompt_len + (size_t)p->steps;
     for (int32_t h = 0; h < p->heads; h++)
         for (int32_t t = 0; t < p->steps; t++) {
@@ -144,10 +149,8 @@ static void synth_dense(flexdiag_synth_ctx *c, int32_t *idx) {
 flexdiag_status flexdiag__synth_ctx_create(const flexdiag_synth_params *p, int32_t d_head,
                                            flexdiag_synth_ctx **out) {
     *out = NULL;
-    FLEXDIAG_TRY(synth_validate(p));
-    if (d_head < 1 || d_head > 4096)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--d-head %d must be in [1, 4096]",
-                             (int)d_head);
+    FLEXDIAG_TRY(flexdiag__synth_check(p));
+    FLEXDIAG_TRY(synth_range("--d-head", d_head, 1, 4096));
     flexdiag_synth_ctx *c = calloc(1, sizeof *c);
     if (!c) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "synthetic model: out of host memory");
     c->p = *p;

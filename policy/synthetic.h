@@ -53,11 +53,14 @@ typedef struct flexdiag_synth_ctx flexdiag_synth_ctx;
 
 /* Defaults for a W x W grid (W² steps, 8 heads, Lp 50, alpha 0.5, sigma 0.5, seed 1). */
 void flexdiag__synth_params_init(flexdiag_synth_params *p, int32_t grid_w);
-/* Parse "grid:W" (W in [1, 1024]); errors name the spec and the expected form. */
+/* Parse "grid:W" (W in [1, 64]: 4096 steps); errors name --synthetic and the expected form. */
 flexdiag_status flexdiag__synth_parse(const char *spec, int32_t *grid_w);
 /* Logit of query t of head h for key k (k < prompt_len: prompt key; else decode key k - Lp). */
 float flexdiag__synth_logit(const flexdiag_synth_params *p, int32_t head, int32_t t, int32_t key);
-/* Fill out [heads, steps, prompt_len + steps] (the policy-trace layout); validates p. */
+/* Validate p: INVALID_ARG naming the flag and its range (--synthetic, --heads, --steps,
+ * --prompt-len, --alpha, --sigma, --prompt-logit). */
+flexdiag_status flexdiag__synth_check(const flexdiag_synth_params *p);
+/* Fill out [heads, steps, prompt_len + steps] (the policy-trace layout); validates p first. */
 flexdiag_status flexdiag__synth_fill(const flexdiag_synth_params *p, float *out);
 
 /* Build the context (logits, values with d_head dims, dense outputs); *out owned by caller. */

@@ -7,6 +7,7 @@
  * engine (logged once). A context allows one call at a time (FLEXDIAG_ERR_BUSY) and honours
  * cancel at the next layer boundary.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,9 @@ void flexdiag_request_init(flexdiag_request *r) {
 
 /* ---- runtime ---- */
 
+/* CUDA when built with it, device >= 0 and the device answers; else the CPU engine. A failed
+ * CUDA start warns in one line with its short reason (the backend's message: the failing call
+ * and the fix are in it, logged in full at debug level). */
 static flexdiag_status pick_backend(flexdiag_runtime *rt) {
     const flexdiag_kernels *cuda = flexdiag__kernels_cuda();
     if (rt->p.device >= 0 && cuda) {
@@ -70,8 +74,12 @@ static flexdiag_status pick_backend(flexdiag_runtime *rt) {
             rt->k = cuda;
             return FLEXDIAG_OK;
         }
-        FLEXDIAG_WARN("CUDA device %d unusable (%s); using the CPU engine", rt->p.device,
-                      flexdiag__err_msg());
+        if (st == FLEXDIAG_ERR_UNSUPPORTED) /* no device or no driver: an expected setup */
+            FLEXDIAG_WARN("no usable CUDA device (%s); running on the CPU (pass --cpu to choose "
+                          "the CPU and skip this check)", flexdiag__err_msg());
+        else
+            FLEXDIAG_WARN("CUDA device %d unusable (%s); running on the CPU (pass --cpu to "
+                          "choose the CPU and skip this check)", rt->p.device, flexdiag__err_msg());
         flexdiag__err_clear();
     } else if (rt->p.device >= 0) {
         FLEXDIAG_INFO("built without CUDA; using the CPU engine");
@@ -285,10 +293,16 @@ flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
     flexdiag_context_params q;
     flexdiag_context_params_init(&q);
     memcpy(&q, p, p->struct_size);
+    /* the params' own errors (policy, lengths) first: the fit below only sees "too big" */
+    flexdiag_context_params one = q;
+    one.max_images = 1;
+    size_t need = 0;
+    FLEXDIAG_TRY(flexdiag__context_bytes(m, &one, &need));
     if (m->rt->arena.budget == UINT64_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "no memory budget to fill: the CPU engine has none unless one is "
-                             "given (runtime gpu_mem, --gpu-mem SIZE)");
+                             "--batch auto has no memory budget to fill: the CPU engine has none "
+                             "unless one is given (runtime gpu_mem, --gpu-mem SIZE); or give a "
+                             "number of images");
     *out = flexdiag__context_fit(m, &q, flexdiag__arena_available(&m->rt->arena));
     return FLEXDIAG_OK;
 }
@@ -335,7 +349,7 @@ flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats
 
 /* ---- generate ---- */
 
-static flexdiag_status check_request(const flexdiag_context *c, const flexdiag_request *r) {
+static flexdiag_status check_request(const flexdiag_request *r) {
     FLEXDIAG_TRY(flexdiag__check_params(r->struct_size, sizeof *r, "flexdiag_request"));
     if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
@@ -343,12 +357,20 @@ static flexdiag_status check_request(const flexdiag_context *c, const flexdiag_r
     if (r->images_per_prompt < 1 || r->first_image < 0)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "images_per_prompt must be >= 1 and first_image >= 0");
-    if (!(r->temperature > 0) || r->top_k < 0 || !(r->top_p > 0 && r->top_p <= 1) ||
-        !(r->cfg_weight == r->cfg_weight))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "sampling: temperature must be > 0, top_k >= 0, 0 < top_p <= 1, "
-                             "cfg_weight a number");
-    (void)c;
+    /* sampling: one message per field, naming it and its command-line flag */
+    if (!(r->temperature > 0) || !isfinite(r->temperature))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: temperature (--temperature) is "
+                             "%g: it must be finite and > 0 (greedy decoding is top_k 1)",
+                             (double)r->temperature);
+    if (r->top_k < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: top_k (--top-k) is %d: it "
+                             "must be >= 0 (0 = off)", (int)r->top_k);
+    if (!(r->top_p > 0 && r->top_p <= 1))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: top_p (--top-p) is %g: it "
+                             "must be in (0, 1] (1 = off)", (double)r->top_p);
+    if (!isfinite(r->cfg_weight))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: cfg_weight (--cfg) is %g: it "
+                             "must be finite", (double)r->cfg_weight);
     return FLEXDIAG_OK;
 }
 
@@ -401,7 +423,7 @@ flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *r
                                   flexdiag_output *out) {
     flexdiag__err_clear();
     if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "generate: NULL argument");
-    FLEXDIAG_TRY(check_request(c, req));
+    FLEXDIAG_TRY(check_request(req));
     out->n_images = req->n_prompts * req->images_per_prompt;
     out->tokens_per_image = c->l_dec;
     if (!out->tokens) return FLEXDIAG_OK; /* size query */

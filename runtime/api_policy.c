@@ -2,9 +2,10 @@
  * api_policy.c - the public API of KV policies (include/flexdiag.h, API version 3): their
  * command-line names and the resolved budget a context's runs use.
  *
- * Names and resolution are the policy layer's (policy/kv_policy.h), so the CLI, the bench tool
- * and embedders spell and resolve policies one way. A context's policy is resolved again from
- * its params and decode length, as context creation did, rather than read from engine state.
+ * Names, validation and resolution are the policy layer's (policy/kv_policy.h:
+ * flexdiag__kvp_resolve, which context creation runs through the policy driver), so the CLI, the
+ * bench tool and embedders spell, accept and resolve policies one way. A context's policy is
+ * read from its policy driver: the parameters its runs use, not the ones it was asked for.
  */
 #include <stddef.h>
 #include <string.h>

@@ -58,25 +58,32 @@ extern "C" flexdiag_status flexdiag__cublas_fail(cublasStatus_t e, const char *s
 
 /* ---- streams ---- */
 
-/* Fail unless device names one of the visible devices; UNSUPPORTED when there are none. */
+/* Fail unless device names one of the visible devices; UNSUPPORTED when there are none. The
+ * message is the short reason the runtime's one-line CPU fallback warning quotes; the driver
+ * detail (error name, driver and runtime versions, what to check) is logged at debug level. */
 static flexdiag_status check_device(int device) {
-    int count = 0;
+    int count = 0, drv = 0, rtv = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "cuda: no usable device (cudaGetDeviceCount: %s): check the NVIDIA "
-                             "driver and CUDA_VISIBLE_DEVICES, or run on the CPU (device -1)",
-                             cudaGetErrorString(e));
+        (void)cudaDriverGetVersion(&drv); /* 0 when no driver is loaded */
+        (void)cudaRuntimeGetVersion(&rtv);
+        FLEXDIAG_LOG(FLEXDIAG_LOG_DEBUG, "cuda: cudaGetDeviceCount failed: %s (%s); driver "
+                     "supports CUDA %d.%d, runtime is %d.%d: check the NVIDIA driver and "
+                     "CUDA_VISIBLE_DEVICES", cudaGetErrorString(e), cudaGetErrorName(e),
+                     drv / 1000, drv % 1000 / 10, rtv / 1000, rtv % 1000 / 10);
+        const char *why = e != cudaErrorInsufficientDriver ? cudaGetErrorString(e)
+                          : drv ? "the NVIDIA driver is older than this build's CUDA runtime"
+                                : "no NVIDIA driver";
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "%s", why);
     }
     if (count == 0)
-        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "cuda: no CUDA device visible: check CUDA_VISIBLE_DEVICES, or run "
-                             "on the CPU (device -1)");
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "no CUDA device visible: check "
+                             "CUDA_VISIBLE_DEVICES");
     if (device < 0 || device >= count)
         return flexdiag__err(FLEXDIAG_ERR_CUDA,
                              "cuda: device %d requested but %d device(s) visible: pass a device "
-                             "ordinal in 0..%d",
+                             "ordinal in 0..%d, or --cpu",
                              device, count, count - 1);
     return FLEXDIAG_OK;
 }

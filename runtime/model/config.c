@@ -1,6 +1,6 @@
 /*
- * config.c - model configuration from config.json (+ generation_config.json), and the builtin
- * shapes used for random-weight runs.
+ * config.c - model configuration from config.json (+ generation_config.json), the builtin
+ * shapes used for random-weight runs, and the limits every configuration must meet.
  *
  * Three layouts (docs/formats.md §2.2):
  *   multi_modality (deepseek-ai original): language_config (LlamaConfig defaults for missing
@@ -8,9 +8,13 @@
  *   janus (transformers): text_config + vq_config (embed_dim, num_embeddings, projection_dim,
  *       num_hidden_layers, image_token_embed_dim, num_patches);
  *   llama: the LlamaConfig fields themselves.
- * Unsupported features (rope_scaling, non-silu activations, biases) fail here with the field
- * named, before any weight is read. Special ids come from generation_config.json when present;
- * the model loader fills the rest from the tokenizer.
+ * Reading type-checks each field; then one check per part (check_lm, check_janus) range-checks
+ * every shape field against the limits below and the relations between fields, naming the file
+ * and the field as the file spells it (cfg_keys), before anything is sized from the config.
+ * Builtin shapes go through the same checks. Unsupported features (rope_scaling, non-silu
+ * activations, biases) fail here too. Special ids come from generation_config.json when present;
+ * the model loader fills the rest from the tokenizer. What a backend adds (the CUDA attention's
+ * head sizes) is checked at weight load, when the backend is known (config_check_backend).
  */
 #include <jansson.h>
 #include <math.h>
@@ -20,7 +24,32 @@
 #include "base/core.h"
 #include "runtime/model/model.h"
 
-/* ---- JSON field access ---- */
+/* ---- limits ----
+ * Ceilings are generous, 2-16x the largest released Llama-family model (Llama-3.1-405B: 126
+ * layers, hidden 16384, 128 heads, FFN 53248, vocab 128256; Janus-Pro-7B: 30 layers, hidden
+ * 4096, 16384 image codes, 24 x 24 tokens), yet keep everything the loader derives from a config
+ * small and exact: at most 9 tensors x 1024 layers in the walk, every element count and byte
+ * offset far inside 64 bits, every kernel dimension inside int32. Lower bounds are 1 (an empty
+ * dimension is never meant). */
+#define CFG_MAX_LAYERS 1024        /* num_hidden_layers */
+#define CFG_MAX_HIDDEN 65536       /* hidden_size, gen_head projector width */
+#define CFG_MAX_HEADS 1024         /* num_attention_heads (KV heads: 1..heads, dividing it) */
+#define CFG_MAX_HEAD_DIM 256       /* even: RoPE rotates (i, i + head_dim/2) on every backend */
+#define CFG_MAX_FFN 262144         /* intermediate_size: 4 x CFG_MAX_HIDDEN */
+#define CFG_MAX_VOCAB 4194304      /* text and image vocabularies: 2^22, 16 x Gemma's 256000 */
+#define CFG_MAX_POS 16777216       /* max_position_embeddings: 2^24, 16 x 1M-context fine-tunes */
+#define CFG_MAX_IMAGE_EMBED 4096   /* gen_embed width: the VQ codebook width limit (vq_config.c) */
+#define CFG_MAX_ALIGNER_DEPTH 4    /* gen_aligner Linear layers: flexdiag_weights.align_w[4] */
+#define CFG_MAX_GRID 4096          /* tokens per image side: vq_config.num_patches' limit */
+#define CFG_MAX_EPS 1.0            /* rms_norm_eps in (0, 1]; released models use 1e-6..1e-5 */
+#define CFG_MAX_THETA 1e12         /* rope_theta in (0, 1e12]; the largest released is ~3.6e9 */
+
+/* Head sizes the CUDA attention kernels are instantiated for: the d_h switch of
+ * kernels/cuda/attn_decode.cu and attn_prefill.cu, refused by flexdiag__cuda_attn_check
+ * (kv_append.cu). The CPU tables take any even size (kernels/cpu/ref_attn.c). */
+static const int32_t cuda_head_dims[] = {16, 32, 64, 128};
+
+/* ---- JSON field access (types only; ranges are checked per part below) ---- */
 
 typedef struct cfg_ctx {
     const char *file;    /* path for messages */
@@ -34,10 +63,16 @@ static flexdiag_status get_int(const cfg_ctx *c, json_t *o, const char *key, int
         *out = def;
         return FLEXDIAG_OK;
     }
-    if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > INT32_MAX)
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: %s%s%s must be an integer in range",
+    if (!json_is_integer(v))
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: %s%s%s must be an integer",
                              c->file, c->section, *c->section ? "." : "", key);
-    *out = (int32_t)json_integer_value(v);
+    json_int_t x = json_integer_value(v);
+    if (x < INT32_MIN || x > INT32_MAX)
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: %s%s%s = %lld is out of range: no size or id in a model "
+                             "config exceeds 32 bits",
+                             c->file, c->section, *c->section ? "." : "", key, (long long)x);
+    *out = (int32_t)x;
     return FLEXDIAG_OK;
 }
 
@@ -60,10 +95,96 @@ static bool get_bool(json_t *o, const char *key, bool def) {
     return json_is_boolean(v) ? json_is_true(v) : def;
 }
 
+static bool has(json_t *o, const char *key) {
+    json_t *v = o ? json_object_get(o, key) : NULL;
+    return v && !json_is_null(v);
+}
+
 static json_t *get_params(json_t *root, const char *key) {
     json_t *o = json_object_get(root, key);
     json_t *p = o ? json_object_get(o, "params") : NULL;
     return json_is_object(p) ? p : NULL;
+}
+
+/* ---- range checks ---- */
+
+/* How the file being checked spells each field, for messages (derived values say so). */
+typedef struct cfg_keys {
+    const char *file;          /* config.json path, or "builtin shape 'NAME'" */
+    const char *lm;            /* prefix of the language-model fields ("text_config.", "") */
+    const char *head_dim;      /* "head_dim", or its derivation when the file has none */
+    const char *theta;         /* "rope_theta" or "rope_parameters.rope_theta" */
+    const char *image_vocab, *image_embed, *aligner_dim, *aligner_depth, *head_mid, *grid;
+} cfg_keys;
+
+static flexdiag_status int_range(const cfg_keys *k, const char *pre, const char *key, int64_t v,
+                                 int64_t lo, int64_t hi) {
+    if (v >= lo && v <= hi) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                         "%s: %s%s = %lld is out of range: accepted %lld..%lld", k->file, pre, key,
+                         (long long)v, (long long)lo, (long long)hi);
+}
+
+static flexdiag_status num_range(const cfg_keys *k, const char *key, float v, double hi) {
+    if (isfinite(v) && v > 0.0f && v <= hi) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                         "%s: %s%s = %g is out of range: accepted a finite number in (0, %g]",
+                         k->file, k->lm, key, (double)v, hi);
+}
+
+static flexdiag_status check_heads(const cfg_keys *k, const flexdiag_lm_config *l) {
+    FLEXDIAG_TRY(int_range(k, k->lm, "num_attention_heads", l->heads, 1, CFG_MAX_HEADS));
+    FLEXDIAG_TRY(int_range(k, k->lm, "num_key_value_heads", l->kv_heads, 1, l->heads));
+    if (l->heads % l->kv_heads)
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: %snum_attention_heads = %d is not a multiple of "
+                             "%snum_key_value_heads = %d: accepted KV head counts divide it",
+                             k->file, k->lm, l->heads, k->lm, l->kv_heads);
+    if (l->head_dim < 2 || l->head_dim > CFG_MAX_HEAD_DIM || l->head_dim % 2)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: %s%s = %d is not supported: accepted even sizes 2..%d (on CUDA "
+                             "16, 32, 64 or 128)",
+                             k->file, k->lm, k->head_dim, l->head_dim, CFG_MAX_HEAD_DIM);
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status check_lm(const cfg_keys *k, const flexdiag_lm_config *l) {
+    FLEXDIAG_TRY(int_range(k, k->lm, "num_hidden_layers", l->layers, 1, CFG_MAX_LAYERS));
+    FLEXDIAG_TRY(int_range(k, k->lm, "hidden_size", l->hidden, 1, CFG_MAX_HIDDEN));
+    FLEXDIAG_TRY(int_range(k, k->lm, "intermediate_size", l->ffn, 1, CFG_MAX_FFN));
+    FLEXDIAG_TRY(check_heads(k, l));
+    FLEXDIAG_TRY(int_range(k, k->lm, "vocab_size", l->vocab, 1, CFG_MAX_VOCAB));
+    FLEXDIAG_TRY(int_range(k, k->lm, "max_position_embeddings", l->max_pos, 1, CFG_MAX_POS));
+    FLEXDIAG_TRY(num_range(k, "rms_norm_eps", l->rms_eps, CFG_MAX_EPS));
+    return num_range(k, k->theta, l->rope_theta, CFG_MAX_THETA);
+}
+
+/* The Janus generation path; image_tokens is derived from grid afterwards. */
+static flexdiag_status check_janus(const cfg_keys *k, const flexdiag_model_config *m) {
+    FLEXDIAG_TRY(int_range(k, "", k->image_vocab, m->image_vocab, 1, CFG_MAX_VOCAB));
+    FLEXDIAG_TRY(int_range(k, "", k->image_embed, m->image_embed, 1, CFG_MAX_IMAGE_EMBED));
+    FLEXDIAG_TRY(int_range(k, "", k->aligner_depth, m->aligner_depth, 1, CFG_MAX_ALIGNER_DEPTH));
+    FLEXDIAG_TRY(int_range(k, "", k->head_mid, m->head_dim_mid, 1, CFG_MAX_HIDDEN));
+    FLEXDIAG_TRY(int_range(k, "", k->grid, m->grid, 1, CFG_MAX_GRID));
+    if (m->aligner_dim != m->lm.hidden)
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: %s = %d must equal %shidden_size = %d (the aligner's output "
+                             "feeds the decoder)",
+                             k->file, k->aligner_dim, m->aligner_dim, k->lm, m->lm.hidden);
+    return FLEXDIAG_OK;
+}
+
+/* Special ids: -1 (unknown) or a row of the text vocabulary. */
+static flexdiag_status check_ids(const char *file, const char *const key[3],
+                                 const flexdiag_model_config *m) {
+    const int32_t id[3] = {m->bos_id, m->pad_id, m->boi_id};
+    for (int i = 0; i < 3; i++)
+        if (id[i] < -1 || id[i] >= m->lm.vocab)
+            return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                                 "%s: %s = %d is out of range: accepted -1 (unknown) or "
+                                 "0..%d (below the text vocabulary size)",
+                                 file, key[i], id[i], m->lm.vocab - 1);
+    return FLEXDIAG_OK;
 }
 
 /* ---- Llama decoder fields (docs/formats.md §2.2), with LlamaConfig defaults ---- */
@@ -85,7 +206,25 @@ static flexdiag_status reject_unsupported(const cfg_ctx *c, json_t *o) {
     return FLEXDIAG_OK;
 }
 
-static flexdiag_status parse_lm(const cfg_ctx *c, json_t *o, flexdiag_lm_config *lm) {
+/* RoPE base: rope_theta, or rope_parameters.rope_theta (transformers >= 5) when present. */
+static flexdiag_status parse_rope(const cfg_ctx *c, json_t *o, flexdiag_lm_config *lm,
+                                  cfg_keys *k) {
+    FLEXDIAG_TRY(get_num(c, o, "rope_theta", 10000.0f, &lm->rope_theta));
+    k->theta = "rope_theta";
+    json_t *rp = json_object_get(o, "rope_parameters");
+    if (!json_is_object(rp)) return FLEXDIAG_OK;
+    json_t *ty = json_object_get(rp, "rope_type");
+    if (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "default")))
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: %s.rope_parameters.rope_type must be \"default\"", c->file,
+                             c->section);
+    if (has(rp, "rope_theta")) k->theta = "rope_parameters.rope_theta";
+    return get_num(c, rp, "rope_theta", lm->rope_theta, &lm->rope_theta);
+}
+
+/* Read the decoder fields of object o and check them (k->file and k->lm already set). */
+static flexdiag_status parse_lm(const cfg_ctx *c, json_t *o, flexdiag_lm_config *lm,
+                                cfg_keys *k) {
     FLEXDIAG_TRY(reject_unsupported(c, o));
     FLEXDIAG_TRY(get_int(c, o, "hidden_size", 4096, &lm->hidden));
     FLEXDIAG_TRY(get_int(c, o, "intermediate_size", 11008, &lm->ffn));
@@ -94,79 +233,100 @@ static flexdiag_status parse_lm(const cfg_ctx *c, json_t *o, flexdiag_lm_config 
     FLEXDIAG_TRY(get_int(c, o, "num_key_value_heads", lm->heads, &lm->kv_heads));
     int32_t hd_def = lm->heads > 0 ? lm->hidden / lm->heads : 0;
     FLEXDIAG_TRY(get_int(c, o, "head_dim", hd_def, &lm->head_dim));
+    k->head_dim = has(o, "head_dim") ? "head_dim"
+                                     : "head_dim (not set: hidden_size / num_attention_heads)";
     FLEXDIAG_TRY(get_int(c, o, "vocab_size", 32000, &lm->vocab));
     FLEXDIAG_TRY(get_int(c, o, "max_position_embeddings", 2048, &lm->max_pos));
     FLEXDIAG_TRY(get_num(c, o, "rms_norm_eps", 1e-6f, &lm->rms_eps));
-    FLEXDIAG_TRY(get_num(c, o, "rope_theta", 10000.0f, &lm->rope_theta));
-    json_t *rp = json_object_get(o, "rope_parameters"); /* transformers >= 5 stores theta here */
-    if (json_is_object(rp)) {
-        json_t *ty = json_object_get(rp, "rope_type");
-        if (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "default")))
-            return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                                 "%s: %s.rope_parameters.rope_type must be \"default\"", c->file,
-                                 c->section);
-        FLEXDIAG_TRY(get_num(c, rp, "rope_theta", lm->rope_theta, &lm->rope_theta));
-    }
+    FLEXDIAG_TRY(parse_rope(c, o, lm, k));
     lm->tie_embed = get_bool(o, "tie_word_embeddings", false);
-    return FLEXDIAG_OK;
+    return check_lm(k, lm);
 }
 
 /* ---- the three layouts ---- */
 
 static flexdiag_status parse_janus_original(const cfg_ctx *c, json_t *root,
-                                            flexdiag_model_config *m) {
+                                            flexdiag_model_config *m, cfg_keys *k) {
     cfg_ctx lc = {c->file, "language_config"};
-    FLEXDIAG_TRY(parse_lm(&lc, json_object_get(root, "language_config"), &m->lm));
+    k->lm = m->lm_keys = "language_config.";
+    FLEXDIAG_TRY(parse_lm(&lc, json_object_get(root, "language_config"), &m->lm, k));
     m->lm.tie_embed = false;
-    cfg_ctx gc = {c->file, "gen_*_config.params"};
-    json_t *vis = get_params(root, "gen_vision_config"), *al = get_params(root, "gen_aligner_config");
-    json_t *hd = get_params(root, "gen_head_config");
-    FLEXDIAG_TRY(get_int(&gc, vis, "image_token_size", 16384, &m->image_vocab));
-    FLEXDIAG_TRY(get_int(&gc, vis, "n_embed", 8, &m->image_embed));
-    FLEXDIAG_TRY(get_int(&gc, al, "n_embed", m->lm.hidden, &m->aligner_dim));
-    FLEXDIAG_TRY(get_int(&gc, al, "depth", 2, &m->aligner_depth));
-    FLEXDIAG_TRY(get_int(&gc, hd, "n_embed", m->lm.hidden, &m->head_dim_mid));
+    cfg_ctx vc = {c->file, "gen_vision_config.params"}, ac = {c->file, "gen_aligner_config.params"};
+    cfg_ctx hc = {c->file, "gen_head_config.params"};
+    json_t *vis = get_params(root, "gen_vision_config");
+    json_t *al = get_params(root, "gen_aligner_config"), *hd = get_params(root, "gen_head_config");
+    FLEXDIAG_TRY(get_int(&vc, vis, "image_token_size", 16384, &m->image_vocab));
+    FLEXDIAG_TRY(get_int(&vc, vis, "n_embed", 8, &m->image_embed));
+    FLEXDIAG_TRY(get_int(&ac, al, "n_embed", m->lm.hidden, &m->aligner_dim));
+    FLEXDIAG_TRY(get_int(&ac, al, "depth", 2, &m->aligner_depth));
+    FLEXDIAG_TRY(get_int(&hc, hd, "n_embed", m->lm.hidden, &m->head_dim_mid));
+    m->grid = 24; /* VQ-16 at 384 px (docs/architecture.md §4.1 step 7) */
+    k->image_vocab = "gen_vision_config.params.image_token_size";
+    k->image_embed = "gen_vision_config.params.n_embed";
+    k->aligner_dim = "gen_aligner_config.params.n_embed";
+    k->aligner_depth = "gen_aligner_config.params.depth";
+    k->head_mid = "gen_head_config.params.n_embed";
+    k->grid = "grid (24 in this layout)";
+    FLEXDIAG_TRY(check_janus(k, m));
     int32_t head_in = 0, head_out = 0, align_in = 0;
-    FLEXDIAG_TRY(get_int(&gc, hd, "image_token_embed", m->lm.hidden, &head_in));
-    FLEXDIAG_TRY(get_int(&gc, hd, "image_token_size", m->image_vocab, &head_out));
-    FLEXDIAG_TRY(get_int(&gc, al, "input_dim", m->image_embed, &align_in));
+    FLEXDIAG_TRY(get_int(&hc, hd, "image_token_embed", m->lm.hidden, &head_in));
+    FLEXDIAG_TRY(get_int(&hc, hd, "image_token_size", m->image_vocab, &head_out));
+    FLEXDIAG_TRY(get_int(&ac, al, "input_dim", m->image_embed, &align_in));
     if (head_in != m->lm.hidden || head_out != m->image_vocab || align_in != m->image_embed)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: gen_head/gen_aligner sizes disagree with the language model "
-                             "(image_token_embed %d vs hidden %d, image_token_size %d vs %d, "
-                             "input_dim %d vs n_embed %d)",
+                             "(gen_head_config.params.image_token_embed %d vs "
+                             "language_config.hidden_size %d, gen_head_config.params."
+                             "image_token_size %d vs gen_vision_config.params.image_token_size "
+                             "%d, gen_aligner_config.params.input_dim %d vs "
+                             "gen_vision_config.params.n_embed %d)",
                              c->file, head_in, m->lm.hidden, head_out, m->image_vocab, align_in,
                              m->image_embed);
-    m->grid = 24; /* VQ-16 at 384 px (docs/architecture.md §4.1 step 7) */
     return FLEXDIAG_OK;
 }
 
-static flexdiag_status parse_janus_hf(const cfg_ctx *c, json_t *root, flexdiag_model_config *m) {
+/* Tokens per image side: vq_config.num_patches, else vision_config.image_size / patch_size. */
+static flexdiag_status parse_grid(const cfg_ctx *c, json_t *root, json_t *vq,
+                                  flexdiag_model_config *m, cfg_keys *k) {
+    cfg_ctx vc = {c->file, "vq_config"}, sc = {c->file, "vision_config"};
+    json_t *vis = json_object_get(root, "vision_config");
+    int32_t img = 384, patch = 16;
+    FLEXDIAG_TRY(get_int(&sc, vis, "image_size", 384, &img));
+    FLEXDIAG_TRY(get_int(&sc, vis, "patch_size", 16, &patch));
+    k->grid = has(vq, "num_patches") ? "vq_config.num_patches"
+                                     : "vq_config.num_patches (not set: vision_config.image_size "
+                                       "/ vision_config.patch_size)";
+    return get_int(&vc, vq, "num_patches", patch > 0 ? img / patch : 0, &m->grid);
+}
+
+static flexdiag_status parse_janus_hf(const cfg_ctx *c, json_t *root, flexdiag_model_config *m,
+                                      cfg_keys *k) {
     cfg_ctx tc = {c->file, "text_config"}, vc = {c->file, "vq_config"};
-    FLEXDIAG_TRY(parse_lm(&tc, json_object_get(root, "text_config"), &m->lm));
+    k->lm = m->lm_keys = "text_config.";
+    FLEXDIAG_TRY(parse_lm(&tc, json_object_get(root, "text_config"), &m->lm, k));
     json_t *vq = json_object_get(root, "vq_config");
-    int32_t head_in = 0;
     FLEXDIAG_TRY(get_int(&vc, vq, "embed_dim", 8, &m->image_embed));
     FLEXDIAG_TRY(get_int(&vc, vq, "num_embeddings", 16384, &m->image_vocab));
     FLEXDIAG_TRY(get_int(&vc, vq, "projection_dim", 2048, &m->aligner_dim));
     FLEXDIAG_TRY(get_int(&vc, vq, "num_hidden_layers", 2, &m->aligner_depth));
-    FLEXDIAG_TRY(get_int(&vc, vq, "image_token_embed_dim", 2048, &head_in));
     m->head_dim_mid = m->aligner_dim;
     json_t *act = json_object_get(vq, "hidden_act");
     if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "gelu")))
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "%s: vq_config.hidden_act must be \"gelu\"",
                              c->file);
+    FLEXDIAG_TRY(parse_grid(c, root, vq, m, k));
+    k->image_vocab = "vq_config.num_embeddings";
+    k->image_embed = "vq_config.embed_dim";
+    k->aligner_dim = k->head_mid = "vq_config.projection_dim";
+    k->aligner_depth = "vq_config.num_hidden_layers";
+    FLEXDIAG_TRY(check_janus(k, m));
+    int32_t head_in = 0;
+    FLEXDIAG_TRY(get_int(&vc, vq, "image_token_embed_dim", 2048, &head_in));
     if (head_in != m->lm.hidden)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
                              "%s: vq_config.image_token_embed_dim %d differs from "
                              "text_config.hidden_size %d",
                              c->file, head_in, m->lm.hidden);
-    json_t *vis = json_object_get(root, "vision_config");
-    int32_t img = 384, patch = 16;
-    cfg_ctx sc = {c->file, "vision_config"};
-    FLEXDIAG_TRY(get_int(&sc, vis, "image_size", 384, &img));
-    FLEXDIAG_TRY(get_int(&sc, vis, "patch_size", 16, &patch));
-    FLEXDIAG_TRY(get_int(&vc, vq, "num_patches", patch > 0 ? img / patch : 0, &m->grid));
     return FLEXDIAG_OK;
 }
 
@@ -184,26 +344,29 @@ static flexdiag_status read_generation_config(const char *dir, flexdiag_model_co
     json_t *kw = json_object_get(g, "generation_kwargs");
     if (st == FLEXDIAG_OK) st = get_int(&c, kw, "boi_token_id", m->boi_id, &m->boi_id);
     json_decref(g);
-    return st;
+    static const char *const keys[3] = {"bos_token_id", "pad_token_id",
+                                        "generation_kwargs.boi_token_id"};
+    return st == FLEXDIAG_OK ? check_ids(path, keys, m) : st;
 }
 
 static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model_config *m) {
+    cfg_keys k = {.file = c->file, .lm = ""};
     json_t *mt = json_object_get(root, "model_type");
     const char *type = json_is_string(mt) ? json_string_value(mt) : "";
     if (json_object_get(root, "language_config") || !strcmp(type, "multi_modality")) {
         m->arch = FLEXDIAG_ARCH_JANUS;
         snprintf(m->name, sizeof m->name, "janus (multi_modality)");
-        return parse_janus_original(c, root, m);
+        return parse_janus_original(c, root, m, &k);
     }
     if (json_object_get(root, "text_config") || !strcmp(type, "janus")) {
         m->arch = FLEXDIAG_ARCH_JANUS;
         snprintf(m->name, sizeof m->name, "janus (transformers)");
-        return parse_janus_hf(c, root, m);
+        return parse_janus_hf(c, root, m, &k);
     }
     if (!strcmp(type, "llama")) {
         m->arch = FLEXDIAG_ARCH_LLAMA;
         snprintf(m->name, sizeof m->name, "llama");
-        return parse_lm(c, root, &m->lm);
+        return parse_lm(c, root, &m->lm, &k);
     }
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "%s: model_type \"%s\" is not supported (supported: multi_modality and "
@@ -212,10 +375,11 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
 }
 
 flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *out) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     memset(out, 0, sizeof *out);
     out->bos_id = out->pad_id = out->boi_id = -1;
+    out->lm_keys = "";
+    snprintf(out->source, sizeof out->source, "%s/config.json", dir);
+    const char *path = out->source;
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root)
@@ -227,10 +391,9 @@ flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *ou
                                                               "%s: not a JSON object", path);
     json_decref(root);
     if (st == FLEXDIAG_OK && out->arch == FLEXDIAG_ARCH_JANUS) {
-        out->image_tokens = out->grid * out->grid;
+        out->image_tokens = out->grid * out->grid; /* grid <= CFG_MAX_GRID: no overflow */
         st = read_generation_config(dir, out);
     }
-    if (st == FLEXDIAG_OK) st = flexdiag__config_validate(out);
     return st;
 }
 
@@ -241,6 +404,8 @@ static void builtin_janus(flexdiag_model_config *m, const char *name, int32_t d,
     memset(m, 0, sizeof *m);
     m->arch = FLEXDIAG_ARCH_JANUS;
     snprintf(m->name, sizeof m->name, "%s", name);
+    snprintf(m->source, sizeof m->source, "builtin shape '%s'", name);
+    m->lm_keys = "";
     m->lm = (flexdiag_lm_config){.hidden = d, .layers = layers, .heads = heads,
                                  .kv_heads = heads, .head_dim = d / heads, .ffn = ffn,
                                  .vocab = vocab, .max_pos = 16384, .rms_eps = 1e-6f,
@@ -286,33 +451,38 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
 }
 
 flexdiag_status flexdiag__config_validate(const flexdiag_model_config *c) {
-    const flexdiag_lm_config *l = &c->lm;
-    if (l->hidden <= 0 || l->layers <= 0 || l->heads <= 0 || l->kv_heads <= 0 ||
-        l->head_dim <= 0 || l->ffn <= 0 || l->vocab <= 0)
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: hidden/layers/heads/kv_heads/head_dim/ffn/vocab must be positive",
-                             c->name);
-    if (l->heads % l->kv_heads)
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: num_attention_heads %d is not a multiple of "
-                             "num_key_value_heads %d",
-                             c->name, l->heads, l->kv_heads);
-    if (l->head_dim % 2 || l->head_dim > 256)
-        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "%s: head_dim %d must be even and <= 256",
-                             c->name, l->head_dim);
-    if (!(l->rms_eps > 0) || !(l->rope_theta > 0))
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: rms_norm_eps and rope_theta must be positive", c->name);
+    cfg_keys k = {.file = c->source[0] ? c->source : c->name,
+                  .lm = c->lm_keys ? c->lm_keys : "",
+                  .head_dim = "head_dim",
+                  .theta = "rope_theta",
+                  .image_vocab = "image vocabulary",
+                  .image_embed = "gen_embed width",
+                  .aligner_dim = "gen_aligner width",
+                  .aligner_depth = "gen_aligner depth",
+                  .head_mid = "gen_head width",
+                  .grid = "image grid"};
+    FLEXDIAG_TRY(check_lm(&k, &c->lm));
     if (c->arch != FLEXDIAG_ARCH_JANUS) return FLEXDIAG_OK;
-    if (c->image_vocab <= 0 || c->image_embed <= 0 || c->grid <= 0 || c->head_dim_mid <= 0 ||
-        c->aligner_depth < 1 || c->aligner_depth > 4)
+    FLEXDIAG_TRY(check_janus(&k, c));
+    if (c->image_tokens != c->grid * c->grid)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: image vocab/embed/grid/head sizes must be positive and the "
-                             "aligner depth 1..4",
-                             c->name);
-    if (c->aligner_dim != l->hidden)
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: gen_aligner output %d must equal the hidden size %d", c->name,
-                             c->aligner_dim, l->hidden);
-    return FLEXDIAG_OK;
+                             "%s: %d image tokens, but a %d x %d grid has %d", k.file,
+                             c->image_tokens, c->grid, c->grid, c->grid * c->grid);
+    static const char *const keys[3] = {"bos id", "pad id", "begin-of-image id"};
+    return check_ids(k.file, keys, c);
+}
+
+/* ---- backend limits ---- */
+
+flexdiag_status flexdiag__config_check_backend(const flexdiag_model_config *c,
+                                               const flexdiag_kernels *k) {
+    if (strcmp(k->name, "cuda") != 0) return FLEXDIAG_OK;
+    for (size_t i = 0; i < sizeof cuda_head_dims / sizeof cuda_head_dims[0]; i++)
+        if (c->lm.head_dim == cuda_head_dims[i]) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                         "%s: %shead_dim = %d is not supported by the cuda backend, whose "
+                         "attention kernels are built for head_dim 16, 32, 64 and 128: run this "
+                         "model on the CPU (--cpu)",
+                         c->source[0] ? c->source : c->name, c->lm_keys ? c->lm_keys : "",
+                         c->lm.head_dim);
 }

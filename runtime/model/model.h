@@ -52,6 +52,9 @@ typedef struct flexdiag_lm_config {
 typedef struct flexdiag_model_config {
     flexdiag_arch arch;       /* Janus or Llama */
     char name[64];            /* "janus-pro-7b", "tiny-janus", "llama" */
+    char source[4096];        /* config.json path, or "builtin shape 'NAME'"; named in messages */
+    const char *lm_keys;      /* static prefix of the decoder fields in source: "text_config.",
+                                 "language_config." or "" (messages name "<prefix>head_dim") */
     flexdiag_lm_config lm;    /* language model */
     /* Janus generation path (arch == JANUS) */
     int32_t image_vocab;      /* VQ codebook size (16384) */
@@ -104,19 +107,29 @@ static inline flexdiag_layer_w flexdiag__layer_view(const flexdiag_weights *w, c
     return v;
 }
 
-/* Read config.json (+ generation_config.json) of a model folder. */
+/* Read config.json (+ generation_config.json) of a model folder and range-check every field
+ * (limits in config.c); a refusal names the file, the field as written, the value and the
+ * accepted range. */
 flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *out);
-/* Builtin shape by name (tiny-janus, janus-pro-1b, janus-pro-7b). */
+/* Builtin shape by name (tiny-janus, micro-janus, janus-pro-1b, janus-pro-7b). */
 flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config *out);
-/* Check dims are consistent and positive; message names the field. */
+/* The checks of config_load on a filled config (ranges and relations between fields); messages
+ * name c->source and the field. */
 flexdiag_status flexdiag__config_validate(const flexdiag_model_config *c);
+/* What backend k adds to the config limits (the CUDA attention's head sizes);
+ * FLEXDIAG_ERR_UNSUPPORTED naming the source and field. Called by the weight loaders. */
+flexdiag_status flexdiag__config_check_backend(const flexdiag_model_config *c,
+                                               const flexdiag_kernels *k);
 
 /* Rewrite a checkpoint tensor name of arch onto the canonical scheme (Janus: the original
  * deepseek-ai names, VQ decoder included; Llama: the HF names) into out. Returns 1 when a rule
  * applied, 0 when the name was copied unchanged, -1 when out is too small. */
 int flexdiag__name_canonical(flexdiag_arch arch, const char *name, char *out, size_t out_size);
 
-/* Load weights from an open checkpoint into memory of arena a's backend. */
+/* Load weights from an open checkpoint into memory of arena a's backend. Before any memory
+ * proportional to the config is taken, every tensor the config implies must be in the
+ * checkpoint with its shape and a readable dtype, and the checkpoint's tensors of the model's
+ * parts must add up to what the config implies; refusals name the file and the tensor. */
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
                                        const flexdiag_model_config *cfg,
                                        const flexdiag_safetensors *st, flexdiag_weights *w);

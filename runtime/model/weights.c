@@ -1,14 +1,21 @@
 /*
- * weights.c - the tensor table of each architecture, and loading it into backend memory from
- * safetensors or from a seeded random generator.
+ * weights.c - the tensor layout of each architecture, checked against a checkpoint and loaded
+ * into backend memory from safetensors or from a seeded random generator.
  *
- * Size first, allocate once: the table is built from the config alone (canonical name, shape,
- * destination offset inside one device block), the block is allocated, then every entry is
- * filled. Fused tensors (wqkv = [q; k; v], wgu = [gate; up]) are several entries pointing into
- * the same destination at different row offsets. Loading matches checkpoint names through
- * flexdiag__name_canonical, checks presence and shape of every entry before reading a byte,
- * ignores the architecture's skip list and warns once about any other unknown tensor
- * (docs/formats.md §2.6). Random weights use the counter-based RNG so they are identical on every
+ * One walk is the single source of truth for shapes: walk_model visits every tensor the config
+ * implies, in block order, with its canonical name, shape and byte offset inside one device
+ * block. Fused tensors (wqkv = [q; k; v], wgu = [gate; up]) are consecutive visits into the same
+ * storage; every other tensor starts 256-byte aligned, and every layer has layer 0's layout.
+ * Loading walks twice. The first walk checks and sizes, holding nothing proportional to the
+ * config: each implied tensor must be in the checkpoint with the implied shape and a readable
+ * dtype, and the checkpoint's tensors of the model's parts (model_parts) must add up to what the
+ * config implies, so a config with fewer layers than the weights is refused too. Then the block
+ * is allocated once and the second walk uploads. Random weights walk to size, then to fill.
+ *
+ * Checkpoint names go through flexdiag__name_canonical into a sorted index (memory proportional to
+ * the checkpoint, whose header the reader already holds). Tensors on the architecture's skip list
+ * are never read; any other unknown tensor gets one warning (docs/formats.md §2.6). Random
+ * weights use the counter-based RNG keyed by the visit number, so they are identical on every
  * machine and thread count.
  */
 #include <math.h>
@@ -21,145 +28,129 @@
 #include "runtime/model/model.h"
 #include "runtime/model/safetensors.h"
 
-typedef enum wkind { W_MATRIX, W_NORM, W_BIAS } wkind;
-
-typedef struct wentry {
-    char name[160];   /* canonical checkpoint name */
-    int32_t ndim;     /* 1 or 2 */
-    int64_t rows;     /* shape[0] */
-    int64_t cols;     /* shape[1] (1 for vectors) */
-    size_t offset;    /* byte offset of this entry inside the weight block */
-    wkind kind;       /* initialisation for random weights */
-    int found;        /* loader: matched in the checkpoint */
-} wentry;
-
-typedef struct wtable {
-    wentry *e;        /* entries */
-    int n, cap;       /* count, capacity */
-    size_t bytes;     /* block size so far */
-} wtable;
-
 #define W_ALIGN 256 /* bytes; keeps every tensor 16-byte-vector and cuBLAS friendly */
 
-/* Append an entry whose data starts at *cursor (fused tensors pass the same cursor). */
-static flexdiag_status wt_add(wtable *t, const char *name, int64_t rows, int64_t cols, wkind kind,
-                              size_t offset) {
-    if (t->n == t->cap) {
-        int cap = t->cap ? 2 * t->cap : 64;
-        wentry *e = realloc(t->e, (size_t)cap * sizeof *e);
-        if (!e) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight table: out of memory");
-        t->e = e;
-        t->cap = cap;
-    }
-    wentry *w = &t->e[t->n++];
-    memset(w, 0, sizeof *w);
-    snprintf(w->name, sizeof w->name, "%s", name);
-    w->ndim = cols > 0 ? 2 : 1;
-    w->rows = rows;
-    w->cols = cols > 0 ? cols : 1;
-    w->kind = kind;
-    w->offset = offset;
-    return FLEXDIAG_OK;
-}
+typedef enum wkind { W_MATRIX, W_NORM, W_BIAS } wkind;
 
-/* Reserve bytes for a tensor of rows x cols and return its offset. */
-static size_t wt_reserve(wtable *t, int64_t rows, int64_t cols) {
-    size_t off = t->bytes;
-    size_t b = (size_t)rows * (size_t)(cols > 0 ? cols : 1) * 2;
-    t->bytes += (b + W_ALIGN - 1) / W_ALIGN * W_ALIGN;
-    return off;
-}
+/* One tensor of the walk. */
+typedef struct wtensor {
+    const char *name; /* canonical checkpoint name */
+    int64_t rows;     /* shape[0] */
+    int64_t cols;     /* shape[1]; 0 for vectors */
+    wkind kind;       /* initialisation for random weights */
+    size_t offset;    /* bytes into the weight block */
+    int64_t index;    /* visit number: the RNG stream of random weights */
+} wtensor;
 
-/* One tensor with its own storage. */
-static flexdiag_status wt_single(wtable *t, const char *name, int64_t rows, int64_t cols,
-                                 wkind kind, size_t *off) {
-    *off = wt_reserve(t, rows, cols);
-    return wt_add(t, name, rows, cols, kind, *off);
-}
+static int64_t wt_elems(const wtensor *t) { return t->rows * (t->cols > 0 ? t->cols : 1); }
 
-/* ---- the tables ---- */
+typedef flexdiag_status (*wvisit)(void *user, const wtensor *t);
 
-/* Per-layer offsets recorded while building, to carve pointers afterwards. */
+/* Offsets of layer 0's tensors; layer j's are these plus j · layer_bytes. */
 typedef struct layer_off {
     size_t attn_norm, wqkv, wo, mlp_norm, wgu, wdown;
 } layer_off;
 
+/* What a walk leaves behind: the offsets carve needs and the sizes. */
 typedef struct model_off {
     size_t embed, final_norm, lm_head, gen_embed, head_w1, head_b1, head_w2, head_b2;
     size_t align_w[4], align_b[4];
-    layer_off *layers;
-    size_t layer_bytes; /* one layer's block; every layer has the same layout */
+    layer_off layer0;
+    size_t layer_bytes; /* one layer's block */
+    size_t bytes;       /* the whole block, W_ALIGN-aligned */
+    int64_t count;      /* tensors visited */
+    int64_t max_elems;  /* largest tensor (staging buffer) */
 } model_off;
 
-static flexdiag_status build_layer(wtable *t, const flexdiag_lm_config *l, const char *pre, int i,
-                                   layer_off *o) {
+typedef struct walker {
+    wvisit visit; /* NULL: layout only */
+    void *user;   /* passed to visit */
+    model_off o;  /* filled as the walk goes */
+    size_t cursor; /* next free byte of the block */
+} walker;
+
+/* ---- the walk ---- */
+
+static size_t align_up(size_t x) { return (x + W_ALIGN - 1) / W_ALIGN * W_ALIGN; }
+
+/* Visit one tensor. `fused` continues the storage of the previous visit (k and v after q, up
+ * after gate); otherwise the tensor starts aligned. Its offset goes to *slot when given. */
+static flexdiag_status emit(walker *w, const char *name, int64_t rows, int64_t cols, wkind kind,
+                            int fused, size_t *slot) {
+    if (!fused) w->cursor = align_up(w->cursor);
+    wtensor t = {name, rows, cols, kind, w->cursor, w->o.count++};
+    int64_t n = wt_elems(&t);
+    w->cursor += (size_t)n * 2;
+    if (n > w->o.max_elems) w->o.max_elems = n;
+    if (slot) *slot = t.offset;
+    return w->visit ? w->visit(w->user, &t) : FLEXDIAG_OK;
+}
+
+static flexdiag_status walk_layer(walker *w, const flexdiag_lm_config *l, const char *pre, int i,
+                                  layer_off *o) {
     char n[160];
     int64_t d = l->hidden, dq = (int64_t)l->heads * l->head_dim;
     int64_t dkv = (int64_t)l->kv_heads * l->head_dim, f = l->ffn;
 #define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, pre, i), n)
-    FLEXDIAG_TRY(wt_single(t, NAME("input_layernorm.weight"), d, 0, W_NORM, &o->attn_norm));
-    o->wqkv = wt_reserve(t, dq + 2 * dkv, d);
-    FLEXDIAG_TRY(wt_add(t, NAME("self_attn.q_proj.weight"), dq, d, W_MATRIX, o->wqkv));
-    FLEXDIAG_TRY(wt_add(t, NAME("self_attn.k_proj.weight"), dkv, d, W_MATRIX,
-                        o->wqkv + (size_t)(dq * d * 2)));
-    FLEXDIAG_TRY(wt_add(t, NAME("self_attn.v_proj.weight"), dkv, d, W_MATRIX,
-                        o->wqkv + (size_t)((dq + dkv) * d * 2)));
-    FLEXDIAG_TRY(wt_single(t, NAME("self_attn.o_proj.weight"), d, dq, W_MATRIX, &o->wo));
-    FLEXDIAG_TRY(wt_single(t, NAME("post_attention_layernorm.weight"), d, 0, W_NORM, &o->mlp_norm));
-    o->wgu = wt_reserve(t, 2 * f, d);
-    FLEXDIAG_TRY(wt_add(t, NAME("mlp.gate_proj.weight"), f, d, W_MATRIX, o->wgu));
-    FLEXDIAG_TRY(wt_add(t, NAME("mlp.up_proj.weight"), f, d, W_MATRIX, o->wgu + (size_t)(f * d * 2)));
-    FLEXDIAG_TRY(wt_single(t, NAME("mlp.down_proj.weight"), d, f, W_MATRIX, &o->wdown));
+    FLEXDIAG_TRY(emit(w, NAME("input_layernorm.weight"), d, 0, W_NORM, 0, &o->attn_norm));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.q_proj.weight"), dq, d, W_MATRIX, 0, &o->wqkv));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.k_proj.weight"), dkv, d, W_MATRIX, 1, NULL));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.v_proj.weight"), dkv, d, W_MATRIX, 1, NULL));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.o_proj.weight"), d, dq, W_MATRIX, 0, &o->wo));
+    FLEXDIAG_TRY(emit(w, NAME("post_attention_layernorm.weight"), d, 0, W_NORM, 0, &o->mlp_norm));
+    FLEXDIAG_TRY(emit(w, NAME("mlp.gate_proj.weight"), f, d, W_MATRIX, 0, &o->wgu));
+    FLEXDIAG_TRY(emit(w, NAME("mlp.up_proj.weight"), f, d, W_MATRIX, 1, NULL));
+    FLEXDIAG_TRY(emit(w, NAME("mlp.down_proj.weight"), d, f, W_MATRIX, 0, &o->wdown));
 #undef NAME
     return FLEXDIAG_OK;
 }
 
-static flexdiag_status build_janus_heads(wtable *t, const flexdiag_model_config *c, model_off *o) {
+static flexdiag_status walk_janus_heads(walker *w, const flexdiag_model_config *c) {
+    model_off *o = &w->o;
     int64_t d = c->lm.hidden;
     char n[64];
-    FLEXDIAG_TRY(wt_single(t, "gen_embed.weight", c->image_vocab, c->image_embed, W_MATRIX,
-                           &o->gen_embed));
+    FLEXDIAG_TRY(emit(w, "gen_embed.weight", c->image_vocab, c->image_embed, W_MATRIX, 0,
+                      &o->gen_embed));
     for (int i = 0; i < c->aligner_depth; i++) { /* Linear layers at Sequential index 0, 2, 4.. */
         snprintf(n, sizeof n, "gen_aligner.layers.%d.weight", 2 * i);
-        FLEXDIAG_TRY(wt_single(t, n, c->aligner_dim, i ? c->aligner_dim : c->image_embed, W_MATRIX,
-                               &o->align_w[i]));
+        FLEXDIAG_TRY(emit(w, n, c->aligner_dim, i ? c->aligner_dim : c->image_embed, W_MATRIX, 0,
+                          &o->align_w[i]));
         snprintf(n, sizeof n, "gen_aligner.layers.%d.bias", 2 * i);
-        FLEXDIAG_TRY(wt_single(t, n, c->aligner_dim, 0, W_BIAS, &o->align_b[i]));
+        FLEXDIAG_TRY(emit(w, n, c->aligner_dim, 0, W_BIAS, 0, &o->align_b[i]));
     }
-    FLEXDIAG_TRY(wt_single(t, "gen_head.output_mlp_projector.weight", c->head_dim_mid, d, W_MATRIX,
-                           &o->head_w1));
-    FLEXDIAG_TRY(wt_single(t, "gen_head.output_mlp_projector.bias", c->head_dim_mid, 0, W_BIAS,
-                           &o->head_b1));
-    FLEXDIAG_TRY(wt_single(t, "gen_head.vision_head.weight", c->image_vocab, c->head_dim_mid,
-                           W_MATRIX, &o->head_w2));
-    FLEXDIAG_TRY(wt_single(t, "gen_head.vision_head.bias", c->image_vocab, 0, W_BIAS,
-                           &o->head_b2));
+    FLEXDIAG_TRY(emit(w, "gen_head.output_mlp_projector.weight", c->head_dim_mid, d, W_MATRIX, 0,
+                      &o->head_w1));
+    FLEXDIAG_TRY(emit(w, "gen_head.output_mlp_projector.bias", c->head_dim_mid, 0, W_BIAS, 0,
+                      &o->head_b1));
+    FLEXDIAG_TRY(emit(w, "gen_head.vision_head.weight", c->image_vocab, c->head_dim_mid,
+                      W_MATRIX, 0, &o->head_w2));
+    return emit(w, "gen_head.vision_head.bias", c->image_vocab, 0, W_BIAS, 0, &o->head_b2);
+}
+
+/* Every tensor config c implies, in block order; w->o holds the layout afterwards. */
+static flexdiag_status walk_model(const flexdiag_model_config *c, walker *w) {
+    const flexdiag_lm_config *l = &c->lm;
+    const char *pre = c->arch == FLEXDIAG_ARCH_JANUS ? "language_model.model." : "model.";
+    model_off *o = &w->o;
+    char n[160];
+    layer_off scratch; /* offsets of layers past 0 follow from layer 0's */
+    snprintf(n, sizeof n, "%sembed_tokens.weight", pre);
+    FLEXDIAG_TRY(emit(w, n, l->vocab, l->hidden, W_MATRIX, 0, &o->embed));
+    for (int i = 0; i < l->layers; i++) {
+        size_t start = align_up(w->cursor);
+        FLEXDIAG_TRY(walk_layer(w, l, pre, i, i == 0 ? &o->layer0 : &scratch));
+        if (i == 0) o->layer_bytes = align_up(w->cursor) - start;
+    }
+    snprintf(n, sizeof n, "%snorm.weight", pre);
+    FLEXDIAG_TRY(emit(w, n, l->hidden, 0, W_NORM, 0, &o->final_norm));
+    if (c->arch == FLEXDIAG_ARCH_JANUS) FLEXDIAG_TRY(walk_janus_heads(w, c));
+    else if (l->tie_embed) o->lm_head = o->embed;
+    else FLEXDIAG_TRY(emit(w, "lm_head.weight", l->vocab, l->hidden, W_MATRIX, 0, &o->lm_head));
+    o->bytes = align_up(w->cursor);
     return FLEXDIAG_OK;
 }
 
-static flexdiag_status build_table(const flexdiag_model_config *c, wtable *t, model_off *o) {
-    const flexdiag_lm_config *l = &c->lm;
-    const char *pre = c->arch == FLEXDIAG_ARCH_JANUS ? "language_model.model." : "model.";
-    char n[160];
-    memset(o, 0, sizeof *o);
-    o->layers = calloc((size_t)l->layers, sizeof *o->layers);
-    if (!o->layers) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight table: out of memory");
-    snprintf(n, sizeof n, "%sembed_tokens.weight", pre);
-    FLEXDIAG_TRY(wt_single(t, n, l->vocab, l->hidden, W_MATRIX, &o->embed));
-    for (int i = 0; i < l->layers; i++) {
-        size_t before = t->bytes;
-        FLEXDIAG_TRY(build_layer(t, l, pre, i, &o->layers[i]));
-        o->layer_bytes = t->bytes - before;
-    }
-    snprintf(n, sizeof n, "%snorm.weight", pre);
-    FLEXDIAG_TRY(wt_single(t, n, l->hidden, 0, W_NORM, &o->final_norm));
-    if (c->arch == FLEXDIAG_ARCH_JANUS) return build_janus_heads(t, c, o);
-    if (l->tie_embed) {
-        o->lm_head = o->embed;
-        return FLEXDIAG_OK;
-    }
-    return wt_single(t, "lm_head.weight", l->vocab, l->hidden, W_MATRIX, &o->lm_head);
-}
+/* ---- the block ---- */
 
 static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_weights *w) {
     char *b = w->block;
@@ -167,10 +158,11 @@ static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_w
     w->embed = P(o->embed);
     w->final_norm = P(o->final_norm);
     w->layer_bytes = o->layer_bytes;
+    const layer_off *l0 = &o->layer0;
     for (int i = 0; i < c->lm.layers; i++) {
-        const layer_off *lo = &o->layers[i];
-        w->layers[i] = (flexdiag_layer_w){P(lo->attn_norm), P(lo->wqkv), P(lo->wo),
-                                          P(lo->mlp_norm), P(lo->wgu), P(lo->wdown)};
+        size_t s = (size_t)i * o->layer_bytes;
+        w->layers[i] = (flexdiag_layer_w){P(l0->attn_norm + s), P(l0->wqkv + s), P(l0->wo + s),
+                                          P(l0->mlp_norm + s), P(l0->wgu + s), P(l0->wdown + s)};
     }
     if (c->arch == FLEXDIAG_ARCH_LLAMA) {
         w->lm_head = P(o->lm_head);
@@ -188,14 +180,14 @@ static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_w
 #undef P
 }
 
-/* Allocate the device block of a built table t and carve the weight pointers from it. */
+/* Allocate the device block of layout o and carve the weight pointers from it. */
 static flexdiag_status allocate(flexdiag_arena *a, const flexdiag_model_config *c,
-                                const wtable *t, const model_off *o, flexdiag_weights *w) {
+                                const model_off *o, flexdiag_weights *w) {
     memset(w, 0, sizeof *w);
     w->layers = calloc((size_t)c->lm.layers, sizeof *w->layers);
     if (!w->layers) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: out of memory");
-    FLEXDIAG_TRY(flexdiag__arena_alloc(a, t->bytes, "model weights", &w->block));
-    w->bytes = t->bytes;
+    FLEXDIAG_TRY(flexdiag__arena_alloc(a, o->bytes, "model weights", &w->block));
+    w->bytes = o->bytes;
     carve(c, o, w);
     return FLEXDIAG_OK;
 }
@@ -213,9 +205,8 @@ void flexdiag__weights_free(flexdiag_arena *a, flexdiag_weights *w) {
 #define FILL_THREADS 16       /* host threads drawing one chunk */
 
 typedef struct fill_job {
-    const wentry *e;  /* tensor */
+    const wtensor *t; /* tensor */
     uint64_t seed;    /* model seed */
-    uint64_t id;      /* tensor index (RNG stream) */
     int64_t base;     /* first element of the chunk */
     int64_t lo, hi;   /* this thread's range inside the chunk */
     uint16_t *buf;    /* chunk buffer */
@@ -225,10 +216,10 @@ static void *fill_part(void *arg) {
     const fill_job *j = arg;
     for (int64_t i = j->lo; i < j->hi; i++) {
         float v = 0.0f;
-        if (j->e->kind == W_NORM) {
+        if (j->t->kind == W_NORM) {
             v = 1.0f;
-        } else if (j->e->kind == W_MATRIX) { /* Irwin-Hall(4) ~ N(0, 1/3): cheap, bounded */
-            uint64_t r = flexdiag__rng64(j->seed, j->id, (uint64_t)(j->base + i));
+        } else if (j->t->kind == W_MATRIX) { /* Irwin-Hall(4) ~ N(0, 1/3): cheap, bounded */
+            uint64_t r = flexdiag__rng64(j->seed, (uint64_t)j->t->index, (uint64_t)(j->base + i));
             float u = (float)((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) +
                               (r >> 48)) / 65536.0f - 2.0f;
             v = u * 0.02f * 1.7320508f;
@@ -238,15 +229,14 @@ static void *fill_part(void *arg) {
     return NULL;
 }
 
-/* Draw elements [base, base + m) of e into buf; the values depend only on (seed, id, index), so
- * the split over threads never changes them. */
-static void fill_chunk(const wentry *e, uint64_t seed, uint64_t id, int64_t base, int64_t m,
-                       uint16_t *buf) {
+/* Draw elements [base, base + m) of t into buf; the values depend only on (seed, t->index,
+ * element), so the split over threads never changes them. */
+static void fill_chunk(const wtensor *t, uint64_t seed, int64_t base, int64_t m, uint16_t *buf) {
     pthread_t th[FILL_THREADS];
     fill_job jobs[FILL_THREADS];
     int nt = m >= (1 << 20) ? FILL_THREADS : 1, started = 0;
     for (int i = 0; i < nt; i++) {
-        jobs[i] = (fill_job){e, seed, id, base, m * i / nt, m * (i + 1) / nt, buf};
+        jobs[i] = (fill_job){t, seed, base, m * i / nt, m * (i + 1) / nt, buf};
         if (i > 0 && pthread_create(&th[i], NULL, fill_part, &jobs[i]) == 0) started |= 1 << i;
         else if (i > 0) fill_part(&jobs[i]);
     }
@@ -255,16 +245,23 @@ static void fill_chunk(const wentry *e, uint64_t seed, uint64_t id, int64_t base
         if (started & (1 << i)) pthread_join(th[i], NULL);
 }
 
-static flexdiag_status fill_random(const flexdiag_kernels *k, flexdiag_stream *s,
-                                   const wentry *e, void *block, uint64_t seed, uint64_t id,
-                                   uint16_t *buf) {
-    int64_t n = e->rows * e->cols;
+typedef struct fill_ctx {
+    const flexdiag_kernels *k; /* backend of the block */
+    flexdiag_stream *s;        /* its stream */
+    void *block;               /* weight block */
+    uint64_t seed;             /* model seed */
+    uint16_t *buf;             /* CHUNK_ELEMS staging elements */
+} fill_ctx;
+
+static flexdiag_status fill_tensor(void *user, const wtensor *t) {
+    const fill_ctx *f = user;
+    int64_t n = wt_elems(t);
     for (int64_t base = 0; base < n; base += CHUNK_ELEMS) {
         int64_t m = n - base < CHUNK_ELEMS ? n - base : CHUNK_ELEMS;
-        fill_chunk(e, seed, id, base, m, buf);
-        FLEXDIAG_TRY(k->copy_h2d((char *)block + e->offset + (size_t)base * 2, buf,
-                                 (size_t)m * 2, s));
-        FLEXDIAG_TRY(k->stream_sync(s)); /* buf is reused for the next chunk */
+        fill_chunk(t, f->seed, base, m, f->buf);
+        FLEXDIAG_TRY(f->k->copy_h2d((char *)f->block + t->offset + (size_t)base * 2, f->buf,
+                                    (size_t)m * 2, f->s));
+        FLEXDIAG_TRY(f->k->stream_sync(f->s)); /* buf is reused for the next chunk */
     }
     return FLEXDIAG_OK;
 }
@@ -272,24 +269,76 @@ static flexdiag_status fill_random(const flexdiag_kernels *k, flexdiag_stream *s
 flexdiag_status flexdiag__weights_random(flexdiag_arena *a, flexdiag_stream *s,
                                          const flexdiag_model_config *cfg, uint64_t seed,
                                          flexdiag_weights *w) {
-    const flexdiag_kernels *k = a->k;
-    wtable t = {0};
-    model_off o;
     memset(w, 0, sizeof *w);
-    flexdiag_status st = build_table(cfg, &t, &o);
-    if (st == FLEXDIAG_OK) st = allocate(a, cfg, &t, &o, w);
-    free(o.layers);
-    uint16_t *buf = st == FLEXDIAG_OK ? malloc((size_t)CHUNK_ELEMS * 2) : NULL;
-    if (st == FLEXDIAG_OK && !buf) st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory");
-    for (int i = 0; st == FLEXDIAG_OK && i < t.n; i++)
-        st = fill_random(k, s, &t.e[i], w->block, seed, (uint64_t)i, buf);
-    free(buf);
-    free(t.e);
+    FLEXDIAG_TRY(flexdiag__config_check_backend(cfg, a->k));
+    walker layout = {0};
+    FLEXDIAG_TRY(walk_model(cfg, &layout));
+    FLEXDIAG_TRY(allocate(a, cfg, &layout.o, w));
+    fill_ctx f = {a->k, s, w->block, seed, malloc((size_t)CHUNK_ELEMS * 2)};
+    flexdiag_status st = f.buf ? FLEXDIAG_OK
+                               : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory");
+    walker fill = {.visit = fill_tensor, .user = &f};
+    if (st == FLEXDIAG_OK) st = walk_model(cfg, &fill);
+    free(f.buf);
     if (st != FLEXDIAG_OK) flexdiag__weights_free(a, w);
     return st;
 }
 
-/* ---- loading from safetensors ---- */
+/* ---- the checkpoint index ---- */
+
+/* One checkpoint tensor under its canonical name. */
+typedef struct ck_entry {
+    const char *canon;             /* canonical name (after the entries, same allocation) */
+    const flexdiag_st_tensor *t;   /* the tensor as stored */
+    int used;                      /* implied by the config (set by the check walk) */
+} ck_entry;
+
+typedef struct ckpt_index {
+    ck_entry *e;   /* sorted by canon; one allocation with the names */
+    int64_t n;     /* entries */
+} ckpt_index;
+
+static int cmp_entry(const void *a, const void *b) {
+    const ck_entry *x = a, *y = b;
+    int r = strcmp(x->canon, y->canon);
+    return r ? r : strcmp(x->t->name, y->t->name);
+}
+
+/* Canonical names of every tensor of st, sorted (names too long to be canonical are left out:
+ * no table name is that long). Sized first, then one allocation. */
+static flexdiag_status index_build(flexdiag_arch arch, const flexdiag_safetensors *st,
+                                   ckpt_index *ix) {
+    char canon[512];
+    int64_t n = 0, count = flexdiag__st_count(st);
+    size_t chars = 0;
+    for (int64_t i = 0; i < count; i++)
+        if (flexdiag__name_canonical(arch, flexdiag__st_at(st, i)->name, canon, sizeof canon) >= 0)
+            n++, chars += strlen(canon) + 1;
+    ix->n = n;
+    ix->e = malloc((size_t)n * sizeof *ix->e + chars + 1);
+    if (!ix->e) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory for the index");
+    char *p = (char *)(ix->e + n);
+    for (int64_t i = 0, j = 0; i < count; i++) {
+        const flexdiag_st_tensor *t = flexdiag__st_at(st, i);
+        if (flexdiag__name_canonical(arch, t->name, canon, sizeof canon) < 0) continue;
+        size_t len = strlen(canon) + 1;
+        ix->e[j++] = (ck_entry){memcpy(p, canon, len), t, 0};
+        p += len;
+    }
+    if (n > 1) qsort(ix->e, (size_t)n, sizeof *ix->e, cmp_entry);
+    return FLEXDIAG_OK;
+}
+
+/* First entry named canon, or NULL. */
+static ck_entry *index_find(const ckpt_index *ix, const char *canon) {
+    int64_t lo = 0, hi = ix->n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (strcmp(ix->e[mid].canon, canon) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < ix->n && !strcmp(ix->e[lo].canon, canon) ? &ix->e[lo] : NULL;
+}
 
 /* Tensors an architecture does not need (docs/formats.md §2.6); never read. */
 static int skipped(flexdiag_arch arch, const char *canon) {
@@ -302,95 +351,177 @@ static int skipped(flexdiag_arch arch, const char *canon) {
     return 0;
 }
 
-static wentry *find_entry(wtable *t, const char *canon) {
-    for (int i = 0; i < t->n; i++)
-        if (!strcmp(t->e[i].name, canon)) return &t->e[i];
-    return NULL;
+/* The parts of the model the config describes: a tensor under these prefixes that the config
+ * does not imply means config and weights disagree. (A Llama lm_head.weight is implied when
+ * untied; with tied embeddings a stored copy is merely unknown.) */
+static int model_part(flexdiag_arch arch, const char *canon) {
+    static const char *janus[] = {"language_model.model.", "gen_embed.", "gen_aligner.",
+                                  "gen_head."};
+    if (arch != FLEXDIAG_ARCH_JANUS) return !strncmp(canon, "model.", 6);
+    for (size_t i = 0; i < sizeof janus / sizeof janus[0]; i++)
+        if (!strncmp(canon, janus[i], strlen(janus[i]))) return 1;
+    return 0;
 }
 
-static flexdiag_status check_shape(const flexdiag_safetensors *st, const flexdiag_st_tensor *x,
-                                   const wentry *e) {
-    int ok = x->ndim == e->ndim && x->shape[0] == e->rows && (e->ndim == 1 || x->shape[1] == e->cols);
-    if (ok) return FLEXDIAG_OK;
-    char found[96] = "[", *p = found + 1;
-    for (int i = 0; i < x->ndim && p < found + 80; i++)
-        p += snprintf(p, (size_t)(found + sizeof found - p), "%s%lld", i ? ", " : "",
-                      (long long)x->shape[i]);
-    snprintf(p, (size_t)(found + sizeof found - p), "]");
-    char want[64];
-    if (e->ndim == 1) snprintf(want, sizeof want, "[%lld]", (long long)e->rows);
-    else snprintf(want, sizeof want, "[%lld, %lld]", (long long)e->rows, (long long)e->cols);
-    return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                         "%s: tensor '%s' has shape %s, the config needs %s",
-                         flexdiag__st_file_path(st, x->file), x->name, found, want);
+/* ---- the check walk ---- */
+
+typedef struct check_ctx {
+    const flexdiag_safetensors *st;  /* checkpoint */
+    const flexdiag_model_config *c;  /* config */
+    ckpt_index *ix;                  /* its index; entries get `used` */
+    int64_t implied;                 /* elements of the tensors visited */
+} check_ctx;
+
+static void shape_str(char *out, size_t n, int32_t ndim, const int64_t *shape) {
+    size_t len = (size_t)snprintf(out, n, "[");
+    for (int32_t i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(out + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < n) snprintf(out + len, n - len, "]");
 }
 
-/* Match every checkpoint tensor; fills tensor pointers per entry (same index). */
-static flexdiag_status match_all(const flexdiag_safetensors *st, const flexdiag_model_config *c,
-                                 wtable *t, const flexdiag_st_tensor **src) {
-    char canon[512], unknown[512] = "";
-    int n_unknown = 0;
-    for (int64_t i = 0; i < flexdiag__st_count(st); i++) {
-        const flexdiag_st_tensor *x = flexdiag__st_at(st, i);
-        if (flexdiag__name_canonical(c->arch, x->name, canon, sizeof canon) < 0) continue;
-        wentry *e = find_entry(t, canon);
-        if (e) {
-            FLEXDIAG_TRY(check_shape(st, x, e));
-            e->found = 1;
-            src[e - t->e] = x;
-        } else if (!skipped(c->arch, canon) && n_unknown++ < 10) {
-            size_t len = strlen(unknown);
-            snprintf(unknown + len, sizeof unknown - len, "%s%s", len ? ", " : "", x->name);
-        }
+static void wt_shape_str(char *out, size_t n, const wtensor *t) {
+    const int64_t shape[2] = {t->rows, t->cols};
+    shape_str(out, n, t->cols > 0 ? 2 : 1, shape);
+}
+
+static flexdiag_status check_found(const check_ctx *k, const ck_entry *e, const wtensor *t) {
+    const flexdiag_st_tensor *x = e->t;
+    const char *file = flexdiag__st_file_path(k->st, x->file);
+    if (e + 1 < k->ix->e + k->ix->n && !strcmp(e[1].canon, e->canon))
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: tensor '%s' is stored twice, as '%s' and '%s' (%s): keep one "
+                             "naming scheme",
+                             file, t->name, x->name, e[1].t->name,
+                             flexdiag__st_file_path(k->st, e[1].t->file));
+    int ndim = t->cols > 0 ? 2 : 1;
+    if (x->ndim != ndim || x->shape[0] != t->rows || (ndim == 2 && x->shape[1] != t->cols)) {
+        char found[96], want[64];
+        shape_str(found, sizeof found, x->ndim, x->shape);
+        wt_shape_str(want, sizeof want, t);
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: tensor '%s' has shape %s, but %s implies %s", file, x->name,
+                             found, k->c->source, want);
     }
-    if (n_unknown)
-        FLEXDIAG_WARN("ignoring %d tensor(s) this architecture does not use: %s%s", n_unknown,
-                      unknown, n_unknown > 10 ? ", ..." : "");
-    for (int i = 0; i < t->n; i++)
-        if (!t->e[i].found)
-            return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                                 "%s: required tensor '%s' (shape [%lld%s%lld]) is missing "
-                                 "(checked original and transformers names)",
-                                 flexdiag__st_file_path(st, 0), t->e[i].name,
-                                 (long long)t->e[i].rows, t->e[i].ndim == 2 ? ", " : "",
-                                 t->e[i].ndim == 2 ? (long long)t->e[i].cols : 0LL);
+    if (x->dtype != FLEXDIAG_DTYPE_BF16 && x->dtype != FLEXDIAG_DTYPE_F16 &&
+        x->dtype != FLEXDIAG_DTYPE_F32)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: tensor '%s' is stored as %s; weights must be BF16, F16 or F32",
+                             file, x->name, flexdiag__dtype_name(x->dtype));
     return FLEXDIAG_OK;
 }
 
-static flexdiag_status upload_all(const flexdiag_kernels *k, flexdiag_stream *s,
-                                  const flexdiag_safetensors *st, const wtable *t,
-                                  const flexdiag_st_tensor **src, void *block) {
-    int64_t most = 0;
-    for (int i = 0; i < t->n; i++)
-        if (t->e[i].rows * t->e[i].cols > most) most = t->e[i].rows * t->e[i].cols;
-    uint16_t *buf = malloc((size_t)most * 2);
-    if (!buf) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no host memory for staging");
-    flexdiag_status r = FLEXDIAG_OK;
-    for (int i = 0; r == FLEXDIAG_OK && i < t->n; i++) {
-        r = flexdiag__st_read_bf16(st, src[i], buf);
-        if (r == FLEXDIAG_OK)
-            r = k->copy_h2d((char *)block + t->e[i].offset, buf, (size_t)src[i]->numel * 2, s);
-        if (r == FLEXDIAG_OK) r = k->stream_sync(s);
+static flexdiag_status check_tensor(void *user, const wtensor *t) {
+    check_ctx *k = user;
+    ck_entry *e = index_find(k->ix, t->name);
+    if (!e) {
+        char want[64];
+        wt_shape_str(want, sizeof want, t);
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: tensor '%s' of shape %s, implied by %s, is missing (checked "
+                             "original and transformers names)",
+                             flexdiag__st_file_path(k->st, 0), t->name, want, k->c->source);
     }
-    free(buf);
+    FLEXDIAG_TRY(check_found(k, e, t));
+    e->used = 1;
+    k->implied += wt_elems(t);
+    return FLEXDIAG_OK;
+}
+
+/* After the walk: the model's parts in the checkpoint must hold exactly the implied tensors;
+ * anything else not skipped gets one warning. */
+static flexdiag_status check_rest(const check_ctx *k) {
+    const flexdiag_model_config *c = k->c;
+    const ck_entry *extra = NULL;
+    int64_t found = 0, n_unknown = 0;
+    char unknown[512] = "";
+    for (int64_t i = 0; i < k->ix->n; i++) {
+        const ck_entry *e = &k->ix->e[i];
+        if (e->used) {
+            found += e->t->numel;
+        } else if (skipped(c->arch, e->canon)) {
+            continue;
+        } else if (model_part(c->arch, e->canon)) {
+            found += e->t->numel;
+            if (!extra) extra = e;
+        } else if (n_unknown++ < 10) {
+            size_t len = strlen(unknown);
+            snprintf(unknown + len, sizeof unknown - len, "%s%s", len ? ", " : "", e->t->name);
+        }
+    }
+    if (extra) {
+        char shape[96];
+        shape_str(shape, sizeof shape, extra->t->ndim, extra->t->shape);
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: tensor '%.*s' of shape %s is not implied by %s: the model's "
+                             "tensors in the checkpoint hold %lld elements, the config implies "
+                             "%lld (does %snum_hidden_layers = %d or another size disagree "
+                             "with the weights?)",
+                             flexdiag__st_file_path(k->st, extra->t->file),
+                             FLEXDIAG_ST_NAME_MSG, extra->t->name, shape, c->source,
+                             (long long)found, (long long)k->implied, c->lm_keys ? c->lm_keys : "",
+                             c->lm.layers);
+    }
+    if (n_unknown)
+        FLEXDIAG_WARN("ignoring %lld tensor(s) this architecture does not use: %s%s",
+                      (long long)n_unknown, unknown, n_unknown > 10 ? ", ..." : "");
+    return FLEXDIAG_OK;
+}
+
+/* The first walk: checks everything and leaves the layout in *o; allocates nothing. */
+static flexdiag_status check_all(const flexdiag_safetensors *st, const flexdiag_model_config *c,
+                                 ckpt_index *ix, model_off *o) {
+    check_ctx k = {st, c, ix, 0};
+    walker w = {.visit = check_tensor, .user = &k};
+    FLEXDIAG_TRY(walk_model(c, &w));
+    FLEXDIAG_TRY(check_rest(&k));
+    *o = w.o;
+    return FLEXDIAG_OK;
+}
+
+/* ---- loading from safetensors ---- */
+
+typedef struct upload_ctx {
+    const flexdiag_kernels *k;      /* backend of the block */
+    flexdiag_stream *s;             /* its stream */
+    const flexdiag_safetensors *st; /* checkpoint */
+    const ckpt_index *ix;           /* its index (every visited tensor is in it: checked) */
+    void *block;                    /* weight block */
+    uint16_t *buf;                  /* staging for the largest tensor */
+} upload_ctx;
+
+static flexdiag_status upload_tensor(void *user, const wtensor *t) {
+    const upload_ctx *u = user;
+    const ck_entry *e = index_find(u->ix, t->name);
+    FLEXDIAG_ASSERT(e != NULL);
+    FLEXDIAG_TRY(flexdiag__st_read_bf16(u->st, e->t, u->buf));
+    FLEXDIAG_TRY(u->k->copy_h2d((char *)u->block + t->offset, u->buf, (size_t)e->t->numel * 2,
+                                u->s));
+    return u->k->stream_sync(u->s);
+}
+
+static flexdiag_status upload_all(const flexdiag_kernels *k, flexdiag_stream *s,
+                                  const flexdiag_safetensors *st, const flexdiag_model_config *c,
+                                  const ckpt_index *ix, const model_off *o, void *block) {
+    upload_ctx u = {k, s, st, ix, block, malloc((size_t)o->max_elems * 2)};
+    if (!u.buf) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no host memory for staging");
+    walker w = {.visit = upload_tensor, .user = &u};
+    flexdiag_status r = walk_model(c, &w);
+    free(u.buf);
     return r;
 }
 
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
                                        const flexdiag_model_config *cfg,
                                        const flexdiag_safetensors *st, flexdiag_weights *w) {
-    wtable t = {0};
-    model_off o;
     memset(w, 0, sizeof *w);
-    flexdiag_status r = build_table(cfg, &t, &o);
-    const flexdiag_st_tensor **src = r == FLEXDIAG_OK ? calloc((size_t)t.n, sizeof *src) : NULL;
-    if (r == FLEXDIAG_OK && !src) r = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory");
-    if (r == FLEXDIAG_OK) r = match_all(st, cfg, &t, src); /* all checks before allocating */
-    if (r == FLEXDIAG_OK) r = allocate(a, cfg, &t, &o, w);
-    if (r == FLEXDIAG_OK) r = upload_all(a->k, s, st, &t, src, w->block);
-    free(o.layers);
+    FLEXDIAG_TRY(flexdiag__config_check_backend(cfg, a->k));
+    ckpt_index ix = {0};
+    model_off o;
+    flexdiag_status r = index_build(cfg->arch, st, &ix);
+    if (r == FLEXDIAG_OK) r = check_all(st, cfg, &ix, &o); /* all checks before allocating */
+    if (r == FLEXDIAG_OK) r = allocate(a, cfg, &o, w);
+    if (r == FLEXDIAG_OK) r = upload_all(a->k, s, st, cfg, &ix, &o, w->block);
+    free(ix.e);
     if (r != FLEXDIAG_OK) flexdiag__weights_free(a, w);
-    free(src);
-    free(t.e);
     return r;
 }

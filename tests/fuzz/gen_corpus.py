@@ -1,17 +1,35 @@
 #!/usr/bin/env python3
-"""Write the seed corpus of the safetensors fuzz target (tests/fuzz/corpus/safetensors/).
+"""Write the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/).
 
-Run once from anywhere: `python3 tests/fuzz/gen_corpus.py`; the output is committed and replayed
-by the 'format' suite. Seeds are small valid files (every dtype family, metadata, rank 0, empty
-tensors, an empty header), valid and invalid index JSON (the fuzz harness provides the shard
-s1.safetensors holding "a" F32 [2] and "b" BF16 [3]), and one corrupt file per class of
-docs/architecture.md §10.1, so mutations start next to every validation branch. Standard library
-only. """
+Run once from anywhere: `python3 tests/fuzz/gen_corpus.py [TARGET ...]` (default: every target);
+the output is committed and replayed by the 'format' suite. Files are only written, never
+removed, so regression inputs (regress_*) and merged fuzzer finds committed next to the seeds
+stay. Standard library only. Per target:
+  safetensors  small valid files (every dtype family, metadata, rank 0, empty tensors, an empty
+               header), valid and invalid index JSON (the fuzz harness provides the shard
+               s1.safetensors holding "a" F32 [2] and "b" BF16 [3]), and one corrupt file per
+               class of docs/architecture.md §10.1;
+  config       the golden model configs (tests/golden/data/*/config.json; janus with its
+               generation_config.json after a NUL byte, as the harness splits inputs), the janus
+               one in the original multi_modality layout, and variants next to the checks of
+               runtime/model/config.c;
+  tokenizer    tests/tokenizer/data/mini.json, the golden tokenizer.json cut to its first merges,
+               and small variants reaching each option and refusal of tokenizer_load.c;
+  npy          valid arrays of each dtype the reader takes (rank 0..3, empty, format 1.0/2.0/3.0),
+               two golden .npy files, and one malformed file per rejection of cli/npy.c;
+  score_input  tests/golden/data/janus/score_input.json and variants next to the checks of
+               cli/score_input.c;
+  prompts      plain, GenEval and DPG prompt sets (lines and the harness's folder form: parts
+               "<id>\n<prompt>" separated by 0x1e) with the malformed lines prompts.c refuses.
+So mutations start next to every validation branch. """
+import functools
 import json
 import os
 import struct
+import sys
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "safetensors")
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
 SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8, "F64": 8, "U8": 1}
 
 
@@ -41,7 +59,7 @@ def raw_header(text, data_len):
     return struct.pack("<Q", len(text)) + text + b"\0" * data_len
 
 
-def seeds():
+def safetensors_seeds():
     two = safetensors([("a", "BF16", [2, 3]), ("b", "F32", [2])], {"format": "pt"})
     entry = b'"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
     return {
@@ -75,12 +93,345 @@ def seeds():
     }
 
 
+def read_test_file(rel):
+    with open(os.path.join(TESTS, rel), "rb") as f:
+        return f.read()
+
+
+def compact(obj):
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# ---- config: config.json [+ NUL + generation_config.json] ----
+
+def multi_modality(hf):
+    """The transformers janus config in the original deepseek-ai layout (as test_golden.c)."""
+    text, vq = hf["text_config"], hf["vq_config"]
+    nv, emb, pd = vq["num_embeddings"], vq["embed_dim"], vq["projection_dim"]
+    return {"model_type": "multi_modality", "language_config": text,
+            "gen_vision_config": {"params": {"image_token_size": nv, "n_embed": emb}},
+            "gen_aligner_config": {"params": {"input_dim": emb, "n_embed": pd, "depth": 2}},
+            "gen_head_config": {"params": {"n_embed": pd, "image_token_embed": text["hidden_size"],
+                                           "image_token_size": nv}}}
+
+
+def config_seeds():
+    janus_raw = read_test_file("golden/data/janus/config.json")
+    gen_raw = read_test_file("golden/data/janus/generation_config.json")
+    llama_raw = read_test_file("golden/data/llama/config.json")
+    hf, llama = json.loads(janus_raw), json.loads(llama_raw)
+    orig = multi_modality(hf)
+
+    def janus(edit):
+        c = json.loads(janus_raw)
+        edit(c)
+        return compact(c)
+
+    def lm(**kv):
+        return compact({"model_type": "llama", **{k: v for k, v in llama.items()
+                                                  if k != "model_type"}, **kv})
+    return {
+        "valid_janus_hf_gen.json": janus_raw + b"\0" + gen_raw,
+        "valid_janus_hf.json": janus_raw,
+        "valid_llama.json": llama_raw,
+        "valid_multi_modality_gen.json": compact(orig) + b"\0" + gen_raw,
+        "valid_llama_defaults.json": b'{"model_type":"llama"}',
+        "valid_multi_modality_empty.json": b'{"model_type":"multi_modality","language_config":'
+                                           b'{"hidden_size":64,"num_attention_heads":4}}',
+        "valid_janus_theta_top.json": janus(lambda c: (c["text_config"].pop("rope_parameters"),
+                                                       c["text_config"].update(rope_theta=5e5))),
+        "bad_json.json": janus_raw[:200],
+        "bad_not_object.json": b"[1, 2]",
+        "bad_model_type.json": b'{"model_type":"mistral"}',
+        "bad_rope_scaling.json": lm(rope_scaling={"type": "linear", "factor": 2.0}),
+        "bad_rope_type.json": lm(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
+        "bad_act.json": lm(hidden_act="gelu"),
+        "bad_bias.json": lm(attention_bias=True),
+        "bad_gqa.json": lm(num_key_value_heads=3),
+        "bad_head_dim_odd.json": lm(head_dim=15),
+        "bad_head_dim_big.json": lm(head_dim=512),
+        "bad_int_type.json": lm(num_hidden_layers=2.5),
+        "bad_int_range.json": lm(vocab_size=2**31),
+        "bad_minus_one.json": lm(hidden_size=-1),
+        "bad_eps_zero.json": lm(rms_norm_eps=0),
+        "bad_eps_string.json": lm(rms_norm_eps="1e-6"),
+        "bad_vq_act.json": janus(lambda c: c["vq_config"].update(hidden_act="relu")),
+        "bad_vq_embed_dim.json": janus(lambda c: c["vq_config"].update(image_token_embed_dim=32)),
+        "bad_patch_zero.json": janus(lambda c: (c["vision_config"].update(patch_size=0),
+                                                c["vq_config"].pop("num_patches"))),
+        "bad_depth.json": compact({**orig, "gen_aligner_config": {"params": {
+            "input_dim": 8, "n_embed": 64, "depth": 5}}}),
+        "bad_aligner_width.json": compact({**orig, "gen_aligner_config": {"params": {
+            "input_dim": 8, "n_embed": 32, "depth": 2}}}),
+        "bad_head_sizes.json": compact({**orig, "gen_head_config": {"params": {
+            "n_embed": 64, "image_token_embed": 32, "image_token_size": 256}}}),
+        "bad_gen_bos.json": janus_raw + b'\0{"bos_token_id":"1"}',
+        "bad_gen_boi.json": janus_raw + b'\0{"generation_kwargs":{"boi_token_id":-2}}',
+        "valid_gen_malformed_ignored.json": janus_raw + b"\0{",
+    }
+
+
+# ---- tokenizer: tokenizer.json ----
+
+JANUS_SPECIALS = ["<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5c\u2581pad\u2581\uff5c>",
+                  "<|User|>", "<|Assistant|>", "<begin_of_image>"]
+
+
+def added(content, i, **opts):
+    return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True, **opts}
+
+
+def tiny_tokenizer(**top):
+    """A byte-level BPE over a few letters (a..h, space), the Janus specials as added tokens."""
+    symbols = ["\u0120"] + [chr(c) for c in range(ord("a"), ord("i"))]
+    vocab = {s: i for i, s in enumerate(symbols)}
+    merges = [["a", "b"], ["\u0120", "a"], ["ab", "c"], ["\u0120a", "b"]]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+             "ignore_merges": False, "vocab": vocab, "merges": merges}
+    doc = {"version": "1.0", "truncation": None, "padding": None,
+           "added_tokens": [added(s, len(vocab) + i) for i, s in enumerate(JANUS_SPECIALS)],
+           "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                             "use_regex": True},
+           "post_processor": None,
+           "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                       "use_regex": True},
+           "model": model}
+    for key, value in top.items():
+        if key.startswith("model_"):
+            model[key[6:]] = value
+        else:
+            doc[key] = value
+    return compact(doc)
+
+
+def split(pattern, behavior="Isolated", invert=False):
+    return {"type": "Split", "pattern": pattern, "behavior": behavior, "invert": invert}
+
+
+def sequence(*steps):
+    return {"type": "Sequence", "pretokenizers": list(steps)}
+
+
+def golden_cut(doc, n_merges):
+    """The golden tokenizer with its byte symbols and first n_merges merges, ids kept dense."""
+    model = doc["model"]
+    merges = [m if isinstance(m, list) else m.split(" ") for m in model["merges"][:n_merges]]
+    keep = {s for s, i in model["vocab"].items() if i < 256}
+    keep |= {a + b for a, b in merges} | {p for m in merges for p in m}
+    ids = sorted(keep, key=lambda s: model["vocab"][s])
+    model["vocab"] = {s: i for i, s in enumerate(ids)}
+    model["merges"] = merges
+    doc["added_tokens"] = [dict(a, id=len(ids) + i) for i, a in enumerate(doc["added_tokens"])]
+    return compact(doc)
+
+
+def tokenizer_seeds():
+    letters = {c: i for i, c in enumerate("abcdefgh")}
+    fallback = dict(letters, **{"<unk>": 8}, **{f"<0x{b:02X}>": 9 + b for b in range(256)})
+    return {
+        "valid_mini.json": read_test_file("tokenizer/data/mini.json"),
+        "valid_golden_cut.json": golden_cut(
+            json.loads(read_test_file("golden/data/janus/tokenizer.json")), 120),
+        "valid_tiny.json": tiny_tokenizer(),
+        "valid_tiny_string_merges.json": tiny_tokenizer(model_merges=["a b", "\u0120 a", "ab c"]),
+        "valid_tiny_prefix_no_regex.json": tiny_tokenizer(pre_tokenizer={
+            "type": "ByteLevel", "add_prefix_space": True, "use_regex": False}),
+        "valid_tiny_split_literal.json": tiny_tokenizer(pre_tokenizer=sequence(
+            split({"String": "b"}, "MergedWithPrevious"), split({"String": "c"}, "MergedWithNext"),
+            {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False})),
+        "valid_tiny_split_regex.json": tiny_tokenizer(pre_tokenizer=sequence(
+            split({"Regex": "\\s+|[[:punct:]]"}, "Removed"),
+            split({"Regex": "\\w+"}, "Contiguous", True),
+            split({"Regex": "[\\S]"}, "Isolated"), {"type": "ByteLevel", "use_regex": True})),
+        "valid_tiny_added_strip.json": tiny_tokenizer(added_tokens=[
+            added("<mask>", 20, lstrip=True, rstrip=True), added("ab", 0, normalized=True),
+            added("<mask>", 20, rstrip=False), added("\u00f8", 21)]),
+        "valid_tiny_no_bytelevel.json": tiny_tokenizer(
+            pre_tokenizer=None, decoder=None, normalizer={"type": "Sequence", "normalizers": []}),
+        "valid_fallback_unk.json": tiny_tokenizer(
+            pre_tokenizer=None, decoder=None, added_tokens=[], model_vocab=fallback,
+            model_merges=[], model_unk_token="<unk>", model_byte_fallback=True,
+            model_fuse_unk=True),
+        "valid_unk_ignore_merges.json": tiny_tokenizer(
+            pre_tokenizer=None, decoder=None, added_tokens=[],
+            model_vocab=dict(letters, **{"<unk>": 8, "ab": 9}), model_merges=["a b"],
+            model_unk_token="<unk>", model_ignore_merges=True),
+        "bad_json.json": tiny_tokenizer()[:150],
+        "bad_merge_missing.json": tiny_tokenizer(model_merges=[["a", "z"]]),
+        "bad_merge_form.json": tiny_tokenizer(model_merges=["a b c"]),
+        "bad_vocab_id.json": tiny_tokenizer(model_vocab={"a": -1}),
+        "bad_unk.json": tiny_tokenizer(model_unk_token="<unk>"),
+        "bad_dropout.json": tiny_tokenizer(model_dropout=0.1),
+        "bad_suffix.json": tiny_tokenizer(model_end_of_word_suffix="</w>"),
+        "bad_normalizer.json": tiny_tokenizer(normalizer={"type": "NFC"}),
+        "bad_single_word.json": tiny_tokenizer(added_tokens=[added("<x>", 9, single_word=True)]),
+        "bad_added_nul.json": tiny_tokenizer(added_tokens=[added("a\u0000b", 9)]),
+        "bad_regex.json": tiny_tokenizer(pre_tokenizer=split({"Regex": "(a"})),
+        "bad_regex_h.json": tiny_tokenizer(pre_tokenizer=split({"Regex": "\\h+"})),
+        "bad_behavior.json": tiny_tokenizer(pre_tokenizer=split({"String": "a"}, "Merged")),
+        "bad_pretok.json": tiny_tokenizer(pre_tokenizer={"type": "Whitespace"}),
+        "bad_nested.json": tiny_tokenizer(pre_tokenizer=functools.reduce(
+            lambda inner, _: sequence(inner), range(10), split({"String": "a"}))),
+    }
+
+
+# ---- npy ----
+
+NPY_DTYPES = {"<f4": ("<f", 4), "<i4": ("<i", 4), "<i8": ("<q", 8)}
+
+
+def npy(descr, shape, version=1, fortran=False, data=None, pad_to=64, dict_text=None):
+    """An .npy file as numpy writes it (header padded to pad_to); data defaults to a ramp."""
+    dims = ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "")
+    text = dict_text or (f"{{'descr': '{descr}', 'fortran_order': {fortran}, "
+                         f"'shape': ({dims}), }}").encode()
+    pre = 10 if version == 1 else 12
+    text += b" " * (-(pre + len(text) + 1) % pad_to) + b"\n"
+    length = struct.pack("<H" if version == 1 else "<I", len(text))
+    if data is None:
+        fmt, _ = NPY_DTYPES.get(descr, ("<f", 4))
+        n = 1
+        for d in shape:
+            n *= d
+        data = struct.pack(f"{fmt[0]}{n}{fmt[1]}", *[(i * 7) % 13 - 6 for i in range(n)])
+    return b"\x93NUMPY" + bytes([version, 0]) + length + text + data
+
+
+def npy_seeds():
+    good = npy("<f4", [2, 3])
+    return {
+        "valid_f4_2x3.npy": good,
+        "valid_i4_4.npy": npy("<i4", [4]),
+        "valid_i8_scalar.npy": npy("<i8", []),
+        "valid_f4_empty.npy": npy("<f4", [0]),
+        "valid_i8_2x0x3.npy": npy("<i8", [2, 0, 3]),
+        "valid_i4_v2.npy": npy("<i4", [2, 2], version=2),
+        "valid_f4_v3_unpadded.npy": npy("<f4", [1, 1, 1], version=3, pad_to=1),
+        "valid_golden_greedy_ids.npy": read_test_file("golden/data/janus/greedy_ids.npy"),
+        "valid_golden_vq_tokens.npy": read_test_file("golden/data/janus/vq_tokens.npy"),
+        "valid_key_order.npy": npy("<i4", [1], dict_text=b"{\"shape\":(1,),\"fortran_order\":"
+                                                         b"False,\"descr\":\"<i4\"}"),
+        "bad_magic.npy": b"\x93NUMPX" + good[6:],
+        "bad_version.npy": good[:6] + b"\x04" + good[7:],
+        "bad_short.npy": good[:9],
+        "bad_header_len.npy": good[:8] + struct.pack("<H", 0xffff) + good[10:],
+        "bad_fortran.npy": npy("<f4", [2, 3], fortran=True),
+        "bad_big_endian.npy": npy(">f4", [2], data=b"\0" * 8),
+        "bad_f8.npy": npy("<f8", [1], data=b"\0" * 8),
+        "bad_rank9.npy": npy("<i4", [1] * 9),
+        "bad_truncated.npy": good[:-1],
+        "bad_trailing.npy": good + b"\0",
+        "bad_dup_key.npy": npy("<i4", [1], dict_text=b"{'descr': '<i4', 'descr': '<i4', "
+                                                      b"'fortran_order': False, 'shape': (1,)}"),
+        "bad_extra_key.npy": npy("<i4", [1], dict_text=b"{'descr': '<i4', 'fortran_order': "
+                                                        b"False, 'shape': (1,), 'x': 1}"),
+        "bad_missing_shape.npy": npy("<i4", [1], dict_text=b"{'descr': '<i4', "
+                                                            b"'fortran_order': False}"),
+        "bad_shape_overflow.npy": npy("<i8", [2**62, 4], data=b""),
+        "bad_negative_dim.npy": npy("<i4", [1], dict_text=b"{'descr': '<i4', "
+                                                           b"'fortran_order': False, "
+                                                           b"'shape': (-1,)}", data=b""),
+        "bad_escape.npy": npy("<i4", [1], dict_text=b"{'descr': '<\\i4', "
+                                                     b"'fortran_order': False, 'shape': (1,)}"),
+        "bad_after_dict.npy": npy("<i4", [1], dict_text=b"{'descr': '<i4', "
+                                                         b"'fortran_order': False, "
+                                                         b"'shape': (1,)} x"),
+    }
+
+
+# ---- score_input: the JSON input of `flexdiag score` ----
+
+def score_input_seeds():
+    golden_raw = read_test_file("golden/data/janus/score_input.json")
+    golden = json.loads(golden_raw)
+
+    def edit(**kv):
+        return compact({**golden, **kv})
+    return {
+        "valid_golden.json": golden_raw,
+        "valid_no_cfg.json": compact({k: v for k, v in golden.items() if k != "cfg_weight"}),
+        "valid_cfg_int.json": edit(cfg_weight=1),
+        "valid_cfg_negative.json": edit(cfg_weight=-2.5e3),
+        "valid_one_each.json": b'{"image_ids":[0],"prompt_ids":[2147483647]}',
+        "bad_json.json": golden_raw[:60],
+        "bad_not_object.json": b"[[1],[2]]",
+        "bad_missing_prompt.json": b'{"image_ids":[1]}',
+        "bad_empty_ids.json": edit(image_ids=[]),
+        "bad_negative_id.json": edit(prompt_ids=[1, -1]),
+        "bad_float_id.json": edit(image_ids=[1.0]),
+        "bad_big_id.json": edit(image_ids=[2**31]),
+        "bad_string_id.json": edit(prompt_ids=["1"]),
+        "bad_cfg_string.json": edit(cfg_weight="5"),
+        "bad_cfg_null.json": edit(cfg_weight=None),
+        "bad_dup_key.json": b'{"prompt_ids":[1],"prompt_ids":[2],"image_ids":[3]}',
+        "bad_ids_object.json": edit(image_ids={"0": 1}),
+    }
+
+
+# ---- prompts: --prompt / --prompts (plain, GenEval, DPG lines, DPG folder form) ----
+
+def geneval_line(prompt, tag="single_object", **extra):
+    return json.dumps({"tag": tag, "include": [{"class": "bench", "count": 1}],
+                       "prompt": prompt, **extra}).encode()
+
+
+def prompts_seeds():
+    return {
+        "valid_plain.txt": b"a photo of a bench\n\n  a red apple  \r\n"
+                           b"un caf\xc3\xa9 \xe2\x98\x95\n",
+        "valid_geneval.jsonl": b"\n".join([
+            geneval_line("a photo of a bench"),
+            geneval_line("a photo of two cats", "counting", exclude=[{"class": "cat",
+                                                                       "count": 3}]),
+            geneval_line("caf\u00e9 \"quoted\"\tand\\n escaped")]) + b"\n",
+        "valid_dpg_lines.txt": b"0001\tA cozy cabin in the snow.\n"
+                               b"  0002 \t  Two dogs playing chess.  \r\n\n"
+                               b"x.y\tun caf\xc3\xa9\n",
+        "valid_dpg_folder.txt": b"0001\nA cozy cabin in the snow.\n\x1e"
+                                b"0002\n  Two dogs playing chess.\n\x1e"
+                                b"a-b\nthird prompt",
+        "bad_plain_utf8.txt": b"fine\nnot \xff valid\n",
+        "bad_plain_surrogate.txt": b"\xed\xa0\x80\n",
+        "bad_plain_empty.txt": b"",
+        "bad_plain_blank.txt": b" \n\t\r\n\n",
+        "bad_plain_nul.txt": b"one\0two\n\0\n",
+        "bad_geneval_json.jsonl": geneval_line("ok") + b"\n{\"prompt\": \n",
+        "bad_geneval_no_prompt.jsonl": b'{"tag": "colors"}\n["prompt"]\n{"prompt": "  "}\n',
+        "bad_dpg_no_tab.txt": b"0001 A cabin\n",
+        "bad_dpg_id_slash.txt": b"../x\tprompt\n",
+        "bad_dpg_id_dots.txt": b"..\tprompt\n.\tprompt\n",
+        "bad_dpg_dup_id.txt": b"7\tone\n7\ttwo\n",
+        "bad_dpg_empty_prompt.txt": b"7\t   \n",
+        "bad_dpg_folder_dup.txt": b"7\none\x1e7\ntwo\x1e.hidden\nthree\x1e8\n",
+    }
+
+
+TARGETS = {
+    "safetensors": safetensors_seeds,
+    "config": config_seeds,
+    "tokenizer": tokenizer_seeds,
+    "npy": npy_seeds,
+    "score_input": score_input_seeds,
+    "prompts": prompts_seeds,
+}
+
+
 def main():
-    os.makedirs(OUT, exist_ok=True)
-    for name, data in sorted(seeds().items()):
-        with open(os.path.join(OUT, name), "wb") as f:
-            f.write(data)
-        print(f"{name}: {len(data)} bytes")
+    names = sys.argv[1:] or list(TARGETS)
+    for target in names:
+        if target not in TARGETS:
+            sys.exit(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
+        out = os.path.join(HERE, "corpus", target)
+        os.makedirs(out, exist_ok=True)
+        for name, data in sorted(TARGETS[target]().items()):
+            with open(os.path.join(out, name), "wb") as f:
+                f.write(data)
+            print(f"{target}/{name}: {len(data)} bytes")
 
 
 if __name__ == "__main__":
