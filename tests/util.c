@@ -4,6 +4,7 @@
 
 #include "util.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -162,4 +163,17 @@ int tu_cuda_stream(const char *name, flexdiag_stream **s) {
         return 1;
     }
     return 0;
+}
+
+uint64_t tu_grid_fnv1a64(const struct json_t *grid, size_t *count) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    *count = 0;
+    for (size_t r = 0; r < json_array_size(grid); r++) {
+        const json_t *row = json_array_get(grid, r);
+        for (size_t c = 0; c < json_array_size(row); c++, (*count)++) {
+            uint32_t v = (uint32_t)json_integer_value(json_array_get(row, c));
+            for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
+        }
+    }
+    return h;
 }

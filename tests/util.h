@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct json_t;
+
 /* xorshift-based generator: same stream on every machine. */
 typedef struct tu_rng { uint64_t s; } tu_rng;
 void tu_rng_seed(tu_rng *r, uint64_t seed);
@@ -43,5 +45,9 @@ struct flexdiag_stream;
 int tu_cuda_stream(const char *name, struct flexdiag_stream **s);
 /* Run a shell command, return its exit status (-1 on failure to run). */
 int tu_system(const char *fmt, ...);
+
+/* FNV-1a 64 of a tokens.json grid (rows of ids, taken as little-endian int32 bytes): the token
+ * hash results.jsonl records, recomputed independently of the CLI; *count = ids hashed. */
+uint64_t tu_grid_fnv1a64(const struct json_t *grid, size_t *count);
 
 #endif /* FLEXDIAG_TEST_UTIL_H */

@@ -190,13 +190,8 @@ static const char *rec_str(json_t *results, size_t i, const char *key) {
 /* FNV-1a 64 of image i's grid in out/tokens.json, ids as little-endian int32, as hex. */
 static void tokens_hash(json_t *tokens, size_t i, char hex[17]) {
     json_t *grid = json_object_get(json_array_get(json_object_get(tokens, "images"), i), "grid");
-    uint64_t h = 0xcbf29ce484222325ull;
     size_t count = 0;
-    for (size_t r = 0; r < json_array_size(grid); r++)
-        for (size_t c = 0; c < json_array_size(json_array_get(grid, r)); c++, count++) {
-            uint32_t v = (uint32_t)json_integer_value(json_array_get(json_array_get(grid, r), c));
-            for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
-        }
+    uint64_t h = tu_grid_fnv1a64(grid, &count);
     assert_int_equal(count, TOKENS);
     snprintf(hex, 17, "%016llx", (unsigned long long)h);
 }

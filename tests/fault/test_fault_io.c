@@ -167,13 +167,8 @@ static json_t *parse_lines(const char *text, size_t n, const char *what) {
 
 /* FNV-1a 64 of a tokens.json grid (ids as little-endian int32), as hex. */
 static void grid_hash(json_t *grid, char hex[17]) {
-    uint64_t h = 0xcbf29ce484222325ull;
     size_t count = 0;
-    for (size_t r = 0; r < json_array_size(grid); r++)
-        for (size_t c = 0; c < json_array_size(json_array_get(grid, r)); c++, count++) {
-            uint32_t v = (uint32_t)json_integer_value(json_array_get(json_array_get(grid, r), c));
-            for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
-        }
+    uint64_t h = tu_grid_fnv1a64(grid, &count);
     assert_int_equal(count, TOKENS);
     snprintf(hex, 17, "%016llx", (unsigned long long)h);
 }
@@ -463,17 +458,7 @@ static void test_npy_score(void **state) {
 
 /* 3x3-token VQ decoder writing 12x12 images (tests/image/tiny_vq.c), as a model folder. */
 static void write_decoder(const char *dir) {
-    flexdiag_vq_config c;
-    flexdiag__vq_config_default(&c);
-    c.codebook_size = 40;
-    c.z_channels = 32;
-    c.ch = 32;
-    c.n_levels = 3;
-    c.ch_mult[0] = 1, c.ch_mult[1] = 1, c.ch_mult[2] = 2;
-    memset(c.attn, 0, sizeof c.attn);
-    c.attn[2] = 1;
-    c.res_blocks = 2;
-    c.grid_h = c.grid_w = 3;
+    flexdiag_vq_config c = tv_tiny_config();
     tv_model m;
     tv_build(&m, &c, 3);
     char path[4400];

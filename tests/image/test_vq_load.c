@@ -22,22 +22,6 @@
 #include "util.h"
 #include "runtime/image/vq.h"
 
-/* 3 levels (64, 32, 32 channels), 2 ResBlocks per level, 3×3 grid -> 12×12 pixels: every kind
- * of block (attention, nin_shortcut, two upsamples, a level without either) appears. */
-static flexdiag_vq_config tiny_cfg(void) {
-    flexdiag_vq_config c;
-    flexdiag__vq_config_default(&c);
-    c.codebook_size = 40;
-    c.z_channels = 32;
-    c.ch = 32;
-    c.n_levels = 3;
-    c.ch_mult[0] = 1, c.ch_mult[1] = 1, c.ch_mult[2] = 2;
-    memset(c.attn, 0, sizeof c.attn);
-    c.attn[2] = 1;
-    c.res_blocks = 2;
-    c.grid_h = c.grid_w = 3;
-    return c;
-}
 
 typedef struct fixture {
     tv_model m;
@@ -46,7 +30,7 @@ typedef struct fixture {
 
 static int setup(void **state) {
     fixture *f = calloc(1, sizeof *f);
-    flexdiag_vq_config c = tiny_cfg();
+    flexdiag_vq_config c = tv_tiny_config();
     tv_build(&f->m, &c, 11);
     f->dir = tu_tempdir("vq");
     *state = f;
@@ -180,7 +164,7 @@ static void test_missing_and_misshapen(void **state) {
     assert_non_null(strstr(flexdiag__err_msg(), "[32, 64, 1, 1]"));
 
     /* a config with more channels than the weights: shape mismatch names file and tensor */
-    flexdiag_vq_config c = tiny_cfg();
+    flexdiag_vq_config c = tv_tiny_config();
     c.ch_mult[2] = 3;
     char *cfg = tv_config_json(&c), path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -208,7 +192,7 @@ static void test_unused_tensors_warned(void **state) {
      * every tensor the config needs is in the file with its shape, block 1's upsample and all
      * of block 2 are unused and must be named in one warning; the load itself succeeds */
     char *dir = write_model(f, "extra", 1, NULL);
-    flexdiag_vq_config c = tiny_cfg();
+    flexdiag_vq_config c = tv_tiny_config();
     c.n_levels = 2;
     c.ch_mult[0] = 1, c.ch_mult[1] = 2;
     memset(c.attn, 0, sizeof c.attn);

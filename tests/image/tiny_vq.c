@@ -318,3 +318,18 @@ void tv_naive_decode(const tv_model *m, const int32_t *ids, int64_t n, double *p
                 pixels[(i * hw + j) * 3 + ch] = rgb[(i * 3 + ch) * hw + j];
     free(y), free(o), free(rgb);
 }
+
+flexdiag_vq_config tv_tiny_config(void) {
+    flexdiag_vq_config c;
+    flexdiag__vq_config_default(&c);
+    c.codebook_size = 40;
+    c.z_channels = 32;
+    c.ch = 32;
+    c.n_levels = 3;
+    c.ch_mult[0] = 1, c.ch_mult[1] = 1, c.ch_mult[2] = 2;
+    memset(c.attn, 0, sizeof c.attn);
+    c.attn[2] = 1;
+    c.res_blocks = 2;
+    c.grid_h = c.grid_w = 3;
+    return c;
+}

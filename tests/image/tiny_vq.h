@@ -27,6 +27,10 @@ typedef struct tv_model {
 
 /* Random weights for cfg: conv weights N(0, 1/fan_in), norm gammas near 1, so activations stay
  * of order 1 through the whole decoder. */
+/* The small decoder the tests share: 3 levels (64, 32, 32 channels), 2 ResBlocks per level,
+ * 3x3 grid -> 12x12 pixels, so every kind of block (attention, nin_shortcut, two upsamples, a
+ * level without either) appears. */
+flexdiag_vq_config tv_tiny_config(void);
 void tv_build(tv_model *m, const flexdiag_vq_config *cfg, uint64_t seed);
 void tv_free(tv_model *m);
 /* Tensor by original name, or NULL. */
