@@ -30,6 +30,7 @@
 
 #include "base/core.h"
 #include "bench/bench.h"
+#include "bench/offload_report.h"
 #include "cli/cli.h"
 #include "cli/fileio.h"
 #include "policy/kv_policy.h"
@@ -55,6 +56,8 @@ typedef struct tp_row {
     double peak_gib, kv_mib_seq;
     double step_bytes, step_flops, roof_ms, roof_frac;
     int projected;
+    double compute_ms;          /* a profiled decode step's op time (GEMM + attention + rest) */
+    flexdiag_offload_info oi[2]; /* offload counters before and after the timed run */
 } tp_row;
 
 /* ---- roofline measurement ---- */
@@ -81,21 +84,26 @@ static flexdiag_status op_gemm(const flexdiag_kernels *k, flexdiag_stream *s, vo
     return k->matmul(b[2], b[0], b[1], NULL, g_mm, g_mm, g_mm, 0, s);
 }
 
-/* Measure copy bandwidth and GEMM rate on the backend (buffers outside the arena, freed). */
+/* Measure copy bandwidth and GEMM rate on the backend (buffers from the device budget, freed:
+ * the copy buffers shrink to what the budget has left after the weights). */
 static int measure_roofline(flexdiag_runtime *rt, roofline *r) {
     const flexdiag_kernels *k = rt->k;
     int gpu = k->act_bytes == 2;
     g_copy_bytes = gpu ? (size_t)2 << 30 : (size_t)256 << 20;
     g_mm = gpu ? 8192 : 512;
+    size_t n2 = (size_t)g_mm * (size_t)g_mm, fixed = n2 * (4 + (size_t)k->act_bytes);
+    uint64_t avail = flexdiag__arena_available(&rt->arena);
+    if (avail < fixed + (64u << 20)) return 1;
+    if (2 * g_copy_bytes > avail - fixed) g_copy_bytes = (size_t)((avail - fixed) / 2) & ~(size_t)4095;
+    flexdiag_arena *a = &rt->arena;
     void *b[3] = {0};
-    int ok = k->mem_alloc(g_copy_bytes, &b[0]) == FLEXDIAG_OK &&
-             k->mem_alloc(g_copy_bytes, &b[1]) == FLEXDIAG_OK;
+    int ok = flexdiag__arena_alloc(a, g_copy_bytes, "the bench's roofline", &b[0]) == FLEXDIAG_OK &&
+             flexdiag__arena_alloc(a, g_copy_bytes, "the bench's roofline", &b[1]) == FLEXDIAG_OK;
     ok = ok && k->memset0(b[0], g_copy_bytes, rt->s) == FLEXDIAG_OK;
     double t = ok ? time_op(k, rt->s, gpu ? 20 : 3, op_copy, b) : -1;
     r->bw = t > 0 ? 2.0 * (double)g_copy_bytes / t : 0;
     /* GEMM operands (reusing the copy buffers) hold a non-zero pattern: zeros run faster than
      * real data on some GPUs. x is act (converted on the device from f32), W bf16. */
-    size_t n2 = (size_t)g_mm * (size_t)g_mm;
     float *host = ok ? malloc(n2 * 4) : NULL;
     uint16_t *wh = ok ? malloc(n2 * 2) : NULL;
     for (size_t i = 0; host && wh && i < n2; i++) {
@@ -103,18 +111,23 @@ static int measure_roofline(flexdiag_runtime *rt, roofline *r) {
         wh[i] = flexdiag__f32_to_bf16(host[i] * 0.01f);
     }
     void *dev_f32 = NULL;
-    ok = ok && host && wh && k->mem_alloc(n2 * 4, &dev_f32) == FLEXDIAG_OK &&
+    ok = ok && host && wh &&
+         flexdiag__arena_alloc(a, n2 * 4, "the bench's roofline", &dev_f32) == FLEXDIAG_OK &&
          k->copy_h2d(dev_f32, host, n2 * 4, rt->s) == FLEXDIAG_OK &&
          k->act_from_f32(b[0], dev_f32, (int64_t)n2, rt->s) == FLEXDIAG_OK &&
          k->copy_h2d(b[1], wh, n2 * 2, rt->s) == FLEXDIAG_OK &&
-         k->mem_alloc(n2 * (size_t)k->act_bytes, &b[2]) == FLEXDIAG_OK &&
+         flexdiag__arena_alloc(a, n2 * (size_t)k->act_bytes, "the bench's roofline", &b[2]) ==
+             FLEXDIAG_OK &&
          k->stream_sync(rt->s) == FLEXDIAG_OK;
     t = ok ? time_op(k, rt->s, gpu ? 20 : 2, op_gemm, b) : -1;
     r->gemm = t > 0 ? 2.0 * (double)g_mm * (double)g_mm * (double)g_mm / t : 0;
     free(host);
     free(wh);
-    k->mem_free(dev_f32);
-    for (int i = 0; i < 3; i++) k->mem_free(b[i]);
+    flexdiag__arena_free(a, dev_f32, n2 * 4);
+    flexdiag__arena_free(a, b[0], g_copy_bytes);
+    flexdiag__arena_free(a, b[1], g_copy_bytes);
+    flexdiag__arena_free(a, b[2], n2 * (size_t)k->act_bytes);
+    flexdiag__err_clear();
     return r->bw > 0 && r->gemm > 0 ? 0 : 1;
 }
 
@@ -183,7 +196,10 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     int32_t *prompt = make_prompt(m, lp);
     /* untimed warm-up (prefill + 2 steps): GEMM plans tuned, the step graph recorded */
     flexdiag_status st = run_block(c, prompt, lp, row->batch, steps < 3 ? steps : 3, NULL, 0);
+    row->oi[0] = row->oi[1] = (flexdiag_offload_info){.struct_size = sizeof row->oi[0]};
+    if (st == FLEXDIAG_OK) st = flexdiag_context_offload(c, &row->oi[0]);
     if (st == FLEXDIAG_OK) st = run_block(c, prompt, lp, row->batch, steps, NULL, 0);
+    if (st == FLEXDIAG_OK) st = flexdiag_context_offload(c, &row->oi[1]);
     row->prefill_s = c->stats.prefill_s;
     row->decode_s = c->stats.decode_s;
     row->kv_mib_seq = (double)c->stats.kv_bytes_per_seq / (1 << 20);
@@ -202,6 +218,7 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     row->prefill_tps = rows * lp / row->prefill_s;
     row->decode_tps = dec_steps > 0 ? rows * dec_steps / row->decode_s : 0;
     for (int i = 0; i < 3; i++) row->split[i] = split[3] > 0 ? split[i] / split[3] : 0;
+    row->compute_ms = prof > 0 ? 1e3 * (split[0] + split[1] + split[2]) / prof : 0;
     row->peak_gib = (double)atomic_load(&m->rt->arena.peak) / (1 << 30);
     return 0;
 }
@@ -251,7 +268,7 @@ static void print_row(const tp_row *r) {
  * the line that names the file and the error (the row is on stdout already). After a failure
  * json is closed: the sweep stops. */
 static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts *o,
-                       const roofline *rf, const tp_row *r) {
+                       const roofline *rf, const tp_row *r, const char *extra) {
     if (!json) return 0;
     char budget[32] = "null"; /* JSON null: no budget */
     if (budget_gib(c->m->rt) >= 0) snprintf(budget, sizeof budget, "%.3f", budget_gib(c->m->rt));
@@ -272,7 +289,7 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
             "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"step_ms\":%.4f,\"split_gemm\":%.4f,"
             "\"split_attn\":%.4f,\"split_rest\":%.4f,\"peak_gpu_gib\":%.4f,\"kv_mib_per_seq\":%.4f,"
             "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
-            "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f}\n",
+            "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f%s}\n",
             ts, c->m->rt->k->name, dev, c->m->cfg.name, (long long)o->mo.seed,
             flexdiag_policy_name(r->pol.kind), r->pol.n_att, r->pol.n_r, r->pol.sparsity,
             r->batch, c->mb_img,
@@ -280,7 +297,7 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
             r->prefill_tps, r->decode_tps, r->step_ms, r->split[0], r->split[1], r->split[2],
             r->peak_gib, r->kv_mib_seq, budget, rf->bw / 1e9,
-            rf->gemm / 1e12, r->step_bytes, r->step_flops, r->roof_ms, r->roof_frac);
+            rf->gemm / 1e12, r->step_bytes, r->step_flops, r->roof_ms, r->roof_frac, extra);
     flexdiag_status st =
         n > 0 && (size_t)n < sizeof line
             ? cli_jsonl_append(json, line, (size_t)n)
@@ -298,7 +315,8 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
 /* One row: a context for the policy flags po, measured, printed (and appended to json, may be
  * NULL); *img_s gets its img/s. */
 static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
-                     const cli_policy_opts *po, cli_jsonl *json, double *img_s) {
+                     const bench_ceilings *ce, const cli_policy_opts *po, cli_jsonl *json,
+                     double *img_s) {
     flexdiag_context *c = NULL;
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
@@ -323,8 +341,14 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     row.roof_ms = 1e3 * roof;
     row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
     if (rc == 0) {
+        bench_offload_row off;
+        bench_offload_row_make(c, &row.oi[0], &row.oi[1], row.steps, row.decode_s,
+                               row.compute_ms, ce, &off);
+        char extra[1024];
+        bench_offload_json(&off, ce, extra, sizeof extra);
         print_row(&row);
-        rc = append_json(json, c, o, rf, &row);
+        bench_offload_print(&off, ce);
+        rc = append_json(json, c, o, rf, &row, extra);
         *img_s = row.img_s;
     }
     flexdiag_context_destroy(c);
@@ -393,6 +417,8 @@ static int throughput(const tp_opts *o) {
     rc = cli_open_model("bench", &o->mo, &rt, &m);
     if (rc == 0 && measure_roofline(rt, &rf))
         fprintf(stderr, "flexdiag bench: roofline measurement failed; fractions will be 0\n");
+    bench_ceilings ce = {0};
+    if (rc == 0) (void)bench_offload_ceilings(rt, m, &ce); /* a failure is reported, rows go on */
     if (rc == 0) print_header(rt, &rf, o, m);
     double dense = 0, best = 0;
     int rows = 0, first_rc = 0, best_k = 0, best_s = 0;
@@ -404,7 +430,7 @@ static int throughput(const tp_opts *o) {
             po.policy = flexdiag_policy_name(kinds[k]);
             po.sparsity = sps[j];
             double img_s = 0;
-            int row_rc = bench_row(o, m, &rf, &po, jp, &img_s);
+            int row_rc = bench_row(o, m, &rf, &ce, &po, jp, &img_s);
             if (row_rc && jp && !jp->path) rc = row_rc; /* --json failed (reported): stop */
             if (rc) break;
             if (row_rc) { /* reported; the sweep goes on, the exit code is the first failure's */

@@ -201,11 +201,31 @@ int cli_check_f64s(const char *cmd, const cli_f64_range *r, int n) {
 
 #define CLI_MAX_THREADS 1024 /* the library's thread-pool limit (base/thread_pool.c) */
 
+/* --weights G,C,D into pct: three integers in 0..100 adding up to 100. */
+static int parse_weights(const char *cmd, const char *v, uint32_t pct[3]) {
+    pct[0] = 100, pct[1] = pct[2] = 0;
+    if (!v) return 0;
+    unsigned a, b, c;
+    int end = 0;
+    if (sscanf(v, "%3u,%3u,%3u%n", &a, &b, &c, &end) != 3 || v[end] != '\0' || a > 100 ||
+        b > 100 || c > 100 || a + b + c != 100) {
+        fprintf(stderr,
+                "flexdiag %s: --weights %s: expected G,C,D, three whole percentages of the layer "
+                "weights on GPU, pinned CPU and disk that add up to 100 (e.g. 50,50,0)\n",
+                cmd, v);
+        return 2;
+    }
+    pct[0] = a, pct[1] = b, pct[2] = c;
+    return 0;
+}
+
 int cli_check_model(const char *cmd, const cli_model_opts *o) {
     const cli_int_range r[] = {
         {"--seed", o->seed, 0, INT64_MAX, NULL},
         {"--threads", o->threads, 0, CLI_MAX_THREADS, "0 = all cores"},
     };
+    uint32_t pct[3];
+    if (parse_weights(cmd, o->weights, pct)) return 2;
     return cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]));
 }
 
@@ -222,12 +242,16 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
     if (o->cpu) rp.device = -1;
     rp.gpu_mem = o->gpu_mem;
     rp.threads = (int)o->threads;
+    rp.cpu_mem = o->cpu_mem;
+    rp.disk_mem = o->disk_mem;
+    rp.offload_dir = o->offload_dir;
     flexdiag_status st = flexdiag_runtime_create(&rp, rt);
     if (st != FLEXDIAG_OK) return cli_fail(cmd, st);
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
     if (o->arch) mp.arch = o->arch;
     mp.seed = (uint64_t)o->seed;
+    (void)parse_weights(cmd, o->weights, mp.weights_pct); /* checked above */
     st = flexdiag_model_load(*rt, o->model, &mp, m);
     if (st == FLEXDIAG_OK) return 0;
     int rc = cli_fail(cmd, st);

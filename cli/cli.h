@@ -93,6 +93,10 @@ typedef struct cli_model_opts {
     int cpu;            /* --cpu: force the CPU engine */
     uint64_t gpu_mem;   /* --gpu-mem SIZE (0 = free memory less a margin) */
     int64_t threads;    /* --threads N (0 = all cores) */
+    const char *weights;     /* --weights G,C,D: percent of layer weights on GPU, CPU, disk */
+    uint64_t cpu_mem;        /* --cpu-mem SIZE: pinned host pool (0: what --weights needs) */
+    uint64_t disk_mem;       /* --disk-mem SIZE: NVMe store (0: what --weights needs) */
+    const char *offload_dir; /* --offload-dir DIR: folder of the store file */
 } cli_model_opts;
 
 /* The policy flags as given; fill with CLI_POLICY_OPTS_INIT so "not given" is known. */
@@ -116,7 +120,15 @@ typedef struct cli_policy_opts {
     {"--seed", CLI_INT, &(o)->seed, seed_help},                                                    \
     {"--cpu", CLI_FLAG, &(o)->cpu, "use the CPU engine even if a GPU is present"},                 \
     {"--gpu-mem", CLI_SIZE, &(o)->gpu_mem, "GPU memory budget, e.g. 24G or 48G"},                  \
-    {"--threads", CLI_INT, &(o)->threads, "CPU threads, 0..1024 (default 0: all cores)"}
+    {"--threads", CLI_INT, &(o)->threads, "CPU threads, 0..1024 (default 0: all cores)"},          \
+    {"--weights", CLI_STR, &(o)->weights,                                                          \
+     "G,C,D: percent of every layer's weights on GPU, pinned CPU, disk (default 100,0,0)"},        \
+    {"--cpu-mem", CLI_SIZE, &(o)->cpu_mem,                                                         \
+     "pinned host memory budget (default: what --weights needs)"},                                 \
+    {"--disk-mem", CLI_SIZE, &(o)->disk_mem,                                                       \
+     "disk budget of the offload store (default: what --weights needs)"},                          \
+    {"--offload-dir", CLI_STR, &(o)->offload_dir,                                                  \
+     "folder for the offload store (a file created there and unlinked at once)"}
 
 #define CLI_MODEL_FLAGS(o) CLI_MODEL_FLAGS_SEED(o, "random-weight seed (default 1)")
 
@@ -129,7 +141,8 @@ typedef struct cli_policy_opts {
     {"--n-r", CLI_INT, &(o)->n_r,                                                                  \
      "Diagonal ring size, N_att..32767 (default max(round(L_dec/2), N_att))"}
 
-/* Range checks of the model flags (--seed, --threads); prints the error and returns 2. */
+/* Range checks of the model flags (--seed, --threads, --weights); prints the error and returns
+ * 2. */
 int cli_check_model(const char *cmd, const cli_model_opts *o);
 /* Create runtime and model from the flags (checked first); prints the error and returns 2 for
  * a bad flag, 1 for a runtime failure. */

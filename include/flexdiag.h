@@ -45,8 +45,10 @@ extern "C" {
 #endif
 
 /* 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
- * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*. */
-#define FLEXDIAG_API_VERSION 3u
+ * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
+ * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
+ * flexdiag_context_offload. */
+#define FLEXDIAG_API_VERSION 4u
 
 /* ---- enums ---- */
 
@@ -105,6 +107,13 @@ typedef struct flexdiag_runtime_params {
     int device;           /* CUDA device ordinal; -1 = CPU engine; default 0 if built with CUDA */
     uint64_t gpu_mem;     /* bytes of GPU memory the runtime may use; 0 = free memory - margin */
     int threads;          /* CPU worker threads; 0 = all online cores */
+    /* since API version 4: the tiers below the device (used when a model's weights_pct puts
+     * bytes there) */
+    uint64_t cpu_mem;        /* pinned host pool bytes; 0 = what the first split model needs
+                                plus disk staging for four contexts */
+    uint64_t disk_mem;       /* NVMe store bytes; 0 = what the first split model needs */
+    const char *offload_dir; /* folder of the NVMe store file (created there, unlinked at once);
+                                copied; NULL = no disk tier */
 } flexdiag_runtime_params;
 
 typedef struct flexdiag_model_params {
@@ -113,6 +122,10 @@ typedef struct flexdiag_model_params {
                              "janus-pro-1b", "janus-pro-7b"; borrowed for the call */
     bool random_weights;  /* with path NULL: seeded random weights (always true today) */
     uint64_t seed;        /* seed of random weights */
+    /* since API version 4 */
+    uint32_t weights_pct[3]; /* percent of every decoder layer's weights on the GPU, in pinned
+                                host memory and on disk (sum 100; cut at row boundaries); all 0
+                                = 100,0,0. Embeddings, norms and heads stay on the GPU. */
 } flexdiag_model_params;
 
 typedef struct flexdiag_policy_params {
@@ -238,6 +251,32 @@ FLEXDIAG_API flexdiag_status flexdiag_context_cancel(flexdiag_context *c);
 FLEXDIAG_API flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats *out);
 /* Destroy; NULL is a no-op. */
 FLEXDIAG_API void flexdiag_context_destroy(flexdiag_context *c);
+
+/* ---- since API version 4 ---- */
+
+/* Where a context's model weights live and what its scheduler moved (offloaded runs). */
+typedef struct flexdiag_offload_info {
+    uint32_t struct_size;         /* sizeof(flexdiag_offload_info), set by the caller */
+    const char *scheduler;        /* "resident" (all on the device) or "tiered"; static */
+    uint32_t weights_pct[3];      /* requested GPU, CPU, disk percent */
+    uint64_t weights_bytes[3];    /* realised layer-weight bytes per tier, all layers */
+    uint64_t pinned_budget;       /* bytes of the pinned pool (0: none) */
+    uint64_t pinned_used;         /* bytes carved from it */
+    int32_t pinned;               /* 1: page-locked; 0: plain memory (see pinned_note) */
+    const char *pinned_note;      /* how the pool was placed/pinned; valid with the runtime */
+    uint64_t disk_budget;         /* bytes of the store file (0: none) */
+    uint64_t disk_used;           /* bytes carved from it */
+    const char *disk_io;          /* "io_uring" or "threads"; NULL without a store */
+    const char *disk_note;        /* how the store degraded ("" when it did not) */
+    uint64_t loads;               /* layer loads into device slots since the context was made */
+    uint64_t h2d_bytes;           /* bytes copied host -> device by the scheduler */
+    uint64_t disk_read_bytes;     /* bytes read from the store by the scheduler */
+    double disk_wait_s;           /* host seconds waiting for disk reads */
+} flexdiag_offload_info;
+
+/* Fill *out (caller-owned, struct_size set) for context c. */
+FLEXDIAG_API flexdiag_status flexdiag_context_offload(const flexdiag_context *c,
+                                                      flexdiag_offload_info *out);
 
 /* ---- since API version 3 ---- */
 

@@ -43,7 +43,8 @@
 extern "C" {
 #endif
 
-/* An execution queue: CUDA stream + cuBLAS handle + workspace, or a CPU thread pool. */
+/* An execution queue: CUDA stream + cuBLAS handle + workspace, or a CPU thread pool; a copy
+ * queue (copy_stream_create) is a CUDA stream alone, or one CPU worker thread. */
 typedef struct flexdiag_stream flexdiag_stream;
 /* A completion marker recorded into a stream (cudaEvent_t, or a CPU completion object). */
 typedef struct flexdiag_event flexdiag_event;
@@ -116,6 +117,14 @@ typedef flexdiag_status flexdiag_op_stream_create(int device, int threads, flexd
 typedef void flexdiag_op_stream_destroy(flexdiag_stream *s);
 /* Wait until all work queued on s is done. */
 typedef flexdiag_status flexdiag_op_stream_sync(flexdiag_stream *s);
+/* Create a copy queue on device: an execution queue for data movement only, which an
+ * offloading scheduler runs beside the compute streams (weights copied in while compute runs).
+ * Valid on it: the five copies, memset0, event_record, stream_wait_event, stream_sync and
+ * stream_destroy, with their usual contracts; compute ops (everything else that takes a
+ * stream) are a programming error. It holds no device bytes (CUDA: a non-blocking stream
+ * without cuBLAS handles or workspace), so stream_bytes does not apply to it. CPU: one worker
+ * thread runs its items in order, so the async copies overlap the caller's work there too. */
+typedef flexdiag_status flexdiag_op_copy_stream_create(int device, flexdiag_stream **out);
 
 /* Events: a completion marker recorded into a stream, the way one stream waits for another
  * without the host. An event that was never recorded is complete. Recording again replaces the
@@ -132,7 +141,8 @@ typedef flexdiag_status flexdiag_op_stream_sync(flexdiag_stream *s);
  * another one, until it is recorded again outside. */
 /* Create an event on the device of s (a CPU event for the CPU backends; s may be NULL there). */
 typedef flexdiag_status flexdiag_op_event_create(flexdiag_stream *s, flexdiag_event **out);
-/* Free e; NULL is a no-op. No thread may be waiting on e. */
+/* Free e; NULL is a no-op. No thread may be waiting on e; records of e and waits on it still
+ * queued on a stream (a copy queue, a CUDA stream) run as if e were alive. */
 typedef void flexdiag_op_event_destroy(flexdiag_event *e);
 /* Record e on s: e completes when all work queued on s before this call is done. Does not
  * block the host. */
@@ -167,6 +177,10 @@ typedef flexdiag_status flexdiag_op_mem_info(size_t *free_bytes, size_t *total_b
 /* (optional) name of s's device ("NVIDIA H200", the CPU's model name) into out (n bytes,
  * always NUL-terminated), for reports; default: the table's name */
 typedef void flexdiag_op_device_name(const flexdiag_stream *s, char *out, size_t n);
+/* (optional) PCI address of device, "domain:bus:device.function" ("0000:41:00.0"), into out
+ * (n bytes, NUL-terminated; INVALID_ARG when the whole id does not fit), used to place pinned
+ * host memory on the NUMA node nearest the GPU; default: no device on a bus (CPU) */
+typedef flexdiag_status flexdiag_op_pci_bus_id(int device, char *out, size_t n);
 
 /* ---- conversions ---- */
 
@@ -373,12 +387,13 @@ typedef struct flexdiag_kernels {
     const char *name; /* "cpu-ref", "cpu", "cuda" */
     int act_bytes;    /* 4 (fp32) or 2 (bf16) */
     size_t stream_bytes; /* device bytes each stream holds outside mem_alloc (workspaces); the
-                            runtime charges them to its memory budget */
+                            runtime charges them to its memory budget (copy queues hold none) */
 
     /* ---- streams, events and memory ---- */
     flexdiag_op_stream_create *stream_create;
     flexdiag_op_stream_destroy *stream_destroy;
     flexdiag_op_stream_sync *stream_sync;
+    flexdiag_op_copy_stream_create *copy_stream_create;
     flexdiag_op_event_create *event_create;
     flexdiag_op_event_destroy *event_destroy;
     flexdiag_op_event_record *event_record;
@@ -395,6 +410,7 @@ typedef struct flexdiag_kernels {
     flexdiag_op_memset0 *memset0;
     flexdiag_op_mem_info *mem_info;       /* optional */
     flexdiag_op_device_name *device_name; /* optional */
+    flexdiag_op_pci_bus_id *pci_bus_id;   /* optional */
 
     /* ---- conversions ---- */
     flexdiag_op_act_to_f32 *act_to_f32;

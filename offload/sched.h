@@ -17,8 +17,11 @@
  *   sched_resident.c  everything lives on the device: acquire is address arithmetic over the
  *                     layout, release does nothing; both are safe inside CUDA-graph capture,
  *                     so the engine records a whole decode step as one graph.
- * A tiered scheduler (pinned host and NVMe homes, weight slots filled ahead on a copy stream,
- * events between streams) implements the same two calls.
+ *   sched_tiered.c    layer weights split over device, pinned host and disk
+ *                     (offload/weight_homes.h): a ring of device weight slots filled ahead on a
+ *                     copy stream, disk reads kept in flight further ahead into pinned staging,
+ *                     events between the streams and no device-wide synchronisation; KV and
+ *                     activations are located as in the resident scheduler.
  */
 #ifndef FLEXDIAG_SCHED_H
 #define FLEXDIAG_SCHED_H
@@ -32,6 +35,7 @@
 #include <stdint.h>
 
 #include "kernels/kernels.h"
+#include "offload/host_pool.h"
 
 /* Where a context's data lives when everything is on the device (the resident placement). */
 typedef struct flexdiag_sched_layout {
@@ -51,20 +55,39 @@ typedef struct flexdiag_sched_io {
     int32_t s0, n_seq;    /* the micro-batch's sequences [s0, s0 + n_seq) */
     int32_t rows_per_seq; /* activation rows per sequence: the prompt capacity in prefill, 1 in
                              a decode step */
-    const void *weights;  /* out: layer j's weight block */
+    const void *weights;  /* out: layer j's weight block, for the tensors that end after
+                             res_bytes */
+    const void *weights_res; /* out: the block the tensors ending at or before res_bytes read
+                                (the device-resident prefix of a split layer; == weights when
+                                the whole layer is in one place) */
+    size_t res_bytes;     /* out: see weights_res */
     void *k, *v;          /* out: K and V of layer j for sequence s0 (n_seq consecutive spans) */
     void *x;              /* out: activation rows of sequence s0 (n_seq · rows_per_seq rows) */
 } flexdiag_sched_io;
 
 typedef struct flexdiag_sched flexdiag_sched;
 
+/* What a scheduler moved since it was created (all zero for the resident one). */
+typedef struct flexdiag_sched_stats {
+    uint64_t loads;        /* layer loads into a device slot */
+    uint64_t h2d_bytes;    /* host -> device bytes (pinned home and disk staging) */
+    uint64_t d2d_bytes;    /* device-prefix rows copied next to the streamed rows of a slot */
+    uint64_t disk_bytes;   /* bytes read from the store */
+    double disk_wait_s;    /* host seconds spent waiting for disk reads */
+    double slot_wait_s;    /* host seconds spent waiting for a staging buffer to drain */
+} flexdiag_sched_stats;
+
 typedef struct flexdiag_sched_ops {
-    const char *name; /* "resident", ... (bench rows, messages) */
+    const char *name; /* "resident", "tiered" (bench rows, messages) */
+    int graph_safe;   /* acquire and release only do address arithmetic: a step may be
+                         recorded as a launch graph */
     /* Fill io's addresses for layer io->layer and sequences io->s0.. (see above). */
     flexdiag_status (*acquire)(flexdiag_sched *s, flexdiag_sched_io *io);
     /* The forward over io has been queued on the compute stream. */
     flexdiag_status (*release)(flexdiag_sched *s, const flexdiag_sched_io *io);
     void (*destroy)(flexdiag_sched *s);
+    /* (optional) counters since creation */
+    void (*stats)(const flexdiag_sched *s, flexdiag_sched_stats *out);
 } flexdiag_sched_ops;
 
 struct flexdiag_sched {
@@ -75,6 +98,33 @@ struct flexdiag_sched {
 /* The all-device scheduler over lay (copied); *out is owned by the caller (destroy). */
 flexdiag_status flexdiag__sched_resident_create(const flexdiag_sched_layout *lay,
                                                 flexdiag_sched **out);
+/* The KV and activation addresses of io in layout l (weights left alone): shared by every
+ * scheduler while KV and activations live on the device. */
+void flexdiag__sched_locate(const flexdiag_sched_layout *l, flexdiag_sched_io *io);
+
+struct flexdiag_weight_homes;
+
+/* Bytes per disk request of the tiered scheduler: large and aligned, many in flight. */
+#define FLEXDIAG_SCHED_READ_CHUNK (4u << 20)
+
+typedef struct flexdiag_sched_tiered_params {
+    flexdiag_sched_layout lay;                  /* KV and activations (weights unused) */
+    const struct flexdiag_weight_homes *homes;  /* where each layer's parts live (borrowed) */
+    const flexdiag_kernels *k;                  /* backend */
+    int device;                                 /* its device ordinal (the copy stream's) */
+    flexdiag_stream *compute;                   /* the stream acquire's users run on (borrowed) */
+    void *slots;                                /* n_slots × slot_bytes device bytes (borrowed) */
+    int32_t n_slots;                            /* weight slots, >= 2 (capped at the layers) */
+    flexdiag_host_pool *pool;                   /* disk staging comes from here (borrowed) */
+    int32_t n_stage;                            /* disk staging buffers, >= 2 */
+} flexdiag_sched_tiered_params;
+
+/* Device bytes of one weight slot for homes: the streamed part of a layer plus the resident
+ * rows of the tensor the device cut splits. */
+size_t flexdiag__sched_tiered_slot_bytes(const struct flexdiag_weight_homes *homes);
+/* The tiered scheduler (sched_tiered.c); *out is owned by the caller (destroy). */
+flexdiag_status flexdiag__sched_tiered_create(const flexdiag_sched_tiered_params *p,
+                                              flexdiag_sched **out);
 
 static inline flexdiag_status flexdiag__sched_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     return s->ops->acquire(s, io);

@@ -9,15 +9,21 @@
 #include "base/core.h"
 #include "offload/sched.h"
 
-static flexdiag_status resident_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
-    const flexdiag_sched_layout *l = &s->lay;
+void flexdiag__sched_locate(const flexdiag_sched_layout *l, flexdiag_sched_io *io) {
     FLEXDIAG_DASSERT(io->layer >= 0 && io->layer < l->n_layers);
     FLEXDIAG_DASSERT(io->s0 >= 0 && io->n_seq >= 1 && io->s0 + io->n_seq <= l->n_seq);
     size_t j = (size_t)io->layer, s0 = (size_t)io->s0;
-    io->weights = (const char *)l->weights + j * l->layer_bytes;
     io->k = (char *)l->kv + ((j * 2 + 0) * (size_t)l->n_seq + s0) * l->seq_bytes;
     io->v = (char *)l->kv + ((j * 2 + 1) * (size_t)l->n_seq + s0) * l->seq_bytes;
     io->x = (char *)l->act + s0 * (size_t)io->rows_per_seq * l->row_bytes;
+}
+
+static flexdiag_status resident_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
+    const flexdiag_sched_layout *l = &s->lay;
+    flexdiag__sched_locate(l, io);
+    io->weights = (const char *)l->weights + (size_t)io->layer * l->layer_bytes;
+    io->weights_res = io->weights;
+    io->res_bytes = l->layer_bytes;
     return FLEXDIAG_OK;
 }
 
@@ -31,6 +37,7 @@ static void resident_destroy(flexdiag_sched *s) { free(s); }
 
 static const flexdiag_sched_ops resident_ops = {
     .name = "resident",
+    .graph_safe = 1,
     .acquire = resident_acquire,
     .release = resident_release,
     .destroy = resident_destroy,

@@ -18,8 +18,13 @@
 #include "runtime/text/prompt.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/image/vq.h"
+#include "runtime/tiers.h"
 
 #define GPU_MARGIN (1ull << 30) /* bytes left to the driver/other processes by default */
+/* Device memory the process takes after start-up outside the arena: kernels the driver loads
+ * on first launch (cuBLAS's among them) and launch-graph instances. Charged with --gpu-mem so
+ * the device's used memory stays under the flag. */
+#define GPU_LATE_RESERVE (256ull << 20)
 
 /* ---- params ---- */
 
@@ -88,6 +93,31 @@ static flexdiag_status pick_backend(flexdiag_runtime *rt) {
     return rt->k->stream_create(-1, rt->p.threads, &rt->s);
 }
 
+/* The device budget. With --gpu-mem it covers everything the process holds on the device: what
+ * is in use once the backend is up (the CUDA context, the runtime stream's library handles and
+ * workspace, anything else on the device) and GPU_LATE_RESERVE are charged before the first
+ * allocation, so the device's used memory stays at or under the flag. Without it the arena gets
+ * the free memory less a margin. */
+static flexdiag_status budget_init(flexdiag_runtime *rt) {
+    uint64_t budget = rt->p.gpu_mem;
+    size_t free_b = 0, total_b = 0;
+    int known = rt->k->mem_info && rt->k->mem_info(&free_b, &total_b) == FLEXDIAG_OK;
+    if (known && budget > total_b)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
+                             "--gpu-mem asks for %.2f GiB but the device has %.2f GiB in all",
+                             (double)budget / (1 << 30), (double)total_b / (1 << 30));
+    if (known && budget == 0) budget = free_b > GPU_MARGIN ? free_b - GPU_MARGIN : 0;
+    flexdiag__arena_init(&rt->arena, rt->k, budget);
+    if (!known || !rt->p.gpu_mem)
+        return flexdiag__arena_charge(&rt->arena, (int64_t)rt->k->stream_bytes, "stream workspace");
+    uint64_t in_use = (uint64_t)(total_b - free_b);
+    FLEXDIAG_TRY(flexdiag__arena_charge(&rt->arena, (int64_t)in_use,
+                                        "device memory in use at start (CUDA context, library "
+                                        "handles, other processes)"));
+    return flexdiag__arena_charge(&rt->arena, (int64_t)GPU_LATE_RESERVE,
+                                  "kernels loaded on first launch and launch graphs");
+}
+
 flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdiag_runtime **out) {
     flexdiag__err_clear();
     if (!out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "runtime_create: NULL argument");
@@ -97,21 +127,15 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
     if (!rt) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
     pthread_mutex_init(&rt->s_mu, NULL);
     memcpy(&rt->p, p, p->struct_size);
+    pthread_mutex_init(&rt->tier_mu, NULL);
+    rt->p.struct_size = sizeof rt->p;
+    if (rt->p.offload_dir && !(rt->offload_dir = strdup(rt->p.offload_dir))) {
+        flexdiag_runtime_destroy(rt);
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
+    }
+    rt->p.offload_dir = rt->offload_dir;
     flexdiag_status st = pick_backend(rt);
-    uint64_t budget = p->gpu_mem;
-    size_t free_b = 0, total_b = 0;
-    if (st == FLEXDIAG_OK && rt->k->mem_info && rt->k->mem_info(&free_b, &total_b) == FLEXDIAG_OK) {
-        uint64_t avail = free_b > GPU_MARGIN ? free_b - GPU_MARGIN : 0;
-        if (budget == 0) budget = avail;
-        else if (budget > free_b)
-            st = flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
-                               "--gpu-mem asks for %.2f GiB but the device has %.2f GiB free",
-                               (double)budget / (1 << 30), (double)free_b / (1 << 30));
-    }
-    if (st == FLEXDIAG_OK) {
-        flexdiag__arena_init(&rt->arena, rt->k, budget);
-        st = flexdiag__arena_charge(&rt->arena, (int64_t)rt->k->stream_bytes, "stream workspace");
-    }
+    if (st == FLEXDIAG_OK) st = budget_init(rt);
     if (st != FLEXDIAG_OK) {
         flexdiag_runtime_destroy(rt);
         return st;
@@ -123,7 +147,10 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
 void flexdiag_runtime_destroy(flexdiag_runtime *rt) {
     if (!rt) return;
     if (rt->s) rt->k->stream_destroy(rt->s);
+    flexdiag__tiers_free(rt);
     pthread_mutex_destroy(&rt->s_mu);
+    pthread_mutex_destroy(&rt->tier_mu);
+    free(rt->offload_dir);
     free(rt);
 }
 
@@ -187,7 +214,20 @@ static flexdiag_status vq_builtin(flexdiag_model *m, uint64_t seed) {
     return flexdiag__vq_create_random(m->vq_k, m->vq_s, &vc, seed ^ 0x5157, VQ_BATCH, &m->vq);
 }
 
-static flexdiag_status model_from_dir(flexdiag_model *m, const char *path) {
+/* Where the layer weights of m go under pct (GPU, CPU, disk percent): the tiers made first. */
+static flexdiag_status place_for(flexdiag_model *m, const uint32_t pct[3],
+                                 flexdiag_weights_place *out) {
+    *out = (flexdiag_weights_place){{pct[0], pct[1], pct[2]}, NULL, NULL};
+    uint64_t need[3];
+    flexdiag_wcut cut;
+    FLEXDIAG_TRY(flexdiag__weights_plan(&m->cfg, pct, need, &cut));
+    FLEXDIAG_TRY(flexdiag__tiers_prepare(m->rt, &cut, need));
+    out->pool = m->rt->pool;
+    out->store = m->rt->store;
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status model_from_dir(flexdiag_model *m, const char *path, const uint32_t pct[3]) {
     flexdiag_runtime *rt = m->rt;
     m->dir = strdup(path);
     if (!m->dir) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
@@ -202,7 +242,9 @@ static flexdiag_status model_from_dir(flexdiag_model *m, const char *path) {
     }
     flexdiag_safetensors *st = NULL;
     FLEXDIAG_TRY(flexdiag__st_open(path, &st));
-    flexdiag_status r = flexdiag__weights_load(&rt->arena, rt->s, &m->cfg, st, &m->w);
+    flexdiag_weights_place pl;
+    flexdiag_status r = place_for(m, pct, &pl);
+    if (r == FLEXDIAG_OK) r = flexdiag__weights_load(&rt->arena, rt->s, &m->cfg, st, &pl, &m->w);
     if (r == FLEXDIAG_OK) r = vq_from_dir(m, st, path);
     flexdiag__st_close(st);
     return r;
@@ -214,16 +256,21 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     if (!rt || !out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;
     FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_model_params"));
+    flexdiag_model_params mp = {0};
+    memcpy(&mp, p, p->struct_size); /* fields after an older caller's struct stay 0 */
     flexdiag_model *m = calloc(1, sizeof *m);
     if (!m) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
     m->rt = rt;
     flexdiag_status st;
+    flexdiag_weights_place pl;
     if (path) {
-        st = model_from_dir(m, path);
+        st = model_from_dir(m, path, mp.weights_pct);
     } else {
-        st = flexdiag__config_builtin(p->arch, &m->cfg);
-        if (st == FLEXDIAG_OK) st = flexdiag__weights_random(&rt->arena, rt->s, &m->cfg, p->seed, &m->w);
-        if (st == FLEXDIAG_OK) st = vq_builtin(m, p->seed);
+        st = flexdiag__config_builtin(mp.arch, &m->cfg);
+        if (st == FLEXDIAG_OK) st = place_for(m, mp.weights_pct, &pl);
+        if (st == FLEXDIAG_OK)
+            st = flexdiag__weights_random(&rt->arena, rt->s, &m->cfg, mp.seed, &pl, &m->w);
+        if (st == FLEXDIAG_OK) st = vq_builtin(m, mp.seed);
     }
     if (st != FLEXDIAG_OK) {
         flexdiag_model_destroy(m);

@@ -3,9 +3,11 @@
  * completion object per event, a generation counter under a mutex and a condition variable
  * (cpu_stream.h says how records, waits and the generations fit together).
  *
- * CPU streams are synchronous, so a record completes at once and a wait on such a stream is a
- * host wait; the object is a real one all the same, so waits stay right once a CPU stream runs
- * its work on a worker thread (it then marks at enqueue and reaches when the worker gets there).
+ * On an ordinary CPU stream, which is synchronous, a record completes at once and a wait is a
+ * host wait. On a copy queue (cpu_queue.c) a record marks when it is queued and reaches when the
+ * worker gets there, and a wait is queued with the generation it waits for. Queued items hold a
+ * reference to their event, so event_destroy may come before the queue gets to them (as
+ * cudaEventDestroy may); the last reference frees the event.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@ struct flexdiag_event {
     pthread_cond_t cv;  /* broadcast whenever reached grows */
     uint64_t marked;    /* generation of the most recent record (0: never recorded) */
     uint64_t reached;   /* every generation <= reached is complete (generations) */
+    int refs;           /* the creator's reference + one per queued item naming the event */
 };
 
 flexdiag_status flexdiag__cpu_event_create(flexdiag_stream *s, flexdiag_event **out) {
@@ -40,20 +43,41 @@ flexdiag_status flexdiag__cpu_event_create(flexdiag_stream *s, flexdiag_event **
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "cpu event_create: pthread_cond_init: %s",
                              strerror(rc));
     }
+    e->refs = 1;
     *out = e;
     return FLEXDIAG_OK;
 }
 
-void flexdiag__cpu_event_destroy(flexdiag_event *e) {
-    if (!e) return;
+void flexdiag__cpu_event_hold(flexdiag_event *e) {
+    pthread_mutex_lock(&e->mu);
+    e->refs++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void flexdiag__cpu_event_release(flexdiag_event *e) {
+    pthread_mutex_lock(&e->mu);
+    const int left = --e->refs;
+    pthread_mutex_unlock(&e->mu);
+    if (left) return;
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
 
+void flexdiag__cpu_event_destroy(flexdiag_event *e) {
+    if (e) flexdiag__cpu_event_release(e);
+}
+
 uint64_t flexdiag__cpu_event_mark(flexdiag_event *e) {
     pthread_mutex_lock(&e->mu);
     const uint64_t gen = ++e->marked;
+    pthread_mutex_unlock(&e->mu);
+    return gen;
+}
+
+uint64_t flexdiag__cpu_event_marked(flexdiag_event *e) {
+    pthread_mutex_lock(&e->mu);
+    const uint64_t gen = e->marked;
     pthread_mutex_unlock(&e->mu);
     return gen;
 }
@@ -68,20 +92,26 @@ void flexdiag__cpu_event_reach(flexdiag_event *e, uint64_t gen) {
     pthread_mutex_unlock(&e->mu);
 }
 
+int flexdiag__cpu_event_wait(flexdiag_event *e, uint64_t gen) {
+    pthread_mutex_lock(&e->mu);
+    int rc = 0;
+    while (!rc && e->reached < gen) rc = pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
 flexdiag_status flexdiag__cpu_event_record(flexdiag_event *e, flexdiag_stream *s) {
-    (void)s; /* synchronous: everything queued on s before this call has finished */
     if (!e) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu event_record: event is NULL");
+    if (s && s->queue) return flexdiag__cpu_queue_record(s->queue, e);
+    /* synchronous: everything queued on s before this call has finished */
     flexdiag__cpu_event_reach(e, flexdiag__cpu_event_mark(e));
     return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__cpu_event_sync(flexdiag_event *e) {
     if (!e) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu event_sync: event is NULL");
-    pthread_mutex_lock(&e->mu);
-    const uint64_t target = e->marked; /* the most recent record at the time of the call */
-    int rc = 0;
-    while (!rc && e->reached < target) rc = pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
+    /* the most recent record at the time of the call */
+    const int rc = flexdiag__cpu_event_wait(e, flexdiag__cpu_event_marked(e));
     if (rc)
         return flexdiag__err(FLEXDIAG_ERR_INTERNAL, "cpu event_sync: pthread_cond_wait: %s",
                              strerror(rc));
@@ -89,8 +119,9 @@ flexdiag_status flexdiag__cpu_event_sync(flexdiag_event *e) {
 }
 
 flexdiag_status flexdiag__cpu_stream_wait_event(flexdiag_stream *s, flexdiag_event *e) {
-    (void)s; /* nothing queued on a synchronous stream to hold back: the caller waits */
     if (!e) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu stream_wait_event: event is NULL");
+    if (s && s->queue) return flexdiag__cpu_queue_wait(s->queue, e);
+    /* nothing queued on a synchronous stream to hold back: the caller waits */
     return flexdiag__cpu_event_sync(e);
 }
 

@@ -19,6 +19,7 @@
     .stream_create = flexdiag__cpu_stream_create,                                                  \
     .stream_destroy = flexdiag__cpu_stream_destroy,                                                \
     .stream_sync = flexdiag__cpu_stream_sync,                                                      \
+    .copy_stream_create = flexdiag__cpu_copy_stream_create,                                        \
     .event_create = flexdiag__cpu_event_create,                                                    \
     .event_destroy = flexdiag__cpu_event_destroy,                                                  \
     .event_record = flexdiag__cpu_event_record,                                                    \
@@ -28,13 +29,14 @@
     .mem_alloc = flexdiag__cpu_mem_alloc,                                                          \
     .mem_free = flexdiag__cpu_mem_free,                                                            \
     .copy_h2d = flexdiag__cpu_copy,                                                                \
-    .copy_d2h = flexdiag__cpu_copy,                                                                \
+    .copy_d2h = flexdiag__cpu_copy_d2h,                                                            \
     .copy_d2d = flexdiag__cpu_copy,                                                                \
     .copy_h2d_async = flexdiag__cpu_copy,                                                          \
     .copy_d2h_async = flexdiag__cpu_copy,                                                          \
     .memset0 = flexdiag__cpu_memset0,                                                              \
     .mem_info = NULL,                                                                              \
     .device_name = flexdiag__cpu_device_name,                                                      \
+    .pci_bus_id = NULL, /* no device on a bus */                                                   \
     .host_register = flexdiag__cpu_host_register,                                                  \
     .host_unregister = flexdiag__cpu_host_unregister,                                              \
     .act_to_f32 = flexdiag__cpu_act_to_f32,                                                        \

@@ -1,9 +1,10 @@
 /*
  * ref_mem.c - streams, "device" memory and copies of the CPU backends: a stream owns a thread
- * pool (cpu_stream.h); the device is host memory, so
- * allocation is posix_memalign (64 bytes: one cache line, and the alignment kernels.h
+ * pool or, for a copy queue, a ring and worker (cpu_stream.h, cpu_queue.c); the device is host
+ * memory, so allocation is posix_memalign (64 bytes: one cache line, and the alignment kernels.h
  * promises) and every copy direction, the async ones included, is a memcpy that has finished
- * when it returns. There is no device to pin host memory for: host_register and host_unregister
+ * when it returns on an ordinary stream, and is queued (after the same argument checks) on a
+ * copy queue. There is no device to pin host memory for: host_register and host_unregister
  * only check their arguments.
  *
  * device_name reports the CPU's model name from /proc/cpuinfo (Linux), else "cpu".
@@ -42,13 +43,14 @@ flexdiag_status flexdiag__cpu_stream_create(int device, int threads, flexdiag_st
 
 void flexdiag__cpu_stream_destroy(flexdiag_stream *s) {
     if (!s) return;
+    flexdiag__cpu_queue_destroy(s->queue);
     flexdiag__pool_destroy(s->pool);
     free(s);
 }
 
 flexdiag_status flexdiag__cpu_stream_sync(flexdiag_stream *s) {
-    (void)s; /* every op has finished when it returns */
-    return FLEXDIAG_OK;
+    if (s && s->queue) return flexdiag__cpu_queue_sync(s->queue);
+    return FLEXDIAG_OK; /* every op has finished when it returns */
 }
 
 /* ---- memory and copies ---- */
@@ -76,7 +78,6 @@ static int ranges_overlap(const void *a, const void *b, size_t n) {
 }
 
 flexdiag_status flexdiag__cpu_copy(void *dst, const void *src, size_t bytes, flexdiag_stream *s) {
-    (void)s;
     if (bytes == 0) return FLEXDIAG_OK;
     if (!dst || !src)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu copy of %zu bytes: %s is NULL", bytes,
@@ -84,16 +85,23 @@ flexdiag_status flexdiag__cpu_copy(void *dst, const void *src, size_t bytes, fle
     if (ranges_overlap(dst, src, bytes))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "cpu copy of %zu bytes: source and destination overlap", bytes);
+    if (s && s->queue) return flexdiag__cpu_queue_copy(s->queue, dst, src, bytes);
     memcpy(dst, src, bytes);
     return FLEXDIAG_OK;
 }
 
+flexdiag_status flexdiag__cpu_copy_d2h(void *dst, const void *src, size_t bytes,
+                                       flexdiag_stream *s) {
+    FLEXDIAG_TRY(flexdiag__cpu_copy(dst, src, bytes, s));
+    return flexdiag__cpu_stream_sync(s);
+}
+
 flexdiag_status flexdiag__cpu_memset0(void *dst, size_t bytes, flexdiag_stream *s) {
-    (void)s;
     if (bytes == 0) return FLEXDIAG_OK;
     if (!dst)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu memset0 of %zu bytes: dst is NULL",
                              bytes);
+    if (s && s->queue) return flexdiag__cpu_queue_zero(s->queue, dst, bytes);
     memset(dst, 0, bytes);
     return FLEXDIAG_OK;
 }

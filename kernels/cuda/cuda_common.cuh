@@ -4,7 +4,9 @@
  *
  * One flexdiag_stream = one cudaStream_t (non-blocking) + one cuBLAS and one cuBLASLt handle
  * bound to it + one device workspace for the GEMM heuristics (FLEXDIAG_CUDA_WORKSPACE_BYTES,
- * allocated by stream_create; the runtime counts it in the GPU arena). Ops get the stream as
+ * allocated by stream_create; the runtime counts it in the GPU arena). A copy queue
+ * (copy_stream_create) is the same struct with only the cudaStream_t: blas, lt and workspace
+ * are NULL, so it holds no device memory and takes no compute op. Ops get the stream as
  * their last argument and never synchronise the host, except copy_d2h (the contract says the
  * host buffer is filled on return). A process may hold many streams (one per context, copy
  * streams); nothing here is per process except matmul.cu's GEMM plan cache, which every stream
@@ -47,10 +49,10 @@
 
 struct flexdiag_stream {
     cudaStream_t stream;    /* non-blocking stream all ops of this queue run on */
-    cublasHandle_t blas;    /* cuBLAS handle bound to stream, workspace set */
-    cublasLtHandle_t lt;    /* cuBLASLt handle (GEMMs with epilogues) */
-    void *workspace;        /* device, workspace_bytes, shared by blas and lt */
-    size_t workspace_bytes; /* FLEXDIAG_CUDA_WORKSPACE_BYTES */
+    cublasHandle_t blas;    /* cuBLAS handle bound to stream, workspace set (NULL: copy queue) */
+    cublasLtHandle_t lt;    /* cuBLASLt handle (GEMMs with epilogues) (NULL: copy queue) */
+    void *workspace;        /* device, workspace_bytes, shared by blas and lt (NULL: copy queue) */
+    size_t workspace_bytes; /* FLEXDIAG_CUDA_WORKSPACE_BYTES (0: copy queue) */
     int device;             /* CUDA ordinal; ops run with this device current */
     int sm_count;           /* multiprocessors of device (grid sizing) */
 };

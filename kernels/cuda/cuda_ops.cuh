@@ -41,6 +41,9 @@ flexdiag_op_stream_create flexdiag__cuda_stream_create;
 flexdiag_op_stream_destroy flexdiag__cuda_stream_destroy;
 /* cudaStreamSynchronize. */
 flexdiag_op_stream_sync flexdiag__cuda_stream_sync;
+/* A non-blocking stream on device (made current) without cuBLAS handles or workspace: copies,
+ * memset0 and events only; errors as stream_create. */
+flexdiag_op_copy_stream_create flexdiag__cuda_copy_stream_create;
 /* cudaMalloc (256-byte aligned); bytes == 0 gives NULL; OOM_DEVICE names asked and free bytes. */
 flexdiag_op_mem_alloc flexdiag__cuda_mem_alloc;
 /* cudaFree; NULL is a no-op; a failure is logged (nothing to return it to). */
@@ -61,6 +64,8 @@ flexdiag_op_host_unregister flexdiag__cuda_host_unregister;
 /* cudaMemGetInfo of the current device. */
 flexdiag_op_mem_info flexdiag__cuda_mem_info;
 flexdiag_op_device_name flexdiag__cuda_device_name;
+/* cudaDeviceGetPCIBusId of device ("0000:41:00.0"); INVALID_ARG when out cannot hold it. */
+flexdiag_op_pci_bus_id flexdiag__cuda_pci_bus_id;
 /* Host (pageable or pinned) to device, ordered on s: cudaMemcpyAsync, which never waits for a
  * pinned source, so it is both copy_h2d and copy_h2d_async. */
 flexdiag_op_copy flexdiag__cuda_copy_h2d;

@@ -28,6 +28,7 @@ static flexdiag_kernels make_table(void) {
     t.stream_create = flexdiag__cuda_stream_create;
     t.stream_destroy = flexdiag__cuda_stream_destroy;
     t.stream_sync = flexdiag__cuda_stream_sync;
+    t.copy_stream_create = flexdiag__cuda_copy_stream_create; /* no handles: stream_bytes is 0 */
     t.event_create = flexdiag__cuda_event_create;
     t.event_destroy = flexdiag__cuda_event_destroy;
     t.event_record = flexdiag__cuda_event_record;
@@ -44,6 +45,7 @@ static flexdiag_kernels make_table(void) {
     t.memset0 = flexdiag__cuda_memset0;
     t.mem_info = flexdiag__cuda_mem_info;
     t.device_name = flexdiag__cuda_device_name;
+    t.pci_bus_id = flexdiag__cuda_pci_bus_id;
     t.act_to_f32 = flexdiag__cuda_act_to_f32;
     t.act_from_f32 = flexdiag__cuda_act_from_f32;
     t.embed = flexdiag__cuda_embed;

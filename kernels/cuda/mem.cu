@@ -4,9 +4,14 @@
  *
  * stream_create makes the whole execution queue at once: a non-blocking stream, a cuBLAS and a
  * cuBLASLt handle bound to it and one FLEXDIAG_CUDA_WORKSPACE_BYTES (32 MiB) device workspace
- * that both libraries use (the runtime counts it in the GPU arena). The device ordinal becomes
- * current on the calling thread; ops and allocations run on the current device, so a process
- * that drives several devices must keep the right one current per thread.
+ * that both libraries use (the runtime counts it in the GPU arena). copy_stream_create makes
+ * the non-blocking stream alone (copies and events only: no handles, no device memory), in the
+ * same struct, so stream_destroy, stream_sync, the copies and the events take either. The device
+ * ordinal becomes current on the calling thread; ops and allocations run on the current device,
+ * so a process that drives several devices must keep the right one current per thread.
+ *
+ * pci_bus_id reports a device's PCI address (cudaDeviceGetPCIBusId), which the offloading
+ * scheduler maps to the NUMA node its pinned host memory should live on.
  *
  * Copies are cudaMemcpyAsync on the stream: host memory may be pageable (the driver then
  * stages it and the call may block). copy_d2h synchronises the stream before it returns because
@@ -26,6 +31,7 @@
 #include "kernels/cuda/cuda_ops.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- error slow paths ---- */
 
@@ -88,11 +94,12 @@ static flexdiag_status check_device(int device) {
     return FLEXDIAG_OK;
 }
 
-/* Create the stream, handles and workspace of s on the current device. */
-static flexdiag_status stream_init(flexdiag_stream *s) {
+/* Create the stream of s on the current device, and with blas its handles and workspace. */
+static flexdiag_status stream_init(flexdiag_stream *s, int blas) {
     FLEXDIAG_CUDA_TRY(cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount,
                                              s->device));
     FLEXDIAG_CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    if (!blas) return FLEXDIAG_OK;
     FLEXDIAG_CUBLAS_TRY(cublasCreate(&s->blas));
     FLEXDIAG_CUBLAS_TRY(cublasSetStream(s->blas, s->stream));
     /* Split-K partial sums in fp32 only, never in the bf16 output type. */
@@ -105,9 +112,8 @@ static flexdiag_status stream_init(flexdiag_stream *s) {
     return FLEXDIAG_OK;
 }
 
-extern "C" flexdiag_status flexdiag__cuda_stream_create(int device, int threads,
-                                                        flexdiag_stream **out) {
-    (void)threads; /* CPU workers: nothing to do on a GPU queue */
+/* A stream on device (made current); with blas the compute queue, else a copy queue. */
+static flexdiag_status stream_new(int device, int blas, flexdiag_stream **out) {
     *out = NULL;
     FLEXDIAG_TRY(check_device(device));
     FLEXDIAG_CUDA_TRY(cudaSetDevice(device));
@@ -116,7 +122,7 @@ extern "C" flexdiag_status flexdiag__cuda_stream_create(int device, int threads,
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "cuda: cannot allocate a stream (%zu bytes)",
                              sizeof *s);
     s->device = device;
-    flexdiag_status st = stream_init(s);
+    flexdiag_status st = stream_init(s, blas);
     if (st != FLEXDIAG_OK) {
         flexdiag__cuda_stream_destroy(s);
         return st;
@@ -125,6 +131,19 @@ extern "C" flexdiag_status flexdiag__cuda_stream_create(int device, int threads,
     return FLEXDIAG_OK;
 }
 
+extern "C" flexdiag_status flexdiag__cuda_stream_create(int device, int threads,
+                                                        flexdiag_stream **out) {
+    (void)threads; /* CPU workers: nothing to do on a GPU queue */
+    return stream_new(device, 1, out);
+}
+
+extern "C" flexdiag_status flexdiag__cuda_copy_stream_create(int device, flexdiag_stream **out) {
+    if (!out)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cuda copy_stream_create: out is NULL");
+    return stream_new(device, 0, out);
+}
+
+/* Frees a compute stream or a copy queue (whose blas, lt and workspace are NULL). */
 extern "C" void flexdiag__cuda_stream_destroy(flexdiag_stream *s) {
     if (!s) return;
     if (s->stream) (void)cudaStreamSynchronize(s->stream);
@@ -184,6 +203,27 @@ extern "C" void flexdiag__cuda_device_name(const flexdiag_stream *s, char *out, 
         return;
     }
     snprintf(out, n, "%s", prop.name);
+}
+
+/* Longest PCI address cudaDeviceGetPCIBusId writes, NUL included (it documents 13 bytes for
+ * "dddd:bb:dd.f"; room for a wider domain). */
+#define PCI_BUS_ID_MAX 64
+
+extern "C" flexdiag_status flexdiag__cuda_pci_bus_id(int device, char *out, size_t n) {
+    if (!out || n == 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cuda pci_bus_id: out is %s",
+                             out ? "0 bytes" : "NULL");
+    out[0] = '\0';
+    FLEXDIAG_TRY(check_device(device));
+    char id[PCI_BUS_ID_MAX] = {0};
+    FLEXDIAG_CUDA_TRY(cudaDeviceGetPCIBusId(id, (int)sizeof id - 1, device));
+    const size_t len = strlen(id);
+    if (len >= n)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda pci_bus_id: device %d's id \"%s\" needs %zu bytes, out has %zu",
+                             device, id, len + 1, n);
+    memcpy(out, id, len + 1);
+    return FLEXDIAG_OK;
 }
 
 /* ---- copies ---- */

@@ -14,8 +14,12 @@
 
 #include "base/core.h"
 #include "runtime/engine/engine.h"
+#include "runtime/tiers.h"
 
 #define BUF_ALIGN 256
+/* Device weight slots of a split model: a layer's streamed part loads into one while the
+ * layer before it computes from the other. */
+#define WEIGHT_SLOTS 2
 /* Prompt tokens one prefill chunk runs through a layer at most: GEMMs of this many rows are
  * compute-bound (the 7B qkv projection: 412 GFLOP), and the scratch (h, qkv, att, gate/up, mlp:
  * ~107 KB per token at 7B) stays ~0.44 GB however large the batch (a 218-sequence batch of
@@ -43,6 +47,8 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
         off += al(bytes);                                                                          \
     } while (0)
     TAKE(kv, (size_t)l->layers * 2 * S * hkv * ((size_t)c->p_cap + ring) * dh * act);
+    if (c->m->w.homes)
+        TAKE(wslots, WEIGHT_SLOTS * flexdiag__sched_tiered_slot_bytes(c->m->w.homes));
     TAKE(x, S * (size_t)c->p_cap * d * act);
     TAKE(h, mbt * d * act);
     TAKE(qkv, mbt * qkvw * act);
@@ -160,19 +166,26 @@ static flexdiag_status stream_open(flexdiag_context *c) {
     return rt->k->stream_sync(rt->s); /* the model's uploads are done before c->s reads them */
 }
 
-/* The all-device scheduler over the carved block. */
+/* The scheduler over the carved block: all-device, or tiered when the model's layers are split
+ * over device, pinned host and disk. */
 static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
+    const flexdiag_runtime *rt = c->m->rt;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     size_t seq = (size_t)l->kv_heads * (size_t)(c->p_cap + c->pd.ring) * (size_t)l->head_dim;
     flexdiag_sched_layout lay = {.n_layers = l->layers,
-                                 .weights = c->m->w.layers[0].attn_norm,
+                                 .weights = c->m->w.layer0,
                                  .layer_bytes = c->m->w.layer_bytes,
                                  .kv = c->b.kv,
                                  .n_seq = c->n_seq,
                                  .seq_bytes = seq * act,
                                  .act = c->b.x,
                                  .row_bytes = (size_t)l->hidden * act};
-    return flexdiag__sched_resident_create(&lay, &c->sched);
+    if (!c->m->w.homes) return flexdiag__sched_resident_create(&lay, &c->sched);
+    flexdiag_sched_tiered_params tp = {.lay = lay, .homes = c->m->w.homes, .k = rt->k,
+                                       .device = rt->p.device, .compute = c->s,
+                                       .slots = c->b.wslots, .n_slots = WEIGHT_SLOTS,
+                                       .pool = rt->pool, .n_stage = FLEXDIAG_DISK_STAGE};
+    return flexdiag__sched_tiered_create(&tp, &c->sched);
 }
 
 flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
@@ -197,10 +210,10 @@ void flexdiag__context_free(flexdiag_context *c) {
     const flexdiag_kernels *k = rt->k;
     for (int i = 0; i < 2; i++)
         if (c->graph[i]) k->graph_destroy(c->graph[i]);
+    flexdiag__sched_destroy(c->sched); /* drains its copies into the block first */
     if (c->s) k->stream_destroy(c->s); /* waits for the stream's work */
     flexdiag__arena_charge(&rt->arena, -(int64_t)c->stream_charge, "a context's stream");
     flexdiag__arena_free(&rt->arena, c->block, c->block_bytes);
-    flexdiag__sched_destroy(c->sched);
     flexdiag__pd_fini(&c->pd);
     if (k->host_free) k->host_free(c->host);
     else free(c->host);

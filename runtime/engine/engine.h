@@ -47,6 +47,10 @@ struct flexdiag_runtime {
                                     context runs on its own */
     pthread_mutex_t s_mu;        /* image decodes on s take turns */
     flexdiag_arena arena;        /* device memory under --gpu-mem */
+    char *offload_dir;           /* copy of p.offload_dir */
+    pthread_mutex_t tier_mu;     /* creation of the tiers below */
+    flexdiag_host_pool *pool;    /* pinned host tier, made when a model first needs it */
+    flexdiag_store *store;       /* NVMe tier, made when a model first needs it */
 };
 
 struct flexdiag_vq;
@@ -68,6 +72,7 @@ struct flexdiag_model {
  * own buffers follow them in the same block (policy_driver.h flexdiag_pd_bufs). */
 typedef struct flexdiag_ctx_bufs {
     void *kv;          /* (layers, 2, n_seq, h_kv, p_cap + ring, d_h) act: K then V per layer */
+    void *wslots;      /* (WEIGHT_SLOTS, slot bytes) device weight slots of a split model */
     void *x;           /* (n_seq, p_cap, d) act: residual stream (decode uses (n_seq, d)) */
     void *h;           /* (mb_tok, d) normed input */
     void *qkv;         /* (mb_tok, (h_q + 2 h_kv) d_h) */

@@ -48,7 +48,8 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     io->mem = (flexdiag_sched_io){.layer = j, .s0 = s0, .n_seq = nb,
                                   .rows_per_seq = t < 0 ? c->p_cap : 1};
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
-    io->w = flexdiag__layer_view(&c->m->w, io->mem.weights);
+    io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
+                                 io->mem.res_bytes);
     io->t = t;
     io->a = (flexdiag_attn_args){.n_seq = nb, .h_q = l->heads, .h_kv = l->kv_heads,
                                  .d_h = l->head_dim, .p_cap = c->p_cap, .ring = c->pd.ring,
@@ -197,10 +198,11 @@ static flexdiag_status step_body(const run_state *r, int32_t t) {
     return FLEXDIAG_OK;
 }
 
-/* Graphs need the backend's support and a step without host-side captures or profiling. */
+/* Graphs need the backend's support, a step without host-side captures or profiling, and a
+ * scheduler whose calls are address arithmetic (the tiered one queues copies and may wait). */
 static int use_graph(const run_state *r) {
     return r->k->graph_begin && !r->c->graphs_off && !r->split && !r->b->hidden &&
-           !r->b->attn_out;
+           !r->b->attn_out && r->c->sched->ops->graph_safe;
 }
 
 /* Replay the recorded step body (recording it first, for this variant and sequence count);

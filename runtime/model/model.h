@@ -26,6 +26,7 @@
 
 #include "flexdiag.h"
 #include "offload/arena.h"
+#include "offload/weight_homes.h"
 #include "kernels/kernels.h"
 #include "policy/kv_policy.h"
 #include "runtime/model/safetensors.h"
@@ -79,9 +80,12 @@ typedef struct flexdiag_layer_w {
     uint16_t *wdown;     /* (d, f) */
 } flexdiag_layer_w;
 
+/* The tensors of a layer block, in flexdiag_layer_w order. */
+enum { FLEXDIAG_LT_ATTN_NORM, FLEXDIAG_LT_WQKV, FLEXDIAG_LT_WO, FLEXDIAG_LT_MLP_NORM,
+       FLEXDIAG_LT_WGU, FLEXDIAG_LT_WDOWN, FLEXDIAG_LT_COUNT };
+
 typedef struct flexdiag_weights {
     uint16_t *embed;        /* (V, d) embed_tokens */
-    flexdiag_layer_w *layers; /* (layers) */
     uint16_t *final_norm;   /* (d) */
     uint16_t *lm_head;      /* (V, d) Llama; == embed when tied; NULL for Janus */
     uint16_t *gen_embed;    /* (Vi, 8) */
@@ -89,22 +93,27 @@ typedef struct flexdiag_weights {
     uint16_t *align_b[4];   /* aligner biases (d) */
     uint16_t *head_w1, *head_b1; /* gen_head projector (dm, d), (dm) */
     uint16_t *head_w2, *head_b2; /* vision_head (Vi, dm), (Vi) */
-    size_t layer_bytes;     /* bytes of one layer's block; layer j's starts at
-                               layers[0].attn_norm + j · layer_bytes */
-    void *block;            /* one allocation holding all of the above */
+    flexdiag_wspan lt[FLEXDIAG_LT_COUNT]; /* the layer tensors inside a layer block */
+    size_t layer_bytes;     /* bytes of one layer's block */
+    void *layer0;           /* device address of layer 0's block (layer j's at + j ·
+                               layer_bytes); NULL when the layers live in homes */
+    struct flexdiag_weight_homes *homes; /* where each layer's parts live when they do not all
+                                            fit the device (owned); NULL: all on the device */
+    void *block;            /* one device allocation holding all of the above but the homes */
     size_t bytes;           /* size of block */
 } flexdiag_weights;
 
-/* Named tensors of the layer whose block starts at `block` (wherever a scheduler put it):
- * the offsets of layer 0 applied to block. */
-static inline flexdiag_layer_w flexdiag__layer_view(const flexdiag_weights *w, const void *block) {
-    const flexdiag_layer_w *l0 = &w->layers[0];
-    const char *b0 = (const char *)l0->attn_norm;
-    char *b = (char *)(uintptr_t)block;
-#define AT(f) ((uint16_t *)(b + ((const char *)l0->f - b0)))
-    flexdiag_layer_w v = {AT(attn_norm), AT(wqkv), AT(wo), AT(mlp_norm), AT(wgu), AT(wdown)};
-#undef AT
-    return v;
+/* Named tensors of a layer from a scheduler's addresses (offload/sched.h flexdiag_sched_io): a
+ * tensor ending at or before res_bytes reads the resident block, every other one the slot. */
+static inline flexdiag_layer_w flexdiag__layer_view(const flexdiag_weights *w, const void *block,
+                                                    const void *res, size_t res_bytes) {
+    uint16_t *p[FLEXDIAG_LT_COUNT];
+    for (int i = 0; i < FLEXDIAG_LT_COUNT; i++) {
+        const flexdiag_wspan *t = &w->lt[i];
+        const char *b = t->off + t->bytes <= res_bytes ? (const char *)res : (const char *)block;
+        p[i] = (uint16_t *)(uintptr_t)(b + t->off);
+    }
+    return (flexdiag_layer_w){p[0], p[1], p[2], p[3], p[4], p[5]};
 }
 
 /* Read config.json (+ generation_config.json) of a model folder and range-check every field
@@ -126,17 +135,30 @@ flexdiag_status flexdiag__config_check_backend(const flexdiag_model_config *c,
  * applied, 0 when the name was copied unchanged, -1 when out is too small. */
 int flexdiag__name_canonical(flexdiag_arch arch, const char *name, char *out, size_t out_size);
 
-/* Load weights from an open checkpoint into memory of arena a's backend. Before any memory
- * proportional to the config is taken, every tensor the config implies must be in the
- * checkpoint with its shape and a readable dtype, and the checkpoint's tensors of the model's
- * parts must add up to what the config implies; refusals name the file and the tensor. */
+/* Where the layer weights go: all on the device (pct 100,0,0, pools NULL), or split by
+ * --weights over device, pinned host and disk (offload/weight_homes.h). */
+typedef struct flexdiag_weights_place {
+    uint32_t pct[3];            /* GPU, CPU, disk percent of every layer */
+    flexdiag_host_pool *pool;   /* home of the host part (borrowed), NULL when pct[1] == 0 */
+    flexdiag_store *store;      /* home of the disk part (borrowed), NULL when pct[2] == 0 */
+} flexdiag_weights_place;
+
+/* Bytes each tier needs for cfg under placement pct, [GPU (all weights but the streamed parts),
+ * CPU, disk (4096-aligned per layer)], and the cut itself (either out may be NULL). */
+flexdiag_status flexdiag__weights_plan(const flexdiag_model_config *cfg, const uint32_t pct[3],
+                                       uint64_t bytes[3], flexdiag_wcut *cut);
+/* Load weights from an open checkpoint into memory of arena a's backend, placed by pl. Before
+ * any memory proportional to the config is taken, every tensor the config implies must be in
+ * the checkpoint with its shape and a readable dtype, and the checkpoint's tensors of the
+ * model's parts must add up to what the config implies; refusals name the file and the tensor. */
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
                                        const flexdiag_model_config *cfg,
-                                       const flexdiag_safetensors *st, flexdiag_weights *w);
-/* Seeded random weights (N(0, 0.02²) matrices, unit norms, zero biases). */
+                                       const flexdiag_safetensors *st,
+                                       const flexdiag_weights_place *pl, flexdiag_weights *w);
+/* Seeded random weights (N(0, 0.02²) matrices, unit norms, zero biases), placed by pl. */
 flexdiag_status flexdiag__weights_random(flexdiag_arena *a, flexdiag_stream *s,
                                          const flexdiag_model_config *cfg, uint64_t seed,
-                                         flexdiag_weights *w);
+                                         const flexdiag_weights_place *pl, flexdiag_weights *w);
 void flexdiag__weights_free(flexdiag_arena *a, flexdiag_weights *w);
 
 #endif /* FLEXDIAG_MODEL_H */

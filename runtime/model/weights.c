@@ -56,6 +56,7 @@ typedef struct model_off {
     size_t embed, final_norm, lm_head, gen_embed, head_w1, head_b1, head_w2, head_b2;
     size_t align_w[4], align_b[4];
     layer_off layer0;
+    size_t layers_start; /* offset of layer 0's block */
     size_t layer_bytes; /* one layer's block */
     size_t bytes;       /* the whole block, W_ALIGN-aligned */
     int64_t count;      /* tensors visited */
@@ -139,7 +140,7 @@ static flexdiag_status walk_model(const flexdiag_model_config *c, walker *w) {
     for (int i = 0; i < l->layers; i++) {
         size_t start = align_up(w->cursor);
         FLEXDIAG_TRY(walk_layer(w, l, pre, i, i == 0 ? &o->layer0 : &scratch));
-        if (i == 0) o->layer_bytes = align_up(w->cursor) - start;
+        if (i == 0) o->layers_start = start, o->layer_bytes = align_up(w->cursor) - start;
     }
     snprintf(n, sizeof n, "%snorm.weight", pre);
     FLEXDIAG_TRY(emit(w, n, l->hidden, 0, W_NORM, 0, &o->final_norm));
@@ -152,18 +153,38 @@ static flexdiag_status walk_model(const flexdiag_model_config *c, walker *w) {
 
 /* ---- the block ---- */
 
+/* The tensors of a layer block (offsets relative to the block) for placement cuts and views. */
+static void layer_spans(const flexdiag_lm_config *l, const model_off *o, flexdiag_wspan *lt) {
+    size_t d = (size_t)l->hidden, dq = (size_t)l->heads * (size_t)l->head_dim;
+    size_t dkv = (size_t)l->kv_heads * (size_t)l->head_dim, f = (size_t)l->ffn, b0 = o->layers_start;
+    const layer_off *x = &o->layer0;
+    lt[FLEXDIAG_LT_ATTN_NORM] = (flexdiag_wspan){x->attn_norm - b0, d * 2, d * 2};
+    lt[FLEXDIAG_LT_WQKV] = (flexdiag_wspan){x->wqkv - b0, (dq + 2 * dkv) * d * 2, d * 2};
+    lt[FLEXDIAG_LT_WO] = (flexdiag_wspan){x->wo - b0, d * dq * 2, dq * 2};
+    lt[FLEXDIAG_LT_MLP_NORM] = (flexdiag_wspan){x->mlp_norm - b0, d * 2, d * 2};
+    lt[FLEXDIAG_LT_WGU] = (flexdiag_wspan){x->wgu - b0, 2 * f * d * 2, d * 2};
+    lt[FLEXDIAG_LT_WDOWN] = (flexdiag_wspan){x->wdown - b0, d * f * 2, f * 2};
+}
+
+/* Bytes of the layers region of the walk's block (all layers' blocks). */
+static size_t layers_region(const flexdiag_model_config *c, const model_off *o) {
+    return (size_t)c->lm.layers * o->layer_bytes;
+}
+
+/* Device offset of walk offset off: with homes the layers region is not in the block. */
+static size_t dev_off(const flexdiag_weights *w, const flexdiag_model_config *c,
+                      const model_off *o, size_t off) {
+    return w->homes && off >= o->layers_start ? off - layers_region(c, o) : off;
+}
+
 static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_weights *w) {
     char *b = w->block;
-#define P(off) ((uint16_t *)(b + (off)))
+#define P(off) ((uint16_t *)(b + dev_off(w, c, o, off)))
     w->embed = P(o->embed);
     w->final_norm = P(o->final_norm);
     w->layer_bytes = o->layer_bytes;
-    const layer_off *l0 = &o->layer0;
-    for (int i = 0; i < c->lm.layers; i++) {
-        size_t s = (size_t)i * o->layer_bytes;
-        w->layers[i] = (flexdiag_layer_w){P(l0->attn_norm + s), P(l0->wqkv + s), P(l0->wo + s),
-                                          P(l0->mlp_norm + s), P(l0->wgu + s), P(l0->wdown + s)};
-    }
+    layer_spans(&c->lm, o, w->lt);
+    w->layer0 = w->homes ? NULL : b + o->layers_start;
     if (c->arch == FLEXDIAG_ARCH_LLAMA) {
         w->lm_head = P(o->lm_head);
         return;
@@ -180,14 +201,51 @@ static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_w
 #undef P
 }
 
-/* Allocate the device block of layout o and carve the weight pointers from it. */
+static int all_device(const flexdiag_weights_place *pl) {
+    return pl->pct[0] == 100 || pl->pct[0] + pl->pct[1] + pl->pct[2] == 0;
+}
+
+static flexdiag_status cut_of(const flexdiag_model_config *c, const model_off *o,
+                              const uint32_t pct[3], flexdiag_wcut *cut) {
+    flexdiag_wspan lt[FLEXDIAG_LT_COUNT];
+    layer_spans(&c->lm, o, lt);
+    static const uint32_t all[3] = {100, 0, 0};
+    return flexdiag__wcut_make(lt, FLEXDIAG_LT_COUNT, o->layer_bytes,
+                               pct[0] + pct[1] + pct[2] ? pct : all, cut);
+}
+
+flexdiag_status flexdiag__weights_plan(const flexdiag_model_config *cfg, const uint32_t pct[3],
+                                       uint64_t bytes[3], flexdiag_wcut *cut) {
+    walker layout = {0};
+    FLEXDIAG_TRY(walk_model(cfg, &layout));
+    flexdiag_wcut c;
+    FLEXDIAG_TRY(cut_of(cfg, &layout.o, pct, &c));
+    uint64_t L = (uint64_t)cfg->lm.layers;
+    if (bytes) {
+        bytes[0] = layout.o.bytes - L * (c.layer_bytes - c.cut[0]);
+        bytes[1] = L * flexdiag__wcut_bytes(&c, FLEXDIAG_TIER_CPU);
+        bytes[2] = flexdiag__wcut_bytes(&c, FLEXDIAG_TIER_DISK) ? L * flexdiag__wcut_disk_stride(&c)
+                                                                 : 0;
+    }
+    if (cut) *cut = c;
+    return FLEXDIAG_OK;
+}
+
+/* Allocate the device block of layout o (and the homes of a split placement) and carve the
+ * weight pointers from it. */
 static flexdiag_status allocate(flexdiag_arena *a, const flexdiag_model_config *c,
-                                const model_off *o, flexdiag_weights *w) {
+                                const model_off *o, const flexdiag_weights_place *pl,
+                                flexdiag_weights *w) {
     memset(w, 0, sizeof *w);
-    w->layers = calloc((size_t)c->lm.layers, sizeof *w->layers);
-    if (!w->layers) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: out of memory");
-    FLEXDIAG_TRY(flexdiag__arena_alloc(a, o->bytes, "model weights", &w->block));
-    w->bytes = o->bytes;
+    size_t bytes = o->bytes;
+    if (!all_device(pl)) {
+        flexdiag_wcut cut;
+        FLEXDIAG_TRY(cut_of(c, o, pl->pct, &cut));
+        FLEXDIAG_TRY(flexdiag__whomes_create(&cut, c->lm.layers, a, pl->pool, pl->store, &w->homes));
+        bytes -= layers_region(c, o);
+    }
+    FLEXDIAG_TRY(flexdiag__arena_alloc(a, bytes, "model weights", &w->block));
+    w->bytes = bytes;
     carve(c, o, w);
     return FLEXDIAG_OK;
 }
@@ -195,8 +253,36 @@ static flexdiag_status allocate(flexdiag_arena *a, const flexdiag_model_config *
 void flexdiag__weights_free(flexdiag_arena *a, flexdiag_weights *w) {
     if (!w) return;
     flexdiag__arena_free(a, w->block, w->bytes);
-    free(w->layers);
+    flexdiag__whomes_destroy(w->homes);
     memset(w, 0, sizeof *w);
+}
+
+/* Where walk offsets go: the device block, or for layer bytes under a split placement, the
+ * layer's homes. */
+typedef struct wsink {
+    const flexdiag_kernels *k;      /* backend of the block */
+    flexdiag_stream *s;             /* its stream */
+    const flexdiag_model_config *c; /* the walk's config */
+    const model_off *o;             /* the walk's layout */
+    flexdiag_weights *w;            /* destination */
+} wsink;
+
+/* Store bytes of host memory src at walk offset off (done when it returns). */
+static flexdiag_status sink_put(const wsink *k, size_t off, const void *src, size_t bytes) {
+    const model_off *o = k->o;
+    if (k->w->homes && off >= o->layers_start && off < o->layers_start + layers_region(k->c, o)) {
+        size_t r = off - o->layers_start; /* a tensor never crosses a layer */
+        return flexdiag__whomes_put(k->w->homes, (int32_t)(r / o->layer_bytes),
+                                    r % o->layer_bytes, src, bytes, k->s);
+    }
+    FLEXDIAG_TRY(k->k->copy_h2d((char *)k->w->block + dev_off(k->w, k->c, o, off), src, bytes,
+                                k->s));
+    return k->k->stream_sync(k->s); /* src is reused for the next piece */
+}
+
+/* After the last put: the disk parts written, the loading stage dropped. */
+static flexdiag_status sink_finish(const wsink *k) {
+    return k->w->homes ? flexdiag__whomes_finish(k->w->homes) : FLEXDIAG_OK;
 }
 
 /* ---- random weights ---- */
@@ -246,11 +332,9 @@ static void fill_chunk(const wtensor *t, uint64_t seed, int64_t base, int64_t m,
 }
 
 typedef struct fill_ctx {
-    const flexdiag_kernels *k; /* backend of the block */
-    flexdiag_stream *s;        /* its stream */
-    void *block;               /* weight block */
-    uint64_t seed;             /* model seed */
-    uint16_t *buf;             /* CHUNK_ELEMS staging elements */
+    wsink sink;     /* destination */
+    uint64_t seed;  /* model seed */
+    uint16_t *buf;  /* CHUNK_ELEMS staging elements */
 } fill_ctx;
 
 static flexdiag_status fill_tensor(void *user, const wtensor *t) {
@@ -259,26 +343,24 @@ static flexdiag_status fill_tensor(void *user, const wtensor *t) {
     for (int64_t base = 0; base < n; base += CHUNK_ELEMS) {
         int64_t m = n - base < CHUNK_ELEMS ? n - base : CHUNK_ELEMS;
         fill_chunk(t, f->seed, base, m, f->buf);
-        FLEXDIAG_TRY(f->k->copy_h2d((char *)f->block + t->offset + (size_t)base * 2, f->buf,
-                                    (size_t)m * 2, f->s));
-        FLEXDIAG_TRY(f->k->stream_sync(f->s)); /* buf is reused for the next chunk */
+        FLEXDIAG_TRY(sink_put(&f->sink, t->offset + (size_t)base * 2, f->buf, (size_t)m * 2));
     }
     return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__weights_random(flexdiag_arena *a, flexdiag_stream *s,
                                          const flexdiag_model_config *cfg, uint64_t seed,
-                                         flexdiag_weights *w) {
+                                         const flexdiag_weights_place *pl, flexdiag_weights *w) {
     memset(w, 0, sizeof *w);
     FLEXDIAG_TRY(flexdiag__config_check_backend(cfg, a->k));
     walker layout = {0};
     FLEXDIAG_TRY(walk_model(cfg, &layout));
-    FLEXDIAG_TRY(allocate(a, cfg, &layout.o, w));
-    fill_ctx f = {a->k, s, w->block, seed, malloc((size_t)CHUNK_ELEMS * 2)};
-    flexdiag_status st = f.buf ? FLEXDIAG_OK
-                               : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory");
+    flexdiag_status st = allocate(a, cfg, &layout.o, pl, w);
+    fill_ctx f = {{a->k, s, cfg, &layout.o, w}, seed, malloc((size_t)CHUNK_ELEMS * 2)};
+    if (st == FLEXDIAG_OK && !f.buf) st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no memory");
     walker fill = {.visit = fill_tensor, .user = &f};
     if (st == FLEXDIAG_OK) st = walk_model(cfg, &fill);
+    if (st == FLEXDIAG_OK) st = sink_finish(&f.sink);
     free(f.buf);
     if (st != FLEXDIAG_OK) flexdiag__weights_free(a, w);
     return st;
@@ -481,11 +563,9 @@ static flexdiag_status check_all(const flexdiag_safetensors *st, const flexdiag_
 /* ---- loading from safetensors ---- */
 
 typedef struct upload_ctx {
-    const flexdiag_kernels *k;      /* backend of the block */
-    flexdiag_stream *s;             /* its stream */
+    wsink sink;                     /* destination */
     const flexdiag_safetensors *st; /* checkpoint */
     const ckpt_index *ix;           /* its index (every visited tensor is in it: checked) */
-    void *block;                    /* weight block */
     uint16_t *buf;                  /* staging for the largest tensor */
 } upload_ctx;
 
@@ -494,33 +574,33 @@ static flexdiag_status upload_tensor(void *user, const wtensor *t) {
     const ck_entry *e = index_find(u->ix, t->name);
     FLEXDIAG_ASSERT(e != NULL);
     FLEXDIAG_TRY(flexdiag__st_read_bf16(u->st, e->t, u->buf));
-    FLEXDIAG_TRY(u->k->copy_h2d((char *)u->block + t->offset, u->buf, (size_t)e->t->numel * 2,
-                                u->s));
-    return u->k->stream_sync(u->s);
+    return sink_put(&u->sink, t->offset, u->buf, (size_t)e->t->numel * 2);
 }
 
 static flexdiag_status upload_all(const flexdiag_kernels *k, flexdiag_stream *s,
                                   const flexdiag_safetensors *st, const flexdiag_model_config *c,
-                                  const ckpt_index *ix, const model_off *o, void *block) {
-    upload_ctx u = {k, s, st, ix, block, malloc((size_t)o->max_elems * 2)};
+                                  const ckpt_index *ix, const model_off *o, flexdiag_weights *dst) {
+    upload_ctx u = {{k, s, c, o, dst}, st, ix, malloc((size_t)o->max_elems * 2)};
     if (!u.buf) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weights: no host memory for staging");
     walker w = {.visit = upload_tensor, .user = &u};
     flexdiag_status r = walk_model(c, &w);
+    if (r == FLEXDIAG_OK) r = sink_finish(&u.sink);
     free(u.buf);
     return r;
 }
 
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,
                                        const flexdiag_model_config *cfg,
-                                       const flexdiag_safetensors *st, flexdiag_weights *w) {
+                                       const flexdiag_safetensors *st,
+                                       const flexdiag_weights_place *pl, flexdiag_weights *w) {
     memset(w, 0, sizeof *w);
     FLEXDIAG_TRY(flexdiag__config_check_backend(cfg, a->k));
     ckpt_index ix = {0};
     model_off o;
     flexdiag_status r = index_build(cfg->arch, st, &ix);
     if (r == FLEXDIAG_OK) r = check_all(st, cfg, &ix, &o); /* all checks before allocating */
-    if (r == FLEXDIAG_OK) r = allocate(a, cfg, &o, w);
-    if (r == FLEXDIAG_OK) r = upload_all(a->k, s, st, cfg, &ix, &o, w->block);
+    if (r == FLEXDIAG_OK) r = allocate(a, cfg, &o, pl, w);
+    if (r == FLEXDIAG_OK) r = upload_all(a->k, s, st, cfg, &ix, &o, w);
     free(ix.e);
     if (r != FLEXDIAG_OK) flexdiag__weights_free(a, w);
     return r;

@@ -9,6 +9,10 @@
  *     contents change each time, so a missing dependency would read stale data. The same run
  *     without the wait is reported (not asserted) to show the test can see a missing one.
  *     event_query says done after event_sync and for an event never recorded.
+ *   - a copy queue (copy_stream_create: no cuBLAS handles, no workspace) uploads X and records
+ *     an event; the compute stream A waits on it and reads X back with copy_d2h, over many
+ *     iterations of new data; memset0, copy_d2h and stream_sync on the copy queue itself;
+ *     pci_bus_id gives "domain:bus:device.function" and refuses a buffer too small for it.
  *   - launch graphs: a record / wait fork and join between two streams inside one capture, and
  *     a wait inside a capture on an event recorded outside it before each replay (an external
  *     wait node): every replay must see the bytes of its own upload.
@@ -103,6 +107,61 @@ static void test_ordering(void **state) {
     G->mem_free(y);
     G->host_free(src);
     G->host_free(dst);
+}
+
+/* ---- a copy queue feeding a compute stream ---- */
+
+#define COPYQ_ITERS 20
+
+/* Whether the n bytes at p are all zero. */
+static int all_zero(const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i]) return 0;
+    return 1;
+}
+
+static void test_copy_stream(void **state) {
+    (void)state;
+    flexdiag_stream *c = NULL;
+    ok(G->copy_stream_create(0, &c));
+    void *src = NULL, *dst = NULL, *x = NULL;
+    ok(G->host_alloc(ORDER_BYTES, &src));
+    ok(G->host_alloc(ORDER_BYTES, &dst));
+    ok(G->mem_alloc(ORDER_BYTES, &x));
+    flexdiag_event *up = NULL;
+    ok(G->event_create(c, &up));
+    int bad = 0;
+    for (uint32_t it = 0; it < COPYQ_ITERS; it++) {
+        fill_pattern(src, ORDER_BYTES / 4, it + 1000);
+        memset(dst, 0, ORDER_BYTES);
+        ok(G->copy_h2d_async(x, src, ORDER_BYTES, c));
+        ok(G->event_record(up, c));
+        ok(G->stream_wait_event(A, up));
+        ok(G->copy_d2h(dst, x, ORDER_BYTES, A));
+        bad += memcmp(dst, src, ORDER_BYTES) != 0;
+    }
+    assert_int_equal(bad, 0);
+
+    ok(G->memset0(x, ORDER_BYTES, c));
+    ok(G->copy_d2h(dst, x, ORDER_BYTES, c));
+    assert_true(all_zero(dst, ORDER_BYTES));
+    ok(G->copy_h2d_async(x, src, ORDER_BYTES, c));
+    ok(G->stream_sync(c));
+
+    char id[64], tiny[4];
+    ok(G->pci_bus_id(0, id, sizeof id));
+    printf("copy queue: device 0 is at PCI %s\n", id);
+    assert_non_null(strchr(id, ':'));
+    assert_non_null(strchr(id, '.'));
+    assert_int_equal(G->pci_bus_id(0, tiny, sizeof tiny), FLEXDIAG_ERR_INVALID_ARG);
+    flexdiag__err_clear();
+
+    G->event_destroy(up);
+    G->mem_free(x);
+    G->host_free(src);
+    G->host_free(dst);
+    G->stream_destroy(c);
 }
 
 /* ---- events inside launch graphs ---- */
@@ -454,9 +513,9 @@ int main(void) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ordering),          cmocka_unit_test(test_graph_events),
-        cmocka_unit_test(test_host_register),     cmocka_unit_test(test_matmul_concurrent),
-        cmocka_unit_test(test_matmul_past_cap),
+        cmocka_unit_test(test_ordering),          cmocka_unit_test(test_copy_stream),
+        cmocka_unit_test(test_graph_events),      cmocka_unit_test(test_host_register),
+        cmocka_unit_test(test_matmul_concurrent), cmocka_unit_test(test_matmul_past_cap),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     G->stream_destroy(B);

@@ -1,0 +1,173 @@
+/*
+ * offload_report.c - the transfer ceilings and the offload columns of a bench row
+ * (offload_report.h).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "bench/offload_report.h"
+#include "runtime/engine/engine.h"
+
+#define CEIL_REPS 8
+#define DISK_QD 64                       /* the store's default queue depth */
+#define DISK_MAX_BYTES (4ull << 30)      /* read at most this much for the disk ceiling */
+
+/* ---- ceilings ---- */
+
+/* Seconds per copy of n bytes, dir 0 H2D / 1 D2H, on a copy stream; -1 on failure. */
+static double time_copy(const flexdiag_kernels *k, flexdiag_stream *cs, void *dev, void *host,
+                        size_t n, int dir) {
+    flexdiag_op_copy *op = dir ? k->copy_d2h_async : k->copy_h2d_async;
+    void *dst = dir ? host : dev;
+    const void *src = dir ? dev : host;
+    if (op(dst, src, n, cs) != FLEXDIAG_OK || k->stream_sync(cs) != FLEXDIAG_OK) return -1;
+    double t0 = flexdiag__now();
+    for (int i = 0; i < CEIL_REPS; i++)
+        if (op(dst, src, n, cs) != FLEXDIAG_OK) return -1;
+    if (k->stream_sync(cs) != FLEXDIAG_OK) return -1;
+    return (flexdiag__now() - t0) / CEIL_REPS;
+}
+
+/* Pinned H2D / D2H at the size of a weight slot (capped by what the budget has left). */
+static int copy_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out) {
+    const flexdiag_kernels *k = rt->k;
+    size_t n = flexdiag__sched_tiered_slot_bytes(m->w.homes);
+    uint64_t avail = flexdiag__arena_available(&rt->arena);
+    if (n > avail / 2) n = (size_t)(avail / 2);
+    if (n > (1u << 30)) n = 1u << 30;
+    n &= ~(size_t)4095;
+    if (n < 4096) return 0;
+    void *dev = NULL, *host = NULL;
+    flexdiag_stream *cs = NULL;
+    int pinned = k->host_alloc != NULL;
+    flexdiag_status st = flexdiag__arena_alloc(&rt->arena, n, "the bench's copy ceiling", &dev);
+    if (st == FLEXDIAG_OK) st = pinned ? k->host_alloc(n, &host) : FLEXDIAG_OK;
+    if (st == FLEXDIAG_OK && !pinned && !(host = malloc(n))) st = FLEXDIAG_ERR_OOM_HOST;
+    if (st == FLEXDIAG_OK) memset(host, 1, n);
+    if (st == FLEXDIAG_OK) st = k->copy_stream_create(rt->p.device, &cs);
+    double h = st == FLEXDIAG_OK ? time_copy(k, cs, dev, host, n, 0) : -1;
+    double d = st == FLEXDIAG_OK ? time_copy(k, cs, dev, host, n, 1) : -1;
+    out->copy_bytes = n;
+    out->h2d = h > 0 ? (double)n / h : 0;
+    out->d2h = d > 0 ? (double)n / d : 0;
+    k->stream_destroy(cs);
+    if (pinned) k->host_free(host);
+    else free(host);
+    flexdiag__arena_free(&rt->arena, dev, n);
+    if (st == FLEXDIAG_OK) return 0;
+    fprintf(stderr, "flexdiag bench: copy ceiling not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
+/* O_DIRECT reads of the weights' own extent at the scheduler's request size, DISK_QD in
+ * flight. */
+static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out) {
+    const flexdiag_weight_homes *h = m->w.homes;
+    uint64_t total = h->ext.span < DISK_MAX_BYTES ? h->ext.span : DISK_MAX_BYTES;
+    size_t req = FLEXDIAG_SCHED_READ_CHUNK;
+    total -= total % req;
+    if (total == 0) req = (size_t)h->ext.span, total = req;
+    char *buf = NULL;
+    if (posix_memalign((void **)&buf, FLEXDIAG_STORE_ALIGN, (size_t)DISK_QD * req)) return 1;
+    flexdiag_store_req rq[DISK_QD];
+    flexdiag_status st = FLEXDIAG_OK;
+    double t0 = flexdiag__now();
+    for (uint64_t at = 0; st == FLEXDIAG_OK && at < total;) {
+        int n = 0;
+        for (; n < DISK_QD && at < total; n++, at += req)
+            rq[n] = (flexdiag_store_req){FLEXDIAG_STORE_READ, h->ext.off + at, req,
+                                         buf + (size_t)n * req};
+        flexdiag_store_ticket t;
+        st = flexdiag__store_submit(rt->store, rq, n, &t);
+        if (st == FLEXDIAG_OK) st = flexdiag__store_wait(rt->store, t);
+    }
+    double s = flexdiag__now() - t0;
+    free(buf);
+    out->disk = st == FLEXDIAG_OK && s > 0 ? (double)total / s : 0;
+    out->disk_req = req;
+    out->disk_qd = DISK_QD;
+    if (st == FLEXDIAG_OK) return 0;
+    fprintf(stderr, "flexdiag bench: disk ceiling not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
+int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out) {
+    memset(out, 0, sizeof *out);
+    if (!m->w.homes) return 0;
+    int rc = copy_ceilings(rt, m, out);
+    if (m->w.homes->store) rc |= disk_ceiling(rt, m, out);
+    return rc;
+}
+
+/* ---- the row ---- */
+
+void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_info *before,
+                            const flexdiag_offload_info *after, int32_t n_steps, double decode_s,
+                            double compute_ms, const bench_ceilings *ce, bench_offload_row *out) {
+    memset(out, 0, sizeof *out);
+    out->oi = *after;
+    out->compute_ms = compute_ms;
+    uint64_t loads = after->loads - before->loads;
+    if (!loads) return;
+    double L = c->m->cfg.lm.layers;
+    out->h2d_step = (double)(after->h2d_bytes - before->h2d_bytes) / (double)loads * L;
+    out->disk_step = (double)(after->disk_read_bytes - before->disk_read_bytes) / (double)loads * L;
+    double step = n_steps > 1 ? decode_s / (n_steps - 1) : 0;
+    if (step <= 0) return;
+    out->h2d_rate = out->h2d_step / step;
+    out->disk_rate = out->disk_step / step;
+    double bound = compute_ms * 1e-3;
+    if (ce->h2d > 0) bound = fmax(bound, out->h2d_step / ce->h2d);
+    if (ce->disk > 0) bound = fmax(bound, out->disk_step / ce->disk);
+    out->overlap = bound > 0 ? step / bound : 0;
+}
+
+void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
+    const flexdiag_offload_info *o = &r->oi;
+    if (strcmp(o->scheduler, "tiered")) return;
+    double all = (double)(o->weights_bytes[0] + o->weights_bytes[1] + o->weights_bytes[2]);
+    printf("  offload: weights requested %u/%u/%u %% GPU/CPU/disk, realised %.2f/%.2f/%.2f %% "
+           "(%.2f / %.2f / %.2f GB); pinned pool %.2f GB (%s); disk %.2f GB (%s%s%s)\n",
+           o->weights_pct[0], o->weights_pct[1], o->weights_pct[2],
+           100 * o->weights_bytes[0] / all, 100 * o->weights_bytes[1] / all,
+           100 * o->weights_bytes[2] / all, o->weights_bytes[0] / 1e9, o->weights_bytes[1] / 1e9,
+           o->weights_bytes[2] / 1e9, o->pinned_budget / 1e9,
+           o->pinned_note ? o->pinned_note : o->pinned ? "pinned" : "not pinned",
+           o->disk_budget / 1e9,
+           o->disk_io ? o->disk_io : "none", o->disk_note && *o->disk_note ? ": " : "",
+           o->disk_note ? o->disk_note : "");
+    printf("  offload: per decode step H2D %.3f GB at %.1f GB/s (ceiling %.1f GB/s pinned, %.0f "
+           "%%), disk %.3f GB at %.2f GB/s (ceiling %.2f GB/s O_DIRECT, %.0f %%); compute %.2f "
+           "ms; overlap efficiency %.3f\n",
+           r->h2d_step / 1e9, r->h2d_rate / 1e9, ce->h2d / 1e9,
+           ce->h2d > 0 ? 100 * r->h2d_rate / ce->h2d : 0, r->disk_step / 1e9, r->disk_rate / 1e9,
+           ce->disk / 1e9, ce->disk > 0 ? 100 * r->disk_rate / ce->disk : 0, r->compute_ms,
+           r->overlap);
+    fflush(stdout);
+}
+
+void bench_offload_json(const bench_offload_row *r, const bench_ceilings *ce, char *buf, size_t n) {
+    const flexdiag_offload_info *o = &r->oi;
+    if (strcmp(o->scheduler, "tiered")) {
+        snprintf(buf, n, ",\"sched\":\"resident\"");
+        return;
+    }
+    snprintf(buf, n,
+             ",\"sched\":\"tiered\",\"weights_req\":[%u,%u,%u],"
+             "\"weights_bytes\":[%llu,%llu,%llu],\"pinned_bytes\":%llu,\"pinned\":%s,"
+             "\"disk_bytes\":%llu,\"disk_io\":\"%s\",\"h2d_step_bytes\":%.0f,"
+             "\"disk_step_bytes\":%.0f,\"h2d_gbps\":%.3f,\"disk_gbps\":%.3f,"
+             "\"h2d_ceiling_gbps\":%.3f,\"d2h_ceiling_gbps\":%.3f,\"disk_ceiling_gbps\":%.3f,"
+             "\"disk_ceiling_req\":%zu,\"disk_ceiling_qd\":%d,\"compute_ms\":%.4f,"
+             "\"overlap_efficiency\":%.4f",
+             o->weights_pct[0], o->weights_pct[1], o->weights_pct[2],
+             (unsigned long long)o->weights_bytes[0], (unsigned long long)o->weights_bytes[1],
+             (unsigned long long)o->weights_bytes[2], (unsigned long long)o->pinned_budget,
+             o->pinned ? "true" : "false", (unsigned long long)o->disk_budget,
+             o->disk_io ? o->disk_io : "none", r->h2d_step, r->disk_step, r->h2d_rate / 1e9,
+             r->disk_rate / 1e9, ce->h2d / 1e9, ce->d2h / 1e9, ce->disk / 1e9, ce->disk_req,
+             ce->disk_qd, r->compute_ms, r->overlap);
+}

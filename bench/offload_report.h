@@ -1,0 +1,50 @@
+/*
+ * offload_report.h - what `flexdiag bench` adds to a row whose weights are split over device,
+ * pinned host and disk (docs/offloading.md §5): the transfer ceilings measured in the same
+ * process (pinned H2D and D2H copies on a copy stream, O_DIRECT reads of the store at the
+ * scheduler's request size and queue depth), the placement requested and realised, bytes per
+ * tier, transfer bytes per decode step, achieved rates, and the overlap efficiency
+ * step time / max(compute, H2D bytes / H2D ceiling, disk bytes / disk ceiling).
+ */
+#ifndef FLEXDIAG_BENCH_OFFLOAD_REPORT_H
+#define FLEXDIAG_BENCH_OFFLOAD_REPORT_H
+
+#include "base/layer.h"
+#if FLEXDIAG_LAYER != FLEXDIAG_LAYER_TESTS && !defined(FLEXDIAG_OWNER_BENCH)
+#error "bench/offload_report.h is private to bench/ (docs/architecture.md)"
+#endif
+
+#include <stddef.h>
+
+#include "flexdiag.h"
+
+typedef struct bench_ceilings {
+    double h2d, d2h; /* bytes/s, pinned host <-> device on a copy stream, 0: not measured */
+    double disk;     /* bytes/s, O_DIRECT reads of the store, 0: no store */
+    size_t copy_bytes, disk_req; /* sizes they were measured at */
+    int disk_qd;     /* requests in flight */
+} bench_ceilings;
+
+typedef struct bench_offload_row {
+    flexdiag_offload_info oi;          /* after the timed run */
+    double h2d_step, disk_step;        /* bytes per decode step */
+    double h2d_rate, disk_rate;        /* achieved bytes/s over the decode steps */
+    double compute_ms;                 /* a profiled step's op time (GEMM + attention + rest) */
+    double overlap;                    /* step / max(compute, transfers at the ceilings) */
+} bench_offload_row;
+
+/* Measure the ceilings for rt's model m (nothing when its weights are all on the device);
+ * buffers go through the runtime's device budget. 0, or 1 after a message. */
+int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out);
+/* The row of context c from its offload counters before and after the timed run of n_steps
+ * decode steps (decode_s seconds, prefill included in the counters: one layer pass) and the
+ * profiled compute time per step. */
+void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_info *before,
+                            const flexdiag_offload_info *after, int32_t n_steps, double decode_s,
+                            double compute_ms, const bench_ceilings *ce, bench_offload_row *out);
+/* The markdown lines of an offloaded row (nothing for a resident one). */
+void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce);
+/* JSON fields (",\"sched\":...") for the row into buf (n bytes), "" for a resident row. */
+void bench_offload_json(const bench_offload_row *r, const bench_ceilings *ce, char *buf, size_t n);
+
+#endif /* FLEXDIAG_BENCH_OFFLOAD_REPORT_H */

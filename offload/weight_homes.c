@@ -1,0 +1,162 @@
+/*
+ * weight_homes.c - the cuts of a weight placement and the homes of each layer's parts
+ * (weight_homes.h): a device prefix from the arena, a host part from the pinned pool, a disk
+ * part from the store, filled once at load.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "offload/ranges.h"
+#include "offload/weight_homes.h"
+
+/* ---- cuts ---- */
+
+/* The row boundary nearest x: inside a tensor, its nearest row start (or end); in padding, x
+ * itself (padding holds no data), kept even for bf16. */
+static size_t snap(const flexdiag_wspan *sp, int n, size_t x) {
+    for (int i = 0; i < n; i++) {
+        const flexdiag_wspan *t = &sp[i];
+        if (x <= t->off || x >= t->off + t->bytes) continue;
+        size_t rows = (x - t->off + t->row_bytes / 2) / t->row_bytes;
+        size_t c = t->off + rows * t->row_bytes;
+        return c > t->off + t->bytes ? t->off + t->bytes : c;
+    }
+    return x & ~(size_t)1;
+}
+
+flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t layer_bytes,
+                                    const uint32_t pct[3], flexdiag_wcut *out) {
+    memset(out, 0, sizeof *out);
+    if (pct[0] + pct[1] + pct[2] != 100 || pct[0] > 100 || pct[1] > 100 || pct[2] > 100)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "weight placement %u,%u,%u (GPU, CPU, disk percent) must add up to "
+                             "100",
+                             pct[0], pct[1], pct[2]);
+    memcpy(out->pct, pct, sizeof out->pct);
+    out->layer_bytes = layer_bytes;
+    size_t t0 = (size_t)((double)layer_bytes * pct[0] / 100.0 + 0.5);
+    size_t t1 = (size_t)((double)layer_bytes * (pct[0] + pct[1]) / 100.0 + 0.5);
+    out->cut[0] = pct[0] == 100 ? layer_bytes : pct[0] == 0 ? 0 : snap(spans, n, t0);
+    out->cut[1] = pct[2] == 0 ? layer_bytes : snap(spans, n, t1);
+    if (out->cut[1] < out->cut[0]) out->cut[1] = out->cut[0];
+    out->split_start = out->cut[0];
+    for (int i = 0; i < n; i++)
+        if (spans[i].off < out->cut[0] && out->cut[0] < spans[i].off + spans[i].bytes)
+            out->split_start = spans[i].off;
+    return FLEXDIAG_OK;
+}
+
+size_t flexdiag__wcut_bytes(const flexdiag_wcut *c, int tier) {
+    switch (tier) {
+    case FLEXDIAG_TIER_GPU: return c->cut[0];
+    case FLEXDIAG_TIER_CPU: return c->cut[1] - c->cut[0];
+    default: return c->layer_bytes - c->cut[1];
+    }
+}
+
+size_t flexdiag__wcut_disk_stride(const flexdiag_wcut *c) {
+    return (size_t)flexdiag__ranges_round(flexdiag__wcut_bytes(c, FLEXDIAG_TIER_DISK),
+                                          FLEXDIAG_STORE_ALIGN);
+}
+
+/* ---- homes ---- */
+
+/* A tier that holds bytes needs its home. */
+static flexdiag_status need(const void *home, size_t bytes, const char *what) {
+    if (bytes == 0 || home) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "the weight placement puts bytes %s", what);
+}
+
+flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_layers,
+                                        flexdiag_arena *arena, flexdiag_host_pool *pool,
+                                        flexdiag_store *store, flexdiag_weight_homes **out) {
+    *out = NULL;
+    size_t L = (size_t)n_layers;
+    size_t g = flexdiag__wcut_bytes(cut, FLEXDIAG_TIER_GPU);
+    size_t c = flexdiag__wcut_bytes(cut, FLEXDIAG_TIER_CPU);
+    size_t d = flexdiag__wcut_bytes(cut, FLEXDIAG_TIER_DISK);
+    FLEXDIAG_TRY(need(pool, c, "in pinned host memory without a host pool (--cpu-mem)"));
+    FLEXDIAG_TRY(need(store, d, "on disk without a store (--offload-dir, --disk-mem)"));
+    flexdiag_weight_homes *h = calloc(1, sizeof *h);
+    if (!h) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight homes: out of host memory");
+    *h = (flexdiag_weight_homes){.cut = *cut, .n_layers = n_layers, .k = arena->k, .arena = arena,
+                                 .pool = pool, .store = store, .stage_layer = -1,
+                                 .disk_stride = flexdiag__wcut_disk_stride(cut)};
+    flexdiag_status st = FLEXDIAG_OK;
+    if (g) st = flexdiag__arena_alloc(arena, L * g, "the device-resident part of the layer weights",
+                                      &h->dev);
+    if (st == FLEXDIAG_OK && c)
+        st = flexdiag__host_pool_alloc(pool, L * c, "the host part of the layer weights", &h->host);
+    if (st == FLEXDIAG_OK && d)
+        st = flexdiag__store_alloc(store, L * h->disk_stride, "the disk part of the layer weights",
+                                   &h->ext);
+    if (st == FLEXDIAG_OK && d &&
+        posix_memalign(&h->stage, FLEXDIAG_STORE_ALIGN, h->disk_stride) != 0) {
+        h->stage = NULL;
+        st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight homes: no host memory to stage a layer");
+    }
+    if (st != FLEXDIAG_OK) {
+        flexdiag__whomes_destroy(h);
+        return st;
+    }
+    if (h->stage) memset(h->stage, 0, h->disk_stride);
+    *out = h;
+    return FLEXDIAG_OK;
+}
+
+/* Write the staged disk part of its layer to the store. */
+static flexdiag_status stage_flush(flexdiag_weight_homes *h) {
+    if (h->stage_layer < 0) return FLEXDIAG_OK;
+    flexdiag_store_req rq = {FLEXDIAG_STORE_WRITE, flexdiag__whomes_disk_off(h, h->stage_layer),
+                             h->disk_stride, h->stage};
+    flexdiag_store_ticket t;
+    FLEXDIAG_TRY(flexdiag__store_submit(h->store, &rq, 1, &t));
+    FLEXDIAG_TRY(flexdiag__store_wait(h->store, t));
+    h->stage_layer = -1;
+    memset(h->stage, 0, h->disk_stride);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__whomes_put(flexdiag_weight_homes *h, int32_t j, size_t off,
+                                     const void *src, size_t bytes, flexdiag_stream *s) {
+    const flexdiag_wcut *c = &h->cut;
+    FLEXDIAG_DASSERT(j >= 0 && j < h->n_layers && off + bytes <= c->layer_bytes);
+    const char *p = src;
+    size_t end = off + bytes;
+    if (off < c->cut[0]) { /* device prefix */
+        size_t n = (end < c->cut[0] ? end : c->cut[0]) - off;
+        FLEXDIAG_TRY(h->k->copy_h2d((char *)h->dev + (size_t)j * c->cut[0] + off, p, n, s));
+        p += n, off += n;
+    }
+    if (off < end && off < c->cut[1]) { /* pinned host */
+        size_t n = (end < c->cut[1] ? end : c->cut[1]) - off;
+        size_t cb = c->cut[1] - c->cut[0];
+        memcpy((char *)h->host + (size_t)j * cb + (off - c->cut[0]), p, n);
+        p += n, off += n;
+    }
+    if (off < end) { /* disk: assembled per layer */
+        if (h->stage_layer != j) FLEXDIAG_TRY(stage_flush(h));
+        h->stage_layer = j;
+        memcpy((char *)h->stage + (off - c->cut[1]), p, end - off);
+    }
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__whomes_finish(flexdiag_weight_homes *h) {
+    flexdiag_status st = h->stage ? stage_flush(h) : FLEXDIAG_OK;
+    free(h->stage);
+    h->stage = NULL;
+    return st;
+}
+
+void flexdiag__whomes_destroy(flexdiag_weight_homes *h) {
+    if (!h) return;
+    size_t L = (size_t)h->n_layers;
+    if (h->dev) flexdiag__arena_free(h->arena, h->dev, L * h->cut.cut[0]);
+    if (h->host) flexdiag__host_pool_free(h->pool, h->host, L * (h->cut.cut[1] - h->cut.cut[0]));
+    if (h->ext.span) flexdiag__store_free(h->store, &h->ext);
+    free(h->stage);
+    free(h);
+}

@@ -1,0 +1,108 @@
+/*
+ * weight_homes.h - where each decoder layer's weight bytes live when they do not all fit the
+ * device: a device prefix, a pinned-host middle and a disk tail (placement `--weights G,C,D`).
+ *
+ * Every layer is one block of row-major tensors with the same offsets in every layer (the
+ * runtime's weight layout). A placement cuts that block twice, each cut on a row boundary of the
+ * tensor it falls in (a row range of a row-major tensor is one contiguous byte range), so every
+ * layer's bytes [0, cut0) stay on the device, [cut0, cut1) live in the pinned host pool and
+ * [cut1, layer_bytes) in the NVMe store. The cut nearest the requested percentage is at most half
+ * a row away, which keeps the realised split within a fraction of a percent of the request
+ * (FlexGen's per-tensor midpoint rule misses by up to a third).
+ *
+ * Homes are filled once, at load, through put (a byte range of one layer, any tier mix) and
+ * finish; the tiered scheduler (sched_tiered.c) then copies each layer's host and disk parts into
+ * a device slot ahead of the compute that reads them.
+ */
+#ifndef FLEXDIAG_WEIGHT_HOMES_H
+#define FLEXDIAG_WEIGHT_HOMES_H
+
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_OFFLOAD
+#error "offload/weight_homes.h: a lower layer may not use offload/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "offload/arena.h"
+#include "offload/host_pool.h"
+#include "offload/store.h"
+
+#define FLEXDIAG_WSPANS_MAX 16
+
+/* One tensor of a layer block: bytes [off, off + bytes), rows of row_bytes each (a vector is
+ * one row). Spans are in block order and do not overlap; gaps between them are padding. */
+typedef struct flexdiag_wspan {
+    size_t off, bytes, row_bytes;
+} flexdiag_wspan;
+
+/* The tiers of a placement, in cut order. */
+enum { FLEXDIAG_TIER_GPU = 0, FLEXDIAG_TIER_CPU = 1, FLEXDIAG_TIER_DISK = 2 };
+
+/* A placement of one layer block: the request and where the cuts fell. */
+typedef struct flexdiag_wcut {
+    uint32_t pct[3];     /* requested percent per tier (sum 100) */
+    size_t layer_bytes;  /* bytes of one layer block */
+    size_t cut[2];       /* [0, cut[0]) device, [cut[0], cut[1]) host, [cut[1], layer_bytes) disk */
+    size_t split_start;  /* start of the tensor cut[0] falls inside (cut[0] when it falls on a
+                            tensor boundary or in padding): a scheduler copies [split_start,
+                            cut[0]) of the device prefix next to the streamed rows */
+} flexdiag_wcut;
+
+/* Cut a layer of n spans (layer_bytes in all) for pct (G, C, D summing to 100): each cut on the
+ * row boundary nearest its target. INVALID_ARG naming the placement when pct does not sum to 100. */
+flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t layer_bytes,
+                                    const uint32_t pct[3], flexdiag_wcut *out);
+/* Bytes of tier t in one layer. */
+size_t flexdiag__wcut_bytes(const flexdiag_wcut *c, int tier);
+/* Bytes of one layer's disk part as stored: rounded up to the store's 4096 alignment. */
+size_t flexdiag__wcut_disk_stride(const flexdiag_wcut *c);
+
+typedef struct flexdiag_weight_homes {
+    flexdiag_wcut cut;          /* the placement of every layer */
+    int32_t n_layers;
+    const flexdiag_kernels *k;  /* backend of the device prefix */
+    flexdiag_arena *arena;      /* borrowed: the device prefix's budget */
+    flexdiag_host_pool *pool;   /* borrowed; NULL when no bytes live on the host */
+    flexdiag_store *store;      /* borrowed; NULL when no bytes live on disk */
+    void *dev;                  /* (n_layers, cut[0]) device bytes, NULL when cut[0] == 0 */
+    void *host;                 /* (n_layers, cut[1] - cut[0]) pinned bytes, NULL when none */
+    flexdiag_store_extent ext;  /* (n_layers, disk_stride) bytes of the store */
+    size_t disk_stride;         /* flexdiag__wcut_disk_stride */
+    /* loading only: one layer's disk part assembled in aligned memory before it is written */
+    void *stage;                /* disk_stride bytes, 4096-aligned; NULL after finish */
+    int32_t stage_layer;        /* layer held by stage, -1 when none */
+} flexdiag_weight_homes;
+
+/* Carve the homes of n_layers layers cut by *cut: the device prefix from arena, the host part
+ * from pool, the disk part from store (each NULL allowed when its tier holds nothing; a tier
+ * that holds bytes without its home is INVALID_ARG naming the flag that provides it). Over a
+ * budget the status is the tier's own (OOM_DEVICE, OOM_PINNED, NO_SPACE). *out owned by the
+ * caller (destroy). */
+flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_layers,
+                                        flexdiag_arena *arena, flexdiag_host_pool *pool,
+                                        flexdiag_store *store, flexdiag_weight_homes **out);
+/* Store bytes [off, off + bytes) of layer j's block from host memory src (copies done when it
+ * returns; device parts go through stream s). Layers are written in order: a disk part is
+ * assembled until a put for another layer (or finish) writes it out. */
+flexdiag_status flexdiag__whomes_put(flexdiag_weight_homes *h, int32_t j, size_t off,
+                                     const void *src, size_t bytes, flexdiag_stream *s);
+/* Write the last assembled disk part and drop the loading stage. */
+flexdiag_status flexdiag__whomes_finish(flexdiag_weight_homes *h);
+/* Return every home to its tier; NULL is a no-op. */
+void flexdiag__whomes_destroy(flexdiag_weight_homes *h);
+
+/* Addresses of layer j's parts. */
+static inline const char *flexdiag__whomes_dev(const flexdiag_weight_homes *h, int32_t j) {
+    return (const char *)h->dev + (size_t)j * h->cut.cut[0];
+}
+static inline const char *flexdiag__whomes_host(const flexdiag_weight_homes *h, int32_t j) {
+    return (const char *)h->host + (size_t)j * (h->cut.cut[1] - h->cut.cut[0]);
+}
+static inline uint64_t flexdiag__whomes_disk_off(const flexdiag_weight_homes *h, int32_t j) {
+    return h->ext.off + (uint64_t)j * h->disk_stride;
+}
+
+#endif /* FLEXDIAG_WEIGHT_HOMES_H */

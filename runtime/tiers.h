@@ -1,0 +1,32 @@
+/*
+ * tiers.h - the runtime's memory tiers below the device: the pinned host pool and the NVMe store
+ * (offload/host_pool.h, offload/store.h), made when a model's weight placement first needs them
+ * and sized by --cpu-mem / --disk-mem or, without them, by that need.
+ */
+#ifndef FLEXDIAG_TIERS_H
+#define FLEXDIAG_TIERS_H
+
+#include "base/layer.h"
+#if FLEXDIAG_LAYER < FLEXDIAG_LAYER_RUNTIME
+#error "runtime/tiers.h: a lower layer may not use runtime/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
+#endif
+
+#include <stdint.h>
+
+#include "flexdiag.h"
+#include "offload/weight_homes.h"
+
+/* Disk staging buffers each context's scheduler takes from the pinned pool (one layer's disk
+ * part each): reads stay a layer or two ahead of the copies that consume them. */
+#define FLEXDIAG_DISK_STAGE 3
+
+/* Make the pool and the store a model placed by cut needs (once per runtime; need[] holds the
+ * bytes per tier from flexdiag__weights_plan). Without --cpu-mem the pool holds the host part
+ * plus the disk staging of four contexts. A refusal names the flag to give or raise and the
+ * bytes. */
+flexdiag_status flexdiag__tiers_prepare(flexdiag_runtime *rt, const flexdiag_wcut *cut,
+                                        const uint64_t need[3]);
+/* Free the tiers (models first). */
+void flexdiag__tiers_free(flexdiag_runtime *rt);
+
+#endif /* FLEXDIAG_TIERS_H */

@@ -1,0 +1,167 @@
+/*
+ * offload_runs.c - the weight-placement scenario (offload_runs.h).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "engine/offload_runs.h"
+#include "flexdiag.h"
+
+#define N_PROMPTS 3
+#define PER_PROMPT 2
+#define N_IMG (N_PROMPTS * PER_PROMPT)
+
+typedef struct run {
+    int32_t *tokens;      /* (N_IMG, per image) */
+    float *logits;        /* (n, vocab) of one scored image */
+    int32_t per_img, vocab;
+    char sched[16];
+    uint64_t weights_bytes[3], h2d_bytes, disk_read_bytes, loads;
+} run;
+
+static void ok(flexdiag_status st) {
+    if (st != FLEXDIAG_OK) fprintf(stderr, "offload_runs: %s\n", flexdiag_last_error(NULL));
+    assert_int_equal(st, FLEXDIAG_OK);
+}
+
+static const char *prompts[N_PROMPTS] = {"p0", "a longer prompt one", "  p2  "};
+
+static void request(flexdiag_request *rq) {
+    flexdiag_request_init(rq);
+    rq->n_prompts = N_PROMPTS;
+    rq->prompts = prompts;
+    rq->images_per_prompt = PER_PROMPT;
+    rq->seed = 11;
+}
+
+static bool cancel_half(int phase, uint64_t done, uint64_t total, void *user) {
+    (void)user;
+    return !(phase == 1 && done * 2 >= total);
+}
+
+/* One context on m: a cancelled generate (when cancel), the full generate, a scored image. */
+static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int cancel, run *out) {
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = batch;
+    cp.micro_batch = micro;
+    cp.max_prompt_len = 32;
+    if (cancel) cp.progress = cancel_half;
+    flexdiag_context *c = NULL;
+    ok(flexdiag_context_create(m, &cp, &c));
+    flexdiag_request rq;
+    request(&rq);
+    flexdiag_output o = {0};
+    ok(flexdiag_generate(c, &rq, &o));
+    out->per_img = o.tokens_per_image;
+    o.tokens = out->tokens = malloc((size_t)N_IMG * (size_t)o.tokens_per_image * 4);
+    if (cancel) {
+        assert_int_equal(flexdiag_generate(c, &rq, &o), FLEXDIAG_ERR_CANCELLED);
+        flexdiag_context_destroy(c);
+        cp.progress = NULL;
+        ok(flexdiag_context_create(m, &cp, &c));
+    }
+    ok(flexdiag_generate(c, &rq, &o));
+    flexdiag_score_request sr;
+    flexdiag_score_request_init(&sr);
+    const int32_t prompt[4] = {1, 5, 9, 2};
+    sr.prompt_ids = prompt;
+    sr.prompt_len = 4;
+    sr.ids = out->tokens;
+    sr.n = o.tokens_per_image;
+    flexdiag_score_output so = {.struct_size = sizeof so};
+    ok(flexdiag_score(c, &sr, &so));
+    out->vocab = so.vocab;
+    so.logits = out->logits = malloc((size_t)sr.n * (size_t)so.vocab * 4);
+    ok(flexdiag_score(c, &sr, &so));
+    flexdiag_offload_info oi = {.struct_size = sizeof oi};
+    ok(flexdiag_context_offload(c, &oi));
+    snprintf(out->sched, sizeof out->sched, "%s", oi.scheduler);
+    memcpy(out->weights_bytes, oi.weights_bytes, sizeof out->weights_bytes);
+    out->h2d_bytes = oi.h2d_bytes;
+    out->disk_read_bytes = oi.disk_read_bytes;
+    out->loads = oi.loads;
+    flexdiag_context_destroy(c);
+}
+
+static void open_model(int device, const char *arch, const uint32_t pct[3], const char *dir,
+                       flexdiag_runtime **rt, flexdiag_model **m) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = device;
+    rp.threads = device < 0 ? 2 : 0;
+    rp.offload_dir = dir;
+    ok(flexdiag_runtime_create(&rp, rt));
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = arch;
+    mp.seed = 7;
+    memcpy(mp.weights_pct, pct, sizeof mp.weights_pct);
+    ok(flexdiag_model_load(*rt, NULL, &mp, m));
+}
+
+static void same(const run *a, const run *b, const char *what) {
+    size_t nt = (size_t)N_IMG * (size_t)a->per_img;
+    if (memcmp(a->tokens, b->tokens, nt * 4) || memcmp(a->logits, b->logits,
+                                                        (size_t)a->per_img * (size_t)a->vocab * 4))
+        fail_msg("placement %s: tokens or logits differ from the resident run", what);
+}
+
+static void run_free(run *r) {
+    free(r->tokens);
+    free(r->logits);
+}
+
+void to_run_placements(int device, const char *arch, int32_t batch, int32_t micro,
+                       const char *dir) {
+    static const uint32_t places[][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0},
+                                         {30, 40, 30}, {0, 0, 100}, {73, 0, 27}};
+    int n = (int)(sizeof places / sizeof places[0]);
+    run ref = {0};
+    for (int i = 0; i < n; i++) {
+        const uint32_t *p = places[i];
+        char what[32];
+        snprintf(what, sizeof what, "%u,%u,%u", p[0], p[1], p[2]);
+        flexdiag_runtime *rt;
+        flexdiag_model *m;
+        open_model(device, arch, p, dir, &rt, &m);
+        run r = {0};
+        run_context(m, batch, micro, i == 3, &r);
+        if (i == 0) {
+            assert_string_equal(r.sched, "resident");
+            ref = r;
+        } else {
+            assert_string_equal(r.sched, "tiered");
+            uint64_t total = ref.weights_bytes[0];
+            for (int t = 0; t < 3; t++) { /* realised within 1 % of the request */
+                double got = 100.0 * (double)r.weights_bytes[t] / (double)total;
+                if (got < p[t] - 1.0 || got > p[t] + 1.0)
+                    fail_msg("placement %s: tier %d holds %.2f %%", what, t, got);
+            }
+            assert_int_equal(r.weights_bytes[0] + r.weights_bytes[1] + r.weights_bytes[2], total);
+            assert_true(r.loads > 0 && r.h2d_bytes > 0);
+            assert_true((r.disk_read_bytes > 0) == (p[2] > 0));
+            same(&ref, &r, what);
+            run_free(&r);
+        }
+        if (i == 1) { /* two contexts on one split model, one after another, then again */
+            run a = {0}, b = {0};
+            run_context(m, batch, micro, 0, &a);
+            run_context(m, batch > 1 ? batch / 2 : 1, 0, 0, &b);
+            same(&ref, &a, "50,50,0 (second context)");
+            assert_memory_equal(ref.logits, b.logits, (size_t)ref.per_img * ref.vocab * 4);
+            run_free(&a);
+            run_free(&b);
+        }
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+    }
+    run_free(&ref);
+}
