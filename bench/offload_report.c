@@ -62,28 +62,34 @@ static int copy_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ce
     return 1;
 }
 
-/* O_DIRECT reads of the weights' own extent at the scheduler's request size, DISK_QD in
- * flight. */
+/* O_DIRECT reads of the weights' own extent at the scheduler's request size, DISK_QD requests
+ * in flight all the time: two batches of DISK_QD / 2, the next submitted as soon as one
+ * completes (as the scheduler keeps layers' reads queued). */
 static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out) {
     const flexdiag_weight_homes *h = m->w.homes;
     uint64_t total = h->ext.span < DISK_MAX_BYTES ? h->ext.span : DISK_MAX_BYTES;
     size_t req = FLEXDIAG_SCHED_READ_CHUNK;
+    const int half = DISK_QD / 2;
     total -= total % req;
     if (total == 0) req = (size_t)h->ext.span, total = req;
     char *buf = NULL;
     if (posix_memalign((void **)&buf, FLEXDIAG_STORE_ALIGN, (size_t)DISK_QD * req)) return 1;
     flexdiag_store_req rq[DISK_QD];
+    flexdiag_store_ticket tk[2] = {0, 0};
     flexdiag_status st = FLEXDIAG_OK;
+    uint64_t at = 0;
     double t0 = flexdiag__now();
-    for (uint64_t at = 0; st == FLEXDIAG_OK && at < total;) {
+    for (int b = 0; st == FLEXDIAG_OK && (at < total || tk[0] || tk[1]); b ^= 1) {
+        if (tk[b]) st = flexdiag__store_wait(rt->store, tk[b]);
+        tk[b] = 0;
         int n = 0;
-        for (; n < DISK_QD && at < total; n++, at += req)
-            rq[n] = (flexdiag_store_req){FLEXDIAG_STORE_READ, h->ext.off + at, req,
-                                         buf + (size_t)n * req};
-        flexdiag_store_ticket t;
-        st = flexdiag__store_submit(rt->store, rq, n, &t);
-        if (st == FLEXDIAG_OK) st = flexdiag__store_wait(rt->store, t);
+        for (; st == FLEXDIAG_OK && n < half && at < total; n++, at += req)
+            rq[b * half + n] = (flexdiag_store_req){FLEXDIAG_STORE_READ, h->ext.off + at, req,
+                                                    buf + (size_t)(b * half + n) * req};
+        if (n) st = flexdiag__store_submit(rt->store, rq + b * half, n, &tk[b]);
     }
+    for (int b = 0; b < 2; b++)
+        if (tk[b]) (void)flexdiag__store_wait(rt->store, tk[b]);
     double s = flexdiag__now() - t0;
     free(buf);
     out->disk = st == FLEXDIAG_OK && s > 0 ? (double)total / s : 0;

@@ -442,9 +442,19 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
     } else if (!strcmp(name, "janus-pro-7b")) {
         builtin_janus(out, "janus-pro-7b", 4096, 30, 32, 11008, 102400, 16384);
         out->bos_id = 100000, out->pad_id = 100015, out->boi_id = 100016;
+    } else if (!strcmp(name, "llama-2-7b")) {
+        /* Llama-2-7B's shapes (text only, untied head): for speed runs with random weights */
+        builtin_janus(out, "llama-2-7b", 4096, 32, 32, 11008, 32000, 0);
+        out->arch = FLEXDIAG_ARCH_LLAMA;
+        out->lm.max_pos = 4096;
+        out->lm.rms_eps = 1e-5f;
+        out->image_embed = out->aligner_dim = out->aligner_depth = out->head_dim_mid = 0;
+        out->grid = out->image_tokens = 0;
+        out->bos_id = 1, out->pad_id = 0, out->boi_id = -1;
     } else {
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "unknown --arch '%s' (use tiny-janus, micro-janus, janus-pro-1b or janus-pro-7b)",
+                             "unknown --arch '%s' (use tiny-janus, micro-janus, janus-pro-1b, "
+                             "janus-pro-7b or llama-2-7b)",
                              name);
     }
     return flexdiag__config_validate(out);
