@@ -72,8 +72,14 @@ static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_cei
     const int half = DISK_QD / 2;
     total -= total % req;
     if (total == 0) req = (size_t)h->ext.span, total = req;
+    /* the buffers come from the pinned pool where it has room: registered with the store like
+     * the scheduler's staging, so both read the same way */
+    size_t bytes = (size_t)DISK_QD * req;
     char *buf = NULL;
-    if (posix_memalign((void **)&buf, FLEXDIAG_STORE_ALIGN, (size_t)DISK_QD * req)) return 1;
+    int pooled = rt->pool && flexdiag__host_pool_alloc(rt->pool, bytes, "the bench's disk ceiling",
+                                                       (void **)&buf) == FLEXDIAG_OK;
+    flexdiag__err_clear();
+    if (!pooled && posix_memalign((void **)&buf, FLEXDIAG_STORE_ALIGN, bytes)) return 1;
     flexdiag_store_req rq[DISK_QD];
     flexdiag_store_ticket tk[2] = {0, 0};
     flexdiag_status st = FLEXDIAG_OK;
@@ -91,7 +97,8 @@ static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_cei
     for (int b = 0; b < 2; b++)
         if (tk[b]) (void)flexdiag__store_wait(rt->store, tk[b]);
     double s = flexdiag__now() - t0;
-    free(buf);
+    if (pooled) flexdiag__host_pool_free(rt->pool, buf, bytes);
+    else free(buf);
     out->disk = st == FLEXDIAG_OK && s > 0 ? (double)total / s : 0;
     out->disk_req = req;
     out->disk_qd = DISK_QD;

@@ -270,7 +270,7 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
         if (st == FLEXDIAG_OK) st = place_for(m, mp.weights_pct, &pl);
         if (st == FLEXDIAG_OK)
             st = flexdiag__weights_random(&rt->arena, rt->s, &m->cfg, mp.seed, &pl, &m->w);
-        if (st == FLEXDIAG_OK) st = vq_builtin(m, mp.seed);
+        if (st == FLEXDIAG_OK && m->cfg.arch == FLEXDIAG_ARCH_JANUS) st = vq_builtin(m, mp.seed);
     }
     if (st != FLEXDIAG_OK) {
         flexdiag_model_destroy(m);
