@@ -143,6 +143,12 @@ static const flag_case bad_flags[] = {
     {GEN "--gpu-mem nan", "--gpu-mem", "nan"},
     {GEN "--gpu-mem 1e30G", "--gpu-mem", NULL},
     {GEN "--batch 0", "--batch", NULL},
+    /* offloading: the placement and the tier it needs */
+    {GEN "--weights 0,50", "--weights 0,50", "add up to 100"},
+    {GEN "--weights 60,50,0", "--weights 60,50,0", "add up to 100"},
+    {GEN "--weights 0,0,100", "on disk but no --offload-dir", NULL},
+    {SCORE "--weights a,b,c", "--weights a,b,c", NULL},
+    {BENCH "--weights 1,2", "--weights 1,2", NULL},
     {SCORE "--policy diagonal --n-att 8 --n-r 2", "--n-att 8 exceeds --n-r 2", NULL},
     {SCORE "--policy tova", "needs a budget", NULL},
     {SCORE "--policy window --sparsity inf", "--sparsity", "inf"},
