@@ -40,7 +40,7 @@ typedef struct tp_opts {
     cli_model_opts mo;
     cli_policy_opts po;
     const char *batch, *json, *policies, *sparsities;
-    int64_t micro, prompt_len, steps, profile_steps;
+    int64_t micro, prompt_len, steps, profile_steps, gen_len;
 } tp_opts;
 
 typedef struct roofline {
@@ -51,7 +51,7 @@ typedef struct roofline {
 typedef struct tp_row {
     flexdiag_policy_info pol;   /* the context's policy, resolved */
     int32_t batch, steps, l_dec;
-    double prefill_s, decode_s, img_s, prefill_tps, decode_tps, step_ms;
+    double prefill_s, decode_s, img_s, prefill_tps, decode_tps, total_tps, step_ms;
     double split[3];            /* fractions of a profiled step */
     double peak_gib, kv_mib_seq;
     double step_bytes, step_flops, roof_ms, roof_frac;
@@ -139,9 +139,11 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
     const flexdiag_lm_config *l = &m->lm;
     double rows = (double)row->batch * c->rows_per_img, ab = c->m->rt->k->act_bytes;
     double d = l->hidden, dq = (double)l->heads * l->head_dim, dkv = (double)l->kv_heads * l->head_dim;
-    double layer_params = d * (dq + 2 * dkv) + dq * d + 3 * d * l->ffn + 2 * d;
-    double head_params = (double)m->head_dim_mid * (d + m->image_vocab) +
-                         (double)m->aligner_depth * d * d;
+    double layer_params = d * (dq + 2 * dkv) + dq * d + (l->relu_mlp ? 2 : 3) * d * l->ffn + 2 * d;
+    double head_params = m->arch != FLEXDIAG_ARCH_JANUS
+                             ? (double)l->vocab * d /* lm_head */
+                             : (double)m->head_dim_mid * (d + m->image_vocab) +
+                                   (double)m->aligner_depth * d * d;
     double wbytes = 2.0 * (layer_params * l->layers + head_params);
     double att = 0; /* mean attended decode rows */
     for (int32_t t = 0; t < steps; t++) {
@@ -217,6 +219,8 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     row->img_s = row->batch / full;
     row->prefill_tps = rows * lp / row->prefill_s;
     row->decode_tps = dec_steps > 0 ? rows * dec_steps / row->decode_s : 0;
+    /* FlexGen's total: generated tokens of a whole run over its prefill + decode time */
+    row->total_tps = rows * row->l_dec / (row->prefill_s + row->step_ms * 1e-3 * (row->l_dec - 1));
     for (int i = 0; i < 3; i++) row->split[i] = split[3] > 0 ? split[i] / split[3] : 0;
     row->compute_ms = prof > 0 ? 1e3 * (split[0] + split[1] + split[2]) / prof : 0;
     row->peak_gib = (double)atomic_load(&m->rt->arena.peak) / (1 << 30);
@@ -249,16 +253,16 @@ static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp
     printf("measured ceilings: copy %.0f GB/s (read + write), %s GEMM %.1f %cFLOP/s\n\n",
            r->bw / 1e9, rt->k->act_bytes == 2 ? "bf16" : "fp32", r->gemm / (tera ? 1e12 : 1e9),
            tera ? 'T' : 'G');
-    printf("| policy | N_att | N_r | batch | img/s | prefill tok/s | decode tok/s | step ms | "
-           "gemm/attn/rest %% | peak GiB | KV MiB/seq | roofline ms | of roofline |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| policy | N_att | N_r | batch | img/s | prefill tok/s | decode tok/s | total tok/s | "
+           "step ms | gemm/attn/rest %% | peak GiB | KV MiB/seq | roofline ms | of roofline |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
 static void print_row(const tp_row *r) {
-    printf("| %s | %d | %d | %d | %.3f%s | %.0f | %.0f | %.2f | %.0f/%.0f/%.0f | %.2f | %.1f | "
-           "%.2f | %.0f%% |\n",
+    printf("| %s | %d | %d | %d | %.3f%s | %.0f | %.0f | %.1f | %.2f | %.0f/%.0f/%.0f | %.2f | "
+           "%.1f | %.2f | %.0f%% |\n",
            flexdiag_policy_name(r->pol.kind), r->pol.n_att, r->pol.n_r, r->batch, r->img_s,
-           r->projected ? " (proj.)" : "", r->prefill_tps, r->decode_tps, r->step_ms,
+           r->projected ? " (proj.)" : "", r->prefill_tps, r->decode_tps, r->total_tps, r->step_ms,
            100 * r->split[0], 100 * r->split[1], 100 * r->split[2], r->peak_gib, r->kv_mib_seq,
            r->roof_ms, 100 * r->roof_frac);
     fflush(stdout);
@@ -286,7 +290,8 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
             "\"policy\":\"%s\",\"n_att\":%d,\"n_r\":%d,\"sparsity\":%.4f,\"batch\":%d,"
             "\"micro_batch\":%d,\"prompt_len\":%lld,\"gen_len\":%d,\"cfg_rows\":%d,"
             "\"provenance\":\"%s\",\"prefill_s\":%.6f,\"decode_s\":%.6f,\"img_per_s\":%.6f,"
-            "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"step_ms\":%.4f,\"split_gemm\":%.4f,"
+            "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"total_tok_s\":%.1f,\"step_ms\":%.4f,"
+            "\"split_gemm\":%.4f,"
             "\"split_attn\":%.4f,\"split_rest\":%.4f,\"peak_gpu_gib\":%.4f,\"kv_mib_per_seq\":%.4f,"
             "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
             "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f%s}\n",
@@ -295,7 +300,8 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
             r->batch, c->mb_img,
             (long long)o->prompt_len, r->l_dec, c->rows_per_img,
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
-            r->prefill_tps, r->decode_tps, r->step_ms, r->split[0], r->split[1], r->split[2],
+            r->prefill_tps, r->decode_tps, r->total_tps, r->step_ms, r->split[0], r->split[1],
+            r->split[2],
             r->peak_gib, r->kv_mib_seq, budget, rf->bw / 1e9,
             rf->gemm / 1e12, r->step_bytes, r->step_flops, r->roof_ms, r->roof_frac, extra);
     flexdiag_status st =
@@ -321,6 +327,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
     cp.max_prompt_len = (int32_t)o->prompt_len;
+    if (o->gen_len > 0) cp.max_new_tokens = (int32_t)o->gen_len;
     if (cli_policy_params("bench", po, &cp.policy)) return 2;
     int32_t batch = cli_batch("bench", o->batch, m, &cp);
     if (batch < 1) return 2;
@@ -476,6 +483,8 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         {"--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: batch)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)"},
         {"--steps", CLI_INT, &o.steps, "tokens per image to run (default all; fewer = projected)"},
+        {"--gen-len", CLI_INT, &o.gen_len,
+         "text models: new tokens per sequence (default 128; images have a fixed length)"},
         {"--profile-steps", CLI_INT, &o.profile_steps,
          "decode steps of the split profile, from mid-run (8)"},
         {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
@@ -488,6 +497,7 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         {"--micro-batch", o.micro, 0, INT32_MAX, "0 = the whole batch"},
         {"--prompt-len", o.prompt_len, 2, INT32_MAX, NULL},
         {"--steps", o.steps, 0, INT32_MAX, "0 = all tokens of an image"},
+        {"--gen-len", o.gen_len, 0, 1 << 20, "0 = the default"},
         {"--profile-steps", o.profile_steps, 0, INT32_MAX, NULL},
     };
     if (cli_check_ints("bench", r, (int)(sizeof r / sizeof r[0])) ||

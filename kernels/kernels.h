@@ -196,9 +196,21 @@ typedef flexdiag_status flexdiag_op_act_from_f32(void *out, const float *in, int
 /* out (n, d) act; table (V, d) bf16; ids (ceil(n/rep)): row i takes table[ids[i / rep]] */
 typedef flexdiag_status flexdiag_op_embed(void *out, const uint16_t *table, const int32_t *ids,
                                           int64_t n, int64_t d, int32_t rep, flexdiag_stream *s);
+/* x (n, d) act += table[pos[i] + offset] for row i (learned positions; OPT: offset 2); table
+ * (rows, d) bf16, pos (n) int32; the sum in fp32, one rounding to act. The caller guarantees
+ * 0 <= pos[i] + offset < rows (the op has no rows to check against) */
+typedef flexdiag_status flexdiag_op_pos_embed_add(void *x, const uint16_t *table,
+                                                  const int32_t *pos, int64_t n, int64_t d,
+                                                  int32_t offset, flexdiag_stream *s);
 /* out (n, d) act = x / sqrt(mean(x²) + eps) ⊙ w; x (n, d) act; w (d) bf16; stats fp32 */
 typedef flexdiag_status flexdiag_op_rmsnorm(void *out, const void *x, const uint16_t *w, int64_t n,
                                             int64_t d, float eps, flexdiag_stream *s);
+/* out (n, d) act = (x - mean(x)) / sqrt(var(x) + eps) ⊙ w + b; x (n, d) act; w, b (d) bf16;
+ * mean and biased variance over d in fp32 or wider, one rounding to act at the end; out may
+ * be x itself (in place), not otherwise overlap it */
+typedef flexdiag_status flexdiag_op_layernorm(void *out, const void *x, const uint16_t *w,
+                                              const uint16_t *b, int64_t n, int64_t d, float eps,
+                                              flexdiag_stream *s);
 /* out (n, m) = x (n, k) act · W (m, k)ᵀ + b (m) (b may be NULL); act or f32 out per flags */
 typedef flexdiag_status flexdiag_op_matmul(void *out, const void *x, const uint16_t *w,
                                            const uint16_t *b, int64_t n, int64_t k, int64_t m,
@@ -208,6 +220,8 @@ typedef flexdiag_status flexdiag_op_swiglu(void *out, const void *gu, int64_t n,
                                            flexdiag_stream *s);
 /* x (n) act in place: exact (erf) GELU */
 typedef flexdiag_status flexdiag_op_gelu(void *x, int64_t n, flexdiag_stream *s);
+/* x (n) act in place: max(x, 0); negative values become +0, ±0 and NaN stay as they are */
+typedef flexdiag_status flexdiag_op_relu(void *x, int64_t n, flexdiag_stream *s);
 /* out (n, d) act = in rows idx (n) */
 typedef flexdiag_status flexdiag_op_gather_rows(void *out, const void *in, const int32_t *idx,
                                                 int64_t n, int64_t d, flexdiag_stream *s);
@@ -418,10 +432,13 @@ typedef struct flexdiag_kernels {
 
     /* ---- elementwise and row ops ---- */
     flexdiag_op_embed *embed;
+    flexdiag_op_pos_embed_add *pos_embed_add;
     flexdiag_op_rmsnorm *rmsnorm;
+    flexdiag_op_layernorm *layernorm;
     flexdiag_op_matmul *matmul;
     flexdiag_op_swiglu *swiglu;
     flexdiag_op_gelu *gelu;
+    flexdiag_op_relu *relu;
     flexdiag_op_gather_rows *gather_rows;
 
     /* ---- KV cache and attention ---- */

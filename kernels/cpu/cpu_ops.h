@@ -5,8 +5,8 @@
  * what is specific to the CPU implementations. Streams, events, memory and copies are in
  * cpu_stream.h, the image decoder in ref_vq.h.
  *
- * Files: ref_mem.c (memory, copies), ref_elementwise.c (conversions, embed, rmsnorm, rope,
- * swiglu, gelu, gather), ref_matmul.c, ref_attn.c (KV append with optional RoPE, attention,
+ * Files: ref_mem.c (memory, copies), ref_elementwise.c (conversions, embed, pos_embed_add,
+ * rmsnorm, layernorm, rope, swiglu, gelu, relu, gather), ref_matmul.c, ref_attn.c (KV append with optional RoPE, attention,
  * argument checks), ref_sample.c (CFG, sampling) are the scalar oracle; fast_matmul.c and
  * fast_attn.c are the multi-threaded replacements of the "cpu" table. ref_policy.c (Diagonal
  * slot lists, the decode epilogue) is shared by both tables. act is fp32 throughout.
@@ -32,8 +32,14 @@ flexdiag_op_act_to_f32 flexdiag__cpu_act_to_f32;
 flexdiag_op_act_from_f32 flexdiag__cpu_act_from_f32;
 /* out (n, d) = table rows ids[i / rep]; ids must be < V (checked by the runtime). */
 flexdiag_op_embed flexdiag__cpu_ref_embed;
+/* x (n, d) += table rows pos[i] + offset; negative rows are rejected, the upper bound is the
+ * caller's. */
+flexdiag_op_pos_embed_add flexdiag__cpu_ref_pos_embed_add;
 /* out (n, d) = w ⊙ x / sqrt(mean(x²) + eps). */
 flexdiag_op_rmsnorm flexdiag__cpu_ref_rmsnorm;
+/* out (n, d) = (x − mean) / sqrt(var + eps) ⊙ w + b: two-pass statistics and the whole formula
+ * in double, one rounding to fp32. */
+flexdiag_op_layernorm flexdiag__cpu_ref_layernorm;
 /* out (n, m) (+)= x (n, k) · W (m, k)ᵀ + b, one sequential fp32 sum per element. */
 flexdiag_op_matmul flexdiag__cpu_ref_matmul;
 /* Rotate-half RoPE in place on n_heads heads of d_h from column col0 of the n rows of x
@@ -46,6 +52,8 @@ flexdiag_status flexdiag__cpu_ref_rope(void *x, const int32_t *pos, int64_t n, i
 flexdiag_op_swiglu flexdiag__cpu_ref_swiglu;
 /* Exact (erf) GELU of x (n) in place. */
 flexdiag_op_gelu flexdiag__cpu_ref_gelu;
+/* max(x, 0) of x (n) in place: x < 0 becomes +0, ±0 and NaN are left as they are. */
+flexdiag_op_relu flexdiag__cpu_ref_relu;
 /* out (n, d) = in rows idx (n). */
 flexdiag_op_gather_rows flexdiag__cpu_ref_gather_rows;
 /* Copy K and V of n_tok tokens of qkv into the cache rows given by rows, after rotating the q

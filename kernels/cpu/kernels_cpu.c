@@ -42,9 +42,12 @@
     .act_to_f32 = flexdiag__cpu_act_to_f32,                                                        \
     .act_from_f32 = flexdiag__cpu_act_from_f32,                                                    \
     .embed = flexdiag__cpu_ref_embed,                                                              \
+    .pos_embed_add = flexdiag__cpu_ref_pos_embed_add,                                              \
     .rmsnorm = flexdiag__cpu_ref_rmsnorm,                                                          \
+    .layernorm = flexdiag__cpu_ref_layernorm,                                                      \
     .swiglu = flexdiag__cpu_ref_swiglu,                                                            \
     .gelu = flexdiag__cpu_ref_gelu,                                                                \
+    .relu = flexdiag__cpu_ref_relu,                                                                \
     .gather_rows = flexdiag__cpu_ref_gather_rows,                                                  \
     .kv_append = flexdiag__cpu_ref_kv_append,                                                      \
     .cfg_combine = flexdiag__cpu_ref_cfg_combine,                                                  \

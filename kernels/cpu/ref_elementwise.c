@@ -1,14 +1,15 @@
 /*
  * ref_elementwise.c - scalar reference row and elementwise ops: act conversions, embedding
- * lookup, RMSNorm, rotate-half RoPE (not a table slot: the RoPE step of kv_append), SwiGLU,
- * exact GELU and row gather.
+ * lookup, learned position embeddings, RMSNorm, LayerNorm, rotate-half RoPE (not a table slot:
+ * the RoPE step of kv_append), SwiGLU, exact GELU, ReLU and row gather.
  *
  * Written for obviousness: one loop nest per op, fp32 arithmetic in the order the formula in
  * kernels.h reads, bf16 weights widened with flexdiag__bf16_to_f32. These are the oracle the
  * CUDA and fast CPU paths are tested against, so they favour exactness over speed (RoPE's
- * angles are computed in double; see rope_cos_sin). Index arguments that cannot be bounded here
- * (token ids against the vocabulary, gather indices against the source rows) are the caller's
- * to validate; negative ones are rejected.
+ * angles are computed in double; see rope_cos_sin; LayerNorm runs in double and rounds once).
+ * Index arguments that cannot be bounded here (token ids against the vocabulary, gather indices
+ * against the source rows, positions against the position table) are the caller's to validate;
+ * negative ones are rejected.
  */
 #include <math.h>
 #include <string.h>
@@ -72,6 +73,29 @@ flexdiag_status flexdiag__cpu_ref_embed(void *out, const uint16_t *table, const 
     return FLEXDIAG_OK;
 }
 
+flexdiag_status flexdiag__cpu_ref_pos_embed_add(void *x, const uint16_t *table,
+                                                const int32_t *pos, int64_t n, int64_t d,
+                                                int32_t offset, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("pos_embed_add", n, "n"));
+    FLEXDIAG_TRY(check_count("pos_embed_add", d, "d"));
+    if (n == 0 || d == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("pos_embed_add", x, "x"));
+    FLEXDIAG_TRY(check_ptr("pos_embed_add", table, "table"));
+    FLEXDIAG_TRY(check_ptr("pos_embed_add", pos, "pos"));
+    for (int64_t i = 0; i < n; i++)
+        if ((int64_t)pos[i] + offset < 0)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu pos_embed_add: pos[%lld] + offset = %d + %d is negative",
+                                 (long long)i, pos[i], offset);
+    float *y = x;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t *row = table + ((int64_t)pos[i] + offset) * d;
+        for (int64_t c = 0; c < d; c++) y[i * d + c] += flexdiag__bf16_to_f32(row[c]);
+    }
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__cpu_ref_gather_rows(void *out, const void *in, const int32_t *idx,
                                               int64_t n, int64_t d, flexdiag_stream *s) {
     (void)s;
@@ -119,6 +143,45 @@ flexdiag_status flexdiag__cpu_ref_rmsnorm(void *out, const void *x, const uint16
     return FLEXDIAG_OK;
 }
 
+/* Two-pass mean and biased variance of the d floats of x, in double. */
+static void row_stats(const float *x, int64_t d, double *mean, double *var) {
+    double sum = 0, sq = 0;
+    for (int64_t c = 0; c < d; c++) sum += x[c];
+    const double m = sum / (double)d;
+    for (int64_t c = 0; c < d; c++) sq += ((double)x[c] - m) * ((double)x[c] - m);
+    *mean = m;
+    *var = sq / (double)d;
+}
+
+flexdiag_status flexdiag__cpu_ref_layernorm(void *out, const void *x, const uint16_t *w,
+                                            const uint16_t *b, int64_t n, int64_t d, float eps,
+                                            flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("layernorm", n, "n"));
+    FLEXDIAG_TRY(check_count("layernorm", d, "d"));
+    if (d == 0 || !(eps >= 0.0f))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu layernorm: d = %lld, eps = %g: need d > 0 and eps >= 0",
+                             (long long)d, (double)eps);
+    if (n == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("layernorm", out, "out"));
+    FLEXDIAG_TRY(check_ptr("layernorm", x, "x"));
+    FLEXDIAG_TRY(check_ptr("layernorm", w, "w"));
+    FLEXDIAG_TRY(check_ptr("layernorm", b, "b"));
+    const float *xs = x;
+    float *y = out;
+    for (int64_t i = 0; i < n; i++) {
+        const float *xr = xs + i * d;
+        double mean, var;
+        row_stats(xr, d, &mean, &var);
+        const double rstd = 1.0 / sqrt(var + (double)eps);
+        for (int64_t c = 0; c < d; c++) /* reads xr[c] before writing it: out may be x */
+            y[i * d + c] = (float)(((double)xr[c] - mean) * rstd * flexdiag__bf16_to_f32(w[c]) +
+                                   flexdiag__bf16_to_f32(b[c]));
+    }
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__cpu_ref_swiglu(void *out, const void *gu, int64_t n, int64_t f,
                                          flexdiag_stream *s) {
     (void)s;
@@ -145,6 +208,17 @@ flexdiag_status flexdiag__cpu_ref_gelu(void *x, int64_t n, flexdiag_stream *s) {
     const float rsqrt2 = 0.70710678118654752f; /* 1/√2 */
     float *v = x;
     for (int64_t i = 0; i < n; i++) v[i] = v[i] * 0.5f * (1.0f + erff(v[i] * rsqrt2));
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__cpu_ref_relu(void *x, int64_t n, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("relu", n, "n"));
+    if (n == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("relu", x, "x"));
+    float *v = x;
+    for (int64_t i = 0; i < n; i++)
+        if (v[i] < 0.0f) v[i] = 0.0f; /* false for ±0 and NaN: those stay */
     return FLEXDIAG_OK;
 }
 

@@ -11,7 +11,8 @@
  *
  * Files: mem.cu (streams, memory, copies, graphs, page-locked staging, host registration),
  * event.cu (events), convert.cu, gather.cu (embed + gather_rows: both are row gathers),
- * rmsnorm.cu, swiglu.cu, gelu.cu, matmul.cu (cuBLASLt / cuBLAS), cfg.cu, sample.cu,
+ * pos_embed.cu, rmsnorm.cu, layernorm.cu, swiglu.cu, gelu.cu, relu.cu, matmul.cu (cuBLASLt /
+ * cuBLAS), cfg.cu, sample.cu,
  * diag_policy.cu (device Diagonal policy), conv2d.cu and vq_ops.cu (VQ image decoder). RoPE is
  * fused into kv_append (attn.cuh).
  */
@@ -108,12 +109,20 @@ flexdiag_op_act_from_f32 flexdiag__cuda_act_from_f32;
 flexdiag_op_embed flexdiag__cuda_embed;
 /* gather_rows (gather.cu): out (n, d) = in rows idx (n); idx trusted. */
 flexdiag_op_gather_rows flexdiag__cuda_gather_rows;
+/* pos_embed.cu: x (n, d) bf16 += table[pos[i] + offset], fp32 sum, one rounding; positions
+ * trusted (kernels.h). */
+flexdiag_op_pos_embed_add flexdiag__cuda_pos_embed_add;
 /* rmsnorm.cu: out (n, d) = bf16(bf16(x / sqrt(mean(x²) + eps)) · w), statistic fp32. */
 flexdiag_op_rmsnorm flexdiag__cuda_rmsnorm;
+/* layernorm.cu: out (n, d) = bf16((x − mean) / sqrt(var + eps) · w + b), two-pass fp32
+ * statistics, one rounding; out may be x. */
+flexdiag_op_layernorm flexdiag__cuda_layernorm;
 /* swiglu.cu: out (n, f) = silu(gu[:, :f]) ⊙ gu[:, f:], fp32 math, one rounding. */
 flexdiag_op_swiglu flexdiag__cuda_swiglu;
 /* gelu.cu: x (n) in place, 0.5·x·(1 + erf(x/√2)). */
 flexdiag_op_gelu flexdiag__cuda_gelu;
+/* relu.cu: x (n) in place, negative values to +0 (±0 and NaN untouched). */
+flexdiag_op_relu flexdiag__cuda_relu;
 
 /* ---- GEMM (matmul.cu) ---- */
 

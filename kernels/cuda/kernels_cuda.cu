@@ -49,10 +49,13 @@ static flexdiag_kernels make_table(void) {
     t.act_to_f32 = flexdiag__cuda_act_to_f32;
     t.act_from_f32 = flexdiag__cuda_act_from_f32;
     t.embed = flexdiag__cuda_embed;
+    t.pos_embed_add = flexdiag__cuda_pos_embed_add;
     t.rmsnorm = flexdiag__cuda_rmsnorm;
+    t.layernorm = flexdiag__cuda_layernorm;
     t.matmul = flexdiag__cuda_matmul;
     t.swiglu = flexdiag__cuda_swiglu;
     t.gelu = flexdiag__cuda_gelu;
+    t.relu = flexdiag__cuda_relu;
     t.gather_rows = flexdiag__cuda_gather_rows;
     t.kv_append = flexdiag__cuda_kv_append;
     t.attn_prefill = flexdiag__cuda_attn_prefill;

@@ -89,6 +89,11 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->mb_seq = c->mb_img * c->rows_per_img;
     c->n_mb = (c->n_img + c->mb_img - 1) / c->mb_img;
     c->p_cap = c->p.max_prompt_len;
+    if (l->pos_rows && (int64_t)c->p_cap + c->l_dec > l->max_pos)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "max_prompt_len %d + max_new_tokens %d exceed the model's %d learned "
+                             "positions (max_position_embeddings)",
+                             c->p_cap, c->l_dec, l->max_pos);
     int32_t pf_cap = (c->pf_tokens > 0 ? c->pf_tokens : PREFILL_TOKENS) / c->p_cap;
     c->pf_seq = pf_cap < 1 ? 1 : pf_cap < c->mb_seq ? pf_cap : c->mb_seq;
     return flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,

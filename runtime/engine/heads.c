@@ -1,8 +1,9 @@
 /*
- * heads.c - what happens after the last layer and before the first: the output head (Llama's
- * lm_head, or Janus's gen_head MLP), CFG combine, sampling or the teacher-forced id, the copy of
- * the ids to the host (the one host sync of a decode step), and the next step's input embedding
- * (Llama: embed_tokens; Janus: gen_embed -> gen_aligner MLP).
+ * heads.c - what happens after the last layer and before the first: the output head (a text
+ * model's lm_head, or Janus's gen_head MLP), CFG combine, sampling or the teacher-forced id, the
+ * copy of the ids to the host (the one host sync of a decode step), and the next step's input
+ * embedding (text models: embed_tokens, plus OPT's learned positions; Janus: gen_embed ->
+ * gen_aligner MLP).
  */
 #include "base/core.h"
 #include "runtime/engine/run_state.h"
@@ -13,8 +14,13 @@ flexdiag_status flexdiag__head(const run_state *r, const void *xin, int32_t s0, 
     const flexdiag_weights *w = &c->m->w;
     float *out = c->b.logits + (size_t)s0 * (size_t)c->vocab_out;
     int32_t d = m->lm.hidden;
-    TIMED(r, PROF_REST, r->k->rmsnorm(c->b.h, xin, w->final_norm, nb, d, m->lm.rms_eps, r->s));
-    if (m->arch == FLEXDIAG_ARCH_LLAMA) {
+    if (m->lm.layer_norm)
+        TIMED(r, PROF_REST, r->k->layernorm(c->b.h, xin, w->final_norm, w->final_norm_b, nb, d,
+                                            m->lm.rms_eps, r->s));
+    else
+        TIMED(r, PROF_REST,
+              r->k->rmsnorm(c->b.h, xin, w->final_norm, nb, d, m->lm.rms_eps, r->s));
+    if (m->arch != FLEXDIAG_ARCH_JANUS) {
         TIMED(r, PROF_GEMM, r->k->matmul(out, c->b.h, w->lm_head, NULL, nb, d, c->vocab_out,
                                          FLEXDIAG_MM_OUT_F32, r->s));
         return FLEXDIAG_OK;
@@ -62,13 +68,22 @@ flexdiag_status flexdiag__take_step_output(run_state *r, int32_t step) {
     return FLEXDIAG_OK;
 }
 
+flexdiag_status flexdiag__add_positions(const run_state *r, void *x, const int32_t *pos,
+                                        int64_t n) {
+    const flexdiag_lm_config *l = &r->c->m->cfg.lm;
+    if (!l->pos_rows) return FLEXDIAG_OK;
+    return r->k->pos_embed_add(x, r->c->m->w.pos_embed, pos, n, l->hidden, l->pos_offset, r->s);
+}
+
 flexdiag_status flexdiag__feedback(const run_state *r) {
     const flexdiag_context *c = r->c;
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_weights *w = &c->m->w;
     int32_t n = r->n_seq, d = m->lm.hidden;
-    if (m->arch == FLEXDIAG_ARCH_LLAMA)
-        return r->k->embed(c->b.x, w->embed, c->b.ids, n, d, 1, r->s);
+    if (m->arch != FLEXDIAG_ARCH_JANUS) {
+        FLEXDIAG_TRY(r->k->embed(c->b.x, w->embed, c->b.ids, n, d, 1, r->s));
+        return flexdiag__add_positions(r, c->b.x, c->b.pos, n);
+    }
     FLEXDIAG_TRY(r->k->embed(c->b.emb, w->gen_embed, c->b.ids, n, m->image_embed, 2, r->s));
     const void *in = c->b.emb;
     int32_t in_dim = m->image_embed;

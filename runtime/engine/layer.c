@@ -3,6 +3,10 @@
  *
  *   x += o_proj(attention(rope(qkv(rmsnorm(x)))));  x += down(swiglu(gate_up(rmsnorm(x))))
  *
+ * or, for OPT's block (lm.layer_norm, bias, relu_mlp; learned positions, no RoPE):
+ *
+ *   x += out_proj(attention(qkv(LN(x)) + b)) + b;    x += fc2(ReLU(fc1(LN(x)) + b1)) + b2
+ *
  * with the new K/V appended to the cache rows the policy driver chose before attention reads
  * them. Prefill runs a chunk of whole prompts (causal attention over the prompt rows); a decode
  * step runs one row per sequence (attention over the prompt rows and the planned ring slots).
@@ -11,33 +15,58 @@
 #include "base/core.h"
 #include "runtime/engine/run_state.h"
 
-/* rmsnorm -> QKV GEMM for n rows starting at x (RoPE on the q and k heads is part of the
- * kv_append that follows). */
+/* The block's norm of n rows: RMSNorm, or LayerNorm with its bias (lm.layer_norm). */
+static flexdiag_status norm(const run_state *r, void *out, const void *x, const uint16_t *w,
+                            const uint16_t *b, int64_t n) {
+    const flexdiag_lm_config *l = &r->c->m->cfg.lm;
+    if (l->layer_norm) return r->k->layernorm(out, x, w, b, n, l->hidden, l->rms_eps, r->s);
+    return r->k->rmsnorm(out, x, w, n, l->hidden, l->rms_eps, r->s);
+}
+
+/* norm -> QKV GEMM (+ bias) for n rows starting at x (RoPE on the q and k heads, where the
+ * model has it, is part of the kv_append that follows). */
 static flexdiag_status qkv_proj(const run_state *r, const flexdiag_layer_w *w, const void *x,
                                 int64_t n) {
     const flexdiag_lm_config *l = &r->c->m->cfg.lm;
     const flexdiag_ctx_bufs *b = &r->c->b;
     int64_t qkvw = (int64_t)(l->heads + 2 * l->kv_heads) * l->head_dim;
-    TIMED(r, PROF_REST, r->k->rmsnorm(b->h, x, w->attn_norm, n, l->hidden, l->rms_eps, r->s));
-    TIMED(r, PROF_GEMM, r->k->matmul(b->qkv, b->h, w->wqkv, NULL, n, l->hidden, qkvw, 0, r->s));
+    TIMED(r, PROF_REST, norm(r, b->h, x, w->attn_norm, w->attn_norm_b, n));
+    TIMED(r, PROF_GEMM,
+          r->k->matmul(b->qkv, b->h, w->wqkv, w->bqkv, n, l->hidden, qkvw, 0, r->s));
     return FLEXDIAG_OK;
 }
 
-/* x += o_proj(att); x += down(swiglu(gate_up(rmsnorm(x)))) for n rows. */
-static flexdiag_status out_and_mlp(const run_state *r, const flexdiag_layer_w *w, void *x,
-                                   int64_t n) {
+/* The MLP of n normed rows in b->h, added onto x: SwiGLU (gate/up -> down) or, with
+ * lm.relu_mlp, fc2(ReLU(fc1 h + b1)) + b2. */
+static flexdiag_status mlp(const run_state *r, const flexdiag_layer_w *w, void *x, int64_t n) {
     const flexdiag_lm_config *l = &r->c->m->cfg.lm;
     const flexdiag_ctx_bufs *b = &r->c->b;
-    int64_t dq = (int64_t)l->heads * l->head_dim;
-    TIMED(r, PROF_GEMM,
-          r->k->matmul(x, b->att, w->wo, NULL, n, dq, l->hidden, FLEXDIAG_MM_ACCUM, r->s));
-    TIMED(r, PROF_REST, r->k->rmsnorm(b->h, x, w->mlp_norm, n, l->hidden, l->rms_eps, r->s));
+    if (l->relu_mlp) {
+        TIMED(r, PROF_GEMM,
+              r->k->matmul(b->gu, b->h, w->wgu, w->bgu, n, l->hidden, l->ffn, 0, r->s));
+        TIMED(r, PROF_REST, r->k->relu(b->gu, n * l->ffn, r->s));
+        TIMED(r, PROF_GEMM, r->k->matmul(x, b->gu, w->wdown, w->bdown, n, l->ffn, l->hidden,
+                                         FLEXDIAG_MM_ACCUM, r->s));
+        return FLEXDIAG_OK;
+    }
     TIMED(r, PROF_GEMM,
           r->k->matmul(b->gu, b->h, w->wgu, NULL, n, l->hidden, 2 * (int64_t)l->ffn, 0, r->s));
     TIMED(r, PROF_REST, r->k->swiglu(b->mlp, b->gu, n, l->ffn, r->s));
     TIMED(r, PROF_GEMM,
           r->k->matmul(x, b->mlp, w->wdown, NULL, n, l->ffn, l->hidden, FLEXDIAG_MM_ACCUM, r->s));
     return FLEXDIAG_OK;
+}
+
+/* x += o_proj(att) (+ bias); x += mlp(norm(x)) for n rows. */
+static flexdiag_status out_and_mlp(const run_state *r, const flexdiag_layer_w *w, void *x,
+                                   int64_t n) {
+    const flexdiag_lm_config *l = &r->c->m->cfg.lm;
+    const flexdiag_ctx_bufs *b = &r->c->b;
+    int64_t dq = (int64_t)l->heads * l->head_dim;
+    TIMED(r, PROF_GEMM,
+          r->k->matmul(x, b->att, w->wo, w->bo, n, dq, l->hidden, FLEXDIAG_MM_ACCUM, r->s));
+    TIMED(r, PROF_REST, norm(r, b->h, x, w->mlp_norm, w->mlp_norm_b, n));
+    return mlp(r, w, x, n);
 }
 
 /* ---- captures for tests and the fidelity bench (sequence 0 only) ---- */

@@ -55,12 +55,13 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
                                  .d_h = l->head_dim, .p_cap = c->p_cap, .ring = c->pd.ring,
                                  .scale = 1.0f / sqrtf((float)l->head_dim), .lp = c->b.lp + s0,
                                  .rope_theta = l->rope_theta};
+    int rope = l->pos_rows == 0; /* learned positions were added at the embedding */
     if (t < 0) {
-        io->a.pos = c->b.pos_pf;
+        io->a.pos = rope ? c->b.pos_pf : NULL;
         io->rows = c->b.rows_pf;
         return FLEXDIAG_OK;
     }
-    io->a.pos = c->b.pos + s0;
+    io->a.pos = rope ? c->b.pos + s0 : NULL;
     io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd, t), &io->a);
     return FLEXDIAG_OK;
 }
@@ -157,6 +158,12 @@ static flexdiag_status run_prefill(run_state *r) {
     FLEXDIAG_TRY(r->k->embed(c->b.x, c->m->w.embed, c->b.ids_in, (int64_t)r->n_seq * c->p_cap,
                              l->hidden, 1, r->s));
     int32_t chunks = (r->n_seq + c->pf_seq - 1) / c->pf_seq;
+    for (int32_t ch = 0; l->pos_rows && ch < chunks; ch++) { /* prompt row i: position i */
+        int32_t s0 = ch * c->pf_seq, nb = r->n_seq - s0 < c->pf_seq ? r->n_seq - s0 : c->pf_seq;
+        FLEXDIAG_TRY(flexdiag__add_positions(
+            r, (char *)c->b.x + (size_t)s0 * (size_t)c->p_cap * (size_t)l->hidden * r->act,
+            c->b.pos_pf, (int64_t)nb * c->p_cap));
+    }
     for (int32_t j = 0; j < l->layers; j++) {
         FLEXDIAG_TRY(cancelled(r));
         for (int32_t ch = 0; ch < chunks; ch++) FLEXDIAG_TRY(prefill_chunk(r, j, ch));

@@ -85,5 +85,8 @@ flexdiag_status flexdiag__head(const run_state *r, const void *xin, int32_t s0, 
 flexdiag_status flexdiag__take_step_output(run_state *r, int32_t step);
 /* Next input embedding: the step's token of every image, fed to all its rows. */
 flexdiag_status flexdiag__feedback(const run_state *r);
+/* x (n, d) act += the learned position rows of pos (n) (OPT); nothing for RoPE models. */
+flexdiag_status flexdiag__add_positions(const run_state *r, void *x, const int32_t *pos,
+                                        int64_t n);
 
 #endif /* FLEXDIAG_RUN_STATE_H */

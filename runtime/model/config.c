@@ -243,6 +243,49 @@ static flexdiag_status parse_lm(const cfg_ctx *c, json_t *o, flexdiag_lm_config 
     return check_lm(k, lm);
 }
 
+/* ---- OPT (FlexGen's family): pre-LayerNorm blocks with biases, ReLU MLP, learned positions
+ * with offset 2, tied head; the post-LayerNorm OPT-350M layout is refused ---- */
+
+static flexdiag_status parse_opt(const cfg_ctx *c, json_t *o, flexdiag_model_config *m,
+                                 cfg_keys *k) {
+    flexdiag_lm_config *lm = &m->lm;
+    json_t *act = json_object_get(o, "activation_function");
+    if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "relu")))
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "%s: activation_function must be \"relu\"",
+                             c->file);
+    FLEXDIAG_TRY(get_int(c, o, "hidden_size", 768, &lm->hidden));
+    FLEXDIAG_TRY(get_int(c, o, "ffn_dim", 3072, &lm->ffn));
+    FLEXDIAG_TRY(get_int(c, o, "num_hidden_layers", 12, &lm->layers));
+    FLEXDIAG_TRY(get_int(c, o, "num_attention_heads", 12, &lm->heads));
+    FLEXDIAG_TRY(get_int(c, o, "vocab_size", 50272, &lm->vocab));
+    FLEXDIAG_TRY(get_int(c, o, "max_position_embeddings", 2048, &lm->max_pos));
+    int32_t proj = 0;
+    FLEXDIAG_TRY(get_int(c, o, "word_embed_proj_dim", lm->hidden, &proj));
+    if (!get_bool(o, "do_layer_norm_before", true) || proj != lm->hidden)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: this OPT layout (post-LayerNorm blocks or word_embed_proj_dim "
+                             "%d != hidden_size %d, as in OPT-350M) is not supported; OPT-125M "
+                             "and 1.3B..175B are",
+                             c->file, proj, lm->hidden);
+    if (!get_bool(o, "enable_bias", true) || !get_bool(o, "layer_norm_elementwise_affine", true))
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: enable_bias and layer_norm_elementwise_affine must be true",
+                             c->file);
+    lm->kv_heads = lm->heads;
+    lm->head_dim = lm->heads > 0 ? lm->hidden / lm->heads : 0;
+    k->head_dim = "head_dim (hidden_size / num_attention_heads)";
+    lm->rms_eps = 1e-5f;
+    lm->rope_theta = 10000.0f; /* unused: learned positions */
+    lm->tie_embed = get_bool(o, "tie_word_embeddings", true);
+    lm->layer_norm = lm->bias = lm->relu_mlp = true;
+    lm->pos_offset = 2;
+    lm->pos_rows = lm->max_pos + 2;
+    m->bos_id = 2, m->pad_id = 1, m->boi_id = -1;
+    FLEXDIAG_TRY(check_lm(k, lm));
+    static const char *const keys[3] = {"bos id", "pad id", "begin-of-image id"};
+    return check_ids(c->file, keys, m);
+}
+
 /* ---- the three layouts ---- */
 
 static flexdiag_status parse_janus_original(const cfg_ctx *c, json_t *root,
@@ -363,6 +406,11 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
         snprintf(m->name, sizeof m->name, "janus (transformers)");
         return parse_janus_hf(c, root, m, &k);
     }
+    if (!strcmp(type, "opt")) {
+        m->arch = FLEXDIAG_ARCH_OPT;
+        snprintf(m->name, sizeof m->name, "opt");
+        return parse_opt(c, root, m, &k);
+    }
     if (!strcmp(type, "llama")) {
         m->arch = FLEXDIAG_ARCH_LLAMA;
         snprintf(m->name, sizeof m->name, "llama");
@@ -370,7 +418,7 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
     }
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "%s: model_type \"%s\" is not supported (supported: multi_modality and "
-                         "janus for Janus-Pro, llama)",
+                         "janus for Janus-Pro, llama, opt)",
                          c->file, type);
 }
 
@@ -419,6 +467,31 @@ static void builtin_janus(flexdiag_model_config *m, const char *name, int32_t d,
     m->image_tokens = 576;
 }
 
+/* An OPT shape by name (micro-opt for tests; FlexGen's 6.7B, 30B, 175B); 0 when unknown. */
+static int builtin_opt(flexdiag_model_config *m, const char *name) {
+    static const struct { const char *name; int32_t d, layers, heads, ffn, vocab, max_pos; } t[] = {
+        {"micro-opt", 64, 2, 4, 256, 512, 256}, /* the builtin byte tokenizer's 512 ids */
+        {"opt-6.7b", 4096, 32, 32, 16384, 50272, 2048},
+        {"opt-30b", 7168, 48, 56, 28672, 50272, 2048},
+        {"opt-175b", 12288, 96, 96, 49152, 50272, 2048},
+    };
+    size_t i = 0;
+    while (i < sizeof t / sizeof t[0] && strcmp(name, t[i].name)) i++;
+    if (i == sizeof t / sizeof t[0]) return 0;
+    builtin_janus(m, t[i].name, t[i].d, t[i].layers, t[i].heads, t[i].ffn, t[i].vocab, 0);
+    m->arch = FLEXDIAG_ARCH_OPT;
+    m->image_embed = m->aligner_dim = m->aligner_depth = m->head_dim_mid = 0;
+    m->grid = m->image_tokens = 0;
+    flexdiag_lm_config *l = &m->lm;
+    l->max_pos = t[i].max_pos;
+    l->rms_eps = 1e-5f;
+    l->tie_embed = l->layer_norm = l->bias = l->relu_mlp = true;
+    l->pos_offset = 2;
+    l->pos_rows = l->max_pos + 2;
+    m->bos_id = 2, m->pad_id = 1, m->boi_id = -1;
+    return 1;
+}
+
 flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config *out) {
     if (!name || !strcmp(name, "tiny-janus")) {
         /* Janus structure at toy size: 4 layers, d 256, 4 heads of 64, 576-token images. The
@@ -451,10 +524,13 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
         out->image_embed = out->aligner_dim = out->aligner_depth = out->head_dim_mid = 0;
         out->grid = out->image_tokens = 0;
         out->bos_id = 1, out->pad_id = 0, out->boi_id = -1;
+    } else if (builtin_opt(out, name)) {
+        /* OPT shapes: FlexGen's table for speed runs with random weights, micro-opt for tests */
     } else {
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "unknown --arch '%s' (use tiny-janus, micro-janus, janus-pro-1b, "
-                             "janus-pro-7b or llama-2-7b)",
+                             "janus-pro-7b, llama-2-7b, micro-opt, opt-6.7b, opt-30b or "
+                             "opt-175b)",
                              name);
     }
     return flexdiag__config_validate(out);

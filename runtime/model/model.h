@@ -34,6 +34,7 @@
 typedef enum flexdiag_arch {
     FLEXDIAG_ARCH_JANUS = 0, /* Janus-Pro image generation */
     FLEXDIAG_ARCH_LLAMA = 1, /* text decoder */
+    FLEXDIAG_ARCH_OPT = 2,   /* text decoder, FlexGen's family */
 } flexdiag_arch;
 
 typedef struct flexdiag_lm_config {
@@ -42,12 +43,18 @@ typedef struct flexdiag_lm_config {
     int32_t heads;      /* query heads */
     int32_t kv_heads;   /* KV heads (GQA when < heads) */
     int32_t head_dim;   /* d_h */
-    int32_t ffn;        /* SwiGLU intermediate size */
+    int32_t ffn;        /* MLP intermediate size (SwiGLU, or OPT's fc1) */
     int32_t vocab;      /* text vocabulary rows of embed_tokens */
     int32_t max_pos;    /* max_position_embeddings */
-    float rms_eps;      /* RMSNorm epsilon */
-    float rope_theta;   /* RoPE base */
+    float rms_eps;      /* norm epsilon (RMSNorm, or LayerNorm when layer_norm) */
+    float rope_theta;   /* RoPE base (unused when pos_rows > 0) */
     bool tie_embed;     /* lm_head = embed_tokens */
+    /* the block's variant: Llama/Janus (all false / 0) or OPT (all set) */
+    bool layer_norm;    /* LayerNorm with a bias instead of RMSNorm */
+    bool bias;          /* q, k, v, o, fc1 and fc2 carry biases */
+    bool relu_mlp;      /* x -> fc2(ReLU(fc1 x)) instead of SwiGLU gate/up -> down */
+    int32_t pos_rows;   /* learned position table rows (no RoPE); 0: RoPE */
+    int32_t pos_offset; /* table row of position 0 (OPT: 2) */
 } flexdiag_lm_config;
 
 typedef struct flexdiag_model_config {
@@ -70,23 +77,33 @@ typedef struct flexdiag_model_config {
 } flexdiag_model_config;
 
 /* Weights of one decoder layer (bf16): views into the layer's block, which holds the tensors in
- * this order, each 256-byte aligned, with the same offsets in every layer. */
+ * the order of the enum below, each 256-byte aligned, with the same offsets in every layer. The
+ * biases exist only in blocks with lm.layer_norm / lm.bias (OPT); elsewhere they are NULL. */
 typedef struct flexdiag_layer_w {
-    uint16_t *attn_norm; /* (d) */
-    uint16_t *wqkv;      /* ((h_q + 2 h_kv) d_h, d): q rows, then k, then v */
-    uint16_t *wo;        /* (d, h_q d_h) */
-    uint16_t *mlp_norm;  /* (d) */
-    uint16_t *wgu;       /* (2 f, d): gate rows then up rows */
-    uint16_t *wdown;     /* (d, f) */
+    uint16_t *attn_norm;   /* (d) */
+    uint16_t *attn_norm_b; /* (d) LayerNorm bias */
+    uint16_t *wqkv;        /* ((h_q + 2 h_kv) d_h, d): q rows, then k, then v */
+    uint16_t *bqkv;        /* ((h_q + 2 h_kv) d_h) */
+    uint16_t *wo;          /* (d, h_q d_h) */
+    uint16_t *bo;          /* (d) */
+    uint16_t *mlp_norm;    /* (d) */
+    uint16_t *mlp_norm_b;  /* (d) */
+    uint16_t *wgu;         /* SwiGLU (2 f, d): gate rows then up rows; ReLU MLP: fc1 (f, d) */
+    uint16_t *bgu;         /* (f) fc1 bias */
+    uint16_t *wdown;       /* (d, f) */
+    uint16_t *bdown;       /* (d) */
 } flexdiag_layer_w;
 
 /* The tensors of a layer block, in flexdiag_layer_w order. */
-enum { FLEXDIAG_LT_ATTN_NORM, FLEXDIAG_LT_WQKV, FLEXDIAG_LT_WO, FLEXDIAG_LT_MLP_NORM,
-       FLEXDIAG_LT_WGU, FLEXDIAG_LT_WDOWN, FLEXDIAG_LT_COUNT };
+enum { FLEXDIAG_LT_ATTN_NORM, FLEXDIAG_LT_ATTN_NORM_B, FLEXDIAG_LT_WQKV, FLEXDIAG_LT_BQKV,
+       FLEXDIAG_LT_WO, FLEXDIAG_LT_BO, FLEXDIAG_LT_MLP_NORM, FLEXDIAG_LT_MLP_NORM_B,
+       FLEXDIAG_LT_WGU, FLEXDIAG_LT_BGU, FLEXDIAG_LT_WDOWN, FLEXDIAG_LT_BDOWN, FLEXDIAG_LT_COUNT };
 
 typedef struct flexdiag_weights {
     uint16_t *embed;        /* (V, d) embed_tokens */
+    uint16_t *pos_embed;    /* (pos_rows, d) learned positions (OPT), NULL with RoPE */
     uint16_t *final_norm;   /* (d) */
+    uint16_t *final_norm_b; /* (d) LayerNorm bias (OPT), NULL otherwise */
     uint16_t *lm_head;      /* (V, d) Llama; == embed when tied; NULL for Janus */
     uint16_t *gen_embed;    /* (Vi, 8) */
     uint16_t *align_w[4];   /* aligner Linear weights: (d, 8), then (d, d) x (depth-1) */
@@ -111,9 +128,10 @@ static inline flexdiag_layer_w flexdiag__layer_view(const flexdiag_weights *w, c
     for (int i = 0; i < FLEXDIAG_LT_COUNT; i++) {
         const flexdiag_wspan *t = &w->lt[i];
         const char *b = t->off + t->bytes <= res_bytes ? (const char *)res : (const char *)block;
-        p[i] = (uint16_t *)(uintptr_t)(b + t->off);
+        p[i] = t->bytes ? (uint16_t *)(uintptr_t)(b + t->off) : NULL;
     }
-    return (flexdiag_layer_w){p[0], p[1], p[2], p[3], p[4], p[5]};
+    return (flexdiag_layer_w){p[0], p[1], p[2], p[3], p[4],  p[5],
+                              p[6], p[7], p[8], p[9], p[10], p[11]};
 }
 
 /* Read config.json (+ generation_config.json) of a model folder and range-check every field

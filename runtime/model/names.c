@@ -98,7 +98,16 @@ static int janus_canonical(const char *name, char *out, size_t n) {
     return v < 0 ? -1 : (r || v);
 }
 
+/* OPT checkpoints name the decoder `model.decoder.` (OPTForCausalLM) or `decoder.` (OPTModel,
+ * FlexGen's converter input). */
+static int opt_canonical(const char *name, char *out, size_t n) {
+    if (strncmp(name, "decoder.", 8)) return copy_out(name, out, n) ? -1 : 0;
+    int w = snprintf(out, n, "model.%s", name);
+    return w < 0 || (size_t)w >= n ? -1 : 1;
+}
+
 int flexdiag__name_canonical(flexdiag_arch arch, const char *name, char *out, size_t out_size) {
     if (arch == FLEXDIAG_ARCH_JANUS) return janus_canonical(name, out, out_size);
+    if (arch == FLEXDIAG_ARCH_OPT) return opt_canonical(name, out, out_size);
     return copy_out(name, out, out_size) ? -1 : 0;
 }

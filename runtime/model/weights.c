@@ -49,11 +49,13 @@ typedef flexdiag_status (*wvisit)(void *user, const wtensor *t);
 /* Offsets of layer 0's tensors; layer j's are these plus j · layer_bytes. */
 typedef struct layer_off {
     size_t attn_norm, wqkv, wo, mlp_norm, wgu, wdown;
+    size_t attn_norm_b, bqkv, bo, mlp_norm_b, bgu, bdown; /* with biases (OPT) */
 } layer_off;
 
 /* What a walk leaves behind: the offsets carve needs and the sizes. */
 typedef struct model_off {
-    size_t embed, final_norm, lm_head, gen_embed, head_w1, head_b1, head_w2, head_b2;
+    size_t embed, pos_embed, final_norm, final_norm_b, lm_head, gen_embed, head_w1, head_b1,
+        head_w2, head_b2;
     size_t align_w[4], align_b[4];
     layer_off layer0;
     size_t layers_start; /* offset of layer 0's block */
@@ -106,6 +108,33 @@ static flexdiag_status walk_layer(walker *w, const flexdiag_lm_config *l, const 
     return FLEXDIAG_OK;
 }
 
+/* An OPT block (pre-LayerNorm, biases everywhere, fc1 -> ReLU -> fc2), in flexdiag_layer_w
+ * order: each norm with its bias, q/k/v fused with their biases fused after them. */
+static flexdiag_status walk_layer_opt(walker *w, const flexdiag_lm_config *l, const char *pre,
+                                      int i, layer_off *o) {
+    char n[160];
+    int64_t d = l->hidden, f = l->ffn;
+#define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, pre, i), n)
+    FLEXDIAG_TRY(emit(w, NAME("self_attn_layer_norm.weight"), d, 0, W_NORM, 0, &o->attn_norm));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn_layer_norm.bias"), d, 0, W_BIAS, 0, &o->attn_norm_b));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.q_proj.weight"), d, d, W_MATRIX, 0, &o->wqkv));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.k_proj.weight"), d, d, W_MATRIX, 1, NULL));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.v_proj.weight"), d, d, W_MATRIX, 1, NULL));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.q_proj.bias"), d, 0, W_BIAS, 0, &o->bqkv));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.k_proj.bias"), d, 0, W_BIAS, 1, NULL));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.v_proj.bias"), d, 0, W_BIAS, 1, NULL));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.out_proj.weight"), d, d, W_MATRIX, 0, &o->wo));
+    FLEXDIAG_TRY(emit(w, NAME("self_attn.out_proj.bias"), d, 0, W_BIAS, 0, &o->bo));
+    FLEXDIAG_TRY(emit(w, NAME("final_layer_norm.weight"), d, 0, W_NORM, 0, &o->mlp_norm));
+    FLEXDIAG_TRY(emit(w, NAME("final_layer_norm.bias"), d, 0, W_BIAS, 0, &o->mlp_norm_b));
+    FLEXDIAG_TRY(emit(w, NAME("fc1.weight"), f, d, W_MATRIX, 0, &o->wgu));
+    FLEXDIAG_TRY(emit(w, NAME("fc1.bias"), f, 0, W_BIAS, 0, &o->bgu));
+    FLEXDIAG_TRY(emit(w, NAME("fc2.weight"), d, f, W_MATRIX, 0, &o->wdown));
+    FLEXDIAG_TRY(emit(w, NAME("fc2.bias"), d, 0, W_BIAS, 0, &o->bdown));
+#undef NAME
+    return FLEXDIAG_OK;
+}
+
 static flexdiag_status walk_janus_heads(walker *w, const flexdiag_model_config *c) {
     model_off *o = &w->o;
     int64_t d = c->lm.hidden;
@@ -128,22 +157,39 @@ static flexdiag_status walk_janus_heads(walker *w, const flexdiag_model_config *
     return emit(w, "gen_head.vision_head.bias", c->image_vocab, 0, W_BIAS, 0, &o->head_b2);
 }
 
+/* The canonical prefix of the decoder's tensors. */
+static const char *decoder_prefix(flexdiag_arch arch) {
+    return arch == FLEXDIAG_ARCH_JANUS ? "language_model.model."
+           : arch == FLEXDIAG_ARCH_OPT ? "model.decoder."
+                                       : "model.";
+}
+
 /* Every tensor config c implies, in block order; w->o holds the layout afterwards. */
 static flexdiag_status walk_model(const flexdiag_model_config *c, walker *w) {
     const flexdiag_lm_config *l = &c->lm;
-    const char *pre = c->arch == FLEXDIAG_ARCH_JANUS ? "language_model.model." : "model.";
+    const char *pre = decoder_prefix(c->arch);
+    int opt = c->arch == FLEXDIAG_ARCH_OPT;
     model_off *o = &w->o;
     char n[160];
     layer_off scratch; /* offsets of layers past 0 follow from layer 0's */
     snprintf(n, sizeof n, "%sembed_tokens.weight", pre);
     FLEXDIAG_TRY(emit(w, n, l->vocab, l->hidden, W_MATRIX, 0, &o->embed));
+    if (l->pos_rows) {
+        snprintf(n, sizeof n, "%sembed_positions.weight", pre);
+        FLEXDIAG_TRY(emit(w, n, l->pos_rows, l->hidden, W_MATRIX, 0, &o->pos_embed));
+    }
     for (int i = 0; i < l->layers; i++) {
         size_t start = align_up(w->cursor);
-        FLEXDIAG_TRY(walk_layer(w, l, pre, i, i == 0 ? &o->layer0 : &scratch));
+        layer_off *lo = i == 0 ? &o->layer0 : &scratch;
+        FLEXDIAG_TRY(opt ? walk_layer_opt(w, l, pre, i, lo) : walk_layer(w, l, pre, i, lo));
         if (i == 0) o->layers_start = start, o->layer_bytes = align_up(w->cursor) - start;
     }
-    snprintf(n, sizeof n, "%snorm.weight", pre);
+    snprintf(n, sizeof n, opt ? "%sfinal_layer_norm.weight" : "%snorm.weight", pre);
     FLEXDIAG_TRY(emit(w, n, l->hidden, 0, W_NORM, 0, &o->final_norm));
+    if (opt) {
+        snprintf(n, sizeof n, "%sfinal_layer_norm.bias", pre);
+        FLEXDIAG_TRY(emit(w, n, l->hidden, 0, W_BIAS, 0, &o->final_norm_b));
+    }
     if (c->arch == FLEXDIAG_ARCH_JANUS) FLEXDIAG_TRY(walk_janus_heads(w, c));
     else if (l->tie_embed) o->lm_head = o->embed;
     else FLEXDIAG_TRY(emit(w, "lm_head.weight", l->vocab, l->hidden, W_MATRIX, 0, &o->lm_head));
@@ -153,17 +199,31 @@ static flexdiag_status walk_model(const flexdiag_model_config *c, walker *w) {
 
 /* ---- the block ---- */
 
-/* The tensors of a layer block (offsets relative to the block) for placement cuts and views. */
+/* A tensor of a layer block at walk offset off (bytes 0: the block has no such tensor). */
+static flexdiag_wspan span(size_t off, size_t b0, size_t bytes, size_t row) {
+    return bytes ? (flexdiag_wspan){off - b0, bytes, row} : (flexdiag_wspan){0, 0, 1};
+}
+
+/* The tensors of a layer block (offsets relative to the block) for placement cuts and views;
+ * tensors the block does not have get bytes 0. */
 static void layer_spans(const flexdiag_lm_config *l, const model_off *o, flexdiag_wspan *lt) {
     size_t d = (size_t)l->hidden, dq = (size_t)l->heads * (size_t)l->head_dim;
     size_t dkv = (size_t)l->kv_heads * (size_t)l->head_dim, f = (size_t)l->ffn, b0 = o->layers_start;
+    size_t fg = l->relu_mlp ? f : 2 * f, nb = l->bias ? 1 : 0, nn = l->layer_norm ? 1 : 0;
+    size_t qkv = dq + 2 * dkv;
     const layer_off *x = &o->layer0;
-    lt[FLEXDIAG_LT_ATTN_NORM] = (flexdiag_wspan){x->attn_norm - b0, d * 2, d * 2};
-    lt[FLEXDIAG_LT_WQKV] = (flexdiag_wspan){x->wqkv - b0, (dq + 2 * dkv) * d * 2, d * 2};
-    lt[FLEXDIAG_LT_WO] = (flexdiag_wspan){x->wo - b0, d * dq * 2, dq * 2};
-    lt[FLEXDIAG_LT_MLP_NORM] = (flexdiag_wspan){x->mlp_norm - b0, d * 2, d * 2};
-    lt[FLEXDIAG_LT_WGU] = (flexdiag_wspan){x->wgu - b0, 2 * f * d * 2, d * 2};
-    lt[FLEXDIAG_LT_WDOWN] = (flexdiag_wspan){x->wdown - b0, d * f * 2, f * 2};
+    lt[FLEXDIAG_LT_ATTN_NORM] = span(x->attn_norm, b0, d * 2, d * 2);
+    lt[FLEXDIAG_LT_ATTN_NORM_B] = span(x->attn_norm_b, b0, nn * d * 2, d * 2);
+    lt[FLEXDIAG_LT_WQKV] = span(x->wqkv, b0, qkv * d * 2, d * 2);
+    lt[FLEXDIAG_LT_BQKV] = span(x->bqkv, b0, nb * qkv * 2, qkv * 2);
+    lt[FLEXDIAG_LT_WO] = span(x->wo, b0, d * dq * 2, dq * 2);
+    lt[FLEXDIAG_LT_BO] = span(x->bo, b0, nb * d * 2, d * 2);
+    lt[FLEXDIAG_LT_MLP_NORM] = span(x->mlp_norm, b0, d * 2, d * 2);
+    lt[FLEXDIAG_LT_MLP_NORM_B] = span(x->mlp_norm_b, b0, nn * d * 2, d * 2);
+    lt[FLEXDIAG_LT_WGU] = span(x->wgu, b0, fg * d * 2, d * 2);
+    lt[FLEXDIAG_LT_BGU] = span(x->bgu, b0, nb * f * 2, f * 2);
+    lt[FLEXDIAG_LT_WDOWN] = span(x->wdown, b0, d * f * 2, f * 2);
+    lt[FLEXDIAG_LT_BDOWN] = span(x->bdown, b0, nb * d * 2, d * 2);
 }
 
 /* Bytes of the layers region of the walk's block (all layers' blocks). */
@@ -181,11 +241,13 @@ static void carve(const flexdiag_model_config *c, const model_off *o, flexdiag_w
     char *b = w->block;
 #define P(off) ((uint16_t *)(b + dev_off(w, c, o, off)))
     w->embed = P(o->embed);
+    w->pos_embed = c->lm.pos_rows ? P(o->pos_embed) : NULL;
     w->final_norm = P(o->final_norm);
+    w->final_norm_b = c->lm.layer_norm ? P(o->final_norm_b) : NULL;
     w->layer_bytes = o->layer_bytes;
     layer_spans(&c->lm, o, w->lt);
     w->layer0 = w->homes ? NULL : b + o->layers_start;
-    if (c->arch == FLEXDIAG_ARCH_LLAMA) {
+    if (c->arch != FLEXDIAG_ARCH_JANUS) {
         w->lm_head = P(o->lm_head);
         return;
     }
@@ -427,6 +489,7 @@ static int skipped(flexdiag_arch arch, const char *canon) {
     static const char *janus[] = {"language_model.lm_head.", "vision_model.", "aligner.",
                                   "gen_vision_model."};
     if (strstr(canon, "rotary_emb.inv_freq")) return 1;
+    if (arch == FLEXDIAG_ARCH_OPT) return !strncmp(canon, "lm_head.", 8); /* tied: a stored copy */
     if (arch != FLEXDIAG_ARCH_JANUS) return 0;
     for (size_t i = 0; i < sizeof janus / sizeof janus[0]; i++)
         if (!strncmp(canon, janus[i], strlen(janus[i]))) return 1;
@@ -439,6 +502,7 @@ static int skipped(flexdiag_arch arch, const char *canon) {
 static int model_part(flexdiag_arch arch, const char *canon) {
     static const char *janus[] = {"language_model.model.", "gen_embed.", "gen_aligner.",
                                   "gen_head."};
+    if (arch == FLEXDIAG_ARCH_OPT) return !strncmp(canon, "model.decoder.", 14);
     if (arch != FLEXDIAG_ARCH_JANUS) return !strncmp(canon, "model.", 6);
     for (size_t i = 0; i < sizeof janus / sizeof janus[0]; i++)
         if (!strncmp(canon, janus[i], strlen(janus[i]))) return 1;

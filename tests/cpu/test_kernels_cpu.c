@@ -4,7 +4,9 @@
  * d = 8, 24, 130; GQA g = 1, 2, 4; varying prompt lengths, ring slot lists in random order,
  * heads with no slots, a sequence with no keys at all). Outputs are compared with the fp32
  * tolerances of docs/architecture.md §10.2 and sit between guard regions that must come back
- * bit-identical. Data movement (embed, gather, KV append, copies) must be exact. RoPE (not a table
+ * bit-identical. Data movement (embed, gather, KV append, copies) must be exact, and so must ReLU
+ * (signed zeros and NaN kept) and the learned position add (one fp32 sum). LayerNorm is checked
+ * against a hand-computed row, a double formula, in place and on a constant row. RoPE (not a table
  * slot: the internal flexdiag__cpu_ref_rope that kv_append runs when its args carry positions) is
  * checked against the closed form, and kv_append with positions must equal RoPE then the plain
  * append bit for bit. The decode epilogue, on both tables: probs_out must be expf(logits_out -
@@ -66,8 +68,9 @@ static void test_tables(void **state) {
         assert_null(K->mem_info);
         assert_true(K->stream_create && K->stream_destroy && K->stream_sync && K->mem_alloc &&
                     K->mem_free && K->copy_h2d && K->copy_d2h && K->copy_d2d && K->memset0 &&
-                    K->act_to_f32 && K->act_from_f32 && K->embed && K->rmsnorm && K->matmul &&
-                    K->swiglu && K->gelu && K->gather_rows && K->kv_append &&
+                    K->act_to_f32 && K->act_from_f32 && K->embed && K->pos_embed_add &&
+                    K->rmsnorm && K->layernorm && K->matmul && K->swiglu && K->gelu &&
+                    K->relu && K->gather_rows && K->kv_append &&
                     K->attn_prefill && K->attn_decode && K->cfg_combine && K->sample);
     }
     assert_ptr_not_equal(tabs[0]->matmul, tabs[1]->matmul);
@@ -201,6 +204,46 @@ static void test_gather_rows(void **state) {
     expect_invalid(ref()->gather_rows(y, x, &bad, 1, 8, NULL), "idx[0] = -1");
 }
 
+/* x (n, d) += table rows pos[i] + offset: each sum is one fp32 addition, so exact equality. */
+static void test_pos_embed_add(void **state) {
+    (void)state;
+    const int32_t rows = 23, offsets[] = {2, 0};
+    tu_rng r;
+    tu_rng_seed(&r, 9);
+    for (int ni = 0; ni < 3; ni++)
+        for (int di = 0; di < 3; di++)
+            for (int oi = 0; oi < 2; oi++) {
+                int64_t n = n_list[ni], d = d_list[di];
+                int32_t off = offsets[oi], pos[17];
+                /* OPT's pattern: positions 0..n-1, then (on odd d) a repeated, descending one */
+                for (int64_t i = 0; i < n; i++)
+                    pos[i] = di % 2 ? (int32_t)((n - 1 - i) / 2) : (int32_t)i;
+                uint16_t *table = malloc((size_t)(rows * d) * 2);
+                float *x0 = malloc((size_t)(n * d) * 4), *x = ch_guarded(n * d, 0.0f);
+                tu_fill_bf16(&r, table, rows * d, 0.5f);
+                tu_fill_f32(&r, x0, n * d, 1.0f);
+                memcpy(x, x0, (size_t)(n * d) * 4);
+                assert_int_equal(ref()->pos_embed_add(x, table, pos, n, d, off, NULL),
+                                 FLEXDIAG_OK);
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t c = 0; c < d; c++) {
+                        float want = x0[i * d + c] +
+                                     flexdiag__bf16_to_f32(table[(pos[i] + off) * d + c]);
+                        assert_memory_equal(&x[i * d + c], &want, 4);
+                    }
+                ch_guard_check(x, n * d, "pos_embed_add");
+                ch_guarded_free(x);
+                free(x0);
+                free(table);
+            }
+    uint16_t table[8] = {0};
+    int32_t bad[2] = {5, -3};
+    float x[16] = {0};
+    expect_invalid(ref()->pos_embed_add(x, table, bad, 2, 8, 2, NULL), "pos[1] + offset = -3 + 2");
+    expect_invalid(ref()->pos_embed_add(x, table, bad, -1, 8, 2, NULL), "n = -1");
+    assert_int_equal(ref()->pos_embed_add(NULL, NULL, NULL, 0, 8, 2, NULL), FLEXDIAG_OK);
+}
+
 /* ---- row ops vs double formulas ---- */
 
 static void test_rmsnorm(void **state) {
@@ -239,6 +282,78 @@ static void test_rmsnorm(void **state) {
     uint16_t w[8] = {0};
     expect_invalid(ref()->rmsnorm(y, x, w, 1, 0, 1e-6f, NULL), "d = 0");
     expect_invalid(ref()->rmsnorm(y, x, w, 1, 8, NAN, NULL), "eps");
+}
+
+/* want (n, d) = (x - mean) / sqrt(var + eps) · w + b per row in double (one-pass sums of x and
+ * x², written independently of the reference's two-pass statistics). */
+static void layernorm_naive(float *want, const float *x, const uint16_t *w, const uint16_t *b,
+                            int64_t n, int64_t d, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        double s1 = 0, s2 = 0;
+        for (int64_t c = 0; c < d; c++) {
+            s1 += x[i * d + c];
+            s2 += (double)x[i * d + c] * x[i * d + c];
+        }
+        double mean = s1 / (double)d, var = s2 / (double)d - mean * mean;
+        for (int64_t c = 0; c < d; c++)
+            want[i * d + c] = (float)((x[i * d + c] - mean) / sqrt(var + eps) *
+                                          flexdiag__bf16_to_f32(w[c]) +
+                                      flexdiag__bf16_to_f32(b[c]));
+    }
+}
+
+static void test_layernorm(void **state) {
+    (void)state;
+    /* hand-computed: x = 1..4, mean 2.5, var 1.25; w = 2, b = 0.5 (eps 0) */
+    const float hx[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    const uint16_t hw[4] = {0x4000, 0x4000, 0x4000, 0x4000}; /* bf16 2.0 */
+    const uint16_t hb[4] = {0x3F00, 0x3F00, 0x3F00, 0x3F00}; /* bf16 0.5 */
+    const double z = 1.0 / sqrt(1.25);
+    const float hwant[4] = {(float)(-3 * z + 0.5), (float)(-z + 0.5), (float)(z + 0.5),
+                            (float)(3 * z + 0.5)};
+    float hy[4];
+    assert_int_equal(ref()->layernorm(hy, hx, hw, hb, 1, 4, 0.0f, NULL), FLEXDIAG_OK);
+    assert_true(tu_allclose("layernorm 1..4", hy, hwant, 4, CH_ATOL, CH_RTOL, CH_NMSE));
+
+    tu_rng r;
+    tu_rng_seed(&r, 10);
+    for (int ni = 0; ni < 3; ni++)
+        for (int di = 0; di < 3; di++) {
+            int64_t n = n_list[ni], d = d_list[di];
+            float eps = di == 1 ? 1e-5f : 1e-6f;
+            float *x = malloc((size_t)(n * d) * 4), *want = malloc((size_t)(n * d) * 4);
+            uint16_t *w = malloc((size_t)d * 2), *b = malloc((size_t)d * 2);
+            tu_fill_f32(&r, x, n * d, 2.0f);
+            for (int64_t c = 0; c < d; c++) x[c] += 50.0f; /* row 0 far from zero */
+            tu_fill_bf16(&r, w, d, 1.0f);
+            tu_fill_bf16(&r, b, d, 0.5f);
+            layernorm_naive(want, x, w, b, n, d, eps);
+            float *out = ch_guarded(n * d, 0.0f);
+            assert_int_equal(ref()->layernorm(out, x, w, b, n, d, eps, NULL), FLEXDIAG_OK);
+            assert_true(tu_allclose("layernorm", out, want, n * d, CH_ATOL, CH_RTOL, CH_NMSE));
+            ch_guard_check(out, n * d, "layernorm");
+            /* in place: the same bits */
+            float *xi = ch_guarded(n * d, 0.0f);
+            memcpy(xi, x, (size_t)(n * d) * 4);
+            assert_int_equal(ref()->layernorm(xi, xi, w, b, n, d, eps, NULL), FLEXDIAG_OK);
+            assert_memory_equal(xi, out, (size_t)(n * d) * 4);
+            ch_guard_check(xi, n * d, "layernorm in place");
+            /* a constant row has variance 0: out = b exactly */
+            for (int64_t c = 0; c < d; c++) x[c] = 3.25f;
+            assert_int_equal(ref()->layernorm(out, x, w, b, 1, d, eps, NULL), FLEXDIAG_OK);
+            for (int64_t c = 0; c < d; c++) assert_true(out[c] == flexdiag__bf16_to_f32(b[c]));
+            ch_guarded_free(out);
+            ch_guarded_free(xi);
+            free(x);
+            free(want);
+            free(w);
+            free(b);
+        }
+    float x[8] = {0}, y[8];
+    uint16_t w[8] = {0};
+    expect_invalid(ref()->layernorm(y, x, w, w, 1, 0, 1e-5f, NULL), "d = 0");
+    expect_invalid(ref()->layernorm(y, x, w, w, 1, 8, NAN, NULL), "eps");
+    expect_invalid(ref()->layernorm(y, x, w, NULL, 1, 8, 1e-5f, NULL), "b is NULL");
 }
 
 /* Closed-form rotate-half RoPE of one head in double (docs/architecture.md §9). */
@@ -328,6 +443,32 @@ static void test_swiglu_gelu(void **state) {
             free(gu);
             free(want);
         }
+}
+
+/* ReLU is exact: x < 0 becomes +0, everything else keeps its bits (-0 and NaN included). */
+static void test_relu(void **state) {
+    (void)state;
+    const float specials[] = {-1.0f, -0.0f, 0.0f, 2.5f, NAN, -INFINITY, INFINITY, -1e-40f};
+    const float want_sp[] = {0.0f, -0.0f, 0.0f, 2.5f, NAN, 0.0f, INFINITY, 0.0f};
+    tu_rng r;
+    tu_rng_seed(&r, 11);
+    for (int di = 0; di < 3; di++) {
+        int64_t n = d_list[di] * 3;
+        float *x = ch_guarded(n, 0.0f), *want = malloc((size_t)n * 4);
+        tu_fill_f32(&r, x, n, 2.0f);
+        memcpy(x, specials, sizeof specials);
+        for (int64_t i = 0; i < n; i++) want[i] = x[i] < 0.0f ? 0.0f : x[i];
+        memcpy(want, want_sp, sizeof want_sp);
+        assert_int_equal(ref()->relu(x, n, NULL), FLEXDIAG_OK);
+        for (int64_t i = 0; i < n; i++)
+            if (!(isnan(x[i]) && isnan(want[i]))) assert_memory_equal(&x[i], &want[i], 4);
+        assert_true(isnan(x[4]));
+        ch_guard_check(x, n, "relu");
+        ch_guarded_free(x);
+        free(want);
+    }
+    expect_invalid(ref()->relu(NULL, -1, NULL), "n = -1");
+    expect_invalid(ref()->relu(NULL, 4, NULL), "x is NULL");
 }
 
 static void test_cfg_combine(void **state) {
@@ -866,8 +1007,10 @@ int main(void) {
         cmocka_unit_test(test_tables),      cmocka_unit_test(test_memory),
         cmocka_unit_test(test_streams),     cmocka_unit_test(test_act_conversions),
         cmocka_unit_test(test_embed),       cmocka_unit_test(test_gather_rows),
-        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_swiglu_gelu), cmocka_unit_test(test_cfg_combine),
+        cmocka_unit_test(test_pos_embed_add),
+        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rope),        cmocka_unit_test(test_swiglu_gelu),
+        cmocka_unit_test(test_relu),        cmocka_unit_test(test_cfg_combine),
         cmocka_unit_test(test_matmul),      cmocka_unit_test(test_kv_append),
         cmocka_unit_test(test_kv_append_rope),
         cmocka_unit_test(test_attn_decode), cmocka_unit_test(test_attn_prefill),

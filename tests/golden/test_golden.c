@@ -325,6 +325,62 @@ static void test_llama(void **state) {
     free(dir);
 }
 
+/* ---- OPT (pre-LayerNorm, biases, ReLU MLP, learned positions with offset 2, tied head) ---- */
+
+/* Teacher-forced logits of all (T tokens: the first np as prompt) into logits (T - np, V), and
+ * the per-layer hidden states of the first href positions into hidden when given. */
+static void opt_run(flexdiag_model *m, const int32_t *all, int32_t T, int32_t np, float *logits,
+                    float *hidden, int32_t n_hidden_pos) {
+    int32_t n = T - np, *tok = malloc((size_t)n * 4);
+    flexdiag_context *c = open_context(m, np, n);
+    const int32_t *pp = all;
+    flexdiag_block b = {.n_img = 1, .prompt = &pp, .prompt_len = &np, .n_steps = n,
+                        .forced = all + np, .tokens = tok, .logits = logits, .hidden = hidden,
+                        .n_hidden_pos = n_hidden_pos, .sp = {1.0f, 0, 1.0f, 0}};
+    assert_int_equal(flexdiag__engine_run(c, &b), FLEXDIAG_OK);
+    flexdiag_context_destroy(c);
+    free(tok);
+}
+
+static void test_opt(void **state) {
+    (void)state;
+    char *dir = fixture("opt", "");
+    flexdiag_npy ids = load_npy("opt", "input_ids.npy"), ref = load_npy("opt", "logits.npy");
+    flexdiag_npy href = load_npy("opt", "hidden.npy"), pref = load_npy("opt", "padded_logits.npy");
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_model(dir, &rt, &m);
+    int32_t T = (int32_t)ids.numel, V = m->cfg.lm.vocab, n_pad = (int32_t)(pref.shape[0] - T);
+    assert_int_equal(n_pad, 3);
+    int32_t *all = malloc((size_t)T * 4);
+    for (int32_t i = 0; i < T; i++) all[i] = (int32_t)((const int64_t *)ids.data)[i];
+    float *logits = malloc((size_t)T * (size_t)V * 4), *hidden = calloc((size_t)href.numel, 4);
+    /* half the tokens as the prompt: row i predicts token np + i, transformers' position
+     * np - 1 + i; the layer outputs of the first positions */
+    int32_t np = T / 2;
+    opt_run(m, all, T, np, logits, hidden, (int32_t)href.shape[1]);
+    expect_close("opt logits", logits, (const float *)ref.data + (size_t)(np - 1) * (size_t)V,
+                 (int64_t)(T - np) * V);
+    expect_close("opt hidden", hidden, href.data, href.numel);
+    /* the same tokens left-padded with pad id 1 under an attention mask: transformers' logits
+     * of the real positions (positions count real tokens only) are what the unpadded run gives */
+    for (int32_t cut = 1; cut <= T - 1; cut += 7) {
+        opt_run(m, all, T, cut, logits, NULL, 0);
+        const float *pr = (const float *)pref.data + (size_t)(n_pad + cut - 1) * (size_t)V;
+        expect_close("opt logits vs the left-padded batch", logits, pr, (int64_t)(T - cut) * V);
+    }
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    flexdiag__npy_free(&ids);
+    flexdiag__npy_free(&ref);
+    flexdiag__npy_free(&href);
+    flexdiag__npy_free(&pref);
+    free(all);
+    free(logits);
+    free(hidden);
+    free(dir);
+}
+
 /* golden.json must carry our magic and version; returns 0 if present and valid. */
 static int check_manifest(const char *model) {
     char *p = fixture(model, "golden.json");
@@ -348,15 +404,16 @@ static int check_manifest(const char *model) {
 }
 
 int main(void) {
-    int a = check_manifest("janus"), b = check_manifest("llama");
-    if (a == 1 || b == 1) return 1;
-    if (a == 77 || b == 77) return 77;
+    int a = check_manifest("janus"), b = check_manifest("llama"), o = check_manifest("opt");
+    if (a == 1 || b == 1 || o == 1) return 1;
+    if (a == 77 || b == 77 || o == 77) return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_janus_logits),
         cmocka_unit_test(test_janus_hidden),
         cmocka_unit_test(test_janus_original_names),
         cmocka_unit_test(test_janus_score_cli),
         cmocka_unit_test(test_llama),
+        cmocka_unit_test(test_opt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,8 @@
  * docs/architecture.md §10.2:
  *   - inputs are bf16 (the CUDA act type); the reference runs on the same values upcast to fp32;
  *   - NaN/Inf patterns must match, then |got − ref| <= atol + rtol·|ref| and nmse <= max_nmse
- *     (bf16: atol 1e-3, rtol 1.6e-2; fp32 outputs: atol 1e-5, rtol 1.3e-6), data movement exact;
+ *     (bf16: atol 1e-3, rtol 1.6e-2; fp32 outputs: atol 1e-5, rtol 1.3e-6), data movement and
+ *     ReLU exact (signed zeros and NaN kept bit for bit);
  *   - matmul also against an fp64 reference: the GPU's error must stay within 2x the error of the
  *     naive CPU computation rounded the same way (flash-attention's rule);
  *   - every device output sits between two guard regions of 1024 known elements that must come
@@ -357,7 +358,117 @@ static void test_rmsnorm(void **state) {
     assert_int_equal(fails, 0);
 }
 
-/* ---- swiglu, gelu ---- */
+/* ---- layernorm ---- */
+
+/* One layernorm case: off misaligns x and out (the scalar path); in_place runs out = x. */
+static int run_layernorm(int64_t n, int64_t d, size_t off, int in_place, tu_rng *r) {
+    const float eps = 1e-5f;
+    uint16_t *x = bf16_rand(r, n * d, 1.0f), *w = xmalloc((size_t)d * 2);
+    uint16_t *b = bf16_rand(r, d, 0.5f);
+    for (int64_t j = 0; j < d; j++)
+        w[j] = flexdiag__f32_to_bf16((float)(1.0 + 0.1 * tu_rng_normal(r)));
+    for (int64_t j = 0; j < d; j++) /* row 0 far from zero: the mean must come off exactly */
+        x[j] = flexdiag__f32_to_bf16(40.0f + 3.0f * flexdiag__bf16_to_f32(x[j]));
+    if (n > 1) /* a large-magnitude row */
+        for (int64_t j = 0; j < d; j++)
+            x[d + j] = flexdiag__f32_to_bf16(300.0f * flexdiag__bf16_to_f32(x[d + j]));
+    if (n > 2) /* a constant row: variance 0, output b */
+        for (int64_t j = 0; j < d; j++) x[2 * d + j] = flexdiag__f32_to_bf16(-1.5f);
+    if (n > 3) x[3 * d + d / 2] = 0x7FC0; /* a NaN: the whole row NaN */
+    float *xf = tu_bf16_to_f32(x, n * d), *ref = xmalloc((size_t)(n * d) * 4);
+    OK(R->layernorm(ref, xf, w, b, n, d, eps, NULL));
+
+    dbuf dx = dbuf_make((size_t)(n * d), 2, off), dw = dbuf_make((size_t)d, 2, 0);
+    dbuf db = dbuf_make((size_t)d, 2, 0), dout = dbuf_make((size_t)(n * d), 2, off);
+    const dbuf *res = in_place ? &dx : &dout;
+    dbuf_put(&dx, x);
+    dbuf_put(&dw, w);
+    dbuf_put(&db, b);
+    OK(G->layernorm(dptr(res), dptr(&dx), dptr(&dw), dptr(&db), n, d, eps, S));
+    int guards;
+    float *got = get_bf16(res, "layernorm", &guards);
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%lld d=%lld%s%s", (long long)n, (long long)d,
+             off ? " unaligned" : "", in_place ? " in place" : "");
+    const int pass = compare("layernorm", shape, got, ref, n * d, BF16_ATOL, BF16_RTOL, BF16_NMSE,
+                             guards);
+    dbuf_free(&dx);
+    dbuf_free(&dw);
+    dbuf_free(&db);
+    dbuf_free(&dout);
+    free(x), free(w), free(b), free(xf), free(ref), free(got);
+    return pass;
+}
+
+static void test_layernorm(void **state) {
+    (void)state;
+    /* n, d, misalignment (elements), in place: OPT widths 768 .. 12288 take the vector path,
+     * 20000 (> 16384) and the odd or misaligned rows the scalar one */
+    const struct {
+        int64_t n, d;
+        size_t off;
+        int in_place;
+    } cases[] = {{1, 8, 0, 0},     {3, 24, 0, 0},     {17, 130, 0, 0}, {64, 768, 0, 0},
+                 {5, 4096, 0, 0},  {4, 12288, 0, 0},  {2, 1, 0, 0},    {3, 20000, 0, 0},
+                 {5, 768, 1, 0},   {9, 2048, 0, 1},   {6, 130, 0, 1},  {70000, 8, 0, 0}};
+    tu_rng r;
+    tu_rng_seed(&r, 15);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        fails += !run_layernorm(cases[c].n, cases[c].d, cases[c].off, cases[c].in_place, &r);
+    flexdiag__err_clear();
+    assert_int_equal(G->layernorm(NULL, NULL, NULL, NULL, 1, 0, 1e-5f, S),
+                     FLEXDIAG_ERR_INVALID_ARG);
+    flexdiag__err_clear();
+    assert_int_equal(fails, 0);
+}
+
+/* ---- learned position embeddings ---- */
+
+static void test_pos_embed_add(void **state) {
+    (void)state;
+    /* n, d, table rows, offset (OPT: 2; its table has max_positions + 2 rows) */
+    const struct {
+        int64_t n, d;
+        int32_t rows, offset;
+    } cases[] = {{1, 8, 5, 2},      {3, 24, 7, 2},     {17, 130, 33, 0},
+                 {64, 768, 2050, 2}, {5, 4096, 100, 2}, {70000, 8, 9, 2}};
+    tu_rng r;
+    tu_rng_seed(&r, 20);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t n = cases[c].n, d = cases[c].d;
+        const int32_t rows = cases[c].rows, off = cases[c].offset;
+        uint16_t *table = bf16_rand(&r, (int64_t)rows * d, 0.5f), *x = bf16_rand(&r, n * d, 1.0f);
+        int32_t *pos = xmalloc((size_t)n * 4);
+        /* prompt positions 0, 1, ... wrapping inside the table, every third row a random one */
+        for (int64_t i = 0; i < n; i++)
+            pos[i] = i % 3 == 2 ? (int32_t)tu_rng_int(&r, -off, rows - 1 - off)
+                                : (int32_t)(i % (rows - off));
+        float *ref = tu_bf16_to_f32(x, n * d);
+        OK(R->pos_embed_add(ref, table, pos, n, d, off, NULL));
+        dbuf dt = dbuf_make((size_t)rows * (size_t)d, 2, 0), dp = dbuf_make((size_t)n, 4, 0);
+        dbuf dx = dbuf_make((size_t)(n * d), 2, c % 2);
+        dbuf_put(&dt, table);
+        dbuf_put(&dp, pos);
+        dbuf_put(&dx, x);
+        OK(G->pos_embed_add(dptr(&dx), dptr(&dt), dptr(&dp), n, d, off, S));
+        int guards;
+        float *got = get_bf16(&dx, "pos_embed_add", &guards);
+        char shape[64];
+        snprintf(shape, sizeof shape, "n=%lld d=%lld rows=%d offset=%d", (long long)n,
+                 (long long)d, rows, off);
+        fails += !compare("pos_embed_add", shape, got, ref, n * d, BF16_ATOL, BF16_RTOL,
+                          BF16_NMSE, guards);
+        dbuf_free(&dt);
+        dbuf_free(&dp);
+        dbuf_free(&dx);
+        free(table), free(x), free(pos), free(ref), free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- swiglu, gelu, relu ---- */
 
 static void test_swiglu(void **state) {
     (void)state;
@@ -416,6 +527,43 @@ static void test_gelu(void **state) {
         free(x);
         free(ref);
         free(got);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ReLU rounds nothing: the bf16 output must be the reference's value exactly, signed zero
+ * included (-0 stays -0, negatives become +0), NaN staying NaN. */
+static void test_relu(void **state) {
+    (void)state;
+    const float specials[] = {-1.0f, -0.0f, 0.0f, 2.5f, NAN, -INFINITY, INFINITY, -1e-40f};
+    const int64_t ns[] = {1, 17, 130, 100003};
+    tu_rng r;
+    tu_rng_seed(&r, 21);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const int64_t n = ns[c];
+        uint16_t *x = bf16_rand(&r, n, 3.0f), *back = xmalloc((size_t)n * 2);
+        for (int64_t i = 0; i < n && i < 8; i++) x[i] = flexdiag__f32_to_bf16(specials[i]);
+        float *ref = tu_bf16_to_f32(x, n);
+        OK(R->relu(ref, n, NULL));
+        dbuf dx = dbuf_make((size_t)n, 2, c % 2);
+        dbuf_put(&dx, x);
+        OK(G->relu(dptr(&dx), n, S));
+        int ok = dbuf_get(&dx, back, "relu");
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const float got = flexdiag__bf16_to_f32(back[i]);
+            if (!(isnan(got) && isnan(ref[i])) && memcmp(&got, &ref[i], 4) != 0 && bad++ < 5)
+                fprintf(stderr, "relu[%lld] = %g (0x%04x), want %g\n", (long long)i,
+                        (double)got, back[i], (double)ref[i]);
+        }
+        ok = ok && bad == 0;
+        char shape[64];
+        snprintf(shape, sizeof shape, "n=%lld (±0, ±Inf, NaN, denormal)", (long long)n);
+        record("relu", shape, (double)bad, 0, ok);
+        fails += !ok;
+        dbuf_free(&dx);
+        free(x), free(back), free(ref);
     }
     assert_int_equal(fails, 0);
 }
@@ -601,6 +749,7 @@ static void test_matmul(void **state) {
         {2, 2048, 16384, FLEXDIAG_MM_OUT_F32, 0, 0, 0, 0, 0, 0}, /* an image-logit head */
         {17, 130, 48, 0, 1, 1, 1, 1, 3, 0},                      /* 2-byte aligned pointers */
         {17, 128, 48, FLEXDIAG_MM_ACCUM, 1, 8, 0, 4, 8, 0},      /* 16-byte aligned views */
+        {17, 768, 768, FLEXDIAG_MM_ACCUM, 1, 0, 0, 0, 0, 0},     /* OPT residual: += x·Wᵀ + b */
         {3, 0, 5, 0, 1, 0, 0, 0, 0, 0},                          /* k = 0: out = b */
         {3, 0, 5, FLEXDIAG_MM_ACCUM, 1, 0, 0, 0, 0, 0},          /* k = 0: out += b */
         {3, 24, 5, 0, 0, 0, 0, 0, 0, 1},                         /* NaN row propagates */
@@ -983,8 +1132,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_memory),      cmocka_unit_test(test_copies),
         cmocka_unit_test(test_convert),     cmocka_unit_test(test_embed_gather),
-        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_gelu),        cmocka_unit_test(test_cfg),
+        cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_pos_embed_add), cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_gelu),        cmocka_unit_test(test_relu),
+        cmocka_unit_test(test_cfg),
         cmocka_unit_test(test_matmul),      cmocka_unit_test(test_sample),
         cmocka_unit_test(test_sample_special), cmocka_unit_test(test_evict),
         cmocka_unit_test(test_alisa),

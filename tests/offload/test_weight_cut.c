@@ -1,6 +1,6 @@
 /*
  * test_weight_cut.c - the cuts of a weight placement (offload/weight_homes.h) on the full
- * Janus-Pro-7B and Llama-2-7B layer layouts: every requested G,C,D in steps of 1 % is realised
+ * Janus-Pro-7B, Llama-2-7B and OPT layer layouts: every requested G,C,D in steps of 1 % is realised
  * within 1 % per tier (a row is at most 22 KiB of a 405 MB layer), each cut falls on a row
  * boundary of the tensor it lands in (or in padding), the tiers add up to the layer, and a
  * placement that does not add up to 100 is refused naming it.
@@ -54,6 +54,8 @@ static void test_realised_within_one_percent(void **state) {
     check_arch("janus-pro-7b");
     check_arch("llama-2-7b");
     check_arch("micro-janus");
+    check_arch("opt-6.7b"); /* biases and LayerNorm biases: twelve tensors per block */
+    check_arch("micro-opt");
 }
 
 static void test_row_boundaries(void **state) {

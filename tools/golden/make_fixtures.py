@@ -9,6 +9,8 @@ Writes, under --out:
                  hidden states, final-norm output, VQ decoder pixels, greedy CFG generation;
   golden/llama/  tiny random LlamaForCausalLM (GQA), bf16 safetensors + config, logits and
                  per-layer hidden states;
+  golden/opt/    tiny random OPTForCausalLM, the same, plus the logits of the same tokens
+                 left-padded under an attention mask;
   tokenizer/     byte-level BPE tokenizer.json (DeepSeek-LLM pre-tokenizer) + cases.json.
 Every fixture folder has golden.json (magic "flexdiag-golden", version 1, library versions,
 shapes and file names). Weights are stored in bf16 and the references are computed in float32
@@ -16,7 +18,7 @@ on the CPU from the same bf16-rounded values (reloaded from the saved file), eag
 so the runtime's bf16 weights are exactly the reference's weights.
 Deterministic: fixed seeds, own weight initialisation (wider than transformers' default so that
 logits are not flat), no threads-dependent reductions that matter at these sizes.
-Usage: python3 make_fixtures.py --out DIR [--only janus|llama|tokenizer]
+Usage: python3 make_fixtures.py --out DIR [--only janus|llama|opt|tokenizer]
 """
 
 import argparse
@@ -408,10 +410,58 @@ def make_llama(out, vers):
                       "hidden": "[n_layers, n_pos, hidden], decoder layer outputs"})
 
 
+def make_opt(out, vers):
+    """The golden/opt fixture: pre-LayerNorm blocks with biases, ReLU MLP, learned positions
+    (offset 2), tied head; plus the same tokens left-padded with pad id 1 under an attention
+    mask (positions count only real tokens; pad rows use position row 1)."""
+    from transformers import OPTConfig, OPTForCausalLM
+    path = os.path.join(out, "golden", "opt")
+    fx = Fixture(path, vers)
+    cfg = OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=160, num_hidden_layers=2,
+                    num_attention_heads=4, max_position_embeddings=256, do_layer_norm_before=True,
+                    word_embed_proj_dim=64, activation_function="relu", enable_bias=True,
+                    layer_norm_elementwise_affine=True, tie_word_embeddings=True,
+                    pad_token_id=1, bos_token_id=2, eos_token_id=2, dropout=0.0,
+                    attention_dropout=0.0)
+    torch.manual_seed(SEED + 20)
+    model = OPTForCausalLM(cfg).float().eval()
+    randomize(model, SEED + 21, {})
+    model = save_bf16_and_reload(model, OPTForCausalLM, path)
+    with open(os.path.join(path, "config.json")) as f:
+        log("opt config.json: %s" % f.read())
+    list_tensors(os.path.join(path, "model.safetensors"), os.path.join(path, "tensor_names.txt"))
+    rng = np.random.default_rng(SEED + 22)
+    ids = rng.integers(3, 256, 16)
+    ids[0] = 2  # </s> as BOS, as OPT's tokenizer does
+    input_ids = fx.save("input_ids", ids, np.int64)
+    n_pad = 3
+    padded = fx.save("padded_ids", np.concatenate([np.ones(n_pad, np.int64), ids]), np.int64)
+    mask = np.concatenate([np.zeros(n_pad, np.int64), np.ones(len(ids), np.int64)])
+    with torch.no_grad():
+        capture = LayerCapture(model.model.decoder.layers)
+        out_ = model(input_ids=torch.from_numpy(input_ids)[None], use_cache=False)
+        fx.save("logits", out_.logits[0], np.float32)
+        fx.save("hidden", capture.stacked(N_POS_HIDDEN), np.float32)
+        outp = model(input_ids=torch.from_numpy(padded)[None],
+                     attention_mask=torch.from_numpy(mask)[None], use_cache=False)
+        fx.save("padded_logits", outp.logits[0], np.float32)
+    gap = (outp.logits[0, n_pad:] - out_.logits[0]).abs().max().item()
+    log("opt logits std %.3f, argmax %s; left-padded vs plain max |diff| %.3g" %
+        (out_.logits.std().item(), out_.logits[0].argmax(-1).tolist(), gap))
+    fx.finish(model={"arch": "opt", "config": "config.json", "weights": "model.safetensors",
+                     "tensor_names": "tensor_names.txt", "weights_dtype": "bfloat16"},
+              reference={"dtype": "float32", "device": "cpu", "attention": "eager"},
+              n_pos_hidden=N_POS_HIDDEN, n_pad=n_pad,
+              layout={"logits": "[n_tokens, vocab], all positions, teacher forcing",
+                      "hidden": "[n_layers, n_pos, hidden], decoder layer outputs",
+                      "padded_logits": "[n_pad + n_tokens, vocab]: padded_ids (n_pad pad ids 1, "
+                                       "then input_ids) under an attention mask of 0 on the pads"})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--out", required=True, help="output folder (golden/, tokenizer/ inside)")
-    ap.add_argument("--only", choices=["janus", "llama", "tokenizer"], default=None,
+    ap.add_argument("--only", choices=["janus", "llama", "opt", "tokenizer"], default=None,
                     help="make one fixture only (janus also needs the tokenizer)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -427,6 +477,8 @@ def main():
         make_janus(args.out, tok, vers)
     if args.only in (None, "llama"):
         make_llama(args.out, vers)
+    if args.only in (None, "opt"):
+        make_opt(args.out, vers)
     log("done: fixtures in %s" % args.out)
     return 0
 
