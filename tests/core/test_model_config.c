@@ -33,7 +33,7 @@ static flexdiag_runtime *rt; /* CPU runtime shared by the tests */
 
 /* ---- model folders ---- */
 
-/* A temp model folder made from golden fixture `model` ("janus" or "llama"): its checkpoint
+/* A temp model folder made from golden fixture `model` ("janus", "llama", "opt"): its checkpoint
  * (linked), generation_config.json, and config.json as an editable JSON tree. */
 typedef struct mdir {
     char *dir;         /* temp folder */
@@ -355,6 +355,48 @@ static void test_weights_match(void **state) {
     }
 }
 
+/* OPT: the fixture loads under both name prefixes (OPTForCausalLM's `model.decoder.` and
+ * OPTModel's `decoder.`, written here by renaming every tensor), and the layouts flexdiag does not
+ * run are refused naming config.json and what to change. */
+static void test_opt_layouts(void **state) {
+    (void)state;
+    mdir m = mdir_open("opt");
+    mdir_write(&m);
+    assert_int_equal(load(m.dir), FLEXDIAG_OK);
+    json_object_set_new(m.root, "do_layer_norm_before", json_false());
+    mdir_write(&m);
+    assert_int_equal(load(m.dir), FLEXDIAG_ERR_UNSUPPORTED);
+    expect_error("post-LN OPT", m.cfg, "OPT-350M", "not supported", NULL);
+    json_object_set_new(m.root, "do_layer_norm_before", json_true());
+    json_object_set_new(m.root, "word_embed_proj_dim", json_integer(32));
+    mdir_write(&m);
+    assert_int_equal(load(m.dir), FLEXDIAG_ERR_UNSUPPORTED);
+    expect_error("project_in OPT", m.cfg, "word_embed_proj_dim 32", NULL);
+    json_object_del(m.root, "word_embed_proj_dim");
+    json_object_set_new(m.root, "activation_function", json_string("gelu"));
+    mdir_write(&m);
+    assert_int_equal(load(m.dir), FLEXDIAG_ERR_UNSUPPORTED);
+    expect_error("gelu OPT", m.cfg, "activation_function", NULL);
+    mdir_close(&m);
+    /* the OPTModel prefix: the same tensors under `decoder.` */
+    m = mdir_open("opt");
+    mdir_write(&m);
+    char *src = tu_data_path("golden/data/opt/model.safetensors");
+    assert_int_equal(tu_system("rm '%s/model.safetensors' && python3 -c \""
+                               "import json,struct,sys;"
+                               "b=open(sys.argv[1],'rb').read();n=struct.unpack('<Q',b[:8])[0];"
+                               "h=json.loads(b[8:8+n]);"
+                               "h={(k[6:] if k.startswith('model.') else k):v for k,v in h.items()};"
+                               "j=json.dumps(h).encode();j+=b' '*(-len(j)%%8);"
+                               "open(sys.argv[2],'wb').write(struct.pack('<Q',len(j))+j+b[8+n:])\" "
+                               "'%s' '%s/model.safetensors'",
+                               m.dir, src, m.dir),
+                     0);
+    free(src);
+    assert_int_equal(load(m.dir), FLEXDIAG_OK);
+    mdir_close(&m);
+}
+
 /* ---- real shapes, and the CUDA head sizes ---- */
 
 /* config.json of released models (shapes as published; Llama-3.1-405B and 3.2-1B without their
@@ -490,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_weights_extra),
         cmocka_unit_test(test_weights_shape),
         cmocka_unit_test(test_weights_match),
+        cmocka_unit_test(test_opt_layouts),
         cmocka_unit_test(test_real_shapes),
         cmocka_unit_test(test_cuda_head_dim),
     };
