@@ -19,6 +19,7 @@
 #error "runtime/text/tokenizer.h: a lower layer may not use runtime/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
 #endif
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,6 +72,14 @@ flexdiag_status flexdiag__tok_require_id(const flexdiag_tokenizer *t, const char
  * *n == 0). Invalid UTF-8 -> FLEXDIAG_ERR_INVALID_ARG naming the byte offset. */
 flexdiag_status flexdiag__tok_encode(const flexdiag_tokenizer *t, const char *text, size_t len,
                                      int32_t **ids, int64_t *n);
+
+/* ---- decode ---- */
+
+/* The text of n ids, like tokenizers' decode(ids, skip_special_tokens): *out is malloc'ed,
+ * NUL-terminated UTF-8 of *len bytes (caller frees). An id the tokenizer does not have is
+ * FLEXDIAG_ERR_INVALID_ARG naming its index. */
+flexdiag_status flexdiag__tok_decode(const flexdiag_tokenizer *t, const int32_t *ids, int64_t n,
+                                     bool skip_special, char **out, size_t *len);
 
 /* ---- Janus-Pro ---- */
 

@@ -58,6 +58,7 @@ typedef struct added_token {
     bool lstrip;     /* swallow whitespace on the left */
     bool rstrip;     /* swallow whitespace on the right */
     bool normalized; /* matched in the second pass */
+    bool special;    /* dropped by a decode that skips special tokens */
 } added_token;
 
 typedef struct vocab_slot {
@@ -211,6 +212,16 @@ static inline uint32_t byte_to_symbol(unsigned b) {
     if (b >= 0x7f && b <= 0xa0) return 0x100 + 33 + (b - 0x7f);
     if (b == 0xad) return 0x100 + 67;
     return b;
+}
+
+/* The byte a GPT-2 byte symbol stands for (byte_to_symbol's inverse); -1 for any other code
+ * point. */
+static inline int symbol_to_byte(uint32_t cp) {
+    if (cp >= 0x100 && cp <= 0x100 + 0x20) return (int)(cp - 0x100);
+    if (cp >= 0x100 + 33 && cp <= 0x100 + 33 + (0xa0 - 0x7f)) return (int)(0x7f + cp - 0x100 - 33);
+    if (cp == 0x100 + 67) return 0xad;
+    if (cp < 0x100 && byte_to_symbol(cp) == cp) return (int)cp;
+    return -1;
 }
 
 /* ---- hash maps ---- */

@@ -219,6 +219,7 @@ static flexdiag_status load_added_token(flexdiag_tokenizer *t, const json_t *e, 
     FLEXDIAG_TRY(get_bool(t, e, what, "rstrip", false, &a.rstrip));
     FLEXDIAG_TRY(get_bool(t, e, what, "normalized", true, &a.normalized));
     FLEXDIAG_TRY(get_bool(t, e, what, "special", false, &special));
+    a.special = special;
     if (single_word)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "%s: added token \"%s\" uses single_word, unsupported", t->name, a.s);

@@ -307,6 +307,52 @@ static void test_gpt2_byte_level(void **state) {
     flexdiag__tok_destroy(t);
 }
 
+/* decode: encode's inverse on plain, multi-byte and added-token text; special tokens dropped
+ * on request; a character cut between tokens is U+FFFD; an unknown id is refused. */
+static void expect_decode(const flexdiag_tokenizer *t, const int32_t *ids, int64_t n, bool skip,
+                          const char *want) {
+    char *s = NULL;
+    size_t len = 0;
+    assert_int_equal(flexdiag__tok_decode(t, ids, n, skip, &s, &len), FLEXDIAG_OK);
+    if (strcmp(s, want)) fprintf(stderr, "decode: \"%s\" != \"%s\"\n", s, want);
+    assert_string_equal(s, want);
+    assert_int_equal(len, strlen(want));
+    free(s);
+}
+
+static void test_decode(void **state) {
+    (void)state;
+    flexdiag_tokenizer *t = NULL;
+    assert_int_equal(load_doc(with_pretok(byte_level(0, 1)), &t), FLEXDIAG_OK);
+    const char *texts[] = {"hello world", "a b\r\n", "caf\xc3\xa9 \xe2\x82\xac" "5",
+                           "<|User|>: a cat\n\n<|Assistant|>:", "QRST <tag>+ XY"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        assert_int_equal(flexdiag__tok_encode(t, texts[i], strlen(texts[i]), &ids, &n),
+                         FLEXDIAG_OK);
+        expect_decode(t, ids, n, false, texts[i]);
+        free(ids);
+    }
+    const int32_t special[] = {281, 104, 105, 282}; /* BOS "h" "i" EOS: special ones dropped */
+    expect_decode(t, special, 4, true, "hi");
+    expect_decode(t, special, 4, false, "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence"
+                                        "\xef\xbd\x9c>hi<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81"
+                                        "sentence\xef\xbd\x9c>");
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    assert_int_equal(flexdiag__tok_encode(t, "\xe2\x82\xac", 3, &ids, &n), FLEXDIAG_OK);
+    if (n > 1) expect_decode(t, ids, n - 1, false, "\xef\xbf\xbd"); /* a cut euro sign */
+    free(ids);
+    char *s = NULL;
+    size_t len = 0;
+    const int32_t bad[] = {104, 1 << 20};
+    assert_int_equal(flexdiag__tok_decode(t, bad, 2, false, &s, &len), FLEXDIAG_ERR_INVALID_ARG);
+    assert_msg_has("token 1 is id 1048576");
+    assert_null(s);
+    flexdiag__tok_destroy(t);
+}
+
 static void test_split_behaviors(void **state) {
     (void)state;
     flexdiag_tokenizer *t = NULL;
@@ -445,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_merges_as_pairs),   cmocka_unit_test(test_ignore_merges),
         cmocka_unit_test(test_gpt2_byte_level),   cmocka_unit_test(test_split_behaviors),
+        cmocka_unit_test(test_decode),
         cmocka_unit_test(test_load_errors_model), cmocka_unit_test(test_load_errors_pipeline),
         cmocka_unit_test(test_load_errors_file),  cmocka_unit_test(test_fuzz_replay),
     };
