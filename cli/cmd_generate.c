@@ -39,7 +39,7 @@ typedef struct gen_opts {
     cli_policy_opts po;
     const char *prompt, *prompts_file, *out, *layout_name, *batch;
     cli_layout layout;
-    int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed;
+    int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed, max_new_tokens;
     double cfg, temperature, top_p;
     int quiet;
 } gen_opts;
@@ -144,6 +144,19 @@ static int decode_block(gen_run *r, int32_t n) {
     return 0;
 }
 
+/* A text model's continuation of job item g (row i of the block) on stdout: the prompt, then
+ * the text. */
+static void print_text(const gen_run *r, int64_t g, int32_t i) {
+    size_t len = 0;
+    const int32_t *ids = r->tokens + (size_t)i * (size_t)r->w.per_image;
+    if (flexdiag_detokenize(r->m, ids, r->w.per_image, true, NULL, 0, &len) != FLEXDIAG_OK) return;
+    char *text = malloc(len + 1);
+    if (text && flexdiag_detokenize(r->m, ids, r->w.per_image, true, text, len + 1, &len) ==
+                    FLEXDIAG_OK)
+        printf("[%lld] %s%s\n", (long long)g, r->texts[i], text);
+    free(text);
+}
+
 /* Generate, decode and write images [first, first + n): 0, 1 after a message, -1 when a
  * signal cancelled the block (nothing of it is written). */
 static int run_block(gen_run *r, int64_t first, int32_t n) {
@@ -169,6 +182,7 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     gen_block b = {.first = first, .n = n, .tokens = r->tokens,
                    .rgb = r->w.img_h ? r->rgb : NULL, .seconds = cli_now() - t0};
     for (int32_t i = 0; !rc && i < n; i++) rc = gen_out_emit(&r->w, &b, i);
+    for (int32_t i = 0; !rc && r->w.text_model && i < n; i++) print_text(r, b.first + i, i);
     return rc;
 }
 
@@ -211,6 +225,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->max_images = r->batch;
     cp->micro_batch = (int32_t)r->o->micro_batch;
     cp->max_prompt_len = (int32_t)r->o->max_prompt_len;
+    if (r->o->max_new_tokens > 0) cp->max_new_tokens = (int32_t)r->o->max_new_tokens;
 }
 
 /* Images per block: --batch N, or auto (the largest context that fits the budget), at most
@@ -259,9 +274,13 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     if (r->w.grid_w * r->w.grid_w != q.tokens_per_image) r->w.grid_w = q.tokens_per_image;
     if ((st = flexdiag_model_image_size(r->m, &r->w.img_h, &r->w.img_w)) != FLEXDIAG_OK)
         return cli_fail(CMD, st);
+    size_t tl = 0; /* a text model with a tokenizer: records carry the text */
+    if (r->rows_per_img == 1 && flexdiag_detokenize(r->m, NULL, 0, true, NULL, 0, &tl) == FLEXDIAG_OK)
+        r->w.text_model = r->m;
     if (!r->w.img_h)
         fprintf(stderr, "flexdiag " CMD ": note: the model has no image decoder; writing "
-                        "tokens.json and results.jsonl only\n");
+                        "tokens.json and results.jsonl%s only\n",
+                r->w.text_model ? " (with the text)" : "");
     size_t px = (size_t)r->w.img_h * (size_t)r->w.img_w * 3, b = (size_t)r->batch;
     r->tokens = malloc(b * (size_t)r->w.per_image * sizeof *r->tokens);
     r->pix = malloc((px ? DECODE_CHUNK * px : 1) * sizeof *r->pix);
@@ -319,6 +338,7 @@ static int check_ranges(const gen_opts *o) {
         {"--images-per-prompt", o->per_prompt, 1, 65536, NULL},
         {"--micro-batch", o->micro_batch, 0, INT32_MAX, "0 = the whole block"},
         {"--max-prompt-len", o->max_prompt_len, 2, INT32_MAX, "BOS .. <begin_of_image>"},
+        {"--max-new-tokens", o->max_new_tokens, 0, 1 << 20, "0 = 128; text models only"},
         {"--top-k", o->top_k, 0, INT32_MAX, "0 = off"},
         {"--sample-seed", o->sample_seed, 0, INT64_MAX, NULL},
     };
@@ -366,6 +386,8 @@ int flexdiag_cmd_generate(int argc, char **argv) {
          "images generated together (default 16), or 'auto': the most that fit --gpu-mem"},
         {"--micro-batch", CLI_INT, &o.micro_batch, "images per micro-batch (default: batch)"},
         {"--max-prompt-len", CLI_INT, &o.max_prompt_len, "prompt capacity in tokens (default 128)"},
+        {"--max-new-tokens", CLI_INT, &o.max_new_tokens,
+         "text models (OPT, Llama): tokens generated per prompt (default 128); greedy: --top-k 1"},
         {"--cfg", CLI_F64, &o.cfg, "classifier-free guidance weight, 0..100 (default 5.0)"},
         {"--temperature", CLI_F64, &o.temperature, "sampling temperature, (0, 100] (default 1.0)"},
         {"--top-k", CLI_INT, &o.top_k, "top-k sampling (default 0: off; 1: greedy)"},

@@ -157,6 +157,26 @@ static char *tokens_record(const gen_out *w, int64_t g, const int32_t *t, size_t
     return r;
 }
 
+/* A text model's record: the generated ids and their text (special tokens dropped); -1 when
+ * out of memory. */
+static int text_fields(const gen_out *w, const int32_t *ids, json_t *r) {
+    size_t len = 0;
+    if (flexdiag_detokenize(w->text_model, ids, w->per_image, true, NULL, 0, &len) != FLEXDIAG_OK)
+        return -1;
+    char *text = malloc(len + 1);
+    json_t *arr = json_array();
+    int ok = text && arr &&
+             flexdiag_detokenize(w->text_model, ids, w->per_image, true, text, len + 1, &len) ==
+                 FLEXDIAG_OK;
+    for (int32_t k = 0; ok && k < w->per_image; k++)
+        ok = json_array_append_new(arr, json_integer(ids[k])) == 0;
+    ok = ok && json_object_set_new(r, "text", json_stringn(text, len)) == 0;
+    if (!ok) json_decref(arr); /* set_new below takes arr whatever it returns */
+    ok = ok && json_object_set_new(r, "ids", arr) == 0;
+    free(text);
+    return ok ? 0 : -1;
+}
+
 /* results.jsonl record of image i of block b; NULL when out of memory. */
 static json_t *image_record(const gen_out *w, const gen_block *b, int32_t i, const char *file) {
     int64_t g = b->first + i, per = w->per_prompt;
@@ -167,6 +187,10 @@ static json_t *image_record(const gen_out *w, const gen_block *b, int32_t i, con
     json_t *r = json_pack("{s:I, s:I, s:I, s:s, s:s?}", "prompt_index", (json_int_t)(g / per),
                           "sample", (json_int_t)(g % per), "image_index", (json_int_t)g,
                           "prompt", w->ps->p[g / per].text, "file", file);
+    if (r && w->text_model && text_fields(w, b->tokens + (size_t)i * (size_t)w->per_image, r)) {
+        json_decref(r);
+        return NULL;
+    }
     if (!r || json_object_update(r, w->common) != 0 ||
         json_object_set_new(r, "tokens_fnv1a64", json_string(hash)) != 0 ||
         json_object_set_new(r, "block_s", json_real(b->seconds)) != 0 ||

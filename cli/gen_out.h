@@ -25,6 +25,8 @@ typedef struct gen_out {
     int32_t grid_w;       /* ids per row in tokens.json */
     int32_t img_h, img_w; /* decoded image size; 0 = no image decoder */
     json_t *common;       /* record fields shared by all images (model, policy, sampling), owned */
+    const flexdiag_model *text_model; /* a text model with a tokenizer: each record gets its
+                                         generated "text" and "ids"; NULL otherwise */
     uint8_t *dpg_cells;   /* dpg: per_prompt RGB images of the pending prompt, owned */
     /* owned here */
     cli_jsonl results;   /* <out>/results.jsonl */

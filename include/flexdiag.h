@@ -47,7 +47,7 @@ extern "C" {
 /* 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
- * flexdiag_context_offload. */
+ * flexdiag_context_offload; flexdiag_detokenize (text models). */
 #define FLEXDIAG_API_VERSION 4u
 
 /* ---- enums ---- */
@@ -277,6 +277,15 @@ typedef struct flexdiag_offload_info {
 /* Fill *out (caller-owned, struct_size set) for context c. */
 FLEXDIAG_API flexdiag_status flexdiag_context_offload(const flexdiag_context *c,
                                                       flexdiag_offload_info *out);
+
+/* The text of n token ids (a text model's generated tokens) under m's tokenizer.json, special
+ * tokens dropped when skip_special: NUL-terminated UTF-8 into out (cap bytes, may be NULL with
+ * cap 0); *len gets the text's length, so a call with a small buffer says how much to give.
+ * An id the tokenizer has no token for adds nothing. FLEXDIAG_ERR_NOT_FOUND when the model has
+ * no tokenizer. */
+FLEXDIAG_API flexdiag_status flexdiag_detokenize(const flexdiag_model *m, const int32_t *ids,
+                                                 int32_t n, bool skip_special, char *out,
+                                                 size_t cap, size_t *len);
 
 /* ---- since API version 3 ---- */
 

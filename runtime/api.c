@@ -291,6 +291,25 @@ void flexdiag_model_destroy(flexdiag_model *m) {
     free(m);
 }
 
+flexdiag_status flexdiag_detokenize(const flexdiag_model *m, const int32_t *ids, int32_t n,
+                                    bool skip_special, char *out, size_t cap, size_t *len) {
+    flexdiag__err_clear();
+    if (!m || (!ids && n > 0) || n < 0 || !len || (!out && cap))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "detokenize: NULL argument or n < 0");
+    if (!m->tok)
+        return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND, "%s has no tokenizer.json: no text to give",
+                             m->dir ? m->dir : m->cfg.name);
+    char *text = NULL;
+    FLEXDIAG_TRY(flexdiag__tok_decode(m->tok, ids, n, skip_special, &text, len));
+    if (cap) {
+        size_t k = *len < cap ? *len : cap - 1;
+        memcpy(out, text, k);
+        out[k] = '\0';
+    }
+    free(text);
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag_model_image_size(const flexdiag_model *m, int32_t *h, int32_t *w) {
     if (!m || !h || !w) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "image_size: NULL argument");
     *h = *w = 0;

@@ -414,7 +414,10 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
     if (!strcmp(type, "llama")) {
         m->arch = FLEXDIAG_ARCH_LLAMA;
         snprintf(m->name, sizeof m->name, "llama");
-        return parse_lm(c, root, &m->lm, &k);
+        FLEXDIAG_TRY(parse_lm(c, root, &m->lm, &k));
+        FLEXDIAG_TRY(get_int(c, root, "bos_token_id", -1, &m->bos_id)); /* text prompts' BOS */
+        static const char *const keys[3] = {"bos_token_id", "pad id", "begin-of-image id"};
+        return check_ids(c->file, keys, m);
     }
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "%s: model_type \"%s\" is not supported (supported: multi_modality and "

@@ -45,14 +45,35 @@ static flexdiag_status byte_prompt(const char *text, int32_t **ids, int64_t *n) 
     return FLEXDIAG_OK;
 }
 
+/* A text model's prompt: [BOS] + encode(text) (the BOS the model's tokenizer adds: </s> for
+ * OPT, <s> for Llama; none when the config names none). */
+static flexdiag_status text_prompt_ids(const flexdiag_model *m, const char *text, int32_t **ids,
+                                       int64_t *n) {
+    if (!m->tok)
+        return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
+                             "model has no tokenizer.json: pass prompt token ids");
+    int32_t *body = NULL;
+    int64_t k = 0;
+    FLEXDIAG_TRY(flexdiag__tok_encode(m->tok, text, strlen(text), &body, &k));
+    int bos = m->cfg.bos_id >= 0;
+    int32_t *out = malloc((size_t)(k + bos + 1) * sizeof *out);
+    if (!out) {
+        free(body);
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompt: out of host memory");
+    }
+    if (bos) out[0] = m->cfg.bos_id;
+    memcpy(out + bos, body, (size_t)k * sizeof *out);
+    free(body);
+    *ids = out;
+    *n = k + bos;
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__prompt_ids(const flexdiag_model *m, const char *text, int32_t **ids,
                                      int64_t *n) {
     *ids = NULL;
     *n = 0;
-    if (m->cfg.arch != FLEXDIAG_ARCH_JANUS)
-        return m->tok ? flexdiag__tok_encode(m->tok, text, strlen(text), ids, n)
-                      : flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
-                                      "model has no tokenizer.json: pass prompt token ids");
+    if (m->cfg.arch != FLEXDIAG_ARCH_JANUS) return text_prompt_ids(m, text, ids, n);
     if (m->tok) return flexdiag__janus_prompt_ids(m->tok, text, ids, n);
     if (!m->dir) return byte_prompt(text, ids, n);
     return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,

@@ -76,8 +76,8 @@ flexdiag_status flexdiag__tok_encode(const flexdiag_tokenizer *t, const char *te
 /* ---- decode ---- */
 
 /* The text of n ids, like tokenizers' decode(ids, skip_special_tokens): *out is malloc'ed,
- * NUL-terminated UTF-8 of *len bytes (caller frees). An id the tokenizer does not have is
- * FLEXDIAG_ERR_INVALID_ARG naming its index. */
+ * NUL-terminated UTF-8 of *len bytes (caller frees). An id the tokenizer has no token for (a
+ * model vocabulary padded past the tokenizer's) adds nothing, as in the library. */
 flexdiag_status flexdiag__tok_decode(const flexdiag_tokenizer *t, const int32_t *ids, int64_t n,
                                      bool skip_special, char **out, size_t *len);
 

@@ -4,7 +4,8 @@
  * loads: an added token is its content (a special one dropped when asked); a byte-level
  * vocabulary token is its GPT-2 byte symbols mapped back to bytes; otherwise a byte-fallback
  * token <0xXX> is that byte and SentencePiece's U+2581 is a space. Bytes that do not form valid
- * UTF-8 (a character cut between two tokens) become U+FFFD, the library's lossy decode.
+ * UTF-8 (a character cut between two tokens) become U+FFFD, the library's lossy decode; an id
+ * the tokenizer has no token for adds nothing, as in the library.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,12 @@
 #include "base/core.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/text/tokenizer_impl.h"
+
+/* The tokenizer has a token for id (a model's vocabulary may be larger: OPT's 50272 rows
+ * against 50265 tokens). */
+static bool known(const flexdiag_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_ids && t->id_str[id];
+}
 
 /* The added token with this id, or NULL. */
 static const added_token *added_of(const flexdiag_tokenizer *t, int32_t id) {
@@ -64,13 +71,8 @@ flexdiag_status flexdiag__tok_decode(const flexdiag_tokenizer *t, const int32_t 
     *out = NULL;
     *len = 0;
     size_t cap = 1;
-    for (int64_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n_ids || !t->id_str[ids[i]])
-            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                                 "%s: token %lld is id %d, which the tokenizer does not have",
-                                 t->name, (long long)i, ids[i]);
-        cap += 3 * (size_t)t->id_len[ids[i]];
-    }
+    for (int64_t i = 0; i < n; i++)
+        if (known(t, ids[i])) cap += 3 * (size_t)t->id_len[ids[i]];
     char *raw = malloc(cap), *txt = malloc(3 * cap + 1);
     if (!raw || !txt) {
         free(raw);
@@ -79,6 +81,7 @@ flexdiag_status flexdiag__tok_decode(const flexdiag_tokenizer *t, const int32_t 
     }
     size_t r = 0;
     for (int64_t i = 0; i < n; i++) {
+        if (!known(t, ids[i])) continue;
         const added_token *a = added_of(t, ids[i]);
         if (a && a->special && skip_special) continue;
         if (a) memcpy(raw + r, a->s, a->len), r += a->len;

@@ -33,6 +33,8 @@
 #include <cmocka.h>
 
 #include "base/core.h"
+#include "cli/npy.h"
+#include "runtime/text/tokenizer.h"
 #include "st_write.h"
 #include "util.h"
 
@@ -372,6 +374,108 @@ static void test_nan_weights(void **state) {
     free(err);
 }
 
+/* Text generation on a Llama folder with a tokenizer (mini.json): `generate --top-k 1
+ * --max-new-tokens N` writes, per sample, the N ids and their text to results.jsonl and prints
+ * the prompt and text; the ids are greedy (each the argmax of the model's own teacher-forced
+ * logits given the prompt and the ids before it, scored by `score`), the same for every sample,
+ * and the text is the tokenizer's decode of the ids. */
+static void test_text_generation(void **state) {
+    (void)state;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/text-llama", g_dir);
+    assert_int_equal(tu_system("mkdir -p '%s'", dir), 0);
+    write_llama(dir, 0);
+    enum { N = 6 };
+    int grc = run("generate --cpu --model '%s' --prompt 'hello world' --top-k 1 "
+                  "--max-new-tokens %d --images-per-prompt 2 --out o", dir, N);
+    if (grc) {
+        char *err = read_in_dir("err.txt");
+        fail_msg("generate (text): exit %d: %s", grc, err ? err : "");
+    }
+    char *text = read_in_dir("o/results.jsonl"), *out = read_in_dir("out.txt");
+    assert_non_null(text);
+    json_error_t e;
+    size_t at = 0;
+    int32_t ids[2][N];
+    const char *first_text = NULL;
+    json_t *recs[2];
+    for (int k = 0; k < 2; k++) {
+        recs[k] = json_loads(text + at, JSON_DISABLE_EOF_CHECK, &e);
+        if (!recs[k]) fail_msg("results.jsonl line %d: %s", k + 1, e.text);
+        at += e.position;
+        while (text[at] == '\n') at++;
+        json_t *arr = json_object_get(recs[k], "ids");
+        assert_int_equal(json_array_size(arr), N);
+        for (int i = 0; i < N; i++) ids[k][i] = (int32_t)json_integer_value(json_array_get(arr, i));
+        const char *t = json_string_value(json_object_get(recs[k], "text"));
+        assert_non_null(t);
+        if (!k) first_text = t;
+        else assert_string_equal(t, first_text);
+    }
+    assert_memory_equal(ids[0], ids[1], sizeof ids[0]); /* greedy: every sample the same */
+    char line[512];
+    snprintf(line, sizeof line, "[0] hello world%s", first_text);
+    if (!strstr(out, line)) fail_msg("stdout lacks '%s': '%s'", line, out);
+    /* the decode of the ids is the text: through the library's tokenizer */
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    flexdiag_runtime *rt = NULL;
+    flexdiag_model *m = NULL;
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    assert_int_equal(flexdiag_model_load(rt, dir, &mp, &m), FLEXDIAG_OK);
+    char dec[512];
+    size_t len = 0;
+    assert_int_equal(flexdiag_detokenize(m, ids[0], N, true, dec, sizeof dec, &len), FLEXDIAG_OK);
+    assert_string_equal(dec, first_text);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    /* greedy: `score` the continuation; row i's argmax is ids[i]. The prompt as generate
+     * builds it for a text model: BOS (config bos_token_id 1) + encode("hello world"). */
+    json_decref(recs[0]);
+    json_decref(recs[1]);
+    char *tp = tu_data_path("tokenizer/data/mini.json");
+    flexdiag_tokenizer *tk = NULL;
+    assert_int_equal(flexdiag__tok_load(tp, &tk), FLEXDIAG_OK);
+    free(tp);
+    int32_t *pids = NULL;
+    int64_t np = 0;
+    assert_int_equal(flexdiag__tok_encode(tk, "hello world", 11, &pids, &np), FLEXDIAG_OK);
+    flexdiag__tok_destroy(tk);
+    char in[1024];
+    int n = snprintf(in, sizeof in, "{\"prompt_ids\": [1");
+    for (int64_t i = 0; i < np; i++) n += snprintf(in + n, sizeof in - (size_t)n, ", %d", pids[i]);
+    free(pids);
+    n += snprintf(in + n, sizeof in - (size_t)n, "], \"image_ids\": [");
+    for (int i = 0; i < N; i++)
+        n += snprintf(in + n, sizeof in - (size_t)n, "%s%d", i ? ", " : "", ids[0][i]);
+    snprintf(in + n, sizeof in - (size_t)n, "]}");
+    write_text("greedy_in.json", in);
+    char args[4400];
+    snprintf(args, sizeof args, "score --cpu --model '%s' --input greedy_in.json --out s.npy",
+             dir);
+    assert_int_equal(run("%s", args), 0);
+    char npy[4300];
+    snprintf(npy, sizeof npy, "%s/s.npy", g_dir);
+    flexdiag_npy a;
+    assert_int_equal(flexdiag__npy_read(npy, &a), FLEXDIAG_OK);
+    assert_int_equal(a.shape[0], N);
+    int64_t V = a.shape[1];
+    for (int i = 0; i < N; i++) {
+        const float *row = (const float *)a.data + (size_t)i * (size_t)V;
+        int64_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (row[v] > row[best]) best = v;
+        if (best != ids[0][i]) fail_msg("token %d: generated %d, argmax %lld", i, ids[0][i],
+                                        (long long)best);
+    }
+    flexdiag__npy_free(&a);
+    free(text);
+    free(out);
+}
+
 /* ---- 6. leftovers ---- */
 
 /* Every flag of every command's --help appears once. */
@@ -466,6 +570,7 @@ int main(void) {
         cmocka_unit_test(test_bad_flags),   cmocka_unit_test(test_policy_parity),
         cmocka_unit_test(test_prompt_files), cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_flags_unique), cmocka_unit_test(test_progress_rows),
+        cmocka_unit_test(test_text_generation),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
