@@ -31,12 +31,17 @@ static void ok(flexdiag_status st) {
     assert_int_equal(st, FLEXDIAG_OK);
 }
 
-static const char *prompts[N_PROMPTS] = {"p0", "a longer prompt one", "  p2  "};
+/* Prompts as ids (valid in every builtin vocabulary: image and text models alike). */
+static const int32_t p0[] = {256, 112, 48, 261}, p1[] = {256, 97, 32, 108, 111, 110, 103, 261},
+                     p2[] = {256, 50, 261};
+static const int32_t *const prompt_ids[N_PROMPTS] = {p0, p1, p2};
+static const int32_t prompt_lens[N_PROMPTS] = {4, 8, 3};
 
 static void request(flexdiag_request *rq) {
     flexdiag_request_init(rq);
     rq->n_prompts = N_PROMPTS;
-    rq->prompts = prompts;
+    rq->prompt_ids = prompt_ids;
+    rq->prompt_lens = prompt_lens;
     rq->images_per_prompt = PER_PROMPT;
     rq->seed = 11;
 }

@@ -26,6 +26,12 @@ static void test_placements(void **state) {
     to_run_placements(-1, "micro-janus", 6, 2, g_dir);
 }
 
+/* OPT's block (LayerNorm and bias tensors between the matrices) split the same ways. */
+static void test_placements_opt(void **state) {
+    (void)state;
+    to_run_placements(-1, "micro-opt", 6, 2, g_dir);
+}
+
 static void test_placements_delayed_copies(void **state) {
     (void)state;
     setenv("FLEXDIAG_COPY_DELAY_US", "200", 1);
@@ -81,6 +87,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placements),
+        cmocka_unit_test(test_placements_opt),
         cmocka_unit_test(test_placements_delayed_copies),
         cmocka_unit_test(test_budgets_refused),
     };
