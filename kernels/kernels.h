@@ -211,6 +211,18 @@ typedef flexdiag_status flexdiag_op_rmsnorm(void *out, const void *x, const uint
 typedef flexdiag_status flexdiag_op_layernorm(void *out, const void *x, const uint16_t *w,
                                               const uint16_t *b, int64_t n, int64_t d, float eps,
                                               flexdiag_stream *s);
+/* QK-norm (Chameleon / Lumina-mGPT: LayerNorm per head, before RoPE), in place on qkv
+ * (n, (h_q + 2·h_kv)·d_h) act: every q and k head of a row (v untouched) becomes
+ * (x - mean(x)) / sqrt(var(x) + eps) over its d_h values, mean and biased variance in fp32 or
+ * wider, then ⊙ w[r] + b[r], one rounding to act at the end. q_w, q_b (q_rows, d_h) and k_w,
+ * k_b (k_rows, d_h) bf16: q_rows == h_q gives q head h row r = h (the upstream converter's
+ * per-head rows), q_rows == 1 one row shared by every q head (Lumina-mGPT's [1, d_h]); likewise
+ * k_rows with h_kv; any other row count is INVALID_ARG. d_h <= 256 (the config's head_dim
+ * limit; CUDA refuses more) */
+typedef flexdiag_status flexdiag_op_qk_norm(void *qkv, const uint16_t *q_w, const uint16_t *q_b,
+                                            const uint16_t *k_w, const uint16_t *k_b, int64_t n,
+                                            int32_t h_q, int32_t h_kv, int32_t d_h, int32_t q_rows,
+                                            int32_t k_rows, float eps, flexdiag_stream *s);
 /* out (n, m) = x (n, k) act · W (m, k)ᵀ + b (m) (b may be NULL); act or f32 out per flags */
 typedef flexdiag_status flexdiag_op_matmul(void *out, const void *x, const uint16_t *w,
                                            const uint16_t *b, int64_t n, int64_t k, int64_t m,
@@ -435,6 +447,7 @@ typedef struct flexdiag_kernels {
     flexdiag_op_pos_embed_add *pos_embed_add;
     flexdiag_op_rmsnorm *rmsnorm;
     flexdiag_op_layernorm *layernorm;
+    flexdiag_op_qk_norm *qk_norm;
     flexdiag_op_matmul *matmul;
     flexdiag_op_swiglu *swiglu;
     flexdiag_op_gelu *gelu;

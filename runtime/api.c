@@ -243,7 +243,8 @@ static flexdiag_status model_from_dir(flexdiag_model *m, const char *path, const
     flexdiag_safetensors *st = NULL;
     FLEXDIAG_TRY(flexdiag__st_open(path, &st));
     flexdiag_weights_place pl;
-    flexdiag_status r = place_for(m, pct, &pl);
+    flexdiag_status r = flexdiag__weights_adapt(&m->cfg, st);
+    if (r == FLEXDIAG_OK) r = place_for(m, pct, &pl);
     if (r == FLEXDIAG_OK) r = flexdiag__weights_load(&rt->arena, rt->s, &m->cfg, st, &pl, &m->w);
     if (r == FLEXDIAG_OK) r = vq_from_dir(m, st, path);
     flexdiag__st_close(st);

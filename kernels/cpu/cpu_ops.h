@@ -6,10 +6,11 @@
  * cpu_stream.h, the image decoder in ref_vq.h.
  *
  * Files: ref_mem.c (memory, copies), ref_elementwise.c (conversions, embed, pos_embed_add,
- * rmsnorm, layernorm, rope, swiglu, gelu, relu, gather), ref_matmul.c, ref_attn.c (KV append with optional RoPE, attention,
- * argument checks), ref_sample.c (CFG, sampling) are the scalar oracle; fast_matmul.c and
- * fast_attn.c are the multi-threaded replacements of the "cpu" table. ref_policy.c (Diagonal
- * slot lists, the decode epilogue) is shared by both tables. act is fp32 throughout.
+ * rmsnorm, layernorm, qk_norm, rope, swiglu, gelu, relu, gather), ref_matmul.c, ref_attn.c (KV
+ * append with optional RoPE, attention, argument checks), ref_sample.c (CFG, sampling) are the
+ * scalar oracle; fast_matmul.c and fast_attn.c are the multi-threaded replacements of the "cpu"
+ * table. ref_policy.c (Diagonal slot lists, the decode epilogue) is shared by both tables. act is
+ * fp32 throughout.
  */
 #ifndef FLEXDIAG_CPU_OPS_H
 #define FLEXDIAG_CPU_OPS_H
@@ -40,6 +41,10 @@ flexdiag_op_rmsnorm flexdiag__cpu_ref_rmsnorm;
 /* out (n, d) = (x − mean) / sqrt(var + eps) ⊙ w + b: two-pass statistics and the whole formula
  * in double, one rounding to fp32. */
 flexdiag_op_layernorm flexdiag__cpu_ref_layernorm;
+/* qkv (n, (h_q + 2·h_kv)·d_h): LayerNorm of each q and k head in place with its (or the shared)
+ * bf16 w, b row; per head as layernorm: two-pass statistics and formula in double, one rounding
+ * to fp32. */
+flexdiag_op_qk_norm flexdiag__cpu_ref_qk_norm;
 /* out (n, m) (+)= x (n, k) · W (m, k)ᵀ + b, one sequential fp32 sum per element. */
 flexdiag_op_matmul flexdiag__cpu_ref_matmul;
 /* Rotate-half RoPE in place on n_heads heads of d_h from column col0 of the n rows of x

@@ -45,6 +45,7 @@
     .pos_embed_add = flexdiag__cpu_ref_pos_embed_add,                                              \
     .rmsnorm = flexdiag__cpu_ref_rmsnorm,                                                          \
     .layernorm = flexdiag__cpu_ref_layernorm,                                                      \
+    .qk_norm = flexdiag__cpu_ref_qk_norm,                                                          \
     .swiglu = flexdiag__cpu_ref_swiglu,                                                            \
     .gelu = flexdiag__cpu_ref_gelu,                                                                \
     .relu = flexdiag__cpu_ref_relu,                                                                \

@@ -1,12 +1,14 @@
 /*
  * ref_elementwise.c - scalar reference row and elementwise ops: act conversions, embedding
- * lookup, learned position embeddings, RMSNorm, LayerNorm, rotate-half RoPE (not a table slot:
- * the RoPE step of kv_append), SwiGLU, exact GELU, ReLU and row gather.
+ * lookup, learned position embeddings, RMSNorm, LayerNorm, QK-norm (LayerNorm per q and k head
+ * of a qkv row), rotate-half RoPE (not a table slot: the RoPE step of kv_append), SwiGLU, exact
+ * GELU, ReLU and row gather.
  *
  * Written for obviousness: one loop nest per op, fp32 arithmetic in the order the formula in
  * kernels.h reads, bf16 weights widened with flexdiag__bf16_to_f32. These are the oracle the
  * CUDA and fast CPU paths are tested against, so they favour exactness over speed (RoPE's
- * angles are computed in double; see rope_cos_sin; LayerNorm runs in double and rounds once).
+ * angles are computed in double; see rope_cos_sin; LayerNorm and QK-norm run in double and round
+ * once).
  * Index arguments that cannot be bounded here (token ids against the vocabulary, gather indices
  * against the source rows, positions against the position table) are the caller's to validate;
  * negative ones are rejected.
@@ -178,6 +180,60 @@ flexdiag_status flexdiag__cpu_ref_layernorm(void *out, const void *x, const uint
         for (int64_t c = 0; c < d; c++) /* reads xr[c] before writing it: out may be x */
             y[i * d + c] = (float)(((double)xr[c] - mean) * rstd * flexdiag__bf16_to_f32(w[c]) +
                                    flexdiag__bf16_to_f32(b[c]));
+    }
+    return FLEXDIAG_OK;
+}
+
+/* INVALID_ARG unless a norm table's row count rows (called name) is 1 or heads (heads_name). */
+static flexdiag_status check_norm_rows(const char *op, int32_t rows, const char *name,
+                                       int32_t heads, const char *heads_name) {
+    if (rows != 1 && rows != heads)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s = %d: must be 1 or %s = %d", op,
+                             name, rows, heads_name, heads);
+    return FLEXDIAG_OK;
+}
+
+/* LayerNorm in place of the `heads` consecutive heads of d_h floats at x: head h takes row
+ * r = h of w, b (rows == heads) or row 0 (rows == 1); statistics and formula in double as
+ * in layernorm. */
+static void norm_heads(float *x, const uint16_t *w, const uint16_t *b, int32_t heads,
+                       int32_t rows, int32_t d_h, float eps) {
+    for (int32_t h = 0; h < heads; h++) {
+        float *xh = x + (int64_t)h * d_h;
+        const int64_t r = rows == 1 ? 0 : h;
+        double mean, var;
+        row_stats(xh, d_h, &mean, &var);
+        const double rstd = 1.0 / sqrt(var + (double)eps);
+        for (int32_t c = 0; c < d_h; c++)
+            xh[c] = (float)(((double)xh[c] - mean) * rstd * flexdiag__bf16_to_f32(w[r * d_h + c]) +
+                            flexdiag__bf16_to_f32(b[r * d_h + c]));
+    }
+}
+
+flexdiag_status flexdiag__cpu_ref_qk_norm(void *qkv, const uint16_t *q_w, const uint16_t *q_b,
+                                          const uint16_t *k_w, const uint16_t *k_b, int64_t n,
+                                          int32_t h_q, int32_t h_kv, int32_t d_h, int32_t q_rows,
+                                          int32_t k_rows, float eps, flexdiag_stream *s) {
+    (void)s;
+    FLEXDIAG_TRY(check_count("qk_norm", n, "n"));
+    if (h_q <= 0 || h_kv <= 0 || d_h <= 0 || !(eps >= 0.0f))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu qk_norm: h_q = %d, h_kv = %d, d_h = %d, eps = %g: need h_q, "
+                             "h_kv, d_h > 0 and eps >= 0",
+                             h_q, h_kv, d_h, (double)eps);
+    FLEXDIAG_TRY(check_norm_rows("qk_norm", q_rows, "q_rows", h_q, "h_q"));
+    FLEXDIAG_TRY(check_norm_rows("qk_norm", k_rows, "k_rows", h_kv, "h_kv"));
+    if (n == 0) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_ptr("qk_norm", qkv, "qkv"));
+    FLEXDIAG_TRY(check_ptr("qk_norm", q_w, "q_w"));
+    FLEXDIAG_TRY(check_ptr("qk_norm", q_b, "q_b"));
+    FLEXDIAG_TRY(check_ptr("qk_norm", k_w, "k_w"));
+    FLEXDIAG_TRY(check_ptr("qk_norm", k_b, "k_b"));
+    const int64_t width = ((int64_t)h_q + 2 * (int64_t)h_kv) * d_h;
+    for (int64_t i = 0; i < n; i++) {
+        float *row = (float *)qkv + i * width;
+        norm_heads(row, q_w, q_b, h_q, q_rows, d_h, eps);
+        norm_heads(row + (int64_t)h_q * d_h, k_w, k_b, h_kv, k_rows, d_h, eps);
     }
     return FLEXDIAG_OK;
 }

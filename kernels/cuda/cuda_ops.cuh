@@ -11,8 +11,8 @@
  *
  * Files: mem.cu (streams, memory, copies, graphs, page-locked staging, host registration),
  * event.cu (events), convert.cu, gather.cu (embed + gather_rows: both are row gathers),
- * pos_embed.cu, rmsnorm.cu, layernorm.cu, swiglu.cu, gelu.cu, relu.cu, matmul.cu (cuBLASLt /
- * cuBLAS), cfg.cu, sample.cu,
+ * pos_embed.cu, rmsnorm.cu, layernorm.cu, qk_norm.cu, swiglu.cu, gelu.cu, relu.cu, matmul.cu
+ * (cuBLASLt / cuBLAS), cfg.cu, sample.cu,
  * diag_policy.cu (device Diagonal policy), conv2d.cu and vq_ops.cu (VQ image decoder). RoPE is
  * fused into kv_append (attn.cuh).
  */
@@ -117,6 +117,10 @@ flexdiag_op_rmsnorm flexdiag__cuda_rmsnorm;
 /* layernorm.cu: out (n, d) = bf16((x − mean) / sqrt(var + eps) · w + b), two-pass fp32
  * statistics, one rounding; out may be x. */
 flexdiag_op_layernorm flexdiag__cuda_layernorm;
+/* qk_norm.cu: each q and k head of qkv (n, (h_q + 2·h_kv)·d_h) in place = bf16((x − mean) /
+ * sqrt(var + eps) · w[r] + b[r]), two-pass fp32 statistics, one rounding; one warp per head, so
+ * d_h <= 256 (INVALID_ARG beyond). */
+flexdiag_op_qk_norm flexdiag__cuda_qk_norm;
 /* swiglu.cu: out (n, f) = silu(gu[:, :f]) ⊙ gu[:, f:], fp32 math, one rounding. */
 flexdiag_op_swiglu flexdiag__cuda_swiglu;
 /* gelu.cu: x (n) in place, 0.5·x·(1 + erf(x/√2)). */

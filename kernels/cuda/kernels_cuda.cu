@@ -52,6 +52,7 @@ static flexdiag_kernels make_table(void) {
     t.pos_embed_add = flexdiag__cuda_pos_embed_add;
     t.rmsnorm = flexdiag__cuda_rmsnorm;
     t.layernorm = flexdiag__cuda_layernorm;
+    t.qk_norm = flexdiag__cuda_qk_norm;
     t.matmul = flexdiag__cuda_matmul;
     t.swiglu = flexdiag__cuda_swiglu;
     t.gelu = flexdiag__cuda_gelu;

@@ -3,7 +3,8 @@
  *
  *   x += o_proj(attention(rope(qkv(rmsnorm(x)))));  x += down(swiglu(gate_up(rmsnorm(x))))
  *
- * or, for OPT's block (lm.layer_norm, bias, relu_mlp; learned positions, no RoPE):
+ * (Chameleon adds a LayerNorm of every q and k head before the RoPE: lm.qk_rows), or, for
+ * OPT's block (lm.layer_norm, bias, relu_mlp; learned positions, no RoPE):
  *
  *   x += out_proj(attention(qkv(LN(x)) + b)) + b;    x += fc2(ReLU(fc1(LN(x)) + b1)) + b2
  *
@@ -33,6 +34,10 @@ static flexdiag_status qkv_proj(const run_state *r, const flexdiag_layer_w *w, c
     TIMED(r, PROF_REST, norm(r, b->h, x, w->attn_norm, w->attn_norm_b, n));
     TIMED(r, PROF_GEMM,
           r->k->matmul(b->qkv, b->h, w->wqkv, w->bqkv, n, l->hidden, qkvw, 0, r->s));
+    if (l->qk_rows) /* Chameleon: LayerNorm of every q and k head, then RoPE in kv_append */
+        TIMED(r, PROF_REST, r->k->qk_norm(b->qkv, w->q_norm, w->q_norm_b, w->k_norm, w->k_norm_b,
+                                          n, l->heads, l->kv_heads, l->head_dim, l->qk_rows,
+                                          l->qk_rows, l->rms_eps, r->s));
     return FLEXDIAG_OK;
 }
 

@@ -286,6 +286,26 @@ static flexdiag_status parse_opt(const cfg_ctx *c, json_t *o, flexdiag_model_con
     return check_ids(c->file, keys, m);
 }
 
+/* ---- Chameleon (Lumina-mGPT): a Llama block with a per-head LayerNorm of q and k before RoPE,
+ * one vocabulary of text and image codes, untied head ---- */
+
+static flexdiag_status parse_chameleon(const cfg_ctx *c, json_t *o, flexdiag_model_config *m,
+                                       cfg_keys *k) {
+    if (get_bool(o, "swin_norm", false))
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "%s: swin_norm = true (norms after attention and MLP) is not "
+                             "supported; Lumina-mGPT-7B and Chameleon-7B use false",
+                             c->file);
+    json_t *rms = json_object_get(o, "rms_norm_eps");
+    FLEXDIAG_TRY(parse_lm(c, o, &m->lm, k));
+    if (!rms) m->lm.rms_eps = 1e-5f; /* ChameleonConfig's default */
+    m->lm.qk_rows = m->lm.heads; /* [heads, d_h] unless the checkpoint stores [1, d_h] */
+    FLEXDIAG_TRY(get_int(c, o, "bos_token_id", 0, &m->bos_id));
+    FLEXDIAG_TRY(get_int(c, o, "pad_token_id", 1, &m->pad_id));
+    static const char *const keys[3] = {"bos_token_id", "pad_token_id", "begin-of-image id"};
+    return check_ids(c->file, keys, m);
+}
+
 /* ---- the three layouts ---- */
 
 static flexdiag_status parse_janus_original(const cfg_ctx *c, json_t *root,
@@ -406,6 +426,11 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
         snprintf(m->name, sizeof m->name, "janus (transformers)");
         return parse_janus_hf(c, root, m, &k);
     }
+    if (!strcmp(type, "chameleon")) {
+        m->arch = FLEXDIAG_ARCH_CHAMELEON;
+        snprintf(m->name, sizeof m->name, "chameleon");
+        return parse_chameleon(c, root, m, &k);
+    }
     if (!strcmp(type, "opt")) {
         m->arch = FLEXDIAG_ARCH_OPT;
         snprintf(m->name, sizeof m->name, "opt");
@@ -421,7 +446,7 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
     }
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "%s: model_type \"%s\" is not supported (supported: multi_modality and "
-                         "janus for Janus-Pro, llama, opt)",
+                         "janus for Janus-Pro, llama, opt, chameleon)",
                          c->file, type);
 }
 
@@ -527,13 +552,26 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
         out->image_embed = out->aligner_dim = out->aligner_depth = out->head_dim_mid = 0;
         out->grid = out->image_tokens = 0;
         out->bos_id = 1, out->pad_id = 0, out->boi_id = -1;
+    } else if (!strcmp(name, "lumina-mgpt-7b") || !strcmp(name, "micro-lumina")) {
+        /* Lumina-mGPT-7B (Chameleon-7B): Llama-7B block + QK norms shared across heads, one
+         * 65536-entry vocabulary, untied head; micro-lumina: the same block at test size */
+        int micro = name[0] == 'm';
+        builtin_janus(out, micro ? "micro-lumina" : "lumina-mgpt-7b", micro ? 64 : 4096,
+                      micro ? 2 : 32, micro ? 4 : 32, micro ? 128 : 11008, micro ? 512 : 65536, 0);
+        out->arch = FLEXDIAG_ARCH_CHAMELEON;
+        out->lm.max_pos = 4096;
+        out->lm.rms_eps = 1e-5f;
+        out->lm.qk_rows = 1;
+        out->image_embed = out->aligner_dim = out->aligner_depth = out->head_dim_mid = 0;
+        out->grid = out->image_tokens = 0;
+        out->bos_id = 0, out->pad_id = 1, out->boi_id = micro ? -1 : 8197; /* <racm3:break> */
     } else if (builtin_opt(out, name)) {
         /* OPT shapes: FlexGen's table for speed runs with random weights, micro-opt for tests */
     } else {
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "unknown --arch '%s' (use tiny-janus, micro-janus, janus-pro-1b, "
-                             "janus-pro-7b, llama-2-7b, micro-opt, opt-6.7b, opt-30b or "
-                             "opt-175b)",
+                             "janus-pro-7b, llama-2-7b, lumina-mgpt-7b, micro-lumina, micro-opt, "
+                             "opt-6.7b, opt-30b or opt-175b)",
                              name);
     }
     return flexdiag__config_validate(out);

@@ -35,6 +35,8 @@ typedef enum flexdiag_arch {
     FLEXDIAG_ARCH_JANUS = 0, /* Janus-Pro image generation */
     FLEXDIAG_ARCH_LLAMA = 1, /* text decoder */
     FLEXDIAG_ARCH_OPT = 2,   /* text decoder, FlexGen's family */
+    FLEXDIAG_ARCH_CHAMELEON = 3, /* Lumina-mGPT / Chameleon: one vocabulary of text and image
+                                    codes (run as a text decoder) */
 } flexdiag_arch;
 
 typedef struct flexdiag_lm_config {
@@ -55,6 +57,9 @@ typedef struct flexdiag_lm_config {
     bool relu_mlp;      /* x -> fc2(ReLU(fc1 x)) instead of SwiGLU gate/up -> down */
     int32_t pos_rows;   /* learned position table rows (no RoPE); 0: RoPE */
     int32_t pos_offset; /* table row of position 0 (OPT: 2) */
+    int32_t qk_rows;    /* Chameleon's per-head LayerNorm of q and k before RoPE: rows of its
+                           gamma/beta tables (1: shared by every head, or the head count); 0:
+                           none */
 } flexdiag_lm_config;
 
 typedef struct flexdiag_model_config {
@@ -78,12 +83,17 @@ typedef struct flexdiag_model_config {
 
 /* Weights of one decoder layer (bf16): views into the layer's block, which holds the tensors in
  * the order of the enum below, each 256-byte aligned, with the same offsets in every layer. The
- * biases exist only in blocks with lm.layer_norm / lm.bias (OPT); elsewhere they are NULL. */
+ * biases exist only in blocks with lm.layer_norm / lm.bias (OPT), the QK norms only with
+ * lm.qk_rows (Chameleon); elsewhere they are NULL. */
 typedef struct flexdiag_layer_w {
     uint16_t *attn_norm;   /* (d) */
     uint16_t *attn_norm_b; /* (d) LayerNorm bias */
     uint16_t *wqkv;        /* ((h_q + 2 h_kv) d_h, d): q rows, then k, then v */
     uint16_t *bqkv;        /* ((h_q + 2 h_kv) d_h) */
+    uint16_t *q_norm;      /* (qk_rows, d_h) QK LayerNorm gamma of q (Chameleon) */
+    uint16_t *q_norm_b;    /* (qk_rows, d_h) its beta */
+    uint16_t *k_norm;      /* (qk_rows, d_h) gamma of k */
+    uint16_t *k_norm_b;    /* (qk_rows, d_h) beta of k */
     uint16_t *wo;          /* (d, h_q d_h) */
     uint16_t *bo;          /* (d) */
     uint16_t *mlp_norm;    /* (d) */
@@ -96,6 +106,7 @@ typedef struct flexdiag_layer_w {
 
 /* The tensors of a layer block, in flexdiag_layer_w order. */
 enum { FLEXDIAG_LT_ATTN_NORM, FLEXDIAG_LT_ATTN_NORM_B, FLEXDIAG_LT_WQKV, FLEXDIAG_LT_BQKV,
+       FLEXDIAG_LT_Q_NORM, FLEXDIAG_LT_Q_NORM_B, FLEXDIAG_LT_K_NORM, FLEXDIAG_LT_K_NORM_B,
        FLEXDIAG_LT_WO, FLEXDIAG_LT_BO, FLEXDIAG_LT_MLP_NORM, FLEXDIAG_LT_MLP_NORM_B,
        FLEXDIAG_LT_WGU, FLEXDIAG_LT_BGU, FLEXDIAG_LT_WDOWN, FLEXDIAG_LT_BDOWN, FLEXDIAG_LT_COUNT };
 
@@ -130,8 +141,8 @@ static inline flexdiag_layer_w flexdiag__layer_view(const flexdiag_weights *w, c
         const char *b = t->off + t->bytes <= res_bytes ? (const char *)res : (const char *)block;
         p[i] = t->bytes ? (uint16_t *)(uintptr_t)(b + t->off) : NULL;
     }
-    return (flexdiag_layer_w){p[0], p[1], p[2], p[3], p[4],  p[5],
-                              p[6], p[7], p[8], p[9], p[10], p[11]};
+    return (flexdiag_layer_w){p[0], p[1], p[2],  p[3],  p[4],  p[5],  p[6],  p[7],
+                              p[8], p[9], p[10], p[11], p[12], p[13], p[14], p[15]};
 }
 
 /* Read config.json (+ generation_config.json) of a model folder and range-check every field
@@ -161,6 +172,11 @@ typedef struct flexdiag_weights_place {
     flexdiag_store *store;      /* home of the disk part (borrowed), NULL when pct[2] == 0 */
 } flexdiag_weights_place;
 
+/* What the config leaves to the checkpoint: the rows of Chameleon's QK-norm tables ([1, d_h]
+ * shared by every head, as Lumina stores them, or [heads, d_h]). Call before planning and
+ * loading. */
+flexdiag_status flexdiag__weights_adapt(flexdiag_model_config *cfg,
+                                        const flexdiag_safetensors *st);
 /* Bytes each tier needs for cfg under placement pct, [GPU (all weights but the streamed parts),
  * CPU, disk (4096-aligned per layer)], and the cut itself (either out may be NULL). */
 flexdiag_status flexdiag__weights_plan(const flexdiag_model_config *cfg, const uint32_t pct[3],

@@ -50,6 +50,7 @@ typedef flexdiag_status (*wvisit)(void *user, const wtensor *t);
 typedef struct layer_off {
     size_t attn_norm, wqkv, wo, mlp_norm, wgu, wdown;
     size_t attn_norm_b, bqkv, bo, mlp_norm_b, bgu, bdown; /* with biases (OPT) */
+    size_t q_norm, q_norm_b, k_norm, k_norm_b;            /* QK norms (Chameleon) */
 } layer_off;
 
 /* What a walk leaves behind: the offsets carve needs and the sizes. */
@@ -99,6 +100,13 @@ static flexdiag_status walk_layer(walker *w, const flexdiag_lm_config *l, const 
     FLEXDIAG_TRY(emit(w, NAME("self_attn.q_proj.weight"), dq, d, W_MATRIX, 0, &o->wqkv));
     FLEXDIAG_TRY(emit(w, NAME("self_attn.k_proj.weight"), dkv, d, W_MATRIX, 1, NULL));
     FLEXDIAG_TRY(emit(w, NAME("self_attn.v_proj.weight"), dkv, d, W_MATRIX, 1, NULL));
+    if (l->qk_rows) { /* Chameleon: per-head LayerNorm of q and k, before RoPE */
+        int64_t r = l->qk_rows, dh = l->head_dim;
+        FLEXDIAG_TRY(emit(w, NAME("self_attn.q_norm.weight"), r, dh, W_NORM, 0, &o->q_norm));
+        FLEXDIAG_TRY(emit(w, NAME("self_attn.q_norm.bias"), r, dh, W_BIAS, 0, &o->q_norm_b));
+        FLEXDIAG_TRY(emit(w, NAME("self_attn.k_norm.weight"), r, dh, W_NORM, 0, &o->k_norm));
+        FLEXDIAG_TRY(emit(w, NAME("self_attn.k_norm.bias"), r, dh, W_BIAS, 0, &o->k_norm_b));
+    }
     FLEXDIAG_TRY(emit(w, NAME("self_attn.o_proj.weight"), d, dq, W_MATRIX, 0, &o->wo));
     FLEXDIAG_TRY(emit(w, NAME("post_attention_layernorm.weight"), d, 0, W_NORM, 0, &o->mlp_norm));
     FLEXDIAG_TRY(emit(w, NAME("mlp.gate_proj.weight"), f, d, W_MATRIX, 0, &o->wgu));
@@ -216,6 +224,11 @@ static void layer_spans(const flexdiag_lm_config *l, const model_off *o, flexdia
     lt[FLEXDIAG_LT_ATTN_NORM_B] = span(x->attn_norm_b, b0, nn * d * 2, d * 2);
     lt[FLEXDIAG_LT_WQKV] = span(x->wqkv, b0, qkv * d * 2, d * 2);
     lt[FLEXDIAG_LT_BQKV] = span(x->bqkv, b0, nb * qkv * 2, qkv * 2);
+    size_t qk = (size_t)l->qk_rows * (size_t)l->head_dim * 2, qr = (size_t)l->head_dim * 2;
+    lt[FLEXDIAG_LT_Q_NORM] = span(x->q_norm, b0, qk, qr);
+    lt[FLEXDIAG_LT_Q_NORM_B] = span(x->q_norm_b, b0, qk, qr);
+    lt[FLEXDIAG_LT_K_NORM] = span(x->k_norm, b0, qk, qr);
+    lt[FLEXDIAG_LT_K_NORM_B] = span(x->k_norm_b, b0, qk, qr);
     lt[FLEXDIAG_LT_WO] = span(x->wo, b0, d * dq * 2, dq * 2);
     lt[FLEXDIAG_LT_BO] = span(x->bo, b0, nb * d * 2, d * 2);
     lt[FLEXDIAG_LT_MLP_NORM] = span(x->mlp_norm, b0, d * 2, d * 2);
@@ -651,6 +664,15 @@ static flexdiag_status upload_all(const flexdiag_kernels *k, flexdiag_stream *s,
     if (r == FLEXDIAG_OK) r = sink_finish(&u.sink);
     free(u.buf);
     return r;
+}
+
+flexdiag_status flexdiag__weights_adapt(flexdiag_model_config *cfg,
+                                        const flexdiag_safetensors *st) {
+    if (!cfg->lm.qk_rows) return FLEXDIAG_OK;
+    const flexdiag_st_tensor *t = flexdiag__st_find(st, "model.layers.0.self_attn.q_norm.weight");
+    if (!t || t->ndim != 2) return FLEXDIAG_OK; /* the check walk names what is missing */
+    if (t->shape[0] == 1 || t->shape[0] == cfg->lm.heads) cfg->lm.qk_rows = (int32_t)t->shape[0];
+    return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__weights_load(flexdiag_arena *a, flexdiag_stream *s,

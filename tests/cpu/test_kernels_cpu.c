@@ -6,7 +6,9 @@
  * tolerances of docs/architecture.md §10.2 and sit between guard regions that must come back
  * bit-identical. Data movement (embed, gather, KV append, copies) must be exact, and so must ReLU
  * (signed zeros and NaN kept) and the learned position add (one fp32 sum). LayerNorm is checked
- * against a hand-computed row, a double formula, in place and on a constant row. RoPE (not a table
+ * against a hand-computed row, a double formula, in place and on a constant row; QK-norm against
+ * the same formula per head, with shared and per-head weight rows, the v heads bit-identical and a
+ * constant head giving exactly b. RoPE (not a table
  * slot: the internal flexdiag__cpu_ref_rope that kv_append runs when its args carry positions) is
  * checked against the closed form, and kv_append with positions must equal RoPE then the plain
  * append bit for bit. The decode epilogue, on both tables: probs_out must be expf(logits_out -
@@ -69,8 +71,8 @@ static void test_tables(void **state) {
         assert_true(K->stream_create && K->stream_destroy && K->stream_sync && K->mem_alloc &&
                     K->mem_free && K->copy_h2d && K->copy_d2h && K->copy_d2d && K->memset0 &&
                     K->act_to_f32 && K->act_from_f32 && K->embed && K->pos_embed_add &&
-                    K->rmsnorm && K->layernorm && K->matmul && K->swiglu && K->gelu &&
-                    K->relu && K->gather_rows && K->kv_append &&
+                    K->rmsnorm && K->layernorm && K->qk_norm && K->matmul && K->swiglu &&
+                    K->gelu && K->relu && K->gather_rows && K->kv_append &&
                     K->attn_prefill && K->attn_decode && K->cfg_combine && K->sample);
     }
     assert_ptr_not_equal(tabs[0]->matmul, tabs[1]->matmul);
@@ -354,6 +356,89 @@ static void test_layernorm(void **state) {
     expect_invalid(ref()->layernorm(y, x, w, w, 1, 0, 1e-5f, NULL), "d = 0");
     expect_invalid(ref()->layernorm(y, x, w, w, 1, 8, NAN, NULL), "eps");
     expect_invalid(ref()->layernorm(y, x, w, NULL, 1, 8, 1e-5f, NULL), "b is NULL");
+}
+
+/* qk_norm shapes: GQA, 2 q heads per KV head. */
+#define QK_HQ 4
+#define QK_HKV 2
+#define QK_DH 16
+
+/* One qk_norm case: n rows of (QK_HQ + 2·QK_HKV)·QK_DH against layernorm_naive per head, table
+ * rows q_rows (1 or QK_HQ) and k_rows (1 or QK_HKV). q head 0 of row 0 sits far from zero, q head
+ * 1 of row 0 and k head 1 of the last row are constant (out = their b row exactly), and the v
+ * heads must come back bit for bit. */
+static void qk_norm_case(int64_t n, int32_t q_rows, int32_t k_rows, tu_rng *r) {
+    const float eps = 1e-5f;
+    const int64_t width = (QK_HQ + 2 * QK_HKV) * QK_DH, total = n * width;
+    const int64_t v0 = (QK_HQ + QK_HKV) * QK_DH, last = (n - 1) * width;
+    float *x = malloc((size_t)total * 4), *want = malloc((size_t)total * 4);
+    const size_t qn = (size_t)(q_rows * QK_DH) * 2, kn = (size_t)(k_rows * QK_DH) * 2;
+    uint16_t *q_w = malloc(qn), *q_b = malloc(qn), *k_w = malloc(kn), *k_b = malloc(kn);
+    tu_fill_f32(r, x, total, 2.0f);
+    for (int64_t c = 0; c < QK_DH; c++) {
+        x[c] += 50.0f;
+        x[QK_DH + c] = -1.5f;
+        x[last + (QK_HQ + 1) * QK_DH + c] = 3.25f;
+    }
+    tu_fill_bf16(r, q_w, q_rows * QK_DH, 1.0f);
+    tu_fill_bf16(r, q_b, q_rows * QK_DH, 0.5f);
+    tu_fill_bf16(r, k_w, k_rows * QK_DH, 1.0f);
+    tu_fill_bf16(r, k_b, k_rows * QK_DH, 0.5f);
+    memcpy(want, x, (size_t)total * 4); /* v heads stay */
+    for (int64_t i = 0; i < n; i++)
+        for (int32_t h = 0; h < QK_HQ + QK_HKV; h++) {
+            const int is_q = h < QK_HQ;
+            const int32_t rows = is_q ? q_rows : k_rows, hh = is_q ? h : h - QK_HQ;
+            const int64_t off = (rows == 1 ? 0 : hh) * QK_DH, col = i * width + h * QK_DH;
+            layernorm_naive(want + col, x + col, (is_q ? q_w : k_w) + off,
+                            (is_q ? q_b : k_b) + off, 1, QK_DH, eps);
+        }
+    float *out = ch_guarded(total, 0.0f);
+    memcpy(out, x, (size_t)total * 4);
+    assert_int_equal(ref()->qk_norm(out, q_w, q_b, k_w, k_b, n, QK_HQ, QK_HKV, QK_DH, q_rows,
+                                    k_rows, eps, NULL),
+                     FLEXDIAG_OK);
+    assert_true(tu_allclose("qk_norm", out, want, total, CH_ATOL, CH_RTOL, CH_NMSE));
+    ch_guard_check(out, total, "qk_norm");
+    for (int64_t i = 0; i < n; i++)
+        assert_memory_equal(out + i * width + v0, x + i * width + v0, QK_HKV * QK_DH * 4);
+    const int64_t qb1 = (q_rows == 1 ? 0 : 1) * QK_DH, kb1 = (k_rows == 1 ? 0 : 1) * QK_DH;
+    for (int64_t c = 0; c < QK_DH; c++) {
+        assert_true(out[QK_DH + c] == flexdiag__bf16_to_f32(q_b[qb1 + c]));
+        assert_true(out[last + (QK_HQ + 1) * QK_DH + c] == flexdiag__bf16_to_f32(k_b[kb1 + c]));
+    }
+    ch_guarded_free(out);
+    free(x), free(want), free(q_w), free(q_b), free(k_w), free(k_b);
+}
+
+static void test_qk_norm(void **state) {
+    (void)state;
+    tu_rng r;
+    tu_rng_seed(&r, 11);
+    for (int ni = 0; ni < 3; ni++) {
+        qk_norm_case(n_list[ni], 1, 1, &r);          /* Lumina-mGPT: one row per table */
+        qk_norm_case(n_list[ni], QK_HQ, QK_HKV, &r); /* the converter's per-head rows */
+        qk_norm_case(n_list[ni], 1, QK_HKV, &r);
+        qk_norm_case(n_list[ni], QK_HQ, 1, &r);
+    }
+    float x[(QK_HQ + 2 * QK_HKV) * QK_DH] = {0};
+    uint16_t w[QK_HQ * QK_DH] = {0};
+    expect_invalid(ref()->qk_norm(x, w, w, w, w, 1, QK_HQ, QK_HKV, QK_DH, 2, 1, 1e-5f, NULL),
+                   "q_rows = 2: must be 1 or h_q = 4");
+    expect_invalid(ref()->qk_norm(x, w, w, w, w, 1, QK_HQ, QK_HKV, QK_DH, 1, QK_HQ, 1e-5f, NULL),
+                   "k_rows = 4: must be 1 or h_kv = 2");
+    expect_invalid(ref()->qk_norm(x, w, w, w, w, 1, QK_HQ, QK_HKV, QK_DH, 0, 1, 1e-5f, NULL),
+                   "q_rows = 0");
+    expect_invalid(ref()->qk_norm(x, w, w, w, w, 1, QK_HQ, QK_HKV, 0, 1, 1, 1e-5f, NULL),
+                   "d_h = 0");
+    expect_invalid(ref()->qk_norm(x, w, w, w, w, 1, QK_HQ, QK_HKV, QK_DH, 1, 1, NAN, NULL), "eps");
+    expect_invalid(ref()->qk_norm(x, w, w, w, NULL, 1, QK_HQ, QK_HKV, QK_DH, 1, 1, 1e-5f, NULL),
+                   "k_b is NULL");
+    expect_invalid(ref()->qk_norm(x, w, w, w, w, -1, QK_HQ, QK_HKV, QK_DH, 1, 1, 1e-5f, NULL),
+                   "n = -1");
+    assert_int_equal(ref()->qk_norm(NULL, NULL, NULL, NULL, NULL, 0, QK_HQ, QK_HKV, QK_DH, 1, 1,
+                                    1e-5f, NULL),
+                     FLEXDIAG_OK);
 }
 
 /* Closed-form rotate-half RoPE of one head in double (docs/architecture.md §9). */
@@ -1009,6 +1094,7 @@ int main(void) {
         cmocka_unit_test(test_embed),       cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_pos_embed_add),
         cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_qk_norm),
         cmocka_unit_test(test_rope),        cmocka_unit_test(test_swiglu_gelu),
         cmocka_unit_test(test_relu),        cmocka_unit_test(test_cfg_combine),
         cmocka_unit_test(test_matmul),      cmocka_unit_test(test_kv_append),

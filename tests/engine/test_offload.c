@@ -32,6 +32,12 @@ static void test_placements_opt(void **state) {
     to_run_placements(-1, "micro-opt", 6, 2, g_dir);
 }
 
+/* Chameleon's block (the QK-norm tables after the fused QKV matrix) split the same ways. */
+static void test_placements_chameleon(void **state) {
+    (void)state;
+    to_run_placements(-1, "micro-lumina", 6, 2, g_dir);
+}
+
 static void test_placements_delayed_copies(void **state) {
     (void)state;
     setenv("FLEXDIAG_COPY_DELAY_US", "200", 1);
@@ -88,6 +94,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placements),
         cmocka_unit_test(test_placements_opt),
+        cmocka_unit_test(test_placements_chameleon),
         cmocka_unit_test(test_placements_delayed_copies),
         cmocka_unit_test(test_budgets_refused),
     };

@@ -5,7 +5,7 @@
  *   - inputs are bf16 (the CUDA act type); the reference runs on the same values upcast to fp32;
  *   - NaN/Inf patterns must match, then |got − ref| <= atol + rtol·|ref| and nmse <= max_nmse
  *     (bf16: atol 1e-3, rtol 1.6e-2; fp32 outputs: atol 1e-5, rtol 1.3e-6), data movement and
- *     ReLU exact (signed zeros and NaN kept bit for bit);
+ *     ReLU exact (signed zeros and NaN kept bit for bit), and so are the v heads qk_norm leaves;
  *   - matmul also against an fp64 reference: the GPU's error must stay within 2x the error of the
  *     naive CPU computation rounded the same way (flash-attention's rule);
  *   - every device output sits between two guard regions of 1024 known elements that must come
@@ -419,6 +419,105 @@ static void test_layernorm(void **state) {
     flexdiag__err_clear();
     assert_int_equal(G->layernorm(NULL, NULL, NULL, NULL, 1, 0, 1e-5f, S),
                      FLEXDIAG_ERR_INVALID_ARG);
+    flexdiag__err_clear();
+    assert_int_equal(fails, 0);
+}
+
+/* ---- qk_norm ---- */
+
+/* n LayerNorm weights around 1 (bf16). */
+static uint16_t *norm_weights(tu_rng *r, int64_t n) {
+    uint16_t *w = xmalloc((size_t)n * 2);
+    for (int64_t j = 0; j < n; j++)
+        w[j] = flexdiag__f32_to_bf16((float)(1.0 + 0.1 * tu_rng_normal(r)));
+    return w;
+}
+
+/* 1 when the v heads (v0.. of width) of the n rows of got equal those of x bit for bit. */
+static int v_heads_same(const uint16_t *got, const uint16_t *x, int64_t n, int64_t width,
+                        int64_t v0, const char *label) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(got + i * width + v0, x + i * width + v0, (size_t)(width - v0) * 2)) {
+            printf("%s: v heads of row %lld changed\n", label, (long long)i);
+            return 0;
+        }
+    return 1;
+}
+
+/* One qk_norm case: q_rows = h_q, k_rows = h_kv (per_head) or 1 and 1 (one shared row). Row 0
+ * has a q head far from zero and a large-magnitude k head, row 1 a constant q head (output b),
+ * row 2 a NaN in a k head (that head NaN, the others not). */
+static int run_qk_norm(int64_t n, int32_t h_q, int32_t h_kv, int32_t d_h, int per_head,
+                       tu_rng *r) {
+    const float eps = 1e-5f;
+    const int32_t q_rows = per_head ? h_q : 1, k_rows = per_head ? h_kv : 1;
+    const int64_t width = ((int64_t)h_q + 2 * h_kv) * d_h, total = n * width;
+    const int64_t k0 = (int64_t)h_q * d_h, v0 = k0 + (int64_t)h_kv * d_h;
+    uint16_t *x = bf16_rand(r, total, 1.0f);
+    uint16_t *q_w = norm_weights(r, (int64_t)q_rows * d_h), *q_b = bf16_rand(r, q_rows * d_h, 0.5f);
+    uint16_t *k_w = norm_weights(r, (int64_t)k_rows * d_h), *k_b = bf16_rand(r, k_rows * d_h, 0.5f);
+    for (int64_t j = 0; j < d_h; j++) {
+        x[j] = flexdiag__f32_to_bf16(40.0f + 3.0f * flexdiag__bf16_to_f32(x[j]));
+        x[k0 + j] = flexdiag__f32_to_bf16(300.0f * flexdiag__bf16_to_f32(x[k0 + j]));
+        if (n > 1) x[width + k0 - d_h + j] = flexdiag__f32_to_bf16(-1.5f);
+    }
+    if (n > 2) x[2 * width + k0 + d_h / 2] = 0x7FC0;
+    float *ref = tu_bf16_to_f32(x, total);
+    OK(R->qk_norm(ref, q_w, q_b, k_w, k_b, n, h_q, h_kv, d_h, q_rows, k_rows, eps, NULL));
+
+    dbuf dx = dbuf_make((size_t)total, 2, 0);
+    dbuf dqw = dbuf_make((size_t)q_rows * (size_t)d_h, 2, 0), dqb = dbuf_make(dqw.n, 2, 0);
+    dbuf dkw = dbuf_make((size_t)k_rows * (size_t)d_h, 2, 0), dkb = dbuf_make(dkw.n, 2, 0);
+    dbuf_put(&dx, x);
+    dbuf_put(&dqw, q_w);
+    dbuf_put(&dqb, q_b);
+    dbuf_put(&dkw, k_w);
+    dbuf_put(&dkb, k_b);
+    OK(G->qk_norm(dptr(&dx), dptr(&dqw), dptr(&dqb), dptr(&dkw), dptr(&dkb), n, h_q, h_kv, d_h,
+                  q_rows, k_rows, eps, S));
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%lld h_q=%d h_kv=%d d_h=%d %s", (long long)n, h_q, h_kv,
+             d_h, per_head ? "per-head w, b" : "shared w, b");
+    uint16_t *h = xmalloc((size_t)total * 2);
+    const int ok = dbuf_get(&dx, h, "qk_norm") & v_heads_same(h, x, n, width, v0, shape);
+    float *got = tu_bf16_to_f32(h, total);
+    const int pass =
+        compare("qk_norm", shape, got, ref, total, BF16_ATOL, BF16_RTOL, BF16_NMSE, ok);
+    dbuf_free(&dx);
+    dbuf_free(&dqw);
+    dbuf_free(&dqb);
+    dbuf_free(&dkw);
+    dbuf_free(&dkb);
+    free(x), free(q_w), free(q_b), free(k_w), free(k_b), free(ref), free(h), free(got);
+    return pass;
+}
+
+static void test_qk_norm(void **state) {
+    (void)state;
+    /* n, h_q, h_kv, d_h: Chameleon-7B (32 heads of 128, MHA) at decode and prompt sizes, GQA
+     * 8 / 2 at d_h 64 and 128, the largest head (256) and one that fills no whole warp pass */
+    const int32_t cases[][4] = {{1, 32, 32, 128},  {300, 32, 32, 128}, {17, 8, 2, 64},
+                                {64, 8, 2, 128},   {3, 8, 2, 64},      {5, 4, 2, 256},
+                                {9, 8, 2, 24}};
+    tu_rng r;
+    tu_rng_seed(&r, 16);
+    int fails = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int per_head = 0; per_head < 2; per_head++)
+            fails += !run_qk_norm(cases[c][0], cases[c][1], cases[c][2], cases[c][3], per_head,
+                                  &r);
+    flexdiag__err_clear();
+    assert_int_equal(G->qk_norm(NULL, NULL, NULL, NULL, NULL, 1, 8, 2, 257, 1, 1, 1e-5f, S),
+                     FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag__err_msg(), "d_h = 257"));
+    flexdiag__err_clear();
+    assert_int_equal(G->qk_norm(NULL, NULL, NULL, NULL, NULL, 0, 8, 2, 64, 3, 1, 1e-5f, S),
+                     FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag__err_msg(), "q_rows = 3: must be 1 or h_q = 8"));
+    flexdiag__err_clear();
+    assert_int_equal(G->qk_norm(NULL, NULL, NULL, NULL, NULL, 0, 8, 2, 64, 8, 8, 1e-5f, S),
+                     FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag__err_msg(), "k_rows = 8: must be 1 or h_kv = 2"));
     flexdiag__err_clear();
     assert_int_equal(fails, 0);
 }
@@ -1133,6 +1232,7 @@ int main(void) {
         cmocka_unit_test(test_memory),      cmocka_unit_test(test_copies),
         cmocka_unit_test(test_convert),     cmocka_unit_test(test_embed_gather),
         cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_qk_norm),
         cmocka_unit_test(test_pos_embed_add), cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_gelu),        cmocka_unit_test(test_relu),
         cmocka_unit_test(test_cfg),
