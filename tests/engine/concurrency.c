@@ -73,17 +73,20 @@ static void job_open(flexdiag_model *m, int i, job *j) {
     assert_non_null(j->tokens);
 }
 
-int tc_run_concurrency(int device, int threads, int rounds) {
+int tc_run_concurrency(int device, int threads, int rounds, const uint32_t weights_pct[3],
+                       const char *offload_dir) {
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
     rp.device = device;
     rp.threads = threads;
+    rp.offload_dir = offload_dir;
     flexdiag_runtime *rt = NULL;
     assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
     mp.arch = "micro-janus";
     mp.seed = 5;
+    if (weights_pct) memcpy(mp.weights_pct, weights_pct, sizeof mp.weights_pct);
     flexdiag_model *m = NULL;
     assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
     job jobs[N_JOBS];

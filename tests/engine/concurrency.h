@@ -7,8 +7,13 @@
 #ifndef FLEXDIAG_TEST_CONCURRENCY_H
 #define FLEXDIAG_TEST_CONCURRENCY_H
 
-/* Run the scenario on device (-1: the CPU engine with `threads` workers per context). Returns 0
+#include <stdint.h>
+
+/* Run the scenario on device (-1: the CPU engine with `threads` workers per context), the
+ * model's layer weights placed by weights_pct (NULL: all on the device; a disk share needs
+ * offload_dir), so the contexts' tiered schedulers share the pinned pool and the store. Returns 0
  * when every concurrent round matched; cmocka assertions fail the test otherwise. */
-int tc_run_concurrency(int device, int threads, int rounds);
+int tc_run_concurrency(int device, int threads, int rounds, const uint32_t weights_pct[3],
+                       const char *offload_dir);
 
 #endif /* FLEXDIAG_TEST_CONCURRENCY_H */

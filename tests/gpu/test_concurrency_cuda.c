@@ -15,7 +15,7 @@
 
 static void test_contexts_cuda(void **state) {
     (void)state;
-    tc_run_concurrency(0, 0, 4);
+    tc_run_concurrency(0, 0, 4, NULL, NULL);
 }
 
 int main(void) {
