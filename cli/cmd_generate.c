@@ -145,14 +145,14 @@ static int decode_block(gen_run *r, int32_t n) {
 }
 
 /* A text model's continuation of job item g (row i of the block) on stdout: the prompt, then
- * the text. */
+ * the text up to the first EOS. */
 static void print_text(const gen_run *r, int64_t g, int32_t i) {
     size_t len = 0;
     const int32_t *ids = r->tokens + (size_t)i * (size_t)r->w.per_image;
-    if (flexdiag_detokenize(r->m, ids, r->w.per_image, true, NULL, 0, &len) != FLEXDIAG_OK) return;
+    int32_t n = gen_out_text_len(&r->w, ids);
+    if (flexdiag_detokenize(r->m, ids, n, true, NULL, 0, &len) != FLEXDIAG_OK) return;
     char *text = malloc(len + 1);
-    if (text && flexdiag_detokenize(r->m, ids, r->w.per_image, true, text, len + 1, &len) ==
-                    FLEXDIAG_OK)
+    if (text && flexdiag_detokenize(r->m, ids, n, true, text, len + 1, &len) == FLEXDIAG_OK)
         printf("[%lld] %s%s\n", (long long)g, r->texts[i], text);
     free(text);
 }
@@ -275,7 +275,8 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     if ((st = flexdiag_model_image_size(r->m, &r->w.img_h, &r->w.img_w)) != FLEXDIAG_OK)
         return cli_fail(CMD, st);
     size_t tl = 0; /* a text model with a tokenizer: records carry the text */
-    if (r->rows_per_img == 1 && flexdiag_detokenize(r->m, NULL, 0, true, NULL, 0, &tl) == FLEXDIAG_OK)
+    if (r->rows_per_img == 1 && flexdiag_detokenize(r->m, NULL, 0, true, NULL, 0, &tl) == FLEXDIAG_OK &&
+        flexdiag_model_eos(r->m, &r->w.eos_id) == FLEXDIAG_OK)
         r->w.text_model = r->m;
     if (!r->w.img_h)
         fprintf(stderr, "flexdiag " CMD ": note: the model has no image decoder; writing "

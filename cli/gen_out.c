@@ -157,20 +157,26 @@ static char *tokens_record(const gen_out *w, int64_t g, const int32_t *t, size_t
     return r;
 }
 
-/* A text model's record: the generated ids and their text (special tokens dropped); -1 when
- * out of memory. */
+int32_t gen_out_text_len(const gen_out *w, const int32_t *ids) {
+    int32_t n = 0;
+    while (n < w->per_image && ids[n] != w->eos_id) n++;
+    return n;
+}
+
+/* A text model's record: the generated ids before the first EOS, their text (special tokens
+ * dropped) and why it stopped ("eos" or "length"); -1 when out of memory. */
 static int text_fields(const gen_out *w, const int32_t *ids, json_t *r) {
     size_t len = 0;
-    if (flexdiag_detokenize(w->text_model, ids, w->per_image, true, NULL, 0, &len) != FLEXDIAG_OK)
-        return -1;
+    int32_t n = gen_out_text_len(w, ids);
+    if (flexdiag_detokenize(w->text_model, ids, n, true, NULL, 0, &len) != FLEXDIAG_OK) return -1;
     char *text = malloc(len + 1);
     json_t *arr = json_array();
     int ok = text && arr &&
-             flexdiag_detokenize(w->text_model, ids, w->per_image, true, text, len + 1, &len) ==
-                 FLEXDIAG_OK;
-    for (int32_t k = 0; ok && k < w->per_image; k++)
+             flexdiag_detokenize(w->text_model, ids, n, true, text, len + 1, &len) == FLEXDIAG_OK;
+    for (int32_t k = 0; ok && k < n; k++)
         ok = json_array_append_new(arr, json_integer(ids[k])) == 0;
-    ok = ok && json_object_set_new(r, "text", json_stringn(text, len)) == 0;
+    ok = ok && json_object_set_new(r, "text", json_stringn(text, len)) == 0 &&
+         json_object_set_new(r, "stop", json_string(n < w->per_image ? "eos" : "length")) == 0;
     if (!ok) json_decref(arr); /* set_new below takes arr whatever it returns */
     ok = ok && json_object_set_new(r, "ids", arr) == 0;
     free(text);

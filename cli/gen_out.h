@@ -27,6 +27,7 @@ typedef struct gen_out {
     json_t *common;       /* record fields shared by all images (model, policy, sampling), owned */
     const flexdiag_model *text_model; /* a text model with a tokenizer: each record gets its
                                          generated "text" and "ids"; NULL otherwise */
+    int32_t eos_id;       /* with text_model: the continuation ends before it (-1: none) */
     uint8_t *dpg_cells;   /* dpg: per_prompt RGB images of the pending prompt, owned */
     /* owned here */
     cli_jsonl results;   /* <out>/results.jsonl */
@@ -62,5 +63,8 @@ int gen_out_emit(gen_out *w, const gen_block *b, int32_t i);
 int gen_out_tokens_close(gen_out *w);
 /* Close and free what gen_out owns (not the caller's fields). */
 void gen_out_free(gen_out *w);
+
+/* Ids of a text model's continuation ids (per_image of them) before its first EOS. */
+int32_t gen_out_text_len(const gen_out *w, const int32_t *ids);
 
 #endif /* FLEXDIAG_CLI_GEN_OUT_H */

@@ -47,7 +47,7 @@ extern "C" {
 /* 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
- * flexdiag_context_offload; flexdiag_detokenize (text models). */
+ * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models). */
 #define FLEXDIAG_API_VERSION 4u
 
 /* ---- enums ---- */
@@ -277,6 +277,10 @@ typedef struct flexdiag_offload_info {
 /* Fill *out (caller-owned, struct_size set) for context c. */
 FLEXDIAG_API flexdiag_status flexdiag_context_offload(const flexdiag_context *c,
                                                       flexdiag_offload_info *out);
+
+/* The id a text model's continuation ends at (its config's eos_token_id: OPT and Chameleon 2 by
+ * default), or -1 when the model names none (image models). */
+FLEXDIAG_API flexdiag_status flexdiag_model_eos(const flexdiag_model *m, int32_t *eos);
 
 /* The text of n token ids (a text model's generated tokens) under m's tokenizer.json, special
  * tokens dropped when skip_special: NUL-terminated UTF-8 into out (cap bytes, may be NULL with

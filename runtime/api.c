@@ -292,6 +292,13 @@ void flexdiag_model_destroy(flexdiag_model *m) {
     free(m);
 }
 
+flexdiag_status flexdiag_model_eos(const flexdiag_model *m, int32_t *eos) {
+    flexdiag__err_clear();
+    if (!m || !eos) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "model_eos: NULL argument");
+    *eos = m->cfg.arch == FLEXDIAG_ARCH_JANUS ? -1 : m->cfg.eos_id;
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag_detokenize(const flexdiag_model *m, const int32_t *ids, int32_t n,
                                     bool skip_special, char *out, size_t cap, size_t *len) {
     flexdiag__err_clear();

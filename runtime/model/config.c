@@ -187,6 +187,14 @@ static flexdiag_status check_ids(const char *file, const char *const key[3],
     return FLEXDIAG_OK;
 }
 
+/* The end-of-sequence id: -1 (unknown) or a row of the vocabulary. */
+static flexdiag_status check_eos(const char *file, const flexdiag_model_config *m) {
+    if (m->eos_id >= -1 && m->eos_id < m->lm.vocab) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                         "%s: eos_token_id = %d is out of range: accepted -1 (unknown) or 0..%d",
+                         file, m->eos_id, m->lm.vocab - 1);
+}
+
 /* ---- Llama decoder fields (docs/formats.md §2.2), with LlamaConfig defaults ---- */
 
 static flexdiag_status reject_unsupported(const cfg_ctx *c, json_t *o) {
@@ -281,9 +289,11 @@ static flexdiag_status parse_opt(const cfg_ctx *c, json_t *o, flexdiag_model_con
     lm->pos_offset = 2;
     lm->pos_rows = lm->max_pos + 2;
     m->bos_id = 2, m->pad_id = 1, m->boi_id = -1;
+    FLEXDIAG_TRY(get_int(c, o, "eos_token_id", 2, &m->eos_id));
     FLEXDIAG_TRY(check_lm(k, lm));
     static const char *const keys[3] = {"bos id", "pad id", "begin-of-image id"};
-    return check_ids(c->file, keys, m);
+    FLEXDIAG_TRY(check_ids(c->file, keys, m));
+    return check_eos(c->file, m);
 }
 
 /* ---- Chameleon (Lumina-mGPT): a Llama block with a per-head LayerNorm of q and k before RoPE,
@@ -302,8 +312,10 @@ static flexdiag_status parse_chameleon(const cfg_ctx *c, json_t *o, flexdiag_mod
     m->lm.qk_rows = m->lm.heads; /* [heads, d_h] unless the checkpoint stores [1, d_h] */
     FLEXDIAG_TRY(get_int(c, o, "bos_token_id", 0, &m->bos_id));
     FLEXDIAG_TRY(get_int(c, o, "pad_token_id", 1, &m->pad_id));
+    FLEXDIAG_TRY(get_int(c, o, "eos_token_id", 2, &m->eos_id));
     static const char *const keys[3] = {"bos_token_id", "pad_token_id", "begin-of-image id"};
-    return check_ids(c->file, keys, m);
+    FLEXDIAG_TRY(check_ids(c->file, keys, m));
+    return check_eos(c->file, m);
 }
 
 /* ---- the three layouts ---- */
@@ -441,8 +453,10 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
         snprintf(m->name, sizeof m->name, "llama");
         FLEXDIAG_TRY(parse_lm(c, root, &m->lm, &k));
         FLEXDIAG_TRY(get_int(c, root, "bos_token_id", -1, &m->bos_id)); /* text prompts' BOS */
+        FLEXDIAG_TRY(get_int(c, root, "eos_token_id", -1, &m->eos_id));
         static const char *const keys[3] = {"bos_token_id", "pad id", "begin-of-image id"};
-        return check_ids(c->file, keys, m);
+        FLEXDIAG_TRY(check_ids(c->file, keys, m));
+        return check_eos(c->file, m);
     }
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "%s: model_type \"%s\" is not supported (supported: multi_modality and "
@@ -452,7 +466,7 @@ static flexdiag_status parse_root(const cfg_ctx *c, json_t *root, flexdiag_model
 
 flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *out) {
     memset(out, 0, sizeof *out);
-    out->bos_id = out->pad_id = out->boi_id = -1;
+    out->bos_id = out->pad_id = out->boi_id = out->eos_id = -1;
     out->lm_keys = "";
     snprintf(out->source, sizeof out->source, "%s/config.json", dir);
     const char *path = out->source;
@@ -493,6 +507,7 @@ static void builtin_janus(flexdiag_model_config *m, const char *name, int32_t d,
     m->head_dim_mid = d;
     m->grid = 24;
     m->image_tokens = 576;
+    m->eos_id = -1;
 }
 
 /* An OPT shape by name (micro-opt for tests; FlexGen's 6.7B, 30B, 175B); 0 when unknown. */
@@ -516,7 +531,7 @@ static int builtin_opt(flexdiag_model_config *m, const char *name) {
     l->tie_embed = l->layer_norm = l->bias = l->relu_mlp = true;
     l->pos_offset = 2;
     l->pos_rows = l->max_pos + 2;
-    m->bos_id = 2, m->pad_id = 1, m->boi_id = -1;
+    m->bos_id = 2, m->pad_id = 1, m->boi_id = -1, m->eos_id = 2;
     return 1;
 }
 
@@ -551,7 +566,7 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
         out->lm.rms_eps = 1e-5f;
         out->image_embed = out->aligner_dim = out->aligner_depth = out->head_dim_mid = 0;
         out->grid = out->image_tokens = 0;
-        out->bos_id = 1, out->pad_id = 0, out->boi_id = -1;
+        out->bos_id = 1, out->pad_id = 0, out->boi_id = -1, out->eos_id = 2;
     } else if (!strcmp(name, "lumina-mgpt-7b") || !strcmp(name, "micro-lumina")) {
         /* Lumina-mGPT-7B (Chameleon-7B): Llama-7B block + QK norms shared across heads, one
          * 65536-entry vocabulary, untied head; micro-lumina: the same block at test size */
@@ -565,6 +580,7 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
         out->image_embed = out->aligner_dim = out->aligner_depth = out->head_dim_mid = 0;
         out->grid = out->image_tokens = 0;
         out->bos_id = 0, out->pad_id = 1, out->boi_id = micro ? -1 : 8197; /* <racm3:break> */
+        out->eos_id = 2;
     } else if (builtin_opt(out, name)) {
         /* OPT shapes: FlexGen's table for speed runs with random weights, micro-opt for tests */
     } else {

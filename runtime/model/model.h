@@ -79,6 +79,7 @@ typedef struct flexdiag_model_config {
     int32_t grid;             /* tokens per image side (24) */
     /* special ids (-1 = unknown) */
     int32_t bos_id, pad_id, boi_id;
+    int32_t eos_id;           /* text models: where a continuation ends (-1 = unknown) */
 } flexdiag_model_config;
 
 /* Weights of one decoder layer (bf16): views into the layer's block, which holds the tensors in

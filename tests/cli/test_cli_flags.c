@@ -379,6 +379,52 @@ static void test_nan_weights(void **state) {
  * the prompt and text; the ids are greedy (each the argmax of the model's own teacher-forced
  * logits given the prompt and the ids before it, scored by `score`), the same for every sample,
  * and the text is the tokenizer's decode of the ids. */
+/* Run generate on the text model in dir; the first two records' ids (n of them, before EOS),
+ * text and stop reason; 0 or a failure. */
+typedef struct text_rec {
+    int32_t ids[16];
+    int32_t n;
+    char text[512];
+    char stop[16];
+} text_rec;
+
+static void text_records(const char *dir, int32_t n_new, text_rec rec[2], char **out) {
+    int grc = run("generate --cpu --model '%s' --prompt 'hello world' --top-k 1 "
+                  "--max-new-tokens %d --images-per-prompt 2 --out o", dir, n_new);
+    if (grc) {
+        char *err = read_in_dir("err.txt");
+        fail_msg("generate (text): exit %d: %s", grc, err ? err : "");
+    }
+    char *text = read_in_dir("o/results.jsonl");
+    assert_non_null(text);
+    json_error_t e;
+    size_t at = 0;
+    for (int k = 0; k < 2; k++) {
+        json_t *r = json_loads(text + at, JSON_DISABLE_EOF_CHECK, &e);
+        if (!r) fail_msg("results.jsonl line %d: %s", k + 1, e.text);
+        at += e.position;
+        while (text[at] == '\n') at++;
+        json_t *arr = json_object_get(r, "ids");
+        rec[k].n = (int32_t)json_array_size(arr);
+        assert_true(rec[k].n <= n_new && n_new <= 16);
+        for (int32_t i = 0; i < rec[k].n; i++)
+            rec[k].ids[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+        assert_non_null(json_string_value(json_object_get(r, "text")));
+        snprintf(rec[k].text, sizeof rec[k].text, "%s", json_string_value(json_object_get(r, "text")));
+        snprintf(rec[k].stop, sizeof rec[k].stop, "%s", json_string_value(json_object_get(r, "stop")));
+        assert_true(!strcmp(rec[k].stop, rec[k].n == n_new ? "length" : "eos"));
+        json_decref(r);
+    }
+    free(text);
+    *out = read_in_dir("out.txt");
+}
+
+/* Text generation on a Llama folder with a tokenizer (mini.json): `generate --top-k 1
+ * --max-new-tokens N` writes, per sample, the ids before the first EOS, their text and why it
+ * stopped to results.jsonl and prints the prompt and text; the ids are greedy (each the argmax of
+ * the model's own teacher-forced logits given the prompt and the ids before it, scored by
+ * `score`), the same for every sample, and the text is the tokenizer's decode of the ids. With
+ * the config's eos_token_id set to a token the run produces, the continuation ends before it. */
 static void test_text_generation(void **state) {
     (void)state;
     char dir[4200];
@@ -386,36 +432,16 @@ static void test_text_generation(void **state) {
     assert_int_equal(tu_system("mkdir -p '%s'", dir), 0);
     write_llama(dir, 0);
     enum { N = 6 };
-    int grc = run("generate --cpu --model '%s' --prompt 'hello world' --top-k 1 "
-                  "--max-new-tokens %d --images-per-prompt 2 --out o", dir, N);
-    if (grc) {
-        char *err = read_in_dir("err.txt");
-        fail_msg("generate (text): exit %d: %s", grc, err ? err : "");
-    }
-    char *text = read_in_dir("o/results.jsonl"), *out = read_in_dir("out.txt");
-    assert_non_null(text);
-    json_error_t e;
-    size_t at = 0;
-    int32_t ids[2][N];
-    const char *first_text = NULL;
-    json_t *recs[2];
-    for (int k = 0; k < 2; k++) {
-        recs[k] = json_loads(text + at, JSON_DISABLE_EOF_CHECK, &e);
-        if (!recs[k]) fail_msg("results.jsonl line %d: %s", k + 1, e.text);
-        at += e.position;
-        while (text[at] == '\n') at++;
-        json_t *arr = json_object_get(recs[k], "ids");
-        assert_int_equal(json_array_size(arr), N);
-        for (int i = 0; i < N; i++) ids[k][i] = (int32_t)json_integer_value(json_array_get(arr, i));
-        const char *t = json_string_value(json_object_get(recs[k], "text"));
-        assert_non_null(t);
-        if (!k) first_text = t;
-        else assert_string_equal(t, first_text);
-    }
-    assert_memory_equal(ids[0], ids[1], sizeof ids[0]); /* greedy: every sample the same */
-    char line[512];
-    snprintf(line, sizeof line, "[0] hello world%s", first_text);
+    text_rec rec[2];
+    char *out = NULL;
+    text_records(dir, N, rec, &out);
+    assert_int_equal(rec[0].n, rec[1].n); /* greedy: every sample the same */
+    assert_memory_equal(rec[0].ids, rec[1].ids, (size_t)rec[0].n * 4);
+    assert_string_equal(rec[0].text, rec[1].text);
+    char line[600];
+    snprintf(line, sizeof line, "[0] hello world%s\n", rec[0].text);
     if (!strstr(out, line)) fail_msg("stdout lacks '%s': '%s'", line, out);
+    free(out);
     /* the decode of the ids is the text: through the library's tokenizer */
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
@@ -428,14 +454,19 @@ static void test_text_generation(void **state) {
     assert_int_equal(flexdiag_model_load(rt, dir, &mp, &m), FLEXDIAG_OK);
     char dec[512];
     size_t len = 0;
-    assert_int_equal(flexdiag_detokenize(m, ids[0], N, true, dec, sizeof dec, &len), FLEXDIAG_OK);
-    assert_string_equal(dec, first_text);
+    assert_int_equal(flexdiag_detokenize(m, rec[0].ids, rec[0].n, true, dec, sizeof dec, &len),
+                     FLEXDIAG_OK);
+    assert_string_equal(dec, rec[0].text);
+    int32_t eos = -2;
+    assert_int_equal(flexdiag_model_eos(m, &eos), FLEXDIAG_OK);
+    assert_int_equal(eos, 2); /* write_llama's eos_token_id */
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
-    /* greedy: `score` the continuation; row i's argmax is ids[i]. The prompt as generate
-     * builds it for a text model: BOS (config bos_token_id 1) + encode("hello world"). */
-    json_decref(recs[0]);
-    json_decref(recs[1]);
+    /* greedy: `score` the continuation (the EOS it stopped at included); row i's argmax is id i.
+     * The prompt as generate builds it for a text model: BOS (bos_token_id 1) + encode(...). */
+    int32_t full[N + 1], nf = rec[0].n;
+    memcpy(full, rec[0].ids, (size_t)nf * 4);
+    if (nf < N) full[nf++] = 2;
     char *tp = tu_data_path("tokenizer/data/mini.json");
     flexdiag_tokenizer *tk = NULL;
     assert_int_equal(flexdiag__tok_load(tp, &tk), FLEXDIAG_OK);
@@ -449,8 +480,8 @@ static void test_text_generation(void **state) {
     for (int64_t i = 0; i < np; i++) n += snprintf(in + n, sizeof in - (size_t)n, ", %d", pids[i]);
     free(pids);
     n += snprintf(in + n, sizeof in - (size_t)n, "], \"image_ids\": [");
-    for (int i = 0; i < N; i++)
-        n += snprintf(in + n, sizeof in - (size_t)n, "%s%d", i ? ", " : "", ids[0][i]);
+    for (int i = 0; i < nf; i++)
+        n += snprintf(in + n, sizeof in - (size_t)n, "%s%d", i ? ", " : "", full[i]);
     snprintf(in + n, sizeof in - (size_t)n, "]}");
     write_text("greedy_in.json", in);
     char args[4400];
@@ -461,19 +492,32 @@ static void test_text_generation(void **state) {
     snprintf(npy, sizeof npy, "%s/s.npy", g_dir);
     flexdiag_npy a;
     assert_int_equal(flexdiag__npy_read(npy, &a), FLEXDIAG_OK);
-    assert_int_equal(a.shape[0], N);
+    assert_int_equal(a.shape[0], nf);
     int64_t V = a.shape[1];
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < nf; i++) {
         const float *row = (const float *)a.data + (size_t)i * (size_t)V;
         int64_t best = 0;
         for (int64_t v = 1; v < V; v++)
             if (row[v] > row[best]) best = v;
-        if (best != ids[0][i]) fail_msg("token %d: generated %d, argmax %lld", i, ids[0][i],
-                                        (long long)best);
+        if (best != full[i]) fail_msg("token %d: generated %d, argmax %lld", i, full[i],
+                                      (long long)best);
     }
     flexdiag__npy_free(&a);
-    free(text);
-    free(out);
+    /* an EOS the run produces: the continuation ends before its first occurrence */
+    printf("  text generation: %d of %d ids (%s): \"%s\"\n", rec[0].n, N, rec[0].stop,
+           rec[0].text);
+    if (rec[0].n >= 2) {
+        int32_t stop = rec[0].ids[rec[0].n / 2], first = 0;
+        while (rec[0].ids[first] != stop) first++;
+        assert_int_equal(tu_system("sed -i 's/\"eos_token_id\": 2/\"eos_token_id\": %d/' "
+                                   "'%s/config.json'", stop, dir), 0);
+        text_rec r2[2];
+        text_records(dir, N, r2, &out);
+        free(out);
+        assert_int_equal(r2[0].n, first);
+        assert_string_equal(r2[0].stop, "eos");
+        assert_memory_equal(r2[0].ids, rec[0].ids, (size_t)first * 4);
+    }
 }
 
 /* ---- 6. leftovers ---- */
