@@ -116,6 +116,13 @@ static __host__ __device__ __forceinline__ bool flexdiag__aligned16(const void *
     return ((uintptr_t)p & 15) == 0;
 }
 
+/* Threads of a one-block-per-row kernel over d bf16 values read four at a time (rmsnorm,
+ * layernorm): whole warps, at least one, at most FLEXDIAG_CUDA_BLOCK. */
+static inline int64_t flexdiag__cuda_row_threads(int64_t d) {
+    int64_t t = (d / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > FLEXDIAG_CUDA_BLOCK ? FLEXDIAG_CUDA_BLOCK : t;
+}
+
 /* Blocks for `work` items at `per_block` items each, capped (kernels use grid-stride loops). */
 static inline unsigned flexdiag__cuda_blocks(int64_t work, int64_t per_block) {
     int64_t b = (work + per_block - 1) / per_block;

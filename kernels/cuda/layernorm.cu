@@ -119,9 +119,7 @@ extern "C" flexdiag_status flexdiag__cuda_layernorm(void *out, const void *x, co
                              "eps >= 0 and device buffers",
                              (long long)n, (long long)d, (double)eps);
     if (n == 0) return FLEXDIAG_OK;
-    int64_t threads = (d / 4 + 31) / 32 * 32;
-    if (threads < 32) threads = 32;
-    if (threads > FLEXDIAG_CUDA_BLOCK) threads = FLEXDIAG_CUDA_BLOCK;
+    const int64_t threads = flexdiag__cuda_row_threads(d);
     cudaStream_t st = flexdiag__cuda_st(s);
     const bool aligned = flexdiag__aligned16(out) && flexdiag__aligned16(x) &&
                          flexdiag__aligned16(w) && flexdiag__aligned16(b);
