@@ -148,12 +148,9 @@ static int decode_block(gen_run *r, int32_t n) {
  * the text up to the first EOS. */
 static void print_text(const gen_run *r, int64_t g, int32_t i) {
     size_t len = 0;
-    const int32_t *ids = r->tokens + (size_t)i * (size_t)r->w.per_image;
-    int32_t n = gen_out_text_len(&r->w, ids);
-    if (flexdiag_detokenize(r->m, ids, n, true, NULL, 0, &len) != FLEXDIAG_OK) return;
-    char *text = malloc(len + 1);
-    if (text && flexdiag_detokenize(r->m, ids, n, true, text, len + 1, &len) == FLEXDIAG_OK)
-        printf("[%lld] %s%s\n", (long long)g, r->texts[i], text);
+    int32_t n = 0;
+    char *text = gen_out_text(&r->w, r->tokens + (size_t)i * (size_t)r->w.per_image, &n, &len);
+    if (text) printf("[%lld] %s%s\n", (long long)g, r->texts[i], text);
     free(text);
 }
 

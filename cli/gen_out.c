@@ -157,22 +157,28 @@ static char *tokens_record(const gen_out *w, int64_t g, const int32_t *t, size_t
     return r;
 }
 
-int32_t gen_out_text_len(const gen_out *w, const int32_t *ids) {
-    int32_t n = 0;
-    while (n < w->per_image && ids[n] != w->eos_id) n++;
-    return n;
+char *gen_out_text(const gen_out *w, const int32_t *ids, int32_t *n, size_t *len) {
+    *n = 0;
+    while (*n < w->per_image && ids[*n] != w->eos_id) (*n)++;
+    if (flexdiag_detokenize(w->text_model, ids, *n, true, NULL, 0, len) != FLEXDIAG_OK)
+        return NULL;
+    char *text = malloc(*len + 1);
+    if (text && flexdiag_detokenize(w->text_model, ids, *n, true, text, *len + 1, len) !=
+                    FLEXDIAG_OK) {
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 /* A text model's record: the generated ids before the first EOS, their text (special tokens
  * dropped) and why it stopped ("eos" or "length"); -1 when out of memory. */
 static int text_fields(const gen_out *w, const int32_t *ids, json_t *r) {
     size_t len = 0;
-    int32_t n = gen_out_text_len(w, ids);
-    if (flexdiag_detokenize(w->text_model, ids, n, true, NULL, 0, &len) != FLEXDIAG_OK) return -1;
-    char *text = malloc(len + 1);
+    int32_t n = 0;
+    char *text = gen_out_text(w, ids, &n, &len);
     json_t *arr = json_array();
-    int ok = text && arr &&
-             flexdiag_detokenize(w->text_model, ids, n, true, text, len + 1, &len) == FLEXDIAG_OK;
+    int ok = text && arr;
     for (int32_t k = 0; ok && k < n; k++)
         ok = json_array_append_new(arr, json_integer(ids[k])) == 0;
     ok = ok && json_object_set_new(r, "text", json_stringn(text, len)) == 0 &&

@@ -64,7 +64,9 @@ int gen_out_tokens_close(gen_out *w);
 /* Close and free what gen_out owns (not the caller's fields). */
 void gen_out_free(gen_out *w);
 
-/* Ids of a text model's continuation ids (per_image of them) before its first EOS. */
-int32_t gen_out_text_len(const gen_out *w, const int32_t *ids);
+/* A text model's continuation (ids, per_image of them): *n gets the ids before the first EOS,
+ * the result their text (malloc'ed, *len bytes, special tokens dropped); NULL when out of
+ * memory. */
+char *gen_out_text(const gen_out *w, const int32_t *ids, int32_t *n, size_t *len);
 
 #endif /* FLEXDIAG_CLI_GEN_OUT_H */
