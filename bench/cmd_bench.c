@@ -141,7 +141,7 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
     double d = l->hidden, dq = (double)l->heads * l->head_dim, dkv = (double)l->kv_heads * l->head_dim;
     double layer_params = d * (dq + 2 * dkv) + dq * d + (l->relu_mlp ? 2 : 3) * d * l->ffn + 2 * d;
     double head_params = m->arch != FLEXDIAG_ARCH_JANUS
-                             ? (double)l->vocab * d /* lm_head */
+                             ? (double)c->vocab_out * d /* lm_head (Chameleon: its code rows) */
                              : (double)m->head_dim_mid * (d + m->image_vocab) +
                                    (double)m->aligner_depth * d * d;
     double wbytes = 2.0 * (layer_params * l->layers + head_params);
@@ -155,22 +155,31 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
         att += a;
     }
     att /= steps > 0 ? steps : 1;
-    double kv_read = rows * l->layers * (lp + att) * 2 * dkv * ab;
+    /* attended rows summed over the sequences: a Lumina unconditional row's prompt is 3 ids */
+    double att_rows = (c->row_len ? row->batch * (lp + 3.0) : rows * lp) + rows * att;
+    double kv_read = l->layers * att_rows * 2 * dkv * ab;
     double kv_write = rows * l->layers * 2 * dkv * ab;
     row->step_bytes = wbytes + kv_read + kv_write;
     row->step_flops = 2 * rows * (layer_params * l->layers + head_params) +
-                      4 * rows * l->layers * (lp + att) * dq;
+                      4 * l->layers * att_rows * dq;
 }
 
 /* ---- one run ---- */
 
-/* Synthetic prompts: BOS, random ids, <begin_of_image> (ids inside the text vocabulary). */
-static int32_t *make_prompt(const flexdiag_model *m, int32_t len) {
+/* Synthetic prompts: BOS, random ids, then <begin_of_image> (Janus), or the end of turn, the
+ * image start and the size token twice (Lumina-mGPT images). */
+static int32_t *make_prompt(const flexdiag_context *c, int32_t len) {
+    const flexdiag_model_config *m = &c->m->cfg;
     int32_t *p = malloc((size_t)len * 4);
     for (int32_t i = 0; p && i < len; i++)
-        p[i] = (int32_t)(flexdiag__rng64(42, 0, (uint64_t)i) % (uint64_t)m->cfg.lm.vocab);
-    if (p && m->cfg.bos_id >= 0) p[0] = m->cfg.bos_id;
-    if (p && m->cfg.boi_id >= 0) p[len - 1] = m->cfg.boi_id;
+        p[i] = (int32_t)(flexdiag__rng64(42, 0, (uint64_t)i) % (uint64_t)m->lm.vocab);
+    if (p && m->bos_id >= 0) p[0] = m->bos_id;
+    if (p && c->row_len && len >= 5) {
+        const int32_t tail[4] = {m->eot_id, m->boi_id, m->size_id, m->size_id};
+        memcpy(p + len - 4, tail, sizeof tail);
+    } else if (p && c->rows_per_img == 2 && m->boi_id >= 0) {
+        p[len - 1] = m->boi_id;
+    }
     return p;
 }
 
@@ -183,7 +192,8 @@ static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int
         pl[i] = lp;
     }
     flexdiag_block b = {.n_img = batch, .prompt = pp, .prompt_len = pl, .n_steps = steps,
-                        .cfg_weight = 5.0f, .sp = {1.0f, 0, 1.0f, 1}, .tokens = tok,
+                        .cfg_weight = 5.0f, .tokens = tok,
+                        .sp = {1.0f, c->row_len ? FLEXDIAG_LUMINA_TOP_K : 0, 1.0f, 1, 0},
                         .split = split, .split_from = split_from};
     memset(&c->stats, 0, sizeof c->stats);
     flexdiag_status st = pp && pl && tok ? flexdiag__engine_run(c, &b) : FLEXDIAG_ERR_OOM_HOST;
@@ -195,7 +205,7 @@ static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int
 
 static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_row *row) {
     int32_t lp = (int32_t)o->prompt_len, steps = row->steps;
-    int32_t *prompt = make_prompt(m, lp);
+    int32_t *prompt = make_prompt(c, lp);
     /* untimed warm-up (prefill + 2 steps): GEMM plans tuned, the step graph recorded */
     flexdiag_status st = run_block(c, prompt, lp, row->batch, steps < 3 ? steps : 3, NULL, 0);
     row->oi[0] = row->oi[1] = (flexdiag_offload_info){.struct_size = sizeof row->oi[0]};
@@ -328,6 +338,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     flexdiag_context_params_init(&cp);
     cp.max_prompt_len = (int32_t)o->prompt_len;
     if (o->gen_len > 0) cp.max_new_tokens = (int32_t)o->gen_len;
+    cp.text = o->gen_len > 0; /* Lumina-mGPT: text tokens instead of an image */
     if (cli_policy_params("bench", po, &cp.policy)) return 2;
     int32_t batch = cli_batch("bench", o->batch, m, &cp);
     if (batch < 1) return 2;
@@ -484,7 +495,8 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         {"--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)"},
         {"--steps", CLI_INT, &o.steps, "tokens per image to run (default all; fewer = projected)"},
         {"--gen-len", CLI_INT, &o.gen_len,
-         "text models: new tokens per sequence (default 128; images have a fixed length)"},
+         "text models (and Lumina-mGPT as one): new tokens per sequence (default 128; images "
+         "have a fixed length)"},
         {"--profile-steps", CLI_INT, &o.profile_steps,
          "decode steps of the split profile, from mid-run (8)"},
         {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},

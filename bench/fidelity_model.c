@@ -87,7 +87,7 @@ static flexdiag_status forced_run(flexdiag_context *c, const dense_ref *ref, con
 /* The dense reference: the sampled image with its CFG logits and attention outputs. */
 static int dense_reference(flexdiag_model *m, const char *prompt, uint64_t seed, dense_ref *ref) {
     int64_t np = 0;
-    flexdiag_status st = flexdiag__prompt_ids(m, prompt, &ref->prompt, &np);
+    flexdiag_status st = flexdiag__prompt_ids(m, prompt, 1, &ref->prompt, &np);
     if (st != FLEXDIAG_OK) return cli_fail("bench fidelity", st);
     ref->np = (int32_t)np;
     flexdiag_policy_params dense;

@@ -223,6 +223,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->micro_batch = (int32_t)r->o->micro_batch;
     cp->max_prompt_len = (int32_t)r->o->max_prompt_len;
     if (r->o->max_new_tokens > 0) cp->max_new_tokens = (int32_t)r->o->max_new_tokens;
+    cp->text = r->o->max_new_tokens > 0; /* Lumina-mGPT continues text instead of drawing */
 }
 
 /* Images per block: --batch N, or auto (the largest context that fits the budget), at most
@@ -385,10 +386,13 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         {"--micro-batch", CLI_INT, &o.micro_batch, "images per micro-batch (default: batch)"},
         {"--max-prompt-len", CLI_INT, &o.max_prompt_len, "prompt capacity in tokens (default 128)"},
         {"--max-new-tokens", CLI_INT, &o.max_new_tokens,
-         "text models (OPT, Llama): tokens generated per prompt (default 128); greedy: --top-k 1"},
-        {"--cfg", CLI_F64, &o.cfg, "classifier-free guidance weight, 0..100 (default 5.0)"},
+         "text models (OPT, Llama; Lumina-mGPT as a text model): tokens generated per prompt "
+         "(default 128); greedy: --top-k 1"},
+        {"--cfg", CLI_F64, &o.cfg,
+         "classifier-free guidance weight, 0..100 (default 5.0; Lumina-mGPT's README uses 4.0)"},
         {"--temperature", CLI_F64, &o.temperature, "sampling temperature, (0, 100] (default 1.0)"},
-        {"--top-k", CLI_INT, &o.top_k, "top-k sampling (default 0: off; 1: greedy)"},
+        {"--top-k", CLI_INT, &o.top_k,
+         "top-k sampling (default 0: off, for Lumina-mGPT images 2000; 1: greedy)"},
         {"--top-p", CLI_F64, &o.top_p, "top-p sampling, (0, 1] (default 1: off)"},
         {"--sample-seed", CLI_INT, &o.sample_seed, "sampling seed (default 0)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress lines"},

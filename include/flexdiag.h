@@ -48,7 +48,7 @@ extern "C" {
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models). */
-#define FLEXDIAG_API_VERSION 4u
+#define FLEXDIAG_API_VERSION 5u
 
 /* ---- enums ---- */
 
@@ -147,6 +147,11 @@ typedef struct flexdiag_context_params {
     flexdiag_progress_fn progress; /* optional, called after each prefill layer (phase 0)
                                       and each decode step (phase 1); false cancels */
     void *progress_user;           /* passed to progress */
+    /* since API version 5 */
+    bool text;                     /* Chameleon (Lumina-mGPT): run as a text decoder over the
+                                      whole vocabulary (text continuation, teacher-forced text
+                                      logits) instead of generating images; the other models
+                                      ignore it */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {

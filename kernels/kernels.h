@@ -58,6 +58,8 @@ typedef struct flexdiag_sample_params {
     int32_t top_k;     /* 0 = off */
     float top_p;       /* >= 1 = off; keep the smallest prefix (by prob desc) with mass >= top_p */
     uint64_t seed;     /* draw for row i at step t keyed by (seed, req0 + i, t) */
+    int32_t id0;       /* added to every drawn column: the id of column 0 (a head that computes
+                          a slice of the vocabulary, e.g. Chameleon's image codes); 0 = none */
 } flexdiag_sample_params;
 
 /* Shapes and per-sequence metadata of one attention call (host struct, device pointers). */
@@ -269,8 +271,9 @@ typedef flexdiag_status flexdiag_op_attn_decode(void *out, const void *qkv, cons
 /* out (n_pairs, V) f32 = u + w·(c - u) with c = logits row 2i, u = row 2i+1 */
 typedef flexdiag_status flexdiag_op_cfg_combine(float *out, const float *logits, int64_t n_pairs,
                                                 int64_t V, float w, flexdiag_stream *s);
-/* ids (n) int32 drawn from softmax(logits (n, V) / T) after top-k / top-p; the uniform
- * number for row i is flexdiag__rng_uniform(p->seed, req0 + i, step). */
+/* ids (n) int32 = p->id0 + the column drawn from softmax(logits (n, V) / T) after top-k /
+ * top-p; the uniform number for row i is flexdiag__rng_uniform(p->seed, req0 + i, step). A
+ * row without a finite logit gets -1 (CUDA) or fails (CPU). */
 typedef flexdiag_status flexdiag_op_sample(int32_t *ids, const float *logits, int64_t n,
                                            int64_t V, const flexdiag_sample_params *p,
                                            int64_t req0, int64_t step, flexdiag_stream *s);

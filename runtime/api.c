@@ -18,6 +18,7 @@
 #include "runtime/text/prompt.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/image/vq.h"
+#include "runtime/model/vocab_map.h"
 #include "runtime/tiers.h"
 
 #define GPU_MARGIN (1ull << 30) /* bytes left to the driver/other processes by default */
@@ -273,6 +274,7 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
             st = flexdiag__weights_random(&rt->arena, rt->s, &m->cfg, mp.seed, &pl, &m->w);
         if (st == FLEXDIAG_OK && m->cfg.arch == FLEXDIAG_ARCH_JANUS) st = vq_builtin(m, mp.seed);
     }
+    if (st == FLEXDIAG_OK) st = flexdiag__vocab_map_codes(path, &m->cfg, &m->img_codes);
     if (st != FLEXDIAG_OK) {
         flexdiag_model_destroy(m);
         return st;
@@ -288,6 +290,7 @@ void flexdiag_model_destroy(flexdiag_model *m) {
     flexdiag__arena_charge(&m->rt->arena, -(int64_t)m->vq_charge, "VQ decoder");
     flexdiag__weights_free(&m->rt->arena, &m->w);
     flexdiag__tok_destroy(m->tok);
+    free(m->img_codes);
     free(m->dir);
     free(m);
 }
@@ -454,7 +457,8 @@ static flexdiag_status prompt_table(const flexdiag_context *c, const flexdiag_re
     for (int32_t i = 0; i < r->n_prompts; i++) {
         int64_t n = 0;
         if (r->prompts) {
-            FLEXDIAG_TRY(flexdiag__prompt_ids(c->m, r->prompts[i], &ids[i], &n));
+            FLEXDIAG_TRY(flexdiag__prompt_ids(c->m, r->prompts[i], c->rows_per_img == 2,
+                                              &ids[i], &n));
         } else {
             n = r->prompt_lens[i];
             ids[i] = malloc((size_t)(n > 0 ? n : 1) * 4);
@@ -466,18 +470,33 @@ static flexdiag_status prompt_table(const flexdiag_context *c, const flexdiag_re
     return FLEXDIAG_OK;
 }
 
+/* Chameleon images of a block: the generated ids (rows of codes + row ends, n_img x l_dec in
+ * ids) -> code grids into out (n_img x image_tokens). */
+static void block_codes(const flexdiag_context *c, const int32_t *ids, int32_t n_img,
+                        int32_t *out) {
+    const flexdiag_model_config *m = &c->m->cfg;
+    for (int32_t i = 0; i < n_img; i++)
+        flexdiag__image_codes(m, c->m->img_codes, ids + (size_t)i * (size_t)c->l_dec,
+                              out + (size_t)i * (size_t)m->image_tokens);
+}
+
 static flexdiag_status generate_blocks(flexdiag_context *c, const flexdiag_request *r,
                                        int32_t **ids, const int32_t *lens, flexdiag_output *out) {
     int32_t total = out->n_images, per = out->tokens_per_image;
     const int32_t **pp = malloc((size_t)c->n_img * sizeof *pp);
     int32_t *pl = malloc((size_t)c->n_img * 4);
-    flexdiag_status st = pp && pl ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no memory");
+    int32_t *seq = c->row_len ? malloc((size_t)c->n_img * (size_t)c->l_dec * 4) : NULL;
+    flexdiag_status st = pp && pl && (seq || !c->row_len)
+                             ? FLEXDIAG_OK
+                             : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no memory");
+    int32_t top_k = r->top_k == 0 && c->row_len ? FLEXDIAG_LUMINA_TOP_K : r->top_k;
     for (int32_t img0 = 0; st == FLEXDIAG_OK && img0 < total; img0 += c->n_img) {
+        int32_t *dst = out->tokens + (size_t)img0 * (size_t)per;
         flexdiag_block b = {.n_img = total - img0 < c->n_img ? total - img0 : c->n_img,
-                            .n_steps = per, .img0 = r->first_image + img0,
+                            .n_steps = c->l_dec, .img0 = r->first_image + img0,
                             .cfg_weight = r->cfg_weight,
-                            .sp = {r->temperature, r->top_k, r->top_p, r->seed},
-                            .tokens = out->tokens + (size_t)img0 * (size_t)per,
+                            .sp = {r->temperature, top_k, r->top_p, r->seed, 0},
+                            .tokens = seq ? seq : dst,
                             .progress = c->p.progress, .progress_user = c->p.progress_user};
         for (int32_t i = 0; i < b.n_img; i++) {
             int32_t prompt = (img0 + i) / r->images_per_prompt;
@@ -487,7 +506,9 @@ static flexdiag_status generate_blocks(flexdiag_context *c, const flexdiag_reque
         b.prompt = pp;
         b.prompt_len = pl;
         st = flexdiag__engine_run(c, &b);
+        if (st == FLEXDIAG_OK && seq) block_codes(c, seq, b.n_img, dst);
     }
+    free(seq);
     free(pp);
     free(pl);
     return st;
@@ -499,7 +520,7 @@ flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *r
     if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "generate: NULL argument");
     FLEXDIAG_TRY(check_request(req));
     out->n_images = req->n_prompts * req->images_per_prompt;
-    out->tokens_per_image = c->l_dec;
+    out->tokens_per_image = c->rows_per_img == 2 ? c->m->cfg.image_tokens : c->l_dec;
     if (!out->tokens) return FLEXDIAG_OK; /* size query */
     int expected = 0;
     if (!atomic_compare_exchange_strong(&c->busy, &expected, 1))

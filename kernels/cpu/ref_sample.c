@@ -164,7 +164,7 @@ flexdiag_status flexdiag__cpu_ref_sample(int32_t *ids, const float *logits, int6
         st = scale_row(c, logits + i * V, V, p->temperature, i);
         if (st != FLEXDIAG_OK) break;
         double u = flexdiag__rng_uniform(p->seed, (uint64_t)(req0 + i), (uint64_t)step);
-        ids[i] = sample_row(c, V, p, u);
+        ids[i] = p->id0 + sample_row(c, V, p, u);
     }
     free(tmp);
     return st;

@@ -291,7 +291,7 @@ static __device__ int64_t last_kept(const row_ctx &c, sample_smem *sm) {
 static __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_kernel(int32_t *__restrict__ ids, const float *__restrict__ logits, int64_t n,
                   int64_t V, float T, int32_t top_k, float top_p, uint64_t seed, int64_t req0,
-                  int64_t step) {
+                  int64_t step, int32_t id0) {
     __shared__ sample_smem sm;
     for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
         row_ctx c;
@@ -321,7 +321,7 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
             flexdiag__rng_uniform(seed, (uint64_t)(req0 + row), (uint64_t)step);
         int64_t id = walk(c, u * total, &sm);
         if (id < 0) id = last_kept(c, &sm);
-        if (threadIdx.x == 0) ids[row] = (int32_t)id;
+        if (threadIdx.x == 0) ids[row] = id0 + (int32_t)id;
     }
 }
 
@@ -343,7 +343,7 @@ extern "C" flexdiag_status flexdiag__cuda_sample(int32_t *ids, const float *logi
     if (n == 0) return FLEXDIAG_OK;
     cudaStream_t st = flexdiag__cuda_st(s);
     sample_kernel<<<flexdiag__cuda_blocks(n, 1), SAMPLE_THREADS, 0, st>>>(
-        ids, logits, n, V, p->temperature, p->top_k, p->top_p, p->seed, req0, step);
+        ids, logits, n, V, p->temperature, p->top_k, p->top_p, p->seed, req0, step, p->id0);
     FLEXDIAG_CUDA_LAUNCH_CHECK(st);
     return FLEXDIAG_OK;
 }

@@ -66,6 +66,8 @@ struct flexdiag_model {
                                         when the runtime's backend lacks the image ops) */
     flexdiag_stream *vq_s;           /* its stream: rt->s, or an owned CPU stream */
     size_t vq_charge;                /* bytes charged to the arena for the decoder */
+    int32_t *img_codes;              /* Chameleon: the VQGAN code of image id img_id0 + i
+                                        (runtime/model/vocab_map.h); NULL otherwise */
 };
 
 /* Device buffers of a context, carved from one block (context.c ctx_layout); the KV policy's
@@ -104,7 +106,7 @@ struct flexdiag_context {
     size_t stream_charge;            /* device bytes of s charged to the arena */
     flexdiag_policy_driver pd;       /* the KV policy: plans, slot lists, updates */
     flexdiag_sched *sched;           /* hands each (layer, micro-batch) its memory (owned) */
-    int32_t rows_per_img;            /* 2 with CFG (Janus), 1 (Llama) */
+    int32_t rows_per_img;            /* 2 with CFG (images), 1 (text) */
     int32_t n_img, n_seq;            /* capacity in images / sequences */
     int32_t mb_img, mb_seq, n_mb;    /* micro-batch size in images / sequences; count */
     int32_t pf_seq;                  /* sequences per prefill chunk (<= mb_seq): the prefill
@@ -113,6 +115,12 @@ struct flexdiag_context {
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
     int32_t l_dec;                   /* decode tokens per sequence */
     int32_t vocab_out;               /* width of the sampled distribution */
+    int32_t id0;                     /* id of its column 0 (Chameleon images: the first image
+                                        code; 0 otherwise) */
+    int32_t vocab_in;                /* ids the feedback embedding takes (Janus: image codes;
+                                        text and Chameleon: the whole vocabulary) */
+    int32_t row_len;                 /* Chameleon images: tokens per row of the image (grid
+                                        codes + the forced row end); 0 otherwise */
     void *block;                     /* device block holding every buffer */
     size_t block_bytes;              /* its size */
     flexdiag_ctx_bufs b;             /* carved buffers */
@@ -130,6 +138,9 @@ struct flexdiag_context {
     atomic_int cancel;               /* cancel requested */
     flexdiag_stats stats;            /* counters of the last call */
 };
+
+/* Lumina-mGPT's top-k inside the image (its README), used when a request leaves top_k at 0. */
+#define FLEXDIAG_LUMINA_TOP_K 2000
 
 /* One run: n_img images generated (or scored) together. Host pointers. */
 typedef struct flexdiag_block {

@@ -72,13 +72,22 @@ static flexdiag_status io_release(const run_state *r, const flexdiag_layer_io *i
 
 /* ---- prompts and prefill ---- */
 
-/* Conditional/unconditional rows of an image (Janus rule, docs/architecture.md §4.1 step 3):
- * uncond copies BOS and the last id and pads the middle. */
-static void janus_uncond(const int32_t *cond, int32_t n, int32_t pad_id, int32_t *uncond) {
-    for (int32_t i = 0; i < n; i++) uncond[i] = (i == 0 || i == n - 1) ? cond[i] : pad_id;
+/* The unconditional row of an image from its conditional prompt (n ids) into uncond; returns
+ * its length. Janus (docs/architecture.md §4.1 step 3): BOS and the last id kept, the middle
+ * padded. Chameleon: the image start and the two size tokens alone, at positions 0, 1, 2 (the
+ * rows differ in length: a ragged batch). */
+static int32_t uncond_row(const flexdiag_model_config *m, const int32_t *cond, int32_t n,
+                          int32_t *uncond) {
+    if (m->arch == FLEXDIAG_ARCH_CHAMELEON) {
+        memcpy(uncond, cond + n - 3, 3 * sizeof *uncond);
+        return 3;
+    }
+    int32_t pad = m->pad_id >= 0 ? m->pad_id : 0;
+    for (int32_t i = 0; i < n; i++) uncond[i] = (i == 0 || i == n - 1) ? cond[i] : pad;
+    return n;
 }
 
-/* Host prompt table (n_seq, p_cap) with the Janus uncond rows, uploaded with lp and gathers. */
+/* Host prompt table (n_seq, p_cap) with the uncond rows, uploaded with lp and gathers. */
 static flexdiag_status upload_prompts(run_state *r) {
     flexdiag_context *c = r->c;
     const flexdiag_block *b = r->b;
@@ -89,15 +98,13 @@ static flexdiag_status upload_prompts(run_state *r) {
         free(last);
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompts: no host memory");
     }
-    int32_t pad = c->m->cfg.pad_id >= 0 ? c->m->cfg.pad_id : 0;
     for (int32_t i = 0; i < b->n_img; i++) {
         int32_t n = b->prompt_len[i];
         for (int32_t q = 0; q < c->rows_per_img; q++) {
             int32_t s = i * c->rows_per_img + q, *row = ids + (size_t)s * (size_t)c->p_cap;
             if (q == 0) memcpy(row, b->prompt[i], (size_t)n * 4);
-            else janus_uncond(b->prompt[i], n, pad, row);
-            r->lp[s] = n;
-            last[s] = s * c->p_cap + n - 1;
+            r->lp[s] = q == 0 ? n : uncond_row(&c->m->cfg, b->prompt[i], n, row);
+            last[s] = s * c->p_cap + r->lp[s] - 1;
         }
     }
     flexdiag_status st = r->k->copy_h2d(c->b.ids_in, ids, cells * 4, r->s);
@@ -130,11 +137,20 @@ static flexdiag_status validate_block(const flexdiag_context *c, const flexdiag_
                                      "prompt %d: token %d is id %d, outside the vocabulary [0, %d)",
                                      i, j, b->prompt[i][j], m->lm.vocab);
     }
+    for (int32_t i = 0; c->row_len && i < b->n_img; i++) {
+        const int32_t *p = b->prompt[i], n = b->prompt_len[i];
+        if (n < 4 || p[n - 3] != m->boi_id || p[n - 2] != m->size_id || p[n - 1] != m->size_id)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "prompt %d: a Lumina-mGPT image prompt ends with the image "
+                                 "start (id %d) and the size token (id %d) twice, after at "
+                                 "least one text token (text prompts get them added)",
+                                 i, m->boi_id, m->size_id);
+    }
     for (int64_t i = 0; b->forced && i < (int64_t)b->n_img * b->n_steps; i++)
-        if (b->forced[i] < 0 || b->forced[i] >= c->vocab_out)
+        if (b->forced[i] < 0 || b->forced[i] >= c->vocab_in)
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                                  "forced token %lld is id %d, outside [0, %d)", (long long)i,
-                                 b->forced[i], c->vocab_out);
+                                 b->forced[i], c->vocab_in);
     if ((b->hidden && (int64_t)b->n_hidden_pos * m->lm.hidden > (int64_t)c->n_seq * c->vocab_out) ||
         (b->attn_out && (int64_t)m->lm.heads * m->lm.head_dim > (int64_t)c->n_seq * c->vocab_out))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "captures do not fit the scratch buffer");

@@ -23,6 +23,7 @@
 
 #include "base/core.h"
 #include "runtime/model/model.h"
+#include "runtime/model/vocab_map.h"
 
 /* ---- limits ----
  * Ceilings are generous, 2-16x the largest released Llama-family model (Llama-3.1-405B: 126
@@ -313,7 +314,9 @@ static flexdiag_status parse_chameleon(const cfg_ctx *c, json_t *o, flexdiag_mod
     FLEXDIAG_TRY(get_int(c, o, "bos_token_id", 0, &m->bos_id));
     FLEXDIAG_TRY(get_int(c, o, "pad_token_id", 1, &m->pad_id));
     FLEXDIAG_TRY(get_int(c, o, "eos_token_id", 2, &m->eos_id));
-    static const char *const keys[3] = {"bos_token_id", "pad_token_id", "begin-of-image id"};
+    FLEXDIAG_TRY(flexdiag__vocab_map_ids(c->file, o, m));
+    static const char *const keys[3] = {"bos_token_id", "pad_token_id",
+                                        "vocabulary_map[\"<racm3:break>\"]"};
     FLEXDIAG_TRY(check_ids(c->file, keys, m));
     return check_eos(c->file, m);
 }
@@ -568,19 +571,28 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
         out->grid = out->image_tokens = 0;
         out->bos_id = 1, out->pad_id = 0, out->boi_id = -1, out->eos_id = 2;
     } else if (!strcmp(name, "lumina-mgpt-7b") || !strcmp(name, "micro-lumina")) {
-        /* Lumina-mGPT-7B (Chameleon-7B): Llama-7B block + QK norms shared across heads, one
-         * 65536-entry vocabulary, untied head; micro-lumina: the same block at test size */
+        /* Lumina-mGPT-7B-512 (Chameleon-7B): Llama-7B block + QK norms shared across heads,
+         * one 65536-entry vocabulary (8192 image codes at ids 4.., 32 x 32 codes per image),
+         * untied head; micro-lumina: the same block at test size, 64 codes in an 8 x 8 grid
+         * (the layout of the golden Chameleon fixture) */
         int micro = name[0] == 'm';
         builtin_janus(out, micro ? "micro-lumina" : "lumina-mgpt-7b", micro ? 64 : 4096,
-                      micro ? 2 : 32, micro ? 4 : 32, micro ? 128 : 11008, micro ? 512 : 65536, 0);
+                      micro ? 2 : 32, micro ? 4 : 32, micro ? 128 : 11008, micro ? 512 : 65536,
+                      micro ? 64 : 8192);
         out->arch = FLEXDIAG_ARCH_CHAMELEON;
         out->lm.max_pos = 4096;
         out->lm.rms_eps = 1e-5f;
         out->lm.qk_rows = 1;
         out->image_embed = out->aligner_dim = out->aligner_depth = out->head_dim_mid = 0;
-        out->grid = out->image_tokens = 0;
-        out->bos_id = 0, out->pad_id = 1, out->boi_id = micro ? -1 : 8197; /* <racm3:break> */
-        out->eos_id = 2;
+        out->grid = micro ? 8 : 32;
+        out->image_tokens = out->grid * out->grid;
+        out->bos_id = 0, out->pad_id = 1, out->eos_id = 2, out->img_id0 = 4;
+        if (micro)
+            out->eoi_id = 68, out->boi_id = 69, out->eot_id = 70, out->row_end_id = 71,
+            out->size_id = 72;
+        else /* <eoss>, <racm3:break>, <reserved08706>, <reserved08799>, <reserved08820> */
+            out->eoi_id = 8196, out->boi_id = 8197, out->eot_id = 8710, out->row_end_id = 8803,
+            out->size_id = 8820;
     } else if (builtin_opt(out, name)) {
         /* OPT shapes: FlexGen's table for speed runs with random weights, micro-opt for tests */
     } else {

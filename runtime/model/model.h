@@ -36,7 +36,8 @@ typedef enum flexdiag_arch {
     FLEXDIAG_ARCH_LLAMA = 1, /* text decoder */
     FLEXDIAG_ARCH_OPT = 2,   /* text decoder, FlexGen's family */
     FLEXDIAG_ARCH_CHAMELEON = 3, /* Lumina-mGPT / Chameleon: one vocabulary of text and image
-                                    codes (run as a text decoder) */
+                                    codes; generates images (CFG, rows of codes), or runs as a
+                                    text decoder (context param text) */
 } flexdiag_arch;
 
 typedef struct flexdiag_lm_config {
@@ -69,17 +70,24 @@ typedef struct flexdiag_model_config {
     const char *lm_keys;      /* static prefix of the decoder fields in source: "text_config.",
                                  "language_config." or "" (messages name "<prefix>head_dim") */
     flexdiag_lm_config lm;    /* language model */
-    /* Janus generation path (arch == JANUS) */
-    int32_t image_vocab;      /* VQ codebook size (16384) */
+    /* Janus generation path (arch == JANUS); image_vocab, image_tokens and grid also
+     * describe Chameleon's image codes */
+    int32_t image_vocab;      /* VQ codebook size (16384; Chameleon: image-code ids, 8192, 0
+                                 when the vocabulary names none) */
     int32_t image_embed;      /* gen_embed width (8) */
     int32_t aligner_dim;      /* gen_aligner output (must equal hidden) */
     int32_t aligner_depth;    /* Linear layers in gen_aligner (2) */
     int32_t head_dim_mid;     /* gen_head projector output (d) */
-    int32_t image_tokens;     /* tokens per image (576 = 24 x 24) */
-    int32_t grid;             /* tokens per image side (24) */
+    int32_t image_tokens;     /* codes per image (576 = 24 x 24; Chameleon 1024 = 32 x 32) */
+    int32_t grid;             /* codes per image side (24; Chameleon 32 at 512 px) */
     /* special ids (-1 = unknown) */
     int32_t bos_id, pad_id, boi_id;
     int32_t eos_id;           /* text models: where a continuation ends (-1 = unknown) */
+    /* Chameleon images (runtime/model/vocab_map.c): the codes are the ids img_id0 ..
+     * img_id0 + image_vocab - 1; an image is grid rows of grid codes, each row ended by
+     * row_end_id, the image by eoi_id; its prompt ends with boi_id (<racm3:break>) and size_id
+     * twice (height, width), the text before them with eot_id */
+    int32_t img_id0, row_end_id, eoi_id, size_id, eot_id;
 } flexdiag_model_config;
 
 /* Weights of one decoder layer (bf16): views into the layer's block, which holds the tensors in

@@ -1,11 +1,15 @@
 /*
- * prompt.c - text prompt -> conditional prompt ids (BOS .. <begin_of_image>) for a model.
+ * prompt.c - text prompt -> conditional prompt ids for a model: Janus (BOS .. <begin_of_image>),
+ * Lumina-mGPT images (BOS, the generation template, end of turn, image start, size twice) or a
+ * text model's [BOS] + encoding.
  *
- * Models loaded from a folder with tokenizer.json use the byte-level BPE tokenizer and the
- * Janus template (runtime/tokenizer.c). The builtin tiny-janus model has no tokenizer file, so it
- * carries a byte tokenizer of its own: ids 0..255 are bytes, then the specials below, applied to
- * the same template. Its ids are part of the builtin model's definition (config.c).
+ * Models loaded from a folder with tokenizer.json use its byte-level BPE tokenizer
+ * (runtime/text/tokenizer.c). The builtin shapes have no tokenizer file, so they carry byte
+ * tokenizers of their own: tiny-janus and micro-janus take ids 0..255 for bytes and the
+ * specials below; the builtin Lumina shapes take the last 256 ids of their vocabulary. These
+ * ids are part of the builtin models' definition (config.c).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,10 +73,47 @@ static flexdiag_status text_prompt_ids(const flexdiag_model *m, const char *text
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__prompt_ids(const flexdiag_model *m, const char *text, int32_t **ids,
-                                     int64_t *n) {
+/* Lumina-mGPT's image prompt: [BOS] + encode("Generate an image of PxP according to the
+ * following prompt:\n" + caption) + <reserved08706>, then the image start and the size token
+ * twice, which flexdiag prefills rather than samples (P = 16 pixels per code). */
+static flexdiag_status lumina_prompt_ids(const flexdiag_model *m, const char *caption,
+                                         int32_t **ids, int64_t *n) {
+    const flexdiag_model_config *c = &m->cfg;
+    size_t cap = strlen(caption) + 96;
+    char *text = malloc(cap);
+    if (!text) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompt: no host memory");
+    int len = snprintf(text, cap, "Generate an image of %dx%d according to the following "
+                       "prompt:\n%s", 16 * c->grid, 16 * c->grid, caption);
+    int32_t *body = NULL;
+    int64_t k = len;
+    flexdiag_status st = FLEXDIAG_OK;
+    if (m->tok) {
+        st = flexdiag__tok_encode(m->tok, text, (size_t)len, &body, &k);
+    } else if ((body = malloc((size_t)len * sizeof *body)) != NULL) { /* builtin bytes */
+        for (int i = 0; i < len; i++) body[i] = c->lm.vocab - 256 + (unsigned char)text[i];
+    } else {
+        st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompt: no host memory");
+    }
+    free(text);
+    int32_t *out = st == FLEXDIAG_OK ? malloc((size_t)(k + 5) * sizeof *out) : NULL;
+    if (st == FLEXDIAG_OK && !out) st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompt: no memory");
+    if (st == FLEXDIAG_OK) {
+        out[0] = c->bos_id;
+        memcpy(out + 1, body, (size_t)k * sizeof *out);
+        const int32_t tail[4] = {c->eot_id, c->boi_id, c->size_id, c->size_id};
+        memcpy(out + 1 + k, tail, sizeof tail);
+        *ids = out;
+        *n = k + 5;
+    }
+    free(body);
+    return st;
+}
+
+flexdiag_status flexdiag__prompt_ids(const flexdiag_model *m, const char *text, int image,
+                                     int32_t **ids, int64_t *n) {
     *ids = NULL;
     *n = 0;
+    if (m->cfg.arch == FLEXDIAG_ARCH_CHAMELEON && image) return lumina_prompt_ids(m, text, ids, n);
     if (m->cfg.arch != FLEXDIAG_ARCH_JANUS) return text_prompt_ids(m, text, ids, n);
     if (m->tok) return flexdiag__janus_prompt_ids(m->tok, text, ids, n);
     if (!m->dir) return byte_prompt(text, ids, n);

@@ -24,7 +24,7 @@
 static const flexdiag_kernels *ref(void) { return flexdiag__kernels_cpu_ref(); }
 
 static flexdiag_sample_params params(float t, int32_t top_k, float top_p, uint64_t seed) {
-    flexdiag_sample_params p = {t, top_k, top_p, seed};
+    flexdiag_sample_params p = {t, top_k, top_p, seed, 0};
     return p;
 }
 
@@ -70,6 +70,13 @@ static void test_deterministic(void **state) {
             F->stream_destroy(s);
         }
     }
+    /* an id offset shifts every draw and changes nothing else */
+    flexdiag_sample_params po = ps[1];
+    po.id0 = 4;
+    int32_t base[N], shifted[N];
+    assert_int_equal(ref()->sample(base, logits, N, V, &ps[1], 100, 5, NULL), FLEXDIAG_OK);
+    assert_int_equal(ref()->sample(shifted, logits, N, V, &po, 100, 5, NULL), FLEXDIAG_OK);
+    for (int i = 0; i < N; i++) assert_int_equal(shifted[i], base[i] + 4);
     /* the draw changes with the step and the request: over 64 steps row 0 is not constant */
     int32_t first, id, differs = 0;
     flexdiag_sample_params p = params(1.0f, 0, 1.0f, 1);

@@ -31,11 +31,13 @@ static void ok(flexdiag_status st) {
     assert_int_equal(st, FLEXDIAG_OK);
 }
 
-/* Prompts as ids (valid in every builtin vocabulary: image and text models alike). */
-static const int32_t p0[] = {256, 112, 48, 261}, p1[] = {256, 97, 32, 108, 111, 110, 103, 261},
-                     p2[] = {256, 50, 261};
+/* Prompts as ids, valid in every builtin vocabulary (image and text models alike); they end
+ * with micro-lumina's image start and size tokens (69, 72, 72), plain ids elsewhere. */
+static const int32_t p0[] = {256, 112, 48, 69, 72, 72},
+                     p1[] = {256, 97, 32, 108, 111, 110, 103, 69, 72, 72},
+                     p2[] = {256, 50, 69, 72, 72};
 static const int32_t *const prompt_ids[N_PROMPTS] = {p0, p1, p2};
-static const int32_t prompt_lens[N_PROMPTS] = {4, 8, 3};
+static const int32_t prompt_lens[N_PROMPTS] = {6, 10, 5};
 
 static void request(flexdiag_request *rq) {
     flexdiag_request_init(rq);
@@ -76,9 +78,9 @@ static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int can
     ok(flexdiag_generate(c, &rq, &o));
     flexdiag_score_request sr;
     flexdiag_score_request_init(&sr);
-    const int32_t prompt[4] = {1, 5, 9, 2};
+    const int32_t prompt[5] = {1, 5, 69, 72, 72};
     sr.prompt_ids = prompt;
-    sr.prompt_len = 4;
+    sr.prompt_len = 5;
     sr.ids = out->tokens;
     sr.n = o.tokens_per_image;
     flexdiag_score_output so = {.struct_size = sizeof so};
