@@ -11,6 +11,7 @@
  * of n 32-pixel cells (n = grid / 2 for 16-pixel codes). The grid is the config's "image_grid"
  * (flexdiag's key; 32 = the 512-pixel Lumina-mGPT-7B-512 when absent).
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

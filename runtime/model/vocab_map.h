@@ -10,7 +10,6 @@
 #error "runtime/model/vocab_map.h: a lower layer may not use runtime/ (base <- policy <- kernels <- offload <- runtime; docs/architecture.md)"
 #endif
 
-#include <jansson.h>
 #include <stdint.h>
 
 #include "runtime/model/model.h"
@@ -18,7 +17,9 @@
 /* From config.json's root object (file names it in messages): img_id0, image_vocab, grid,
  * image_tokens and the structural ids of m (m->lm.vocab already parsed). Without a
  * vocabulary_map, or one without image codes, image_vocab stays 0 (text only). */
-flexdiag_status flexdiag__vocab_map_ids(const char *file, json_t *root, flexdiag_model_config *m);
+struct json_t;
+flexdiag_status flexdiag__vocab_map_ids(const char *file, struct json_t *root,
+                                        flexdiag_model_config *m);
 /* The code of every image id (image_vocab entries, malloc'ed) for a Chameleon model with image
  * codes: read from dir/config.json, or code = id - img_id0 for a builtin shape (dir NULL).
  * *codes stays NULL for other models. */
