@@ -13,6 +13,11 @@ copied from deepseek-ai's tokenizer.json. The letter class is written as code-po
 literal characters: several of its members (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A)
 change under Unicode NFC normalisation, and a text copy that normalises them breaks the class.
 Training the real 100k vocabulary is out of scope: the fixture checks the algorithm, not ids.
+
+build_gpt2 makes the second tokenizer, the GPT-2 / OPT layout of the OPT golden fixture
+(tests/golden/data/opt/): ByteLevel pre-tokenizer with the GPT-2 split regex and no prefix space,
+ByteLevel decoder, no post-processor (flexdiag adds the BOS itself), OPT's special tokens at ids
+0..3, then the 256 byte symbols and the merges learnt from the English block below.
 """
 
 import json
@@ -375,3 +380,69 @@ def write(tok, out_dir, versions, log):
     log("tokenizer: %d cases, %d janus prompts; decode round trip differs for %d: %r"
         % (len(doc["cases"]), len(doc["janus_prompts"]), len(bad), bad[:5]))
     return doc
+
+
+# ---- GPT-2 / OPT byte-level BPE (the OPT golden fixture) ----
+
+OPT_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3, as in OPT's tokenizer
+
+# Strings where the GPT-2 split regex matters: contractions (lower case only), letter / digit /
+# other runs with one optional leading space, whitespace runs before a word (\s+(?!\S)),
+# trailing whitespace, OPT's special tokens inside text, non-ASCII letters and bytes the
+# training corpus never had (no merges: one byte symbol each).
+GPT2_CASES = [
+    "Hello world", "Hello, world!", "The lighthouse keeper wrote a letter",
+    "don't won't it's we're they've I'm you'll he'd", "DON'T IT'S I'LL", "'s's 'tis ''",
+    "  two leading spaces", "trailing spaces   ", "multiple   spaces   inside",
+    "tabs\there\t\tand there", "line one\nline two", "para one\n\n\npara two",
+    "spaces before newline   \nnext", " \n leading space newline", "x  \ny", "\n", " ", "   ", "",
+    "numbers 1234567 and 3.14159, 2025-12-31", "mixed123abc456", "!!!???... --- ***",
+    "caf\u00e9 na\u00efve r\u00e9sum\u00e9", "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac",
+    "\u4e2d\u6587\u6d4b\u8bd5",
+    "emoji \U0001F600 family \U0001F468\u200d\U0001F469\u200d\U0001F467",
+    "nbsp\u00a0here and ideographic\u3000space", "control\u0001char\u007f",
+    "</s>after the end", "<s> start <pad> padded <unk> unknown </s>", "almost </s > and <s",
+    "a" * 40, "ends with newline\n",
+]
+
+
+def build_gpt2(vocab_size, log):
+    """GPT-2 / OPT-style byte-level BPE of exactly vocab_size ids trained on ENGLISH: the
+    OPT specials (0..3), the 256 byte symbols, then merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=OPT_SPECIALS)
+    lines = ENGLISH.split("\n")
+    tok.train_from_iterator(lines, trainer=trainer)
+    ids = [tok.token_to_id(s) for s in OPT_SPECIALS]
+    n = tok.get_vocab_size(with_added_tokens=True)
+    log("gpt2 tokenizer: %d corpus lines, %d ids, specials %s -> %s, post_processor %s"
+        % (len(lines), n, OPT_SPECIALS, ids, tok.post_processor))
+    if ids != list(range(len(OPT_SPECIALS))) or n != vocab_size:
+        raise RuntimeError("gpt2 tokenizer: want specials at 0..3 and %d ids, got %s and %d "
+                           "(too few merges in the corpus?)" % (vocab_size, ids, n))
+    return tok
+
+
+def gpt2_cases_document(tok, versions):
+    """The tokenizer_cases.json content: each GPT2_CASES string with its ids (encode without
+    special tokens: no BOS), pieces, and decodes with and without the special tokens."""
+    cases = []
+    for text in GPT2_CASES:
+        enc = tok.encode(text, add_special_tokens=False)
+        cases.append({"text": text, "ids": enc.ids, "tokens": enc.tokens,
+                      "decoded": tok.decode(enc.ids, skip_special_tokens=True),
+                      "decoded_all": tok.decode(enc.ids, skip_special_tokens=False)})
+    return {
+        "magic": "flexdiag-golden", "version": 1,
+        "generator": "tools/golden/make_fixtures.py", "tokenizers": versions["tokenizers"],
+        "tokenizer": "tokenizer.json",
+        "note": "ids = encode(text, add_special_tokens=False); decoded / decoded_all = "
+                "decode(ids, skip_special_tokens=True / False)",
+        "cases": cases,
+    }
