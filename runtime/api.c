@@ -181,9 +181,23 @@ static flexdiag_status vq_backend(flexdiag_model *m, const flexdiag_vq_config *v
     return FLEXDIAG_OK;
 }
 
+/* A Chameleon folder's VQGAN, when the user put vqgan.safetensors beside the checkpoint. */
+static flexdiag_status vqgan_from_dir(flexdiag_model *m, const char *path) {
+    flexdiag_vq_config vc;
+    flexdiag_safetensors *st = NULL;
+    FLEXDIAG_TRY(flexdiag__vqgan_find(path, m->cfg.grid, &vc, &st));
+    if (!st) return FLEXDIAG_OK;
+    flexdiag_status r = vq_backend(m, &vc);
+    if (r == FLEXDIAG_OK) r = flexdiag__vq_create(m->vq_k, m->vq_s, st, &vc, VQ_BATCH, &m->vq);
+    flexdiag__st_close(st);
+    return r;
+}
+
 /* The decoder of a folder model, when its checkpoint holds one. */
 static flexdiag_status vq_from_dir(flexdiag_model *m, const flexdiag_safetensors *st,
                                    const char *path) {
+    if (m->cfg.arch == FLEXDIAG_ARCH_CHAMELEON && m->cfg.image_vocab > 0)
+        return vqgan_from_dir(m, path);
     if (m->cfg.arch != FLEXDIAG_ARCH_JANUS ||
         (!flexdiag__st_find(st, "gen_vision_model.quantize.embedding.weight") &&
          !flexdiag__st_find(st, "model.vqmodel.quantize.embedding.weight")))

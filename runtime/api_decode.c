@@ -52,16 +52,35 @@ static flexdiag_status decoder_backend(flexdiag_decoder *d, const flexdiag_vq_co
     return d->k->stream_create(rt->p.device, rt->p.threads, &d->s);
 }
 
-static flexdiag_status decoder_open(flexdiag_decoder *d, const char *path, int32_t max_batch) {
+/* Shape and weights of path's decoder: a Chameleon folder's vqgan.safetensors (grid from its
+ * config), else the Janus decoder of config.json and the checkpoint. */
+static flexdiag_status decoder_source(const char *path, flexdiag_vq_config *vc,
+                                      flexdiag_safetensors **st) {
+    flexdiag_model_config mc;
+    if (flexdiag__config_load(path, &mc) == FLEXDIAG_OK && mc.arch == FLEXDIAG_ARCH_CHAMELEON) {
+        FLEXDIAG_TRY(flexdiag__vqgan_find(path, mc.grid, vc, st));
+        if (!*st)
+            return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND,
+                                 "%s/vqgan.safetensors: no such file; Lumina-mGPT checkpoints "
+                                 "carry no image decoder: put the Chameleon VQGAN there "
+                                 "(docs/formats.md)",
+                                 path);
+        return FLEXDIAG_OK;
+    }
+    flexdiag__err_clear();
     char cj[4096];
     if (snprintf(cj, sizeof cj, "%s/config.json", path) >= (int)sizeof cj)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "decoder: model path too long");
+    FLEXDIAG_TRY(flexdiag__vq_config_read(cj, vc));
+    return flexdiag__st_open(path, st);
+}
+
+static flexdiag_status decoder_open(flexdiag_decoder *d, const char *path, int32_t max_batch) {
     flexdiag_vq_config vc;
-    FLEXDIAG_TRY(flexdiag__vq_config_read(cj, &vc));
-    FLEXDIAG_TRY(decoder_backend(d, &vc, max_batch));
     flexdiag_safetensors *st = NULL;
-    FLEXDIAG_TRY(flexdiag__st_open(path, &st));
-    flexdiag_status r = flexdiag__vq_create(d->k, d->s, st, &vc, max_batch, &d->vq);
+    FLEXDIAG_TRY(decoder_source(path, &vc, &st));
+    flexdiag_status r = decoder_backend(d, &vc, max_batch);
+    if (r == FLEXDIAG_OK) r = flexdiag__vq_create(d->k, d->s, st, &vc, max_batch, &d->vq);
     flexdiag__st_close(st);
     return r;
 }

@@ -1,14 +1,17 @@
 /*
- * vq.c - the VQ-16 image decoder (docs/architecture.md §4.4): weight loading and the decode
+ * vq.c - the VQ image decoders (docs/architecture.md §4.4): weight loading and the decode
  * pipeline, all device work through the op table so one code path serves CPU and CUDA. The shape
  * comes from vq_config.c; mid is always ResBlock, AttnBlock, ResBlock, and levels with attention
- * have an AttnBlock after every ResBlock.
+ * have an AttnBlock after every ResBlock. Janus-Pro's VQ-16 and the taming / Chameleon VQGAN
+ * are the same computation: a layout (vq_names) only says how tensors are named and numbered,
+ * so both run through one table builder, one matcher and one run_pass (no second decoder).
  *
  * Loading (size first, allocate once): a table of every needed tensor (canonical name, shape,
  * offset in one device block) is built from the config alone; checkpoint names are rewritten
- * with flexdiag__name_canonical and matched against it; presence, dtype and shape of every
- * entry are checked before a byte is read. The codebook is L2-normalised in fp32 at load
- * (v / max(‖v‖₂, 1e-12), as F.normalize) and kept fp32; every other weight stays bf16.
+ * with flexdiag__name_canonical (Janus; taming names are used as stored) and matched against
+ * it; presence, dtype and shape of every entry are checked before a byte is read. The codebook
+ * is kept fp32, L2-normalised at load when the config says so (Janus: v / max(‖v‖₂, 1e-12), as
+ * F.normalize); every other weight stays bf16.
  *
  * Decode: ids -> vq_lookup -> post_quant_conv (1×1) -> conv_in -> mid -> levels from the
  * lowest resolution (ResBlocks [+ AttnBlocks], then nearest ×2 + 3×3 conv) -> GroupNorm +
@@ -31,7 +34,38 @@
 #define VQ_ALIGN 256           /* byte alignment of every carved tensor and buffer */
 #define VQ_NAME_MAX 192        /* longest canonical tensor name we build */
 
-static const char vq_prefix[] = "gen_vision_model.";
+/* How a layout names the decoder's tensors (flexdiag_vq_layout, docs/formats.md §2.3). */
+typedef struct vq_names {
+    const char *prefix;      /* before every table name */
+    const char *mid[3];      /* mid ResBlock, AttnBlock, ResBlock */
+    const char *level;       /* "<level>.<index>" names a level */
+    const char *res;         /* "<level>.<index>.<res>.<r>" names its ResBlock r */
+    int by_level;            /* index = level (0 full resolution); else run order (0 lowest) */
+    int canonical;           /* checkpoint names go through flexdiag__name_canonical first */
+    const char *hint;        /* added to a missing tensor's name in messages */
+    const char *ours[4];     /* name prefixes of decoder tensors (for the unused check) */
+    const char *skip[4];     /* ... of those, parts never read (encoder, quant_conv, ...) */
+    int unused_fatal;        /* unused decoder tensors: an error (shape came from the file) */
+} vq_names;
+
+static const vq_names names_janus = {
+    "gen_vision_model.", {"decoder.mid.0", "decoder.mid.1", "decoder.mid.2"},
+    "decoder.conv_blocks", "res", 0, 1, " (transformers: under model.vqmodel.)",
+    {"gen_vision_model."},
+    {"gen_vision_model.encoder.", "gen_vision_model.quant_conv.",
+     "gen_vision_model.quantize.codebook_used"},
+    0,
+};
+
+static const vq_names names_taming = {
+    "", {"decoder.mid.block_1", "decoder.mid.attn_1", "decoder.mid.block_2"},
+    "decoder.up", "block", 1, 0, " (taming / Chameleon VQGAN name, no prefix)",
+    {"decoder.", "post_quant_conv.", "quantize."}, {NULL}, 1,
+};
+
+static const vq_names *names_of(const flexdiag_vq_config *c) {
+    return c->layout == FLEXDIAG_VQ_LAYOUT_TAMING ? &names_taming : &names_janus;
+}
 
 /* ---- weights as the decoder sees them (bf16 device pointers) ---- */
 
@@ -57,7 +91,7 @@ typedef struct vq_attnblock {
     vq_conv q, k, v, proj;
 } vq_attnblock;
 
-typedef struct vq_level {            /* checkpoint conv_blocks.b, b = 0 lowest resolution */
+typedef struct vq_level {            /* run order b: 0 = lowest resolution */
     vq_resblock res[FLEXDIAG_VQ_MAX_RES];
     vq_attnblock attn[FLEXDIAG_VQ_MAX_RES];
     int32_t has_attn;
@@ -72,11 +106,11 @@ struct flexdiag_vq {
     size_t wbytes;                   /* bytes of wblock */
     void *sblock;                    /* device scratch */
     size_t sbytes;                   /* bytes of sblock */
-    const float *codebook;           /* (V, e) fp32, rows unit L2 norm */
+    const float *codebook;           /* (V, e) fp32, rows unit L2 norm when cfg.l2_codebook */
     vq_conv post_quant, conv_in, conv_out;
     vq_resblock mid_res[2];
     vq_attnblock mid_attn;
-    vq_level level[FLEXDIAG_VQ_MAX_LEVELS]; /* by decoder block index */
+    vq_level level[FLEXDIAG_VQ_MAX_LEVELS]; /* in run order b (level n_levels-1-b) */
     vq_norm norm_out;
     void *buf[3];                    /* A, T1, T2: max_batch · act_elems f32 each */
     void *kbuf, *vbuf;               /* max_batch · attn_elems f32 each */
@@ -99,6 +133,7 @@ typedef struct vq_entry {
 } vq_entry;
 
 typedef struct vq_table {
+    const vq_names *nm;               /* the layout's names */
     vq_entry *e;                      /* entries, codebook first */
     int32_t n, cap;                   /* count, capacity */
     size_t bytes;                     /* weight block size so far */
@@ -106,7 +141,7 @@ typedef struct vq_table {
 
 static size_t round_up(size_t x) { return (x + VQ_ALIGN - 1) / VQ_ALIGN * VQ_ALIGN; }
 
-/* Append "gen_vision_model.<base><suffix>" with its shape; elem_bytes 4 for the codebook. */
+/* Append "<prefix><base><suffix>" with its shape; 4 bytes per element for the codebook. */
 static flexdiag_status table_add(vq_table *t, const uint16_t **dst, const char *base,
                                  const char *suffix, int32_t ndim, const int64_t *shape) {
     if (t->n == t->cap) {
@@ -118,7 +153,7 @@ static flexdiag_status table_add(vq_table *t, const uint16_t **dst, const char *
     }
     vq_entry *e = &t->e[t->n++];
     memset(e, 0, sizeof *e);
-    int w = snprintf(e->name, sizeof e->name, "%s%s%s", vq_prefix, base, suffix);
+    int w = snprintf(e->name, sizeof e->name, "%s%s%s", t->nm->prefix, base, suffix);
     FLEXDIAG_ASSERT(w > 0 && (size_t)w < sizeof e->name);
     e->ndim = ndim;
     int64_t numel = 1;
@@ -175,36 +210,39 @@ static flexdiag_status add_attn(vq_table *t, vq_attnblock *a, const char *base, 
     return FLEXDIAG_OK;
 }
 
-/* Decoder block b = conv_blocks.b (level n_levels-1-b); cin is the previous block's width. */
+/* Level lvl = n_levels-1-b, run b-th (Janus conv_blocks.b, taming up.lvl); cin is the previous
+ * block's width. */
 static flexdiag_status add_level(vq_table *t, flexdiag_vq *vq, int32_t b, int32_t cin) {
     const flexdiag_vq_config *c = &vq->cfg;
-    int32_t lvl = c->n_levels - 1 - b, cout = level_ch(c, lvl);
+    const vq_names *nm = t->nm;
+    int32_t lvl = c->n_levels - 1 - b, cout = level_ch(c, lvl), idx = nm->by_level ? lvl : b;
     vq_level *L = &vq->level[b];
     char n[VQ_NAME_MAX];
     L->has_attn = c->attn[lvl];
     for (int32_t r = 0; r < c->res_blocks; r++) {
-        snprintf(n, sizeof n, "decoder.conv_blocks.%d.res.%d", b, r);
+        snprintf(n, sizeof n, "%s.%d.%s.%d", nm->level, idx, nm->res, r);
         FLEXDIAG_TRY(add_res(t, &L->res[r], n, r ? cout : cin, cout));
         if (!L->has_attn) continue;
-        snprintf(n, sizeof n, "decoder.conv_blocks.%d.attn.%d", b, r);
+        snprintf(n, sizeof n, "%s.%d.attn.%d", nm->level, idx, r);
         FLEXDIAG_TRY(add_attn(t, &L->attn[r], n, cout));
     }
     if (lvl == 0) return FLEXDIAG_OK;
-    snprintf(n, sizeof n, "decoder.conv_blocks.%d.upsample.conv", b);
+    snprintf(n, sizeof n, "%s.%d.upsample.conv", nm->level, idx);
     return add_conv(t, &L->up, n, cout, cout, 3);
 }
 
 /* Every tensor the config needs, in execution order, codebook first. */
 static flexdiag_status build_table(flexdiag_vq *vq, vq_table *t) {
     const flexdiag_vq_config *c = &vq->cfg;
+    const vq_names *nm = t->nm = names_of(c);
     int32_t top = level_ch(c, c->n_levels - 1);
     int64_t cb[2] = {c->codebook_size, c->embed_dim};
     FLEXDIAG_TRY(table_add(t, NULL, "quantize.embedding", ".weight", 2, cb));
     FLEXDIAG_TRY(add_conv(t, &vq->post_quant, "post_quant_conv", c->embed_dim, c->z_channels, 1));
     FLEXDIAG_TRY(add_conv(t, &vq->conv_in, "decoder.conv_in", c->z_channels, top, 3));
-    FLEXDIAG_TRY(add_res(t, &vq->mid_res[0], "decoder.mid.0", top, top));
-    FLEXDIAG_TRY(add_attn(t, &vq->mid_attn, "decoder.mid.1", top));
-    FLEXDIAG_TRY(add_res(t, &vq->mid_res[1], "decoder.mid.2", top, top));
+    FLEXDIAG_TRY(add_res(t, &vq->mid_res[0], nm->mid[0], top, top));
+    FLEXDIAG_TRY(add_attn(t, &vq->mid_attn, nm->mid[1], top));
+    FLEXDIAG_TRY(add_res(t, &vq->mid_res[1], nm->mid[2], top, top));
     for (int32_t b = 0; b < c->n_levels; b++)
         FLEXDIAG_TRY(add_level(t, vq, b, b ? level_ch(c, c->n_levels - b) : top));
     FLEXDIAG_TRY(add_norm(t, &vq->norm_out, "decoder.norm_out", level_ch(c, 0)));
@@ -223,16 +261,21 @@ static const char *shape_str(const int64_t *shape, int32_t n, char *buf, size_t 
     return buf;
 }
 
-/* Canonical names of all checkpoint tensors (NULL entries when a name does not fit). */
-static flexdiag_status canonical_names(const flexdiag_safetensors *st, char ***out) {
+/* Canonical names of all checkpoint tensors (NULL entries when a name does not fit); the
+ * stored names when the layout has no canonical form. */
+static flexdiag_status canonical_names(const flexdiag_safetensors *st, const vq_names *nm,
+                                       char ***out) {
     int64_t n = flexdiag__st_count(st);
     char **names = calloc((size_t)(n ? n : 1), sizeof *names);
     if (!names) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "VQ decoder: no memory for names");
     for (int64_t i = 0; i < n; i++) {
         char buf[512];
-        if (flexdiag__name_canonical(FLEXDIAG_ARCH_JANUS, flexdiag__st_at(st, i)->name, buf,
-                                     sizeof buf) < 0)
+        const char *name = flexdiag__st_at(st, i)->name;
+        if (!nm->canonical) {
+            if (snprintf(buf, sizeof buf, "%s", name) >= (int)sizeof buf) continue;
+        } else if (flexdiag__name_canonical(FLEXDIAG_ARCH_JANUS, name, buf, sizeof buf) < 0) {
             continue; /* longer than any tensor of ours: cannot match */
+        }
         names[i] = strdup(buf);
         if (!names[i]) {
             for (int64_t j = 0; j < i; j++) free(names[j]);
@@ -251,8 +294,8 @@ static void free_names(char **names, int64_t n) {
 }
 
 /* Find e in the checkpoint; check uniqueness, dtype and shape. used[i] marks tensor i. */
-static flexdiag_status match_entry(const flexdiag_safetensors *st, char **canon, vq_entry *e,
-                                   char *used) {
+static flexdiag_status match_entry(const flexdiag_safetensors *st, const vq_names *nm,
+                                   char **canon, vq_entry *e, char *used) {
     int64_t n = flexdiag__st_count(st);
     char want[96], got[96];
     for (int64_t i = 0; i < n; i++) {
@@ -269,9 +312,9 @@ static flexdiag_status match_entry(const flexdiag_safetensors *st, char **canon,
     shape_str(e->shape, e->ndim, want, sizeof want);
     if (!e->t)
         return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: tensor '%s' (transformers: under model.vqmodel.) is missing; "
-                             "the VQ config needs shape %s",
-                             n ? flexdiag__st_file_path(st, 0) : "checkpoint", e->name, want);
+                             "%s: tensor '%s'%s is missing; the VQ config needs shape %s",
+                             n ? flexdiag__st_file_path(st, 0) : "checkpoint", e->name, nm->hint,
+                             want);
     const flexdiag_st_tensor *t = e->t;
     const char *file = flexdiag__st_file_path(st, t->file);
     if (t->dtype != FLEXDIAG_DTYPE_BF16 && t->dtype != FLEXDIAG_DTYPE_F16 &&
@@ -288,43 +331,52 @@ static flexdiag_status match_entry(const flexdiag_safetensors *st, char **canon,
     return FLEXDIAG_OK;
 }
 
-/* Not needed by this decoder and not on the skip list (encoder, quant_conv, codebook usage). */
-static int unexpected(const char *canon) {
-    static const char *skip[] = {"gen_vision_model.encoder.", "gen_vision_model.quant_conv.",
-                                 "gen_vision_model.quantize.codebook_used"};
-    if (!canon || strncmp(canon, vq_prefix, sizeof vq_prefix - 1)) return 0;
-    for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++)
-        if (!strncmp(canon, skip[i], strlen(skip[i]))) return 0;
-    return 1;
+/* A decoder tensor of the layout (under one of its prefixes, not on its skip list). */
+static int decoder_tensor(const vq_names *nm, const char *canon) {
+    int ours = 0;
+    for (int i = 0; canon && !ours && i < 4 && nm->ours[i]; i++)
+        ours = !strncmp(canon, nm->ours[i], strlen(nm->ours[i]));
+    for (int i = 0; ours && i < 4 && nm->skip[i]; i++)
+        if (!strncmp(canon, nm->skip[i], strlen(nm->skip[i]))) return 0;
+    return ours;
 }
 
-/* One warning listing VQ tensors the config does not use (docs/formats.md §2.6): up to 10, then a
- * count. Usually means the config has fewer levels or blocks than the checkpoint. */
-static void warn_unused(const flexdiag_safetensors *st, char **canon, const char *used) {
+/* Decoder tensors the config does not use (docs/formats.md §2.6), up to 10 then a count. Janus:
+ * one warning (usually config.json has fewer levels or blocks than the checkpoint). Taming: an
+ * error, since the shape came from the file itself and the file has a structure it missed. */
+static flexdiag_status check_unused(const flexdiag_safetensors *st, const vq_names *nm,
+                                    char **canon, const char *used) {
     int64_t n = flexdiag__st_count(st), extra = 0;
     char list[1024] = "";
     size_t len = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (used[i] || !unexpected(canon[i])) continue;
+        if (used[i] || !decoder_tensor(nm, canon[i])) continue;
         if (extra++ < 10 && len < sizeof list)
             len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", extra > 1 ? ", " : "",
                                     flexdiag__st_at(st, i)->name);
     }
-    if (extra)
-        FLEXDIAG_WARN("%s: %lld image-decoder tensor(s) not used by the VQ config, ignored "
-                      "(check config.json): %s%s",
-                      flexdiag__st_file_path(st, 0), (long long)extra, list,
-                      extra > 10 ? ", ..." : "");
+    if (!extra) return FLEXDIAG_OK;
+    if (nm->unused_fatal)
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
+                             "%s: %lld decoder tensor(s) outside the VQGAN layout its shapes "
+                             "describe (up.0's ResBlocks set the count per level): %s%s",
+                             flexdiag__st_file_path(st, 0), (long long)extra, list,
+                             extra > 10 ? ", ..." : "");
+    FLEXDIAG_WARN("%s: %lld image-decoder tensor(s) not used by the VQ config, ignored "
+                  "(check config.json): %s%s",
+                  flexdiag__st_file_path(st, 0), (long long)extra, list,
+                  extra > 10 ? ", ..." : "");
+    return FLEXDIAG_OK;
 }
 
 static flexdiag_status match_table(const flexdiag_safetensors *st, vq_table *t) {
     int64_t n = flexdiag__st_count(st);
     char **canon = NULL, *used = calloc((size_t)(n ? n : 1), 1);
     if (!used) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "VQ decoder: no memory");
-    flexdiag_status s = canonical_names(st, &canon);
+    flexdiag_status s = canonical_names(st, t->nm, &canon);
     for (int32_t i = 0; s == FLEXDIAG_OK && i < t->n; i++)
-        s = match_entry(st, canon, &t->e[i], used);
-    if (s == FLEXDIAG_OK) warn_unused(st, canon, used);
+        s = match_entry(st, t->nm, canon, &t->e[i], used);
+    if (s == FLEXDIAG_OK) s = check_unused(st, t->nm, canon, used);
     free_names(canon, n);
     free(used);
     return s;
@@ -378,7 +430,7 @@ static flexdiag_status load_weights(flexdiag_vq *vq, flexdiag_stream *s,
         if (!st) random_entry(e, i, seed, host + e->offset);
         else if (e->dst) st_ = flexdiag__st_read_bf16(st, e->t, (uint16_t *)(host + e->offset));
         else st_ = flexdiag__st_read_f32(st, e->t, (float *)(host + e->offset));
-        if (st_ == FLEXDIAG_OK && !e->dst)
+        if (st_ == FLEXDIAG_OK && !e->dst && vq->cfg.l2_codebook)
             normalise_rows((float *)(host + e->offset), e->shape[0], (int32_t)e->shape[1]);
     }
     if (st_ == FLEXDIAG_OK) st_ = k->mem_alloc(t->bytes, &vq->wblock);
@@ -570,6 +622,21 @@ flexdiag_status flexdiag__vq_load(const flexdiag_kernels *k, flexdiag_stream *s,
     flexdiag_safetensors *st = NULL;
     FLEXDIAG_TRY(flexdiag__st_open(model_dir, &st));
     flexdiag_status r = flexdiag__vq_create(k, s, st, &cfg, max_batch, out);
+    flexdiag__st_close(st);
+    return r;
+}
+
+flexdiag_status flexdiag__vq_open_vqgan(const flexdiag_kernels *k, flexdiag_stream *s,
+                                        const char *path, int32_t grid_h, int32_t grid_w,
+                                        int32_t groups, int64_t max_batch, flexdiag_vq **out) {
+    if (!out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "VQGAN decoder: out is NULL");
+    *out = NULL;
+    if (!path) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "VQGAN decoder: no file");
+    flexdiag_safetensors *st = NULL;
+    FLEXDIAG_TRY(flexdiag__st_open(path, &st));
+    flexdiag_vq_config cfg;
+    flexdiag_status r = flexdiag__vq_config_vqgan(st, grid_h, grid_w, groups, &cfg);
+    if (r == FLEXDIAG_OK) r = flexdiag__vq_create(k, s, st, &cfg, max_batch, out);
     flexdiag__st_close(st);
     return r;
 }

@@ -83,5 +83,6 @@ void test_opt_generate_cli(void **state);  /* `flexdiag generate --top-k 1` = ge
 void test_chameleon_text(void **state);      /* text-mode logits and hidden states */
 void test_chameleon_qk_layouts(void **state); /* [heads, d_h] QK norms: same bits */
 void test_chameleon_image(void **state);     /* image-mode CFG logits over the codes */
+void test_chameleon_vqgan(void **state);     /* generate + a vqgan.safetensors: pixels */
 
 #endif /* FLEXDIAG_TEST_GOLDEN_H */

@@ -36,6 +36,7 @@ int main(void) {
         cmocka_unit_test(test_chameleon_text),
         cmocka_unit_test(test_chameleon_qk_layouts),
         cmocka_unit_test(test_chameleon_image),
+        cmocka_unit_test(test_chameleon_vqgan),
     };
     int ran = 0, failed = GD_GROUP("janus", "janus", NULL, janus, &ran);
     failed += GD_GROUP("llama", "llama", NULL, llama, &ran);

@@ -394,6 +394,37 @@ static void test_golden_decode(void **state) {
     free(ids), free(px), free(dir), free(tpath), free(ppath), free(mpath);
 }
 
+/* The taming / Chameleon VQGAN fixture (tools/golden/make_vqgan.py: 4 x 4 grid, GroupNorm 8)
+ * decoded on CUDA against the PyTorch reference. */
+static void test_vqgan_decode(void **state) {
+    (void)state;
+    char *cpath = tu_data_path("image/data/vqgan/codes.npy");
+    char *ppath = tu_data_path("image/data/vqgan/pixels.npy");
+    char *wpath = tu_data_path("image/data/vqgan/vqgan.safetensors");
+    if (access(cpath, R_OK) || access(ppath, R_OK) || access(wpath, R_OK)) {
+        fprintf(stderr, "VQGAN fixture missing (tools/golden/make_vqgan.py): check skipped\n");
+        free(cpath), free(ppath), free(wpath);
+        return;
+    }
+    flexdiag_npy codes, ref;
+    OK(flexdiag__npy_read(cpath, &codes));
+    OK(flexdiag__npy_read(ppath, &ref));
+    flexdiag_vq *vq = NULL;
+    OK(flexdiag__vq_open_vqgan(G, S, wpath, 4, 4, 8, codes.shape[0], &vq));
+    int32_t *ids = xmalloc((size_t)codes.numel * 4);
+    for (int64_t i = 0; i < codes.numel; i++) ids[i] = (int32_t)((const int64_t *)codes.data)[i];
+    float *px = xmalloc((size_t)ref.numel * 4);
+    OK(flexdiag__vq_decode(vq, S, ids, codes.shape[0], px));
+    const double err = tu_rel_l2(px, ref.data, ref.numel);
+    printf("CUDA VQGAN decode vs PyTorch: relative L2 %.3g over %lld values (limit 2e-2)\n", err,
+           (long long)ref.numel);
+    assert_true(err <= 2e-2);
+    flexdiag__vq_destroy(vq);
+    flexdiag__npy_free(&codes);
+    flexdiag__npy_free(&ref);
+    free(ids), free(px), free(cpath), free(ppath), free(wpath);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -445,7 +476,8 @@ int main(void) {
         cmocka_unit_test(test_lookup),    cmocka_unit_test(test_conv),
         cmocka_unit_test(test_conv_errors), cmocka_unit_test(test_groupnorm),
         cmocka_unit_test(test_upsample_nhwc), cmocka_unit_test(test_attn),
-        cmocka_unit_test(test_golden_decode), cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_golden_decode), cmocka_unit_test(test_vqgan_decode),
+        cmocka_unit_test(test_timing),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     G->stream_destroy(S);

@@ -290,6 +290,9 @@ static void test_config_errors(void **state) {
         {"{\"gen_vision_config\": {\"cls\": \"VQ-32\"}}", FLEXDIAG_ERR_UNSUPPORTED, "VQ-32"},
         {"{\"vq_config\": {}, \"vq_config\": {}}", FLEXDIAG_ERR_CORRUPT_MODEL, "invalid JSON"},
         {"[1]", FLEXDIAG_ERR_CORRUPT_MODEL, "not a JSON object"},
+        /* Chameleon's vq_config describes a taming VQGAN, read from vqgan.safetensors instead */
+        {"{\"model_type\": \"chameleon\", \"vq_config\": {\"embed_dim\": 256}}",
+         FLEXDIAG_ERR_UNSUPPORTED, "vqgan.safetensors"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         flexdiag__err_clear();

@@ -86,7 +86,7 @@ void tv_build(tv_model *m, const flexdiag_vq_config *c, uint64_t seed) {
             snprintf(n, sizeof n, "decoder.conv_blocks.%d.res.%d", b, i);
             add_res(m, &r, n, cin, cout);
             cin = cout;
-            if (lvl != c->n_levels - 1) continue;
+            if (!c->attn[lvl]) continue;
             snprintf(n, sizeof n, "decoder.conv_blocks.%d.attn.%d", b, i);
             add_attn(m, &r, n, cout);
         }
@@ -153,6 +153,46 @@ int tv_name_from_hf(const char *hf, char *out, size_t n) {
     replace(out, n, "decoder.mid.attn_1.", "decoder.mid.1.");
     replace(out, n, "decoder.mid.block_2.", "decoder.mid.2.");
     return 0;
+}
+
+int tv_name_to_taming(const char *orig, int n_levels, char *out, size_t n) {
+    static const char pre[] = "gen_vision_model.";
+    if (strncmp(orig, pre, sizeof pre - 1)) return -1;
+    const char *rest = orig + sizeof pre - 1;
+    int b = 0, used = 0;
+    if (sscanf(rest, "decoder.conv_blocks.%d.%n", &b, &used) == 1 && used > 0) {
+        const char *tail = rest + used;
+        int lvl = n_levels - 1 - b;
+        if (!strncmp(tail, "res.", 4))
+            return snprintf(out, n, "decoder.up.%d.block.%s", lvl, tail + 4) < (int)n ? 0 : -1;
+        return snprintf(out, n, "decoder.up.%d.%s", lvl, tail) < (int)n ? 0 : -1;
+    }
+    if (snprintf(out, n, "%s", rest) >= (int)n) return -1;
+    replace(out, n, "decoder.mid.0.", "decoder.mid.block_1.");
+    replace(out, n, "decoder.mid.1.", "decoder.mid.attn_1.");
+    replace(out, n, "decoder.mid.2.", "decoder.mid.block_2.");
+    return 0;
+}
+
+int tv_write_vqgan(const tv_model *m, const char *path, const char *skip,
+                   const flexdiag_st_entry *extra) {
+    flexdiag_st_entry *e = calloc((size_t)m->n + 1, sizeof *e);
+    char(*names)[192] = calloc((size_t)m->n, sizeof *names);
+    int64_t k = 0;
+    int rc = 0;
+    for (int i = 0; i < m->n && rc == 0; i++) {
+        rc = tv_name_to_taming(m->t[i].name, m->cfg.n_levels, names[k], sizeof names[k]);
+        if (rc || (skip && !strcmp(names[k], skip))) continue;
+        e[k] = (flexdiag_st_entry){.name = names[k], .dtype = FLEXDIAG_DTYPE_BF16,
+                                   .ndim = m->t[i].ndim, .data = m->t[i].data};
+        memcpy(e[k].shape, m->t[i].shape, sizeof m->t[i].shape);
+        k++;
+    }
+    if (extra) e[k++] = *extra;
+    if (rc == 0 && flexdiag__st_write(path, e, k) != FLEXDIAG_OK) rc = -1;
+    free(e);
+    free(names);
+    return rc;
 }
 
 int tv_write(const tv_model *m, const char *dir, int hf, const char *skip) {
@@ -259,7 +299,7 @@ static double *attn(const nv *v, const char *base, double *x, int c) {
     return p;
 }
 
-/* Normalised codebook rows of ids as (n, e, hw). */
+/* Codebook rows of ids as (n, e, hw), L2-normalised when the config says so. */
 static double *lookup(const nv *v, const int32_t *ids) {
     const flexdiag_vq_config *c = &v->m->cfg;
     const uint16_t *cb = W(v, "quantize.embedding", ".weight");
@@ -270,7 +310,7 @@ static double *lookup(const nv *v, const int32_t *ids) {
             const uint16_t *row = cb + (int64_t)ids[i * hw + j] * e;
             double ss = 0;
             for (int d = 0; d < e; d++) ss += pow(flexdiag__bf16_to_f32(row[d]), 2);
-            double nrm = fmax(sqrt(ss), 1e-12);
+            double nrm = c->l2_codebook ? fmax(sqrt(ss), 1e-12) : 1.0;
             for (int d = 0; d < e; d++)
                 z[(i * e + d) * hw + j] = flexdiag__bf16_to_f32(row[d]) / nrm;
         }
@@ -296,7 +336,7 @@ void tv_naive_decode(const tv_model *m, const int32_t *ids, int64_t n, double *p
             snprintf(name, sizeof name, "decoder.conv_blocks.%d.res.%d", b, i);
             y = res(&v, name, y, cin, cout);
             cin = cout;
-            if (lvl != c->n_levels - 1) continue;
+            if (!c->attn[lvl]) continue;
             snprintf(name, sizeof name, "decoder.conv_blocks.%d.attn.%d", b, i);
             y = attn(&v, name, y, cout);
         }

@@ -1,7 +1,8 @@
 /*
  * tiny_vq.h - test helpers for the VQ decoder: a small random decoder (host bf16 tensors under
  * the original names), writing it as a model folder under either naming scheme, the
- * transformers <-> original name maps written independently of runtime/names.c, and a naive
+ * transformers <-> original name maps written independently of runtime/names.c, the same
+ * weights under taming / Chameleon VQGAN names (one safetensors file), and a naive
  * double-precision decoder built from naive_vq.c that serves as the oracle of the pipeline.
  */
 #ifndef FLEXDIAG_TEST_TINY_VQ_H
@@ -11,6 +12,7 @@
 #include <stdint.h>
 
 #include "runtime/image/vq.h"
+#include "st_write.h"
 
 typedef struct tv_tensor {
     char name[192];   /* original (canonical) name */
@@ -43,7 +45,15 @@ int tv_write(const tv_model *m, const char *dir, int hf, const char *skip);
 /* Name maps between the original and the transformers scheme; 0 on success. */
 int tv_name_to_hf(const char *orig, char *out, size_t n);
 int tv_name_from_hf(const char *hf, char *out, size_t n);
-/* Naive decode: ids (n, grid) -> pixels (n, H, W, 3) in double. */
+/* The taming VQGAN name of an original name (gen_vision_model. dropped, conv_blocks.B ->
+ * up.<n_levels-1-B> with res -> block, mid.0/1/2 -> mid.block_1/attn_1/block_2); 0 on success. */
+int tv_name_to_taming(const char *orig, int n_levels, char *out, size_t n);
+/* Write path (one safetensors file) with taming names; skip names (taming) a tensor to leave
+ * out or is NULL; extra is one more tensor to add or NULL. Returns 0 on success. */
+int tv_write_vqgan(const tv_model *m, const char *path, const char *skip,
+                   const flexdiag_st_entry *extra);
+/* Naive decode: ids (n, grid) -> pixels (n, H, W, 3) in double; the codebook rows are
+ * L2-normalised when m->cfg.l2_codebook. */
 void tv_naive_decode(const tv_model *m, const int32_t *ids, int64_t n, double *pixels);
 
 #endif /* FLEXDIAG_TEST_TINY_VQ_H */
