@@ -163,7 +163,8 @@ typedef struct flexdiag_request {
     int32_t images_per_prompt;   /* default 1 */
     float cfg_weight;            /* default 5.0 */
     float temperature;           /* default 1.0 */
-    int32_t top_k;               /* 0 = off (Janus default) */
+    int32_t top_k;               /* 0 = the model's default: off for Janus-Pro and text models,
+                                    2000 for Lumina-mGPT images (its README) */
     float top_p;                 /* 1.0 = off */
     uint64_t seed;               /* sampling seed; draws keyed by (seed, image index, step) */
     int64_t first_image;         /* image index of this request's first image (default 0): lets
@@ -172,8 +173,11 @@ typedef struct flexdiag_request {
 
 typedef struct flexdiag_output {
     int32_t n_images;     /* n_prompts * images_per_prompt */
-    int32_t tokens_per_image; /* 576 for Janus-Pro */
-    int32_t *tokens;      /* caller-owned [n_images][tokens_per_image]; NULL = query sizes only */
+    int32_t tokens_per_image; /* 576 for Janus-Pro; 1024 for Lumina-mGPT (its 1056 generated
+                                 tokens less the 32 row ends); max_new_tokens for text */
+    int32_t *tokens;      /* caller-owned [n_images][tokens_per_image]; NULL = query sizes only.
+                             Images: the code grid in raster order (what decode_images takes);
+                             text: the generated ids */
 } flexdiag_output;
 
 typedef struct flexdiag_stats {
@@ -330,9 +334,13 @@ FLEXDIAG_API flexdiag_status flexdiag_context_policy(const flexdiag_context *c,
 typedef struct flexdiag_score_request {
     uint32_t struct_size;      /* sizeof(flexdiag_score_request), set by _init */
     const int32_t *prompt_ids; /* conditional prompt (BOS .. <begin_of_image>), borrowed; the
-                                  unconditional row follows the Janus rule */
+                                  unconditional row follows the Janus rule (Lumina-mGPT: the
+                                  prompt ends with the image start and the size token twice, and
+                                  those three ids alone are the unconditional row) */
     int32_t prompt_len;        /* ids in prompt_ids, <= the context's max_prompt_len */
-    const int32_t *ids;        /* the n tokens to score, borrowed */
+    const int32_t *ids;        /* the n tokens to score, borrowed (Lumina-mGPT: vocabulary
+                                  ids, row ends included; the logits' columns are the image
+                                  codes' ids in order) */
     int32_t n;                 /* <= tokens_per_image (Janus) or max_new_tokens (Llama) */
     float cfg_weight;          /* Janus CFG weight (default 5.0) */
 } flexdiag_score_request;

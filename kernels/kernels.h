@@ -284,7 +284,7 @@ typedef flexdiag_status flexdiag_op_sample(int32_t *ids, const float *logits, in
  * to float; only CUDA conv2d rounds, its input to bf16 for the tensor-core GEMM. */
 
 /* out (n, c, hw) f32: column j of image i = codebook row ids[i·hw + j]; codebook (V, c) f32,
- * already L2-normalised by the loader */
+ * L2-normalised by the loader when the layout asks (Janus; the taming VQGAN uses it raw) */
 typedef flexdiag_status flexdiag_op_vq_lookup(void *out, const float *codebook, const int32_t *ids,
                                               int64_t n, int32_t c, int32_t hw,
                                               flexdiag_stream *s);

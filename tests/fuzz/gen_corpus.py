@@ -105,7 +105,7 @@ def compact(obj):
 # ---- config: config.json [+ NUL + generation_config.json] ----
 
 def multi_modality(hf):
-    """The transformers janus config in the original deepseek-ai layout (as test_golden.c)."""
+    """The transformers janus config in the original deepseek-ai layout (as tests/golden/golden_janus.c)."""
     text, vq = hf["text_config"], hf["vq_config"]
     nv, emb, pd = vq["num_embeddings"], vq["embed_dim"], vq["projection_dim"]
     return {"model_type": "multi_modality", "language_config": text,
