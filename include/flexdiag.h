@@ -152,6 +152,11 @@ typedef struct flexdiag_context_params {
                                       whole vocabulary (text continuation, teacher-forced text
                                       logits) instead of generating images; the other models
                                       ignore it */
+    uint32_t kv_pct[3];            /* percent of the block's micro-batches whose KV lives on the
+                                      GPU, in pinned host memory, on disk (sum 100; rounded down
+                                      to whole micro-batches on the GPU; all 0 = 100,0,0). The
+                                      host-homed ones are staged per (layer, micro-batch).
+                                      Disk is not available yet (FLEXDIAG_ERR_UNSUPPORTED). */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {
@@ -281,6 +286,11 @@ typedef struct flexdiag_offload_info {
     uint64_t h2d_bytes;           /* bytes copied host -> device by the scheduler */
     uint64_t disk_read_bytes;     /* bytes read from the store by the scheduler */
     double disk_wait_s;           /* host seconds waiting for disk reads */
+    /* since API version 5 */
+    uint32_t kv_pct[3];           /* requested KV homes (GPU, CPU, disk percent) */
+    uint64_t kv_bytes[3];         /* realised KV bytes per home */
+    uint64_t kv_h2d_bytes;        /* KV bytes loaded from the host home since creation */
+    uint64_t kv_d2h_bytes;        /* KV bytes written back to it */
 } flexdiag_offload_info;
 
 /* Fill *out (caller-owned, struct_size set) for context c. */

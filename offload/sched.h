@@ -22,6 +22,9 @@
  *                     copy stream, disk reads kept in flight further ahead into pinned staging,
  *                     events between the streams and no device-wide synchronisation; KV and
  *                     activations are located as in the resident scheduler.
+ *   sched_kv.c        wraps either of them when the last micro-batches keep their KV in pinned
+ *                     host memory: their layer's K/V spans are loaded into two device staging
+ *                     buffers and written back, on copy streams ordered by events.
  */
 #ifndef FLEXDIAG_SCHED_H
 #define FLEXDIAG_SCHED_H
@@ -43,7 +46,8 @@ typedef struct flexdiag_sched_layout {
     const void *weights;  /* device address of layer 0's weight block */
     size_t layer_bytes;   /* bytes from one layer's weight block to the next */
     void *kv;             /* device KV cache: (n_layers, 2 (K, V), n_seq, seq_bytes) bytes */
-    int32_t n_seq;        /* sequences the cache holds (capacity) */
+    int32_t n_seq;        /* sequences the device cache holds: the first n_seq of the block
+                             (the rest have their KV home elsewhere: sched_kv.c) */
     size_t seq_bytes;     /* bytes of one sequence's K (or V) in one layer */
     void *act;            /* device activations: (n_seq, rows_per_seq, row_bytes) bytes */
     size_t row_bytes;     /* bytes of one activation row (hidden size × element size) */
@@ -75,6 +79,8 @@ typedef struct flexdiag_sched_stats {
     uint64_t disk_bytes;   /* bytes read from the store */
     double disk_wait_s;    /* host seconds spent waiting for disk reads */
     double slot_wait_s;    /* host seconds spent waiting for a staging buffer to drain */
+    uint64_t kv_h2d_bytes; /* KV bytes loaded from the host home (sched_kv.c) */
+    uint64_t kv_d2h_bytes; /* KV bytes written back to it */
 } flexdiag_sched_stats;
 
 typedef struct flexdiag_sched_ops {
@@ -134,6 +140,27 @@ static inline flexdiag_status flexdiag__sched_release(flexdiag_sched *s,
                                                       const flexdiag_sched_io *io) {
     return s->ops->release(s, io);
 }
+
+/* KV homes (sched_kv.c): sequences [s_host, n_seq) keep their KV in host memory. */
+typedef struct flexdiag_sched_kv_params {
+    const flexdiag_kernels *k;  /* backend */
+    int device;                 /* its device ordinal (the copy streams') */
+    flexdiag_stream *compute;   /* the stream acquire's users run on (borrowed) */
+    int32_t n_seq;              /* sequences of the block */
+    int32_t s_host;             /* first host-homed sequence (a micro-batch boundary) */
+    int32_t mb_seq;             /* sequences per micro-batch (the most one acquire asks for) */
+    size_t seq_bytes;           /* bytes of one sequence's K (or V) in one layer */
+    char *host;                 /* (n_layers, 2, n_seq - s_host, seq_bytes) pinned (borrowed) */
+    void *staging;              /* flexdiag__sched_kv_staging_bytes device bytes (borrowed) */
+} flexdiag_sched_kv_params;
+
+/* Device bytes of the two staging buffers. */
+size_t flexdiag__sched_kv_staging_bytes(int32_t mb_seq, size_t seq_bytes);
+/* A scheduler that hands inner's addresses, except the K/V of host-homed micro-batches, which
+ * it stages (see sched_kv.c). Takes inner (destroyed with it, or on failure); *out is owned by
+ * the caller. */
+flexdiag_status flexdiag__sched_kv_create(flexdiag_sched *inner, const flexdiag_sched_kv_params *p,
+                                          flexdiag_sched **out);
 
 /* Free s; NULL is a no-op. */
 static inline void flexdiag__sched_destroy(flexdiag_sched *s) {

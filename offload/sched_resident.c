@@ -11,11 +11,14 @@
 
 void flexdiag__sched_locate(const flexdiag_sched_layout *l, flexdiag_sched_io *io) {
     FLEXDIAG_DASSERT(io->layer >= 0 && io->layer < l->n_layers);
-    FLEXDIAG_DASSERT(io->s0 >= 0 && io->n_seq >= 1 && io->s0 + io->n_seq <= l->n_seq);
+    FLEXDIAG_DASSERT(io->s0 >= 0 && io->n_seq >= 1 &&
+                     (io->s0 >= l->n_seq || io->s0 + io->n_seq <= l->n_seq));
     size_t j = (size_t)io->layer, s0 = (size_t)io->s0;
+    io->x = (char *)l->act + s0 * (size_t)io->rows_per_seq * l->row_bytes;
+    io->k = io->v = NULL; /* sequences past the device cache: their KV home is elsewhere */
+    if (io->s0 >= l->n_seq) return;
     io->k = (char *)l->kv + ((j * 2 + 0) * (size_t)l->n_seq + s0) * l->seq_bytes;
     io->v = (char *)l->kv + ((j * 2 + 1) * (size_t)l->n_seq + s0) * l->seq_bytes;
-    io->x = (char *)l->act + s0 * (size_t)io->rows_per_seq * l->row_bytes;
 }
 
 static flexdiag_status resident_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {

@@ -71,6 +71,15 @@ flexdiag_status flexdiag__tiers_prepare(flexdiag_runtime *rt, const flexdiag_wcu
     return st;
 }
 
+flexdiag_status flexdiag__tiers_pool_alloc(flexdiag_runtime *rt, size_t bytes, const char *what,
+                                           void **out) {
+    pthread_mutex_lock(&rt->tier_mu);
+    flexdiag_status st = rt->pool ? FLEXDIAG_OK : pool_make(rt, bytes);
+    if (st == FLEXDIAG_OK) st = flexdiag__host_pool_alloc(rt->pool, bytes, what, out);
+    pthread_mutex_unlock(&rt->tier_mu);
+    return st;
+}
+
 void flexdiag__tiers_free(flexdiag_runtime *rt) {
     flexdiag__store_destroy(rt->store);
     flexdiag__host_pool_destroy(rt->pool);
@@ -121,6 +130,12 @@ flexdiag_status flexdiag_context_offload(const flexdiag_context *c, flexdiag_off
         out->h2d_bytes = s.h2d_bytes;
         out->disk_read_bytes = s.disk_bytes;
         out->disk_wait_s = s.disk_wait_s;
+        out->kv_h2d_bytes = s.kv_h2d_bytes;
+        out->kv_d2h_bytes = s.kv_d2h_bytes;
     }
+    memcpy(out->kv_pct, c->p.kv_pct, sizeof out->kv_pct);
+    if (!out->kv_pct[0] && !out->kv_pct[1] && !out->kv_pct[2]) out->kv_pct[0] = 100;
+    out->kv_bytes[0] = (uint64_t)L * 2 * (uint64_t)c->s_host * c->seq_bytes;
+    out->kv_bytes[1] = (uint64_t)L * 2 * (uint64_t)(c->n_seq - c->s_host) * c->seq_bytes;
     return FLEXDIAG_OK;
 }

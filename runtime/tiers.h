@@ -26,6 +26,10 @@
  * bytes. */
 flexdiag_status flexdiag__tiers_prepare(flexdiag_runtime *rt, const flexdiag_wcut *cut,
                                         const uint64_t need[3]);
+/* Carve bytes of the pinned pool for `what` (a context's KV home), making the pool first when
+ * no model needed one (sized by --cpu-mem, else by bytes). OOM_PINNED names the pool. */
+flexdiag_status flexdiag__tiers_pool_alloc(flexdiag_runtime *rt, size_t bytes, const char *what,
+                                           void **out);
 /* Free the tiers (models first). */
 void flexdiag__tiers_free(flexdiag_runtime *rt);
 

@@ -38,7 +38,7 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     size_t hkv = (size_t)l->kv_heads, f = (size_t)l->ffn, S = (size_t)c->n_seq;
     size_t qkvw = (hq + 2 * hkv) * dh, pft = (size_t)c->pf_seq * (size_t)c->p_cap;
     size_t mbt = pft > (size_t)c->mb_seq ? pft : (size_t)c->mb_seq; /* prefill or decode rows */
-    size_t V = (size_t)c->vocab_out, ring = (size_t)c->pd.ring;
+    size_t V = (size_t)c->vocab_out;
     size_t dm = m->head_dim_mid > l->hidden ? (size_t)m->head_dim_mid : d;
     size_t e8 = m->image_embed > 0 ? (size_t)m->image_embed : 1, off = 0;
 #define TAKE(field, bytes)                                                                         \
@@ -46,7 +46,8 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
         if (base) b->field = (void *)(base + off);                                                 \
         off += al(bytes);                                                                          \
     } while (0)
-    TAKE(kv, (size_t)l->layers * 2 * S * hkv * ((size_t)c->p_cap + ring) * dh * act);
+    TAKE(kv, (size_t)l->layers * 2 * (size_t)c->s_host * c->seq_bytes);
+    if (c->s_host < c->n_seq) TAKE(kv_stage, flexdiag__sched_kv_staging_bytes(c->mb_seq, c->seq_bytes));
     if (c->m->w.homes)
         TAKE(wslots, WEIGHT_SLOTS * flexdiag__sched_tiered_slot_bytes(c->m->w.homes));
     TAKE(x, S * (size_t)c->p_cap * d * act);
@@ -94,6 +95,27 @@ static flexdiag_status ctx_output(flexdiag_context *c) {
     return FLEXDIAG_OK;
 }
 
+/* KV homes (kv_pct: GPU, CPU, disk percent of the micro-batches): the first micro-batches keep
+ * their KV on the device, the rest in pinned host memory; s_host is the first host-homed
+ * sequence (n_seq when none). */
+static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
+    uint32_t g = c->p.kv_pct[0], h = c->p.kv_pct[1], d = c->p.kv_pct[2];
+    if (!g && !h && !d) g = 100;
+    if (g > 100 || h > 100 || d > 100 || g + h + d != 100)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "KV homes %u,%u,%u (--kv G,C,D): three percentages of the "
+                             "micro-batches on GPU, pinned CPU and disk that add up to 100",
+                             g, h, d);
+    if (d)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "KV homes %u,%u,%u: a disk KV home is not available yet; keep the "
+                             "KV on the GPU and in pinned host memory (--kv G,C,0)",
+                             g, h, d);
+    int64_t dev = (int64_t)c->n_mb * g / 100 * c->mb_seq;
+    c->s_host = dev < c->n_seq ? (int32_t)dev : c->n_seq;
+    return FLEXDIAG_OK;
+}
+
 /* Fill the geometry fields of c from its params (no allocation). */
 static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
@@ -117,8 +139,13 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
                              c->p_cap, c->l_dec, l->max_pos);
     int32_t pf_cap = (c->pf_tokens > 0 ? c->pf_tokens : PREFILL_TOKENS) / c->p_cap;
     c->pf_seq = pf_cap < 1 ? 1 : pf_cap < c->mb_seq ? pf_cap : c->mb_seq;
-    return flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
-                              l->kv_heads, c->n_seq, c->p_cap, c->l_dec, c->host_policy);
+    FLEXDIAG_TRY(ctx_kv_homes(c));
+    while (c->s_host < c->n_seq && c->mb_seq % c->pf_seq) c->pf_seq--; /* no chunk straddles */
+    FLEXDIAG_TRY(flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
+                                    l->kv_heads, c->n_seq, c->p_cap, c->l_dec, c->host_policy));
+    c->seq_bytes = (size_t)l->kv_heads * (size_t)(c->p_cap + c->pd.ring) * (size_t)l->head_dim *
+                   (size_t)c->m->rt->k->act_bytes;
+    return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
@@ -194,24 +221,53 @@ static flexdiag_status stream_open(flexdiag_context *c) {
 
 /* The scheduler over the carved block: all-device, or tiered when the model's layers are split
  * over device, pinned host and disk. */
-static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
+/* The weights' scheduler over the carved block: all-device, or tiered when the model's layers
+ * are split over device, pinned host and disk. */
+static flexdiag_status sched_weights(flexdiag_context *c, size_t act, flexdiag_sched **out) {
     const flexdiag_runtime *rt = c->m->rt;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
-    size_t seq = (size_t)l->kv_heads * (size_t)(c->p_cap + c->pd.ring) * (size_t)l->head_dim;
     flexdiag_sched_layout lay = {.n_layers = l->layers,
                                  .weights = c->m->w.layer0,
                                  .layer_bytes = c->m->w.layer_bytes,
                                  .kv = c->b.kv,
-                                 .n_seq = c->n_seq,
-                                 .seq_bytes = seq * act,
+                                 .n_seq = c->s_host,
+                                 .seq_bytes = c->seq_bytes,
                                  .act = c->b.x,
                                  .row_bytes = (size_t)l->hidden * act};
-    if (!c->m->w.homes) return flexdiag__sched_resident_create(&lay, &c->sched);
+    if (!c->m->w.homes) return flexdiag__sched_resident_create(&lay, out);
     flexdiag_sched_tiered_params tp = {.lay = lay, .homes = c->m->w.homes, .k = rt->k,
                                        .device = rt->p.device, .compute = c->s,
                                        .slots = c->b.wslots, .n_slots = WEIGHT_SLOTS,
                                        .pool = rt->pool, .n_stage = FLEXDIAG_DISK_STAGE};
-    return flexdiag__sched_tiered_create(&tp, &c->sched);
+    return flexdiag__sched_tiered_create(&tp, out);
+}
+
+/* The context's scheduler: the weights' one, wrapped by the KV homes when the last
+ * micro-batches keep their KV in pinned host memory (its home carved from the pool here). */
+static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
+    flexdiag_runtime *rt = c->m->rt;
+    flexdiag_sched *inner = NULL;
+    FLEXDIAG_TRY(sched_weights(c, act, &inner));
+    if (c->s_host == c->n_seq) {
+        c->sched = inner;
+        return FLEXDIAG_OK;
+    }
+    c->kv_host_bytes = (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->n_seq - c->s_host) *
+                       c->seq_bytes;
+    flexdiag_status st = flexdiag__tiers_pool_alloc(rt, c->kv_host_bytes,
+                                                    "the KV home of a context's host-homed "
+                                                    "micro-batches (--kv)",
+                                                    &c->kv_host);
+    if (st != FLEXDIAG_OK) {
+        flexdiag__sched_destroy(inner);
+        return st;
+    }
+    memset(c->kv_host, 0, c->kv_host_bytes);
+    flexdiag_sched_kv_params kp = {.k = rt->k, .device = rt->p.device, .compute = c->s,
+                                   .n_seq = c->n_seq, .s_host = c->s_host, .mb_seq = c->mb_seq,
+                                   .seq_bytes = c->seq_bytes, .host = c->kv_host,
+                                   .staging = c->b.kv_stage};
+    return flexdiag__sched_kv_create(inner, &kp, &c->sched);
 }
 
 flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
@@ -236,7 +292,8 @@ void flexdiag__context_free(flexdiag_context *c) {
     const flexdiag_kernels *k = rt->k;
     for (int i = 0; i < 2; i++)
         if (c->graph[i]) k->graph_destroy(c->graph[i]);
-    flexdiag__sched_destroy(c->sched); /* drains its copies into the block first */
+    flexdiag__sched_destroy(c->sched); /* drains its copies into the block and home first */
+    if (c->kv_host) flexdiag__host_pool_free(rt->pool, c->kv_host, c->kv_host_bytes);
     if (c->s) k->stream_destroy(c->s); /* waits for the stream's work */
     flexdiag__arena_charge(&rt->arena, -(int64_t)c->stream_charge, "a context's stream");
     flexdiag__arena_free(&rt->arena, c->block, c->block_bytes);

@@ -73,7 +73,10 @@ struct flexdiag_model {
 /* Device buffers of a context, carved from one block (context.c ctx_layout); the KV policy's
  * own buffers follow them in the same block (policy_driver.h flexdiag_pd_bufs). */
 typedef struct flexdiag_ctx_bufs {
-    void *kv;          /* (layers, 2, n_seq, h_kv, p_cap + ring, d_h) act: K then V per layer */
+    void *kv;          /* (layers, 2, s_host, h_kv, p_cap + ring, d_h) act: K then V per layer,
+                          the sequences whose KV home is the device */
+    void *kv_stage;    /* staging of the host-homed micro-batches (offload/sched.h
+                          flexdiag__sched_kv_staging_bytes); NULL when every KV is here */
     void *wslots;      /* (WEIGHT_SLOTS, slot bytes) device weight slots of a split model */
     void *x;           /* (n_seq, p_cap, d) act: residual stream (decode uses (n_seq, d)) */
     void *h;           /* (mb_tok, d) normed input */
@@ -113,6 +116,12 @@ struct flexdiag_context {
                                         scratch holds pf_seq·p_cap tokens, not the batch's */
     int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
+    int32_t s_host;                  /* first sequence whose KV home is pinned host memory
+                                        (n_seq: all on the device) */
+    size_t seq_bytes;                /* bytes of one sequence's K (or V) in one layer */
+    void *kv_host;                   /* (layers, 2, n_seq - s_host, seq_bytes) in the pinned
+                                        pool, NULL when every KV is on the device */
+    size_t kv_host_bytes;            /* its size */
     int32_t l_dec;                   /* decode tokens per sequence */
     int32_t vocab_out;               /* width of the sampled distribution */
     int32_t id0;                     /* id of its column 0 (Chameleon images: the first image

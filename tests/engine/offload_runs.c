@@ -24,6 +24,7 @@ typedef struct run {
     int32_t per_img, vocab;
     char sched[16];
     uint64_t weights_bytes[3], h2d_bytes, disk_read_bytes, loads;
+    uint64_t kv_bytes[3], kv_h2d_bytes, kv_d2h_bytes;
 } run;
 
 static void ok(flexdiag_status st) {
@@ -53,13 +54,23 @@ static bool cancel_half(int phase, uint64_t done, uint64_t total, void *user) {
     return !(phase == 1 && done * 2 >= total);
 }
 
+/* KV homes and policy of a context (kv all 0: on the device). */
+typedef struct kv_case {
+    uint32_t kv[3];
+    flexdiag_policy_kind kind;
+} kv_case;
+
 /* One context on m: a cancelled generate (when cancel), the full generate, a scored image. */
-static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int cancel, run *out) {
+static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int cancel,
+                           const kv_case *kc, run *out) {
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
     cp.max_images = batch;
     cp.micro_batch = micro;
     cp.max_prompt_len = 32;
+    memcpy(cp.kv_pct, kc->kv, sizeof cp.kv_pct);
+    cp.policy.kind = kc->kind;
+    cp.policy.sparsity = kc->kind == FLEXDIAG_POLICY_DENSE ? 0.0 : 0.5;
     if (cancel) cp.progress = cancel_half;
     flexdiag_context *c = NULL;
     ok(flexdiag_context_create(m, &cp, &c));
@@ -95,14 +106,23 @@ static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int can
     out->h2d_bytes = oi.h2d_bytes;
     out->disk_read_bytes = oi.disk_read_bytes;
     out->loads = oi.loads;
+    out->kv_h2d_bytes = oi.kv_h2d_bytes;
+    out->kv_d2h_bytes = oi.kv_d2h_bytes;
+    memcpy(out->kv_bytes, oi.kv_bytes, sizeof out->kv_bytes);
     flexdiag_context_destroy(c);
 }
 
+static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int cancel, run *out) {
+    const kv_case device = {{100, 0, 0}, FLEXDIAG_POLICY_DENSE};
+    run_context_kv(m, batch, micro, cancel, &device, out);
+}
+
 static void open_model(int device, const char *arch, const uint32_t pct[3], const char *dir,
-                       flexdiag_runtime **rt, flexdiag_model **m) {
+                       uint64_t cpu_mem, flexdiag_runtime **rt, flexdiag_model **m) {
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
     rp.device = device;
+    rp.cpu_mem = cpu_mem;
     rp.threads = device < 0 ? 2 : 0;
     rp.offload_dir = dir;
     ok(flexdiag_runtime_create(&rp, rt));
@@ -138,7 +158,7 @@ void to_run_placements(int device, const char *arch, int32_t batch, int32_t micr
         snprintf(what, sizeof what, "%u,%u,%u", p[0], p[1], p[2]);
         flexdiag_runtime *rt;
         flexdiag_model *m;
-        open_model(device, arch, p, dir, &rt, &m);
+        open_model(device, arch, p, dir, 0, &rt, &m);
         run r = {0};
         run_context(m, batch, micro, i == 3, &r);
         if (i == 0) {
@@ -171,4 +191,46 @@ void to_run_placements(int device, const char *arch, int32_t batch, int32_t micr
         flexdiag_runtime_destroy(rt);
     }
     run_free(&ref);
+}
+
+void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
+                     const char *dir) {
+    static const uint32_t kv[][3] = {{50, 50, 0}, {0, 100, 0}};
+    static const uint32_t wsplit[3] = {50, 50, 0}, wdev[3] = {100, 0, 0};
+    for (int k = 0; k <= FLEXDIAG_POLICY_DIAGONAL_SINK4; k++) {
+        flexdiag_runtime *rt;
+        flexdiag_model *m;
+        open_model(device, arch, wdev, dir, 64u << 20, &rt, &m); /* KV homes of all sizes */
+        run ref = {0};
+        kv_case kc = {{100, 0, 0}, (flexdiag_policy_kind)k};
+        run_context_kv(m, batch, micro, 0, &kc, &ref);
+        assert_true(ref.kv_bytes[1] == 0 && ref.kv_h2d_bytes == 0);
+        for (int i = 0; i < 2; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "--kv %u,%u,%u, policy %s", kv[i][0], kv[i][1], kv[i][2],
+                     flexdiag_policy_name((flexdiag_policy_kind)k));
+            memcpy(kc.kv, kv[i], sizeof kc.kv);
+            run r = {0};
+            run_context_kv(m, batch, micro, i == 1 && k == 0, &kc, &r);
+            assert_string_equal(r.sched, "kv-homes");
+            assert_true(r.kv_bytes[1] > 0 && r.kv_h2d_bytes > 0 && r.kv_d2h_bytes > 0);
+            assert_true((r.kv_bytes[0] > 0) == (kv[i][0] > 0));
+            assert_int_equal(r.kv_bytes[0] + r.kv_bytes[1], ref.kv_bytes[0]);
+            same(&ref, &r, what);
+            run_free(&r);
+        }
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+        /* the KV and the weights below the device together: --cpu-mem covers both */
+        open_model(device, arch, wsplit, dir, 64u << 20, &rt, &m);
+        run r = {0};
+        memcpy(kc.kv, kv[1], sizeof kc.kv);
+        run_context_kv(m, batch, micro, 0, &kc, &r);
+        same(&ref, &r, "--weights 50,50,0 --kv 0,100,0");
+        assert_true(r.h2d_bytes > 0 && r.kv_h2d_bytes > 0);
+        run_free(&r);
+        run_free(&ref);
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+    }
 }

@@ -15,5 +15,10 @@
  * assertions fail the test on a mismatch. */
 void to_run_placements(int device, const char *arch, int32_t batch, int32_t micro,
                        const char *dir);
+/* KV homes: for every policy, the block's KV all on the device, then half the micro-batches and
+ * all of them in pinned host memory (a run cancelled half way among them), and the KV on the
+ * host with the weights split: the same tokens and logits as the all-device run. */
+void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
+                     const char *dir);
 
 #endif /* FLEXDIAG_TEST_OFFLOAD_RUNS_H */

@@ -38,6 +38,21 @@ static void test_placements_chameleon(void **state) {
     to_run_placements(-1, "micro-lumina", 6, 2, g_dir);
 }
 
+/* KV homes on the host (sched_kv.c) for every policy, three micro-batches of two images. */
+static void test_kv_homes(void **state) {
+    (void)state;
+    to_run_kv_homes(-1, "micro-janus", 6, 2, g_dir);
+}
+
+/* The same with every copy delayed: a missing event between the copy streams and the compute
+ * shows up as wrong tokens. */
+static void test_kv_homes_delayed_copies(void **state) {
+    (void)state;
+    setenv("FLEXDIAG_COPY_DELAY_US", "100", 1);
+    to_run_kv_homes(-1, "micro-janus", 3, 1, g_dir); /* odd count: the buffers shift */
+    unsetenv("FLEXDIAG_COPY_DELAY_US");
+}
+
 static void test_placements_delayed_copies(void **state) {
     (void)state;
     setenv("FLEXDIAG_COPY_DELAY_US", "200", 1);
@@ -96,6 +111,8 @@ int main(void) {
         cmocka_unit_test(test_placements_opt),
         cmocka_unit_test(test_placements_chameleon),
         cmocka_unit_test(test_placements_delayed_copies),
+        cmocka_unit_test(test_kv_homes),
+        cmocka_unit_test(test_kv_homes_delayed_copies),
         cmocka_unit_test(test_budgets_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

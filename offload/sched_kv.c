@@ -1,0 +1,192 @@
+/*
+ * sched_kv.c - KV homes below the device (sched.h): a scheduler that wraps another one and
+ * keeps the KV cache of the last micro-batches of a block in pinned host memory.
+ *
+ * Sequences [0, s_host) keep their KV on the device and go through the inner scheduler
+ * untouched; the KV of sequences [s_host, n_seq) lives in the host home with the device
+ * layout, (layers, 2 (K, V), host sequences, seq_bytes), so a micro-batch moves between homes
+ * without re-layout. For such a micro-batch, acquire(j, k) queues on the copy stream the H2D of
+ * its layer-j K and V spans into one of two device staging buffers and makes the compute stream
+ * wait for them; release(j, k) makes the copy stream wait for the forward and copies the spans
+ * back. The two buffers alternate, so the load of micro-batch k+1 runs while k computes, and a
+ * buffer is refilled only after the copy stream has written its previous contents back (both
+ * on the copy stream, in order). Streams order each other through events only; the host never
+ * waits. A prefill chunk never straddles the homes (the context makes the prefill chunk divide
+ * the micro-batch).
+ *
+ * What moves: every row of the spans (prompt capacity + ring), both ways. This keeps every
+ * policy, device policy state included, exact without knowing which rows the next attention
+ * reads; moving only the attended rows is the next step (docs/offloading.md).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "offload/sched.h"
+
+typedef struct kvbuf {
+    char *dev;              /* staging: K span then V span, mb_seq sequences each */
+    int32_t layer, s0;      /* what it holds or is loading (-1: nothing) */
+    flexdiag_event *ready;  /* up stream: the H2D into dev is done */
+    flexdiag_event *used;   /* compute stream: the forward over dev is done */
+    flexdiag_event *stored; /* down stream: dev's contents are back in the host home */
+} kvbuf;
+
+typedef struct kvsched {
+    flexdiag_sched base;
+    flexdiag_sched *inner;
+    flexdiag_sched_kv_params p;
+    flexdiag_stream *up, *down; /* H2D and D2H copy streams (both directions at once) */
+    kvbuf buf[2];
+    int32_t next;            /* buffer the next host-homed acquire takes */
+    int32_t n_mb;            /* host-homed micro-batches */
+    flexdiag_event **mb_stored; /* (n_mb) down stream: the micro-batch's last write-back */
+    flexdiag_sched_stats st;
+} kvsched;
+
+/* Host address of layer j's K (kv 0) or V (kv 1) span of sequence s (s >= s_host). */
+static char *host_span(const kvsched *t, int32_t j, int kv, int32_t s) {
+    const flexdiag_sched_kv_params *p = &t->p;
+    size_t n_host = (size_t)(p->n_seq - p->s_host);
+    return p->host + (((size_t)j * 2 + (size_t)kv) * n_host + (size_t)(s - p->s_host)) *
+                         p->seq_bytes;
+}
+
+static int32_t mb_of(const kvsched *t, int32_t s0) { return (s0 - t->p.s_host) / t->p.mb_seq; }
+
+/* H2D of io's spans into b on the up stream, after b's previous contents and the micro-batch's
+ * latest rows are back home; the compute stream waits for it. */
+static flexdiag_status load(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
+    const flexdiag_kernels *k = t->p.k;
+    size_t bytes = (size_t)io->n_seq * t->p.seq_bytes, half = (size_t)t->p.mb_seq * t->p.seq_bytes;
+    FLEXDIAG_TRY(k->stream_wait_event(t->up, b->stored));
+    FLEXDIAG_TRY(k->stream_wait_event(t->up, t->mb_stored[mb_of(t, io->s0)]));
+    for (int kv = 0; kv < 2; kv++)
+        FLEXDIAG_TRY(k->copy_h2d_async(b->dev + (size_t)kv * half,
+                                       host_span(t, io->layer, kv, io->s0), bytes, t->up));
+    FLEXDIAG_TRY(k->event_record(b->ready, t->up));
+    b->layer = io->layer;
+    b->s0 = io->s0;
+    t->st.kv_h2d_bytes += 2 * bytes;
+    return k->stream_wait_event(t->p.compute, b->ready);
+}
+
+/* D2H of b's spans on the down stream once the forward over them is done. */
+static flexdiag_status store(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
+    const flexdiag_kernels *k = t->p.k;
+    size_t bytes = (size_t)io->n_seq * t->p.seq_bytes, half = (size_t)t->p.mb_seq * t->p.seq_bytes;
+    FLEXDIAG_TRY(k->event_record(b->used, t->p.compute));
+    FLEXDIAG_TRY(k->stream_wait_event(t->down, b->used));
+    for (int kv = 0; kv < 2; kv++)
+        FLEXDIAG_TRY(k->copy_d2h_async(host_span(t, io->layer, kv, io->s0),
+                                       b->dev + (size_t)kv * half, bytes, t->down));
+    FLEXDIAG_TRY(k->event_record(b->stored, t->down));
+    t->st.kv_d2h_bytes += 2 * bytes;
+    return k->event_record(t->mb_stored[mb_of(t, io->s0)], t->down);
+}
+
+static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
+    kvsched *t = (kvsched *)s;
+    FLEXDIAG_TRY(flexdiag__sched_acquire(t->inner, io));
+    if (io->s0 < t->p.s_host) return FLEXDIAG_OK;
+    FLEXDIAG_DASSERT(io->n_seq <= t->p.mb_seq && io->s0 + io->n_seq <= t->p.n_seq);
+    kvbuf *b = &t->buf[t->next];
+    t->next ^= 1;
+    FLEXDIAG_TRY(load(t, b, io));
+    io->k = b->dev;
+    io->v = b->dev + (size_t)t->p.mb_seq * t->p.seq_bytes;
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status kv_release(flexdiag_sched *s, const flexdiag_sched_io *io) {
+    kvsched *t = (kvsched *)s;
+    FLEXDIAG_TRY(flexdiag__sched_release(t->inner, io));
+    if (io->s0 < t->p.s_host) return FLEXDIAG_OK;
+    int i = t->buf[0].layer == io->layer && t->buf[0].s0 == io->s0 ? 0 : 1;
+    FLEXDIAG_DASSERT(t->buf[i].layer == io->layer && t->buf[i].s0 == io->s0);
+    return store(t, &t->buf[i], io);
+}
+
+static void kv_stats(const flexdiag_sched *s, flexdiag_sched_stats *out) {
+    const kvsched *t = (const kvsched *)s;
+    memset(out, 0, sizeof *out);
+    if (t->inner->ops->stats) t->inner->ops->stats(t->inner, out);
+    out->kv_h2d_bytes = t->st.kv_h2d_bytes;
+    out->kv_d2h_bytes = t->st.kv_d2h_bytes;
+}
+
+static void kv_destroy(flexdiag_sched *s) {
+    kvsched *t = (kvsched *)s;
+    const flexdiag_kernels *k = t->p.k;
+    if (t->down) k->stream_sync(t->down); /* the write-backs land before the home goes */
+    if (t->up) k->stream_destroy(t->up);
+    if (t->down) k->stream_destroy(t->down);
+    for (int i = 0; i < 2; i++) {
+        k->event_destroy(t->buf[i].ready);
+        k->event_destroy(t->buf[i].used);
+        k->event_destroy(t->buf[i].stored);
+    }
+    for (int32_t i = 0; t->mb_stored && i < t->n_mb; i++) k->event_destroy(t->mb_stored[i]);
+    free(t->mb_stored);
+    flexdiag__sched_destroy(t->inner);
+    free(t);
+}
+
+static const flexdiag_sched_ops kv_ops = {
+    .name = "kv-homes",
+    .graph_safe = 0,
+    .acquire = kv_acquire,
+    .release = kv_release,
+    .destroy = kv_destroy,
+    .stats = kv_stats,
+};
+
+static flexdiag_status kv_open(kvsched *t) {
+    const flexdiag_sched_kv_params *p = &t->p;
+    const flexdiag_kernels *k = p->k;
+    if (!k->copy_stream_create)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "backend %s has no copy stream: the KV cannot live in host memory",
+                             k->name);
+    FLEXDIAG_TRY(k->copy_stream_create(p->device, &t->up));
+    FLEXDIAG_TRY(k->copy_stream_create(p->device, &t->down));
+    size_t buf_bytes = 2 * (size_t)p->mb_seq * p->seq_bytes;
+    for (int i = 0; i < 2; i++) {
+        kvbuf *b = &t->buf[i];
+        *b = (kvbuf){.dev = (char *)p->staging + (size_t)i * buf_bytes, .layer = -1, .s0 = -1};
+        FLEXDIAG_TRY(k->event_create(t->up, &b->ready));
+        FLEXDIAG_TRY(k->event_create(p->compute, &b->used));
+        FLEXDIAG_TRY(k->event_create(t->down, &b->stored));
+    }
+    t->n_mb = (p->n_seq - p->s_host + p->mb_seq - 1) / p->mb_seq;
+    t->mb_stored = calloc((size_t)t->n_mb, sizeof *t->mb_stored);
+    if (!t->mb_stored) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "scheduler: no host memory");
+    for (int32_t i = 0; i < t->n_mb; i++)
+        FLEXDIAG_TRY(k->event_create(t->down, &t->mb_stored[i]));
+    return FLEXDIAG_OK;
+}
+
+size_t flexdiag__sched_kv_staging_bytes(int32_t mb_seq, size_t seq_bytes) {
+    return 2 * 2 * (size_t)mb_seq * seq_bytes;
+}
+
+flexdiag_status flexdiag__sched_kv_create(flexdiag_sched *inner, const flexdiag_sched_kv_params *p,
+                                          flexdiag_sched **out) {
+    *out = NULL;
+    kvsched *t = calloc(1, sizeof *t);
+    if (!t) {
+        flexdiag__sched_destroy(inner);
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "scheduler: out of host memory");
+    }
+    t->base.ops = &kv_ops;
+    t->base.lay = inner->lay;
+    t->inner = inner;
+    t->p = *p;
+    flexdiag_status st = kv_open(t);
+    if (st != FLEXDIAG_OK) {
+        kv_destroy(&t->base);
+        return st;
+    }
+    *out = &t->base;
+    return FLEXDIAG_OK;
+}
