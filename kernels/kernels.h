@@ -172,6 +172,11 @@ typedef void flexdiag_op_mem_free(void *p);
  *     the call may block (device to pageable host memory: until the copy is done). */
 typedef flexdiag_status flexdiag_op_copy(void *dst, const void *src, size_t bytes,
                                          flexdiag_stream *s);
+/* rows copies of width bytes: row r from src + r·spitch to dst + r·dpitch (pitches >= width),
+ * asynchronous as copy_h2d_async / copy_d2h_async (one DMA of strided rows on CUDA). */
+typedef flexdiag_status flexdiag_op_copy_2d(void *dst, size_t dpitch, const void *src,
+                                            size_t spitch, size_t width, size_t rows,
+                                            flexdiag_stream *s);
 /* Zero bytes of dst, ordered on s. */
 typedef flexdiag_status flexdiag_op_memset0(void *dst, size_t bytes, flexdiag_stream *s);
 /* (optional) free and total device bytes; default: unknown (CPU) */
@@ -436,6 +441,8 @@ typedef struct flexdiag_kernels {
     flexdiag_op_copy *copy_d2d;       /* device -> device */
     flexdiag_op_copy *copy_h2d_async; /* host -> device; never synchronises (pinned host) */
     flexdiag_op_copy *copy_d2h_async; /* device -> host; never synchronises (pinned host) */
+    flexdiag_op_copy_2d *copy_h2d_2d_async; /* strided rows host -> device, asynchronous */
+    flexdiag_op_copy_2d *copy_d2h_2d_async; /* strided rows device -> host, asynchronous */
     flexdiag_op_memset0 *memset0;
     flexdiag_op_mem_info *mem_info;       /* optional */
     flexdiag_op_device_name *device_name; /* optional */

@@ -65,6 +65,12 @@ typedef struct flexdiag_sched_io {
                                 (the device-resident prefix of a split layer; == weights when
                                 the whole layer is in one place) */
     size_t res_bytes;     /* out: see weights_res */
+    /* the caller also says which rows of each (sequence, KV head) block of a K/V span the
+     * forward touches (rows 0 .. p_cap-1 the prompt, then the ring), for schedulers that move
+     * the KV: it reads rows [0, kv_prompt) and [p_cap, p_cap + kv_ring), and writes rows
+     * [kv_w0, kv_w0 + kv_wn); kv_wn < 0: some row of [p_cap, p_cap + kv_ring) that differs by
+     * head */
+    int32_t kv_prompt, kv_ring, kv_w0, kv_wn;
     void *k, *v;          /* out: K and V of layer j for sequence s0 (n_seq consecutive spans) */
     void *x;              /* out: activation rows of sequence s0 (n_seq · rows_per_seq rows) */
 } flexdiag_sched_io;
@@ -149,7 +155,10 @@ typedef struct flexdiag_sched_kv_params {
     int32_t n_seq;              /* sequences of the block */
     int32_t s_host;             /* first host-homed sequence (a micro-batch boundary) */
     int32_t mb_seq;             /* sequences per micro-batch (the most one acquire asks for) */
-    size_t seq_bytes;           /* bytes of one sequence's K (or V) in one layer */
+    size_t seq_bytes;           /* bytes of one sequence's K (or V) in one layer: heads blocks */
+    int32_t heads;              /* KV heads: blocks per sequence span */
+    int32_t p_cap, span_rows;   /* rows of a block: the prompt capacity, then the ring */
+    size_t row_bytes;           /* bytes of one row (head_dim × element size) */
     char *host;                 /* (n_layers, 2, n_seq - s_host, seq_bytes) pinned (borrowed) */
     void *staging;              /* flexdiag__sched_kv_staging_bytes device bytes (borrowed) */
 } flexdiag_sched_kv_params;

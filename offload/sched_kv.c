@@ -14,9 +14,13 @@
  * waits. A prefill chunk never straddles the homes (the context makes the prefill chunk divide
  * the micro-batch).
  *
- * What moves: every row of the spans (prompt capacity + ring), both ways. This keeps every
- * policy, device policy state included, exact without knowing which rows the next attention
- * reads; moving only the attended rows is the next step (docs/offloading.md).
+ * What moves is what the caller says the forward touches (sched.h flexdiag_sched_io kv_*): in
+ * a decode step the prompt rows and the resident prefix of the ring come in (every policy fills
+ * its ring in slot order, policy/kv_policy.h), and only the written row goes back (the whole
+ * resident prefix where the policy picks a row per head); a prefill chunk loads nothing and
+ * stores its prompt rows. Each range is one strided copy over every (sequence, KV head) block.
+ * Rows attended by a sparse policy inside the resident ring are not told apart yet: Diagonal
+ * moves L_p + N_r rows per step, not L_p + N_att.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -54,34 +58,48 @@ static char *host_span(const kvsched *t, int32_t j, int kv, int32_t s) {
 
 static int32_t mb_of(const kvsched *t, int32_t s0) { return (s0 - t->p.s_host) / t->p.mb_seq; }
 
-/* H2D of io's spans into b on the up stream, after b's previous contents and the micro-batch's
- * latest rows are back home; the compute stream waits for it. */
+/* Rows [r0, r0 + n) of every (sequence, KV head) block of io's K and V spans, from the host home
+ * to b (up) or back (down), one strided copy each; *moved counts the bytes. */
+static flexdiag_status rows(kvsched *t, kvbuf *b, const flexdiag_sched_io *io, int up,
+                            int32_t r0, int32_t n, uint64_t *moved) {
+    const flexdiag_sched_kv_params *p = &t->p;
+    if (n <= 0) return FLEXDIAG_OK;
+    size_t pitch = (size_t)p->span_rows * p->row_bytes, off = (size_t)r0 * p->row_bytes;
+    size_t width = (size_t)n * p->row_bytes, blocks = (size_t)io->n_seq * (size_t)p->heads;
+    size_t half = (size_t)p->mb_seq * p->seq_bytes;
+    for (int kv = 0; kv < 2; kv++) {
+        char *dev = b->dev + (size_t)kv * half + off, *host = host_span(t, io->layer, kv, io->s0) + off;
+        FLEXDIAG_TRY(up ? p->k->copy_h2d_2d_async(dev, pitch, host, pitch, width, blocks, t->up)
+                        : p->k->copy_d2h_2d_async(host, pitch, dev, pitch, width, blocks, t->down));
+    }
+    *moved += 2 * width * blocks;
+    return FLEXDIAG_OK;
+}
+
+/* H2D of the rows io reads into b on the up stream, after b's previous contents and the
+ * micro-batch's latest rows are back home; the compute stream waits for it. */
 static flexdiag_status load(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
     const flexdiag_kernels *k = t->p.k;
-    size_t bytes = (size_t)io->n_seq * t->p.seq_bytes, half = (size_t)t->p.mb_seq * t->p.seq_bytes;
     FLEXDIAG_TRY(k->stream_wait_event(t->up, b->stored));
     FLEXDIAG_TRY(k->stream_wait_event(t->up, t->mb_stored[mb_of(t, io->s0)]));
-    for (int kv = 0; kv < 2; kv++)
-        FLEXDIAG_TRY(k->copy_h2d_async(b->dev + (size_t)kv * half,
-                                       host_span(t, io->layer, kv, io->s0), bytes, t->up));
+    FLEXDIAG_TRY(rows(t, b, io, 1, 0, io->kv_prompt, &t->st.kv_h2d_bytes));
+    FLEXDIAG_TRY(rows(t, b, io, 1, t->p.p_cap, io->kv_ring, &t->st.kv_h2d_bytes));
     FLEXDIAG_TRY(k->event_record(b->ready, t->up));
     b->layer = io->layer;
     b->s0 = io->s0;
-    t->st.kv_h2d_bytes += 2 * bytes;
     return k->stream_wait_event(t->p.compute, b->ready);
 }
 
-/* D2H of b's spans on the down stream once the forward over them is done. */
+/* D2H of the rows io wrote, on the down stream once the forward over them is done. */
 static flexdiag_status store(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
     const flexdiag_kernels *k = t->p.k;
-    size_t bytes = (size_t)io->n_seq * t->p.seq_bytes, half = (size_t)t->p.mb_seq * t->p.seq_bytes;
     FLEXDIAG_TRY(k->event_record(b->used, t->p.compute));
     FLEXDIAG_TRY(k->stream_wait_event(t->down, b->used));
-    for (int kv = 0; kv < 2; kv++)
-        FLEXDIAG_TRY(k->copy_d2h_async(host_span(t, io->layer, kv, io->s0),
-                                       b->dev + (size_t)kv * half, bytes, t->down));
+    if (io->kv_wn >= 0)
+        FLEXDIAG_TRY(rows(t, b, io, 0, io->kv_w0, io->kv_wn, &t->st.kv_d2h_bytes));
+    else
+        FLEXDIAG_TRY(rows(t, b, io, 0, t->p.p_cap, io->kv_ring, &t->st.kv_d2h_bytes));
     FLEXDIAG_TRY(k->event_record(b->stored, t->down));
-    t->st.kv_d2h_bytes += 2 * bytes;
     return k->event_record(t->mb_stored[mb_of(t, io->s0)], t->down);
 }
 
@@ -144,9 +162,10 @@ static const flexdiag_sched_ops kv_ops = {
 static flexdiag_status kv_open(kvsched *t) {
     const flexdiag_sched_kv_params *p = &t->p;
     const flexdiag_kernels *k = p->k;
-    if (!k->copy_stream_create)
+    if (!k->copy_stream_create || !k->copy_h2d_2d_async || !k->copy_d2h_2d_async)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "backend %s has no copy stream: the KV cannot live in host memory",
+                             "backend %s has no copy streams or strided copies: the KV cannot "
+                             "live in host memory",
                              k->name);
     FLEXDIAG_TRY(k->copy_stream_create(p->device, &t->up));
     FLEXDIAG_TRY(k->copy_stream_create(p->device, &t->down));

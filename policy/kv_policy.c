@@ -190,6 +190,18 @@ int64_t flexdiag__kvp_resident_rows(const flexdiag_kvp_params *p, int32_t t) {
     }
 }
 
+int32_t flexdiag__kvp_write_slot(const flexdiag_kvp_params *p, int32_t t) {
+    switch (p->kind) {
+    case FLEXDIAG_POLICY_DENSE:
+    case FLEXDIAG_POLICY_ALISA: return t;
+    case FLEXDIAG_POLICY_WINDOW: return t % p->n_att;
+    case FLEXDIAG_POLICY_STREAMING: return t < 4 ? t : 4 + (t - 4) % (p->n_att - 4);
+    case FLEXDIAG_POLICY_DIAGONAL: return t % p->n_r;
+    case FLEXDIAG_POLICY_DIAGONAL_SINK4: return t < 4 ? t : 4 + (t - 4) % p->n_r;
+    default: return t < p->n_att ? t : -1; /* h2o, tova: the evicted slot of each head */
+    }
+}
+
 double flexdiag__kvp_reported_sparsity(const flexdiag_kvp_params *p) {
     if (p->kind == FLEXDIAG_POLICY_DENSE || p->l_dec <= 0) return 0.0;
     return 1.0 - (double)p->n_att / (double)p->l_dec;

@@ -123,6 +123,12 @@ const char *flexdiag__kvp_names(void);
  * included): dense/alisa t+1, window/streaming/h2o/tova min(t+1, n_att), diagonal
  * min(t+1, n_r), diagonal-sink4 t+1 for t <= 3 else 4 + min(t-3, n_r). */
 int64_t flexdiag__kvp_resident_rows(const flexdiag_kvp_params *p, int32_t t);
+/* Every policy fills its ring in slot order before it reuses a slot, so the resident rows at
+ * step t are the ring slots [0, resident_rows(t)) (what a KV home must bring to the device).
+ * The slot token t is written to when it is the same for every (sequence, layer, KV head):
+ * dense/alisa t, window t mod n_att, streaming and the Diagonals by their ring rule; h2o/tova
+ * t while slots are free, else -1 (each head's evicted slot). */
+int32_t flexdiag__kvp_write_slot(const flexdiag_kvp_params *p, int32_t t);
 /* Reported sparsity 1 - n_att / l_dec (0 for dense), docs/policies.md §0.2. */
 double flexdiag__kvp_reported_sparsity(const flexdiag_kvp_params *p);
 

@@ -33,7 +33,9 @@ typedef struct queue_item {
     item_kind kind;
     void *dst;         /* COPY, ZERO */
     const void *src;   /* COPY */
-    size_t bytes;      /* COPY, ZERO */
+    size_t bytes;      /* COPY (bytes of each row), ZERO */
+    size_t rows;       /* COPY: rows of bytes each (1: a plain copy) */
+    size_t dpitch, spitch; /* COPY: bytes from one row to the next in dst and src */
     flexdiag_event *e; /* RECORD, WAIT: held while queued */
     uint64_t gen;      /* RECORD: the generation it reaches; WAIT: the one it waits for */
 } queue_item;
@@ -70,7 +72,9 @@ static int run_item(const flexdiag__cpu_queue *q, const queue_item *it, int fail
     if (it->kind == ITEM_WAIT) return flexdiag__cpu_event_wait(it->e, it->gen);
     if (q->delay_us) sleep_us(q->delay_us);
     if (it->kind == ITEM_COPY)
-        memcpy(it->dst, it->src, it->bytes);
+        for (size_t r = 0; r < it->rows; r++)
+            memcpy((char *)it->dst + r * it->dpitch, (const char *)it->src + r * it->spitch,
+                   it->bytes);
     else
         memset(it->dst, 0, it->bytes);
     return 0;
@@ -131,8 +135,15 @@ static flexdiag_status push(flexdiag__cpu_queue *q, queue_item it, const char *w
 
 flexdiag_status flexdiag__cpu_queue_copy(flexdiag__cpu_queue *q, void *dst, const void *src,
                                          size_t bytes) {
-    FLEXDIAG_DASSERT(dst && src && bytes);
-    return push(q, (queue_item){.kind = ITEM_COPY, .dst = dst, .src = src, .bytes = bytes},
+    return flexdiag__cpu_queue_copy_2d(q, dst, bytes, src, bytes, bytes, 1);
+}
+
+flexdiag_status flexdiag__cpu_queue_copy_2d(flexdiag__cpu_queue *q, void *dst, size_t dpitch,
+                                            const void *src, size_t spitch, size_t width,
+                                            size_t rows) {
+    FLEXDIAG_DASSERT(dst && src && width && rows);
+    return push(q, (queue_item){.kind = ITEM_COPY, .dst = dst, .src = src, .bytes = width,
+                                .rows = rows, .dpitch = dpitch, .spitch = spitch},
                 "copy");
 }
 

@@ -88,6 +88,8 @@ flexdiag_op_device_name flexdiag__cpu_device_name;
  * finished on return, so the async copies are trivially complete by the time an event is
  * recorded after them; on a copy queue it is queued after its arguments are checked. */
 flexdiag_op_copy flexdiag__cpu_copy;
+/* The same for strided rows (copy_h2d_2d_async and copy_d2h_2d_async). */
+flexdiag_op_copy_2d flexdiag__cpu_copy_2d;
 /* flexdiag__cpu_copy, then stream_sync: dst holds the data on return (copy_d2h). */
 flexdiag_op_copy flexdiag__cpu_copy_d2h;
 /* Zero bytes of dst (queued on a copy queue). */
@@ -108,6 +110,10 @@ flexdiag_status flexdiag__cpu_queue_copy(flexdiag__cpu_queue *q, void *dst, cons
                                          size_t bytes);
 /* Queue zeroing bytes (> 0) of dst (non-NULL). */
 flexdiag_status flexdiag__cpu_queue_zero(flexdiag__cpu_queue *q, void *dst, size_t bytes);
+/* Queue rows copies of width bytes, row r from src + r·spitch to dst + r·dpitch. */
+flexdiag_status flexdiag__cpu_queue_copy_2d(flexdiag__cpu_queue *q, void *dst, size_t dpitch,
+                                            const void *src, size_t spitch, size_t width,
+                                            size_t rows);
 /* Queue a record of e: marks it now, reaches it when the worker gets there. */
 flexdiag_status flexdiag__cpu_queue_record(flexdiag__cpu_queue *q, flexdiag_event *e);
 /* Queue a wait for e's most recent record at the time of the call: the worker blocks there

@@ -90,6 +90,20 @@ flexdiag_status flexdiag__cpu_copy(void *dst, const void *src, size_t bytes, fle
     return FLEXDIAG_OK;
 }
 
+flexdiag_status flexdiag__cpu_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                      size_t width, size_t rows, flexdiag_stream *s) {
+    if (width == 0 || rows == 0) return FLEXDIAG_OK;
+    if (!dst || !src || dpitch < width || spitch < width)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu 2-D copy of %zu rows of %zu bytes: %s", rows, width,
+                             !dst || !src ? "a pointer is NULL" : "a pitch is below the width");
+    if (s && s->queue)
+        return flexdiag__cpu_queue_copy_2d(s->queue, dst, dpitch, src, spitch, width, rows);
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__cpu_copy_d2h(void *dst, const void *src, size_t bytes,
                                        flexdiag_stream *s) {
     FLEXDIAG_TRY(flexdiag__cpu_copy(dst, src, bytes, s));

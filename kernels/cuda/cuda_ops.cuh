@@ -74,6 +74,8 @@ flexdiag_op_copy flexdiag__cuda_copy_h2d;
 flexdiag_op_copy flexdiag__cuda_copy_d2h;
 /* Device to host, ordered on s, no host sync (copy_d2h_async). */
 flexdiag_op_copy flexdiag__cuda_copy_d2h_async;
+flexdiag_op_copy_2d flexdiag__cuda_copy_h2d_2d;
+flexdiag_op_copy_2d flexdiag__cuda_copy_d2h_2d;
 /* Device to device, ordered on s. */
 flexdiag_op_copy flexdiag__cuda_copy_d2d;
 /* Zero bytes of device memory, ordered on s. */

@@ -253,6 +253,31 @@ extern "C" flexdiag_status flexdiag__cuda_copy_d2h_async(void *dst, const void *
     return FLEXDIAG_OK;
 }
 
+static flexdiag_status copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch,
+                               size_t width, size_t rows, cudaMemcpyKind kind,
+                               flexdiag_stream *s) {
+    if (width == 0 || rows == 0) return FLEXDIAG_OK;
+    if (!dst || !src || dpitch < width || spitch < width)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda 2-D copy of %zu rows of %zu bytes: %s", rows, width,
+                             !dst || !src ? "a pointer is NULL" : "a pitch is below the width");
+    FLEXDIAG_CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind,
+                                        flexdiag__cuda_st(s)));
+    return FLEXDIAG_OK;
+}
+
+extern "C" flexdiag_status flexdiag__cuda_copy_h2d_2d(void *dst, size_t dpitch, const void *src,
+                                                      size_t spitch, size_t width, size_t rows,
+                                                      flexdiag_stream *s) {
+    return copy_2d(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice, s);
+}
+
+extern "C" flexdiag_status flexdiag__cuda_copy_d2h_2d(void *dst, size_t dpitch, const void *src,
+                                                      size_t spitch, size_t width, size_t rows,
+                                                      flexdiag_stream *s) {
+    return copy_2d(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToHost, s);
+}
+
 extern "C" flexdiag_status flexdiag__cuda_copy_d2d(void *dst, const void *src, size_t bytes,
                                                    flexdiag_stream *s) {
     if (bytes == 0) return FLEXDIAG_OK;

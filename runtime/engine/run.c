@@ -36,6 +36,24 @@ static flexdiag_status progress(const run_state *r, int phase, uint64_t done, ui
 
 /* ---- layer I/O: acquire and release ---- */
 
+/* The KV rows the forward over sequences [s0, s0 + nb) touches at decode step t (t < 0: a
+ * prefill chunk), for a scheduler that moves the KV (offload/sched.h): prefill writes the prompt
+ * rows; a decode step reads the prompt rows and the ring's resident prefix and writes one ring
+ * row (the policy's, or one per head within the prefix). */
+static void kv_rows(const run_state *r, int32_t s0, int32_t nb, int32_t t, flexdiag_sched_io *m) {
+    const flexdiag_context *c = r->c;
+    int32_t lp = 0;
+    for (int32_t s = s0; s < s0 + nb; s++) lp = r->lp[s] > lp ? r->lp[s] : lp;
+    if (t < 0) {
+        *m = (flexdiag_sched_io){.kv_prompt = 0, .kv_ring = 0, .kv_w0 = 0, .kv_wn = lp};
+        return;
+    }
+    int32_t w = flexdiag__kvp_write_slot(&c->pd.kp, t);
+    *m = (flexdiag_sched_io){.kv_prompt = lp,
+                             .kv_ring = (int32_t)flexdiag__kvp_resident_rows(&c->pd.kp, t),
+                             .kv_w0 = c->p_cap + w, .kv_wn = w >= 0 ? 1 : -1};
+}
+
 /* The I/O object of layer j for sequences [s0, s0 + nb): the scheduler's addresses for
  * rows_per_seq activation rows per sequence, the layer's tensors, the attention arguments;
  * decode steps (t >= 0) add the policy driver's rows and slot lists, prefill (t < 0) the
@@ -45,8 +63,11 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     memset(io, 0, sizeof *io);
-    io->mem = (flexdiag_sched_io){.layer = j, .s0 = s0, .n_seq = nb,
-                                  .rows_per_seq = t < 0 ? c->p_cap : 1};
+    kv_rows(r, s0, nb, t, &io->mem);
+    io->mem.layer = j;
+    io->mem.s0 = s0;
+    io->mem.n_seq = nb;
+    io->mem.rows_per_seq = t < 0 ? c->p_cap : 1;
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
     io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
                                  io->mem.res_bytes);

@@ -15,6 +15,8 @@
  *     the producer's output, over rounds of new data.
  *   - stream_sync and copy_d2h drain the queue; stream_destroy with queued work drains it
  *     (even with an event destroyed while its record is still queued).
+ *   - strided copies (copy_h2d_2d_async / copy_d2h_2d_async) on a queue and on an ordinary
+ *     stream move exactly the rows and bytes asked for, and refuse a pitch below the width.
  *   - bad arguments fail at the enqueuing call with INVALID_ARG, and a bad
  *     FLEXDIAG_COPY_DELAY_US fails copy_stream_create.
  */
@@ -290,6 +292,39 @@ static void test_bad_args(void **state) {
     }
 }
 
+/* Rows of 40 bytes at pitch 64 from src to a buffer of pitch 96 and back, on a delayed queue
+ * and on an ordinary stream; bytes outside the rows stay untouched. */
+static void test_strided(void **state) {
+    (void)state;
+    enum { ROWS = 37, W = 40, SP = 64, DP = 96 };
+    for (int ti = 0; ti < 2; ti++) {
+        const flexdiag_kernels *k = tables[ti];
+        flexdiag_stream *streams[2] = {queue_new(k, "50"), NULL};
+        ok(k->stream_create(-1, 1, &streams[1]));
+        for (int si = 0; si < 2; si++) {
+            flexdiag_stream *s = streams[si];
+            uint8_t src[ROWS * SP], dev[ROWS * DP], back[ROWS * SP];
+            fill(src, sizeof src, 3);
+            memset(dev, 0xAB, sizeof dev);
+            memset(back, 0xCD, sizeof back);
+            ok(k->copy_h2d_2d_async(dev, DP, src, SP, W, ROWS, s));
+            ok(k->copy_d2h_2d_async(back, SP, dev, DP, W, ROWS, s));
+            ok(k->stream_sync(s));
+            for (int r = 0; r < ROWS; r++) {
+                for (int b = 0; b < SP; b++)
+                    assert_int_equal(back[r * SP + b], b < W ? src[r * SP + b] : 0xCD);
+                for (int b = 0; b < DP; b++)
+                    assert_int_equal(dev[r * DP + b], b < W ? src[r * SP + b] : 0xAB);
+            }
+            assert_int_equal(k->copy_h2d_2d_async(dev, W - 1, src, SP, W, ROWS, s),
+                             FLEXDIAG_ERR_INVALID_ARG);
+            flexdiag__err_clear();
+        }
+        k->stream_destroy(streams[0]);
+        k->stream_destroy(streams[1]);
+    }
+}
+
 int main(void) {
     tables[0] = flexdiag__kernels_cpu_ref();
     tables[1] = flexdiag__kernels_cpu();
@@ -297,7 +332,7 @@ int main(void) {
         cmocka_unit_test(test_slots),        cmocka_unit_test(test_ordering),
         cmocka_unit_test(test_cross_stream), cmocka_unit_test(test_chain),
         cmocka_unit_test(test_sync_drains),  cmocka_unit_test(test_destroy_drains),
-        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_bad_args),     cmocka_unit_test(test_strided),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

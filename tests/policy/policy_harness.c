@@ -119,6 +119,21 @@ static void fill_scores(ph_state *st, int32_t layer, int32_t t, int32_t s) {
     }
 }
 
+/* What a KV home relies on (kv_policy.h flexdiag__kvp_write_slot): the written and attended
+ * slots of step t lie in the resident prefix [0, resident_rows(t)), and the write slot is the
+ * policy's common one wherever it names one. */
+static void check_kv_rows(const ph_state *st, int32_t t) {
+    const flexdiag_kvp_params *p = &st->p;
+    int64_t live = flexdiag__kvp_resident_rows(p, t);
+    int32_t w = flexdiag__kvp_write_slot(p, t);
+    for (int32_t i = 0; i < p->n_seq * p->h_kv; i++) {
+        if (w >= 0) assert_int_equal(st->ws[i], w);
+        assert_true(st->ws[i] >= 0 && st->ws[i] < live);
+        for (int32_t j = 0; j < st->ns[i]; j++)
+            assert_true(st->slots[(size_t)i * (size_t)st->ms + (size_t)j] < live);
+    }
+}
+
 void ph_step(ph_state *st, int32_t layer, int32_t t) {
     const flexdiag_kvp_params *p = &st->p;
     int32_t n0 = p->n_seq > 1 ? 1 : p->n_seq, hk = p->h_kv;
@@ -128,6 +143,7 @@ void ph_step(ph_state *st, int32_t layer, int32_t t) {
         flexdiag__kvp_plan(st->kvp, layer, t, n0, p->n_seq - n0, st->ws + n0 * hk,
                            st->slots + (size_t)n0 * (size_t)hk * (size_t)st->ms,
                            st->ns + n0 * hk);
+    check_kv_rows(st, t);
     for (int32_t s = 0; s < p->n_seq; s++) fill_scores(st, layer, t, s);
     if (!flexdiag__kvp_needs_scores(st->kvp, t)) { /* the engine may skip the readback */
         flexdiag__kvp_update(st->kvp, layer, t, 0, p->n_seq, NULL, NULL, NULL);
