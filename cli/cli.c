@@ -201,8 +201,10 @@ int cli_check_f64s(const char *cmd, const cli_f64_range *r, int n) {
 
 #define CLI_MAX_THREADS 1024 /* the library's thread-pool limit (base/thread_pool.c) */
 
-/* --weights G,C,D into pct: three integers in 0..100 adding up to 100. */
-static int parse_weights(const char *cmd, const char *v, uint32_t pct[3]) {
+/* flag G,C,D (v; NULL: 100,0,0) into pct: three integers in 0..100 adding up to 100; what
+ * names the percentages in the message. */
+static int parse_pct3(const char *cmd, const char *flag, const char *what, const char *v,
+                      uint32_t pct[3]) {
     pct[0] = 100, pct[1] = pct[2] = 0;
     if (!v) return 0;
     unsigned a, b, c;
@@ -210,13 +212,26 @@ static int parse_weights(const char *cmd, const char *v, uint32_t pct[3]) {
     if (sscanf(v, "%3u,%3u,%3u%n", &a, &b, &c, &end) != 3 || v[end] != '\0' || a > 100 ||
         b > 100 || c > 100 || a + b + c != 100) {
         fprintf(stderr,
-                "flexdiag %s: --weights %s: expected G,C,D, three whole percentages of the layer "
-                "weights on GPU, pinned CPU and disk that add up to 100 (e.g. 50,50,0)\n",
-                cmd, v);
+                "flexdiag %s: %s %s: expected G,C,D, three whole percentages of %s on GPU, "
+                "pinned CPU and disk that add up to 100 (e.g. 50,50,0)\n",
+                cmd, flag, v, what);
         return 2;
     }
     pct[0] = a, pct[1] = b, pct[2] = c;
     return 0;
+}
+
+static int parse_weights(const char *cmd, const char *v, uint32_t pct[3]) {
+    return parse_pct3(cmd, "--weights", "the layer weights", v, pct);
+}
+
+int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]) {
+    if (parse_pct3(cmd, "--kv", "the block's micro-batches' KV cache", o->kv, pct)) return 2;
+    if (!pct[2]) return 0;
+    fprintf(stderr, "flexdiag %s: --kv %s: a disk KV home is not available yet; keep the KV on "
+                    "the GPU and in pinned host memory (--kv G,C,0)\n",
+            cmd, o->kv);
+    return 2;
 }
 
 int cli_check_model(const char *cmd, const cli_model_opts *o) {
@@ -225,7 +240,7 @@ int cli_check_model(const char *cmd, const cli_model_opts *o) {
         {"--threads", o->threads, 0, CLI_MAX_THREADS, "0 = all cores"},
     };
     uint32_t pct[3];
-    if (parse_weights(cmd, o->weights, pct)) return 2;
+    if (parse_weights(cmd, o->weights, pct) || cli_kv_pct(cmd, o, pct)) return 2;
     return cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]));
 }
 
@@ -240,6 +255,7 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
     if (o->cpu) rp.device = -1;
+    else if (o->device > 0) rp.device = o->device;
     rp.gpu_mem = o->gpu_mem;
     rp.threads = (int)o->threads;
     rp.cpu_mem = o->cpu_mem;

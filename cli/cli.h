@@ -97,6 +97,9 @@ typedef struct cli_model_opts {
     uint64_t cpu_mem;        /* --cpu-mem SIZE: pinned host pool (0: what --weights needs) */
     uint64_t disk_mem;       /* --disk-mem SIZE: NVMe store (0: what --weights needs) */
     const char *offload_dir; /* --offload-dir DIR: folder of the store file */
+    const char *kv;          /* --kv G,C,D: percent of the micro-batches' KV on GPU, CPU, disk */
+    int device;              /* CUDA device when > 0 and not --cpu (an MPI rank's: its rank
+                                among its host's ranks); 0 = the runtime's default, device 0 */
 } cli_model_opts;
 
 /* The policy flags as given; fill with CLI_POLICY_OPTS_INIT so "not given" is known. */
@@ -128,7 +131,10 @@ typedef struct cli_policy_opts {
     {"--disk-mem", CLI_SIZE, &(o)->disk_mem,                                                       \
      "disk budget of the offload store (default: what --weights needs)"},                          \
     {"--offload-dir", CLI_STR, &(o)->offload_dir,                                                  \
-     "folder for the offload store (a file created there and unlinked at once)"}
+     "folder for the offload store (a file created there and unlinked at once)"},                  \
+    {"--kv", CLI_STR, &(o)->kv,                                                                    \
+     "G,C,D: percent of the micro-batches whose KV cache lives on GPU, pinned CPU, disk "          \
+     "(default 100,0,0; disk not yet)"}
 
 #define CLI_MODEL_FLAGS(o) CLI_MODEL_FLAGS_SEED(o, "random-weight seed (default 1)")
 
@@ -141,9 +147,11 @@ typedef struct cli_policy_opts {
     {"--n-r", CLI_INT, &(o)->n_r,                                                                  \
      "Diagonal ring size, N_att..32767 (default max(round(L_dec/2), N_att))"}
 
-/* Range checks of the model flags (--seed, --threads, --weights); prints the error and returns
- * 2. */
+/* Range checks of the model flags (--seed, --threads, --weights, --kv); prints the error and
+ * returns 2. */
 int cli_check_model(const char *cmd, const cli_model_opts *o);
+/* --kv into pct (100,0,0 when not given); prints the error and returns 2 when malformed. */
+int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]);
 /* Create runtime and model from the flags (checked first); prints the error and returns 2 for
  * a bad flag, 1 for a runtime failure. */
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,

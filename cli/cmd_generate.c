@@ -12,6 +12,15 @@
  * SIGINT/SIGTERM set a flag and cancel the context (an atomic store: async-signal-safe); the
  * block in flight is dropped, completed files stay, exit code 128 + signal (130 for SIGINT).
  * block_s in results.jsonl is the wall time of the block's generate + decode calls.
+ * Scale-out and resume: the images to make (all, or those a --resume did not find complete) are
+ * cut into chunks that mpi_job.h hands out to the processes of an MPI job one at a time: a
+ * chunk is --batch images (the smallest of the ranks'), rounded up to whole prompts for DPG so
+ * that a grid's samples stay in one process; one process takes each run of missing images whole.
+ * Every rank writes its PNGs to their final paths and its records to part files (gen_out.h), and
+ * rank 0 merges them in image order at the end (gen_merge.h), as it gathers an earlier run's
+ * records at the start of a --resume. One process without --resume writes results.jsonl and
+ * tokens.json directly, as it always did. Each rank asks for the CUDA device of its rank among
+ * its host's ranks (one rank per GPU); --cpu ranks share the host's cores.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -26,8 +35,11 @@
 
 #include "cli/cli.h"
 #include "cli/fileio.h"
+#include "cli/gen_merge.h"
 #include "cli/gen_out.h"
+#include "cli/gen_progress.h"
 #include "cli/image_out.h"
+#include "cli/mpi_job.h"
 #include "cli/prompts.h"
 
 #define CMD "generate"
@@ -41,7 +53,7 @@ typedef struct gen_opts {
     cli_layout layout;
     int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed, max_new_tokens;
     double cfg, temperature, top_p;
-    int quiet;
+    int quiet, resume;
 } gen_opts;
 
 __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...) {
@@ -130,6 +142,18 @@ typedef struct gen_run {
     int32_t rows_per_img;  /* sequences each image runs: 2 with CFG (Janus), 1 without */
     flexdiag_stats sum;    /* counters summed over blocks */
     progress_state prog;
+    /* the job's processes (mpi_job.h) */
+    const job_world *world;
+    int merge;             /* records go to part files that rank 0 merges (MPI, --resume) */
+    int quiet;             /* no progress lines from this process (--quiet, or rank > 0) */
+    char part[32];         /* ".part-<rank>" when merge */
+    uint8_t *done;         /* (total) 1 = complete in --out before this run */
+    int64_t *chunk_first, *chunk_len; /* (n_chunks) images to make, in hand-out order */
+    int64_t n_chunks;
+    gen_progress jp;       /* job accounting */
+    gen_rank_end *ends;    /* (world size) every rank's account, gathered on rank 0 */
+    double busy_s;         /* seconds this process spent on its chunks */
+    double finish_s;       /* seconds from the job's start to running out of chunks */
 } gen_run;
 
 static int decode_block(gen_run *r, int32_t n) {
@@ -183,18 +207,34 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     return rc;
 }
 
-static int run_blocks(gen_run *r) {
-    for (int64_t first = 0; first < r->total; first += r->batch) {
+/* Images [first, first + n) in blocks of --batch: 0, -1 after a signal, or an exit code. */
+static int run_range(gen_run *r, int64_t first, int64_t n) {
+    for (int64_t b = first; b < first + n; b += r->batch) {
         if (g_signal) return -1;
-        int32_t n = (int32_t)(r->total - first < r->batch ? r->total - first : r->batch);
+        int32_t m = (int32_t)(first + n - b < r->batch ? first + n - b : r->batch);
         double t0 = cli_now();
-        int rc = run_block(r, first, n);
+        int rc = run_block(r, b, m);
         if (rc) return rc;
-        if (!r->o->quiet)
-            fprintf(stderr, "[%lld/%lld images] block of %d in %.2f s\n",
-                    (long long)(first + n), (long long)r->total, n, cli_now() - t0);
+        if (r->world->size == 1)
+            gen_progress_block(&r->jp, r->w.images_done + r->w.pending, m, cli_now() - t0);
     }
     return 0;
+}
+
+/* Take chunks until none is left; a failure or a signal here stops every rank after its
+ * current chunk. */
+static int run_chunks(gen_run *r) {
+    int rc = 0;
+    for (;;) {
+        if (!rc && g_signal) rc = -1;
+        int64_t c = job_dispatch_next(rc != 0, r->w.images_done, r->busy_s);
+        if (c < 0) break;
+        double t0 = cli_now();
+        rc = run_range(r, r->chunk_first[c], r->chunk_len[c]);
+        r->busy_s += cli_now() - t0;
+    }
+    r->finish_s = cli_now() - r->jp.t0;
+    return rc;
 }
 
 /* Fields every results.jsonl record shares: model, policy (as c's runs resolve it), sampling. */
@@ -224,6 +264,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->max_prompt_len = (int32_t)r->o->max_prompt_len;
     if (r->o->max_new_tokens > 0) cp->max_new_tokens = (int32_t)r->o->max_new_tokens;
     cp->text = r->o->max_new_tokens > 0; /* Lumina-mGPT continues text instead of drawing */
+    (void)cli_kv_pct(CMD, &r->o->mo, cp->kv_pct); /* checked when the model was opened */
 }
 
 /* Images per block: --batch N, or auto (the largest context that fits the budget), at most
@@ -234,7 +275,7 @@ static int pick_batch(gen_run *r, const flexdiag_policy_params *pp) {
     int32_t b = cli_batch(CMD, r->o->batch, r->m, &cp);
     if (b < 1) return 2;
     r->batch = (int32_t)(b < r->total ? b : r->total);
-    if (!strcmp(r->o->batch, "auto") && !r->o->quiet)
+    if (!strcmp(r->o->batch, "auto") && !r->quiet)
         fprintf(stderr, "flexdiag " CMD ": --batch auto: %d image(s) fit the budget; blocks of %d\n",
                 b, r->batch);
     return 0;
@@ -276,7 +317,7 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     if (r->rows_per_img == 1 && flexdiag_detokenize(r->m, NULL, 0, true, NULL, 0, &tl) == FLEXDIAG_OK &&
         flexdiag_model_eos(r->m, &r->w.eos_id) == FLEXDIAG_OK)
         r->w.text_model = r->m;
-    if (!r->w.img_h)
+    if (!r->w.img_h && r->world->rank == 0)
         fprintf(stderr, "flexdiag " CMD ": note: the model has no image decoder; writing "
                         "tokens.json and results.jsonl%s only\n",
                 r->w.text_model ? " (with the text)" : "");
@@ -287,8 +328,7 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     r->w.dpg_cells = malloc(px ? (size_t)o->per_prompt * px : 1);
     if (!r->tokens || !r->pix || !r->rgb || !r->w.dpg_cells)
         return fail(1, "no host memory for a block of %d images (lower --batch)", r->batch);
-    int rc = common_fields(&r->w, r->o, r->c);
-    return rc ? rc : gen_out_tokens_open(&r->w);
+    return common_fields(&r->w, r->o, r->c);
 }
 
 static void summary(const gen_run *r) {
@@ -306,27 +346,180 @@ static void summary(const gen_run *r) {
             (double)s->peak_device_bytes / (1 << 30), (long long)r->w.pngs, r->o->out);
 }
 
+/* ---- the job's processes ---- */
+
+/* Before the model loads, so that a bad folder fails fast: one process without --resume opens
+ * results.jsonl itself; otherwise rank 0 prepares the folder (a --resume leaves it as it is). A
+ * fresh run removes the part and temp record files an interrupted run left. */
+static int setup_folder(gen_run *r) {
+    const gen_opts *o = r->o;
+    int rc = 0;
+    if (!r->merge) {
+        rc = gen_out_open(&r->w);
+        if (!rc) gen_merge_clear(o->out);
+        return rc;
+    }
+    if (r->world->rank == 0 && o->resume && cli_mkdirs(o->out))
+        rc = fail(1, "--out: cannot create folder '%s': %s", o->out, strerror(errno));
+    else if (r->world->rank == 0 && !o->resume && !(rc = gen_out_reset(&r->w)))
+        gen_merge_clear(o->out);
+    return job_agree(r->world, rc);
+}
+
+/* Cores for each of n ranks on this host: the online cores / n, at least 1, at most those
+ * this process may run on. */
+static int64_t cpu_share(int n) {
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    long mine = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : online;
+    long t = online / n;
+    return t < 1 ? 1 : (t > mine ? mine : t);
+}
+
+/* Runtime and model on this rank's device (or its share of the cores), and the block size. */
+static int open_model(gen_run *r, const flexdiag_policy_params *pp, flexdiag_runtime **rt) {
+    cli_model_opts mo = r->o->mo;
+    if (r->world->mpi && !mo.cpu) mo.device = r->world->local_rank;
+    if (r->world->local_size > 1 && mo.cpu && mo.threads == 0)
+        mo.threads = cpu_share(r->world->local_size);
+    int rc = cli_open_model(CMD, &mo, rt, &r->m);
+    if (!rc) rc = pick_batch(r, pp);
+    return job_agree(r->world, rc);
+}
+
+/* --resume on rank 0: gather what earlier runs left (gen_merge.h) into r->done. */
+static int resume_scan(gen_run *r) {
+    int64_t n_done = 0;
+    int rc = gen_merge_folder(&r->w, r->total, r->done, &n_done);
+    if (!rc && n_done == r->total)
+        fprintf(stderr, "flexdiag " CMD ": --resume: all %lld image(s) are complete in %s; "
+                        "nothing to make\n", (long long)r->total, r->o->out);
+    else if (!rc)
+        fprintf(stderr, "flexdiag " CMD ": --resume: %lld of %lld image(s) are complete in %s; "
+                        "making the other %lld\n", (long long)n_done, (long long)r->total,
+                r->o->out, (long long)(r->total - n_done));
+    return rc;
+}
+
+/* Where this process's records go: a --resume's earlier records gathered first (rank 0, shared
+ * with every rank), then its part files; one process without --resume already has
+ * results.jsonl open. */
+static int open_records(gen_run *r) {
+    const job_world *w = r->world;
+    r->done = calloc((size_t)(r->total ? r->total : 1), 1);
+    int rc = r->done ? 0 : fail(1, "out of host memory");
+    if (!rc && r->merge && r->o->resume && w->rank == 0) rc = resume_scan(r);
+    if ((rc = job_agree(w, rc))) return rc;
+    if (r->o->resume) job_bcast(w, r->done, (size_t)r->total);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/results.jsonl", r->o->out);
+    if (r->merge && w->rank > 0 && access(path, F_OK) != 0)
+        rc = fail(1, "--out %s: rank %d on %s does not see the results.jsonl rank 0 made there; "
+                     "every rank needs --out on a file system all hosts share (NFS, Lustre)",
+                  r->o->out, w->rank, w->host);
+    if (!rc && r->merge) rc = gen_out_open(&r->w);
+    if (!rc) rc = gen_out_tokens_open(&r->w);
+    return job_agree(w, rc);
+}
+
+/* The chunks: runs of images not done, cut every c images. */
+static int make_chunks(gen_run *r, int64_t c) {
+    r->chunk_first = malloc((size_t)(r->total ? r->total : 1) * sizeof *r->chunk_first);
+    r->chunk_len = malloc((size_t)(r->total ? r->total : 1) * sizeof *r->chunk_len);
+    if (!r->chunk_first || !r->chunk_len) return fail(1, "out of host memory");
+    int64_t k = -1;
+    for (int64_t g = 0; g < r->total; g++) {
+        if (r->done[g]) continue;
+        if (k < 0 || r->chunk_first[k] + r->chunk_len[k] != g || r->chunk_len[k] == c) {
+            r->chunk_first[++k] = g;
+            r->chunk_len[k] = 0;
+        }
+        r->chunk_len[k]++;
+    }
+    r->n_chunks = k + 1;
+    return 0;
+}
+
+/* Chunk size (one process: unbounded; MPI: the smallest --batch, whole DPG prompts), chunks,
+ * accounting. */
+static int plan_chunks(gen_run *r) {
+    const job_world *w = r->world;
+    int64_t c = job_min(w, r->batch), per = r->o->per_prompt, kept = 0;
+    if (w->size == 1) c = r->total;
+    else if (r->o->layout == CLI_LAYOUT_DPG) c = (c + per - 1) / per * per;
+    for (int64_t g = 0; g < r->total; g++) kept += r->done[g];
+    int rc = make_chunks(r, c);
+    if (!rc) rc = gen_progress_init(&r->jp, w->size, r->total, kept, r->total - kept, r->quiet);
+    r->ends = rc ? NULL : calloc((size_t)w->size, sizeof *r->ends);
+    if (!rc && !r->ends) rc = fail(1, "out of host memory");
+    return job_agree(w, rc);
+}
+
+/* Every rank at its chunks, from a common start. */
+static int run_job(gen_run *r) {
+    (void)job_agree(r->world, 0); /* the start line: accounting times count from here */
+    r->jp.t0 = cli_now();
+    job_dispatch_start(r->world, r->n_chunks, gen_progress_report, &r->jp);
+    int rc = run_chunks(r);
+    job_dispatch_end();
+    return rc;
+}
+
+/* Rank 0 after the ranks' last chunks: the part files merged; after a run that did not stop
+ * early, every image must be complete. */
+static int end_merge(gen_run *r, int code) {
+    int64_t n_done = 0;
+    int rc = gen_merge_folder(&r->w, r->total, r->done, &n_done);
+    if (!rc && !code && n_done != r->total)
+        rc = fail(1, "--out %s: %lld of %lld image(s) are complete after the merge (was a rank's "
+                     "--out another folder?); generate --resume makes the rest",
+                  r->o->out, (long long)n_done, (long long)r->total);
+    return rc;
+}
+
+/* The job's end: accounts gathered, part files merged, the exit code every rank agrees on, and
+ * rank 0's last lines. code: this process's exit code so far. */
+static int finish_job(gen_run *r, int code) {
+    const job_world *w = r->world;
+    gen_rank_end me = {.images = (double)r->w.images_done, .busy_s = r->busy_s,
+                       .finish_s = r->finish_s,
+                       .device = r->o->mo.cpu ? -1 : (w->mpi ? w->local_rank : 0)};
+    snprintf(me.host, sizeof me.host, "%.*s", (int)sizeof me.host - 1, w->host);
+    job_gather(w, &me, sizeof me, r->ends);
+    int job = job_agree(w, code), mrc = r->merge && w->rank == 0 ? end_merge(r, job) : 0;
+    job = job_agree(w, job > mrc ? job : mrc);
+    double made = 0;
+    for (int k = 0; k < w->size; k++) made += r->ends[k].images;
+    if (w->rank == 0 && job >= 128)
+        fprintf(stderr, "flexdiag " CMD ": interrupted after %.0f image(s); completed outputs "
+                        "are in %s (generate --resume with the same flags makes the rest)\n",
+                made, r->o->out);
+    if (w->rank == 0 && !job && w->size == 1) summary(r);
+    if (w->rank == 0 && (!job || job >= 128) && w->size > 1)
+        gen_progress_summary(&r->jp, r->ends, r->o->out);
+    return job;
+}
+
 /* The job, with SIGINT/SIGTERM caught from context creation to the final files. */
 static int generate_job(gen_run *r, const flexdiag_policy_params *pp) {
     struct sigaction old[2];
     signals_install(old);
     r->texts = calloc((size_t)r->batch, sizeof *r->texts);
-    r->prog.quiet = r->o->quiet;
+    r->prog.quiet = r->quiet || r->world->size > 1;
     int rc = r->texts ? prepare(r, pp) : fail(1, "out of host memory");
-    if (!rc) rc = run_blocks(r);
+    rc = job_agree(r->world, rc);
+    if (!rc) rc = open_records(r);
+    if (!rc) rc = plan_chunks(r);
+    int started = !rc;
+    if (started) rc = run_job(r);
     signals_forget_context();
     flexdiag_context_destroy(r->c);
     r->c = NULL;
     int rc2 = gen_out_tokens_close(&r->w);
-    if (rc == -1) {
-        fprintf(stderr, "flexdiag " CMD ": interrupted after %lld image(s); completed outputs "
-                        "are in %s\n", (long long)r->w.images_done, r->o->out);
-        rc = 128 + (int)g_signal;
-    } else if (!rc && !rc2) {
-        summary(r);
-    }
+    int code = rc == -1 ? 128 + (int)g_signal : (rc ? rc : rc2);
+    if (started) code = finish_job(r, code);
     signals_restore(old);
-    return rc ? rc : rc2;
+    return code;
 }
 
 /* ---- flags ---- */
@@ -396,6 +589,9 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         {"--top-p", CLI_F64, &o.top_p, "top-p sampling, (0, 1] (default 1: off)"},
         {"--sample-seed", CLI_INT, &o.sample_seed, "sampling seed (default 0)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress lines"},
+        {"--resume", CLI_FLAG, &o.resume,
+         "keep the complete images an earlier run of this job left in --out, make the rest "
+         "(refused when --out holds another configuration's)"},
     };
     int rc = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
@@ -411,10 +607,16 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         rc = fail(2, "%d prompts x %lld images exceed %d images per run", ps.n,
                   (long long)o.per_prompt, INT32_MAX);
     r.total = (int64_t)ps.n * o.per_prompt;
-    if (!rc) rc = gen_out_open(&r.w);
+    job_world world = {.size = 1};
+    if (!rc) rc = job_world_init(CMD, &world);
+    r.world = &world;
+    r.merge = o.resume || world.size > 1;
+    r.quiet = o.quiet || world.rank > 0;
+    snprintf(r.part, sizeof r.part, ".part-%d", world.rank);
+    r.w.part = r.merge ? r.part : NULL;
+    if (!rc) rc = setup_folder(&r);
     flexdiag_runtime *rt = NULL;
-    if (!rc) rc = cli_open_model(CMD, &o.mo, &rt, &r.m);
-    if (!rc) rc = pick_batch(&r, &pp);
+    if (!rc) rc = open_model(&r, &pp, &rt);
     if (!rc) rc = generate_job(&r, &pp);
     gen_out_free(&r.w);
     json_decref(r.w.common);
@@ -423,8 +625,14 @@ int flexdiag_cmd_generate(int argc, char **argv) {
     free(r.tokens);
     free(r.pix);
     free(r.rgb);
+    free(r.done);
+    free(r.chunk_first);
+    free(r.chunk_len);
+    free(r.ends);
+    gen_progress_fini(&r.jp);
     flexdiag_model_destroy(r.m);
     flexdiag_runtime_destroy(rt);
     cli_prompts_free(&ps);
+    job_world_fini(&world);
     return rc;
 }

@@ -17,9 +17,10 @@
 #include "cli/score_input.h"
 
 static int score(flexdiag_model *m, const cli_score_input *in, const flexdiag_policy_params *pol,
-                 const char *out, int raw) {
+                 const cli_model_opts *mo, const char *out, int raw) {
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
+    (void)cli_kv_pct("score", mo, cp.kv_pct); /* checked when the model was opened */
     cp.max_images = 1;
     cp.max_prompt_len = in->np;
     cp.max_new_tokens = in->n;
@@ -82,7 +83,7 @@ int flexdiag_cmd_score(int argc, char **argv) {
     flexdiag_runtime *rt = NULL;
     flexdiag_model *m = NULL;
     if (rc == 0) rc = cli_open_model("score", &mo, &rt, &m);
-    if (rc == 0) rc = score(m, &in, &pol, out, raw);
+    if (rc == 0) rc = score(m, &in, &pol, &mo, out, raw);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
     cli_score_input_free(&in);

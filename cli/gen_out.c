@@ -12,8 +12,13 @@
  * renamed at the end, after an interrupt or a failure too: memory stays O(block) and the file is
  * never seen half-written (rejected: keeping every token until the end, GBs for large prompt
  * sets). A reused --out is announced, never cleaned: its older PNGs stay (those at this run's
- * paths are replaced); results.jsonl and tokens.json start afresh. DPG grids hold the N samples
+ * paths are replaced); results.jsonl and tokens.json start afresh (cmd_generate.c also removes
+ * the part and temp record files of an interrupted run: gen_merge_clear). DPG grids hold the N samples
  * of a prompt tiled in ceil(sqrt N) columns (2x2 for N = 4, as DPG-Bench's scorer splits it).
+ * With gen_out.part set (the processes of an MPI job, a --resume run) the same records go to
+ * results.jsonl<part> and tokens.json<part>; PNGs go to their final paths either way, so
+ * processes writing one --out never share a file (GenEval's metadata.jsonl is written by the
+ * process that makes the prompt's sample 0; others only make the folder).
  */
 #include "cli/gen_out.h"
 
@@ -74,7 +79,8 @@ static int64_t count_pngs(const char *dir, int depth) {
     return n;
 }
 
-int gen_out_open(gen_out *w) {
+/* The warning about an earlier run's PNGs, and --out made. */
+static int make_dir(const gen_out *w) {
     int64_t older = count_pngs(w->dir, SCAN_DEPTH);
     if (older > 0)
         fprintf(stderr, "flexdiag " CMD ": warning: --out %s already holds %lld PNG(s) from an "
@@ -83,13 +89,39 @@ int gen_out_open(gen_out *w) {
                 w->dir, (long long)older);
     if (cli_mkdirs(w->dir))
         return fail(1, "--out: cannot create folder '%s': %s", w->dir, strerror(errno));
+    return 0;
+}
+
+/* Open results.jsonl<part> emptied. */
+static int results_open(gen_out *w) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/results.jsonl", w->dir);
-    if (cli_jsonl_open(&w->results, path, 1) != FLEXDIAG_OK) return cli_fail_io(CMD);
-    /* an earlier run's tokens.json would contradict the emptied results.jsonl until the end */
+    snprintf(path, sizeof path, "%s/results.jsonl%s", w->dir, w->part ? w->part : "");
+    return cli_jsonl_open(&w->results, path, 1) == FLEXDIAG_OK ? 0 : cli_fail_io(CMD);
+}
+
+/* An earlier run's tokens.json would contradict the emptied results.jsonl until the end. */
+static void tokens_remove(const gen_out *w) {
+    char path[4200];
     snprintf(path, sizeof path, "%s/tokens.json", w->dir);
     (void)unlink(path);
-    return 0;
+}
+
+int gen_out_open(gen_out *w) {
+    if (w->part) return results_open(w);
+    int rc = make_dir(w);
+    if (!rc) rc = results_open(w);
+    if (!rc) tokens_remove(w);
+    return rc;
+}
+
+int gen_out_reset(const gen_out *w) {
+    gen_out d = *w;
+    d.part = NULL;
+    int rc = make_dir(&d);
+    if (!rc) rc = results_open(&d);
+    if (!rc && cli_jsonl_close(&d.results) != FLEXDIAG_OK) rc = cli_fail_io(CMD);
+    if (!rc) tokens_remove(&d);
+    return rc;
 }
 
 void gen_out_free(gen_out *w) {
@@ -104,10 +136,11 @@ void gen_out_free(gen_out *w) {
 
 int gen_out_tokens_open(gen_out *w) {
     char path[4200], head[96];
-    snprintf(path, sizeof path, "%s/tokens.json", w->dir);
-    snprintf(head, sizeof head, "{\"tokens_per_image\": %d, \"images\": [\n", w->per_image);
-    return cli_stream_open(&w->tokens, path, head, "\n]}\n") == FLEXDIAG_OK ? 0
-                                                                             : cli_fail_io(CMD);
+    snprintf(path, sizeof path, "%s/tokens.json%s", w->dir, w->part ? w->part : "");
+    snprintf(head, sizeof head, GEN_OUT_TOKENS_HEAD, w->per_image);
+    return cli_stream_open(&w->tokens, path, head, GEN_OUT_TOKENS_TAIL) == FLEXDIAG_OK
+               ? 0
+               : cli_fail_io(CMD);
 }
 
 int gen_out_tokens_close(gen_out *w) {
@@ -146,7 +179,8 @@ static char *tokens_record(const gen_out *w, int64_t g, const int32_t *t, size_t
     if (r)
         n = (size_t)snprintf(r, cap, "%s{\"prompt_index\": %lld, \"sample\": %lld, "
                                      "\"image_index\": %lld, \"prompt\": %s, \"grid\": [",
-                             w->images_done + w->pending ? ",\n" : "", (long long)g / per,
+                             w->images_done + w->pending ? GEN_OUT_TOKENS_SEP : "",
+                             (long long)g / per,
                              (long long)g % per, (long long)g, ptext);
     for (int32_t i = 0; r && i < w->per_image; i++)
         n += (size_t)snprintf(r + n, cap - n, "%s%d",
@@ -259,28 +293,27 @@ static int commit(gen_out *w, const char *rel, const uint8_t *rgb, int pw, int p
     return stop(w, left ? png : NULL, errno);
 }
 
-/* Path of image g's PNG relative to --out (dpg: its prompt's grid). */
-static void image_rel(const gen_out *w, int64_t g, char *rel, size_t cap) {
+void gen_out_image_rel(const gen_out *w, int64_t g, char *rel, size_t cap) {
     long long per = w->per_prompt, p = g / per, k = g % per;
     if (w->layout == CLI_LAYOUT_GENEVAL) snprintf(rel, cap, "%05lld/samples/%04lld.png", p, k);
     else if (w->layout == CLI_LAYOUT_DPG) snprintf(rel, cap, "%s.png", w->ps->p[p].id);
     else snprintf(rel, cap, "%lld/%lld.png", p, k);
 }
 
-/* Folder of prompt p's samples (plain, geneval) and GenEval's metadata.jsonl. */
-static int prompt_folder(const gen_out *w, int64_t p) {
+/* Folder of prompt p's samples (plain, geneval) and, with meta, GenEval's metadata.jsonl. */
+static int prompt_folder(const gen_out *w, int64_t p, int meta) {
     char dir[4200], path[4300];
     const char *fmt = w->layout == CLI_LAYOUT_GENEVAL ? "%s/%05lld/samples" : "%s/%lld";
     snprintf(dir, sizeof dir, fmt, w->dir, (long long)p);
     if (cli_mkdirs(dir))
         return fail(1, "--out: cannot create folder '%s': %s", dir, strerror(errno));
-    if (w->layout != CLI_LAYOUT_GENEVAL) return 0;
+    if (w->layout != CLI_LAYOUT_GENEVAL || !meta) return 0;
     snprintf(path, sizeof path, "%s/%05lld/metadata.jsonl", w->dir, (long long)p);
-    const char *meta = w->ps->p[p].meta;
-    size_t n = strlen(meta);
+    const char *text = w->ps->p[p].meta;
+    size_t n = strlen(text);
     char *line = malloc(n + 2);
     if (!line) return fail(1, "out of host memory");
-    memcpy(line, meta, n);
+    memcpy(line, text, n);
     line[n] = '\n';
     cli_part part = {line, n + 1};
     flexdiag_status st = cli_write_atomic(path, &part, 1);
@@ -324,14 +357,15 @@ int gen_out_emit(gen_out *w, const gen_block *b, int32_t i) {
     int64_t g = b->first + i, per = w->per_prompt, k = g % per;
     size_t px = (size_t)w->img_h * (size_t)w->img_w * 3;
     char rel[4200];
-    if (b->rgb) image_rel(w, g, rel, sizeof rel);
+    if (b->rgb) gen_out_image_rel(w, g, rel, sizeof rel);
     if (queue_image(w, b, i, b->rgb ? rel : NULL)) return fail(1, "out of host memory");
     if (!b->rgb) return commit(w, NULL, NULL, 0, 0);
     if (w->layout == CLI_LAYOUT_DPG) {
         memcpy(w->dpg_cells + (size_t)k * px, b->rgb + (size_t)i * px, px);
         return k == per - 1 ? dpg_commit(w, rel) : 0;
     }
-    int rc = k == 0 ? prompt_folder(w, g / per) : 0;
+    /* a block that starts inside a prompt (another rank's, or resumed) makes its folder too */
+    int rc = k == 0 || i == 0 ? prompt_folder(w, g / per, k == 0) : 0;
     if (!rc) rc = commit(w, rel, b->rgb + (size_t)i * px, w->img_w, w->img_h);
     if (rc && k == 0) prompt_folder_undo(w, g / per);
     return rc;

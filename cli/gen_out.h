@@ -3,7 +3,9 @@
  * prompt's grid), the tokens.json record and the results.jsonl record, in the output layout of
  * prompts.h. Images are emitted in job order, so one DPG prompt is pending at most. An image is
  * written whole or not at all: after a failed write, results.jsonl, tokens.json and the PNGs
- * describe exactly the images before it.
+ * describe exactly the images before it. A process of an MPI job (and a --resume run) writes its
+ * records into part files instead (results.jsonl.part-<rank>, tokens.json.part-<rank>), each
+ * in the same format, which gen_merge.c merges in image order at the end.
  */
 #ifndef FLEXDIAG_CLI_GEN_OUT_H
 #define FLEXDIAG_CLI_GEN_OUT_H
@@ -20,6 +22,8 @@ typedef struct gen_out {
     cli_layout layout;     /* --layout */
     int64_t per_prompt;    /* --images-per-prompt */
     const cli_prompts *ps; /* the prompts (image g is sample g % per_prompt of prompt g / per) */
+    const char *part;      /* NULL: write results.jsonl and tokens.json; ".part-<rank>": write
+                              results.jsonl.part-<rank> and tokens.json.part-<rank> */
     /* set by the caller before the first image */
     int32_t per_image;    /* tokens per image */
     int32_t grid_w;       /* ids per row in tokens.json */
@@ -50,10 +54,21 @@ typedef struct gen_block {
     double seconds;        /* wall time of generate + decode */
 } gen_block;
 
-/* Create --out and results.jsonl (before the model loads, so a bad folder fails fast), after a
- * warning when --out already holds PNGs (they are kept). These return 0, or an exit code after
- * printing one line naming the file; a failed write stops the job. */
+/* tokens.json: this head (printf format of tokens_per_image), records separated by ",\n", the
+ * tail. */
+#define GEN_OUT_TOKENS_HEAD "{\"tokens_per_image\": %d, \"images\": [\n"
+#define GEN_OUT_TOKENS_SEP ",\n"
+#define GEN_OUT_TOKENS_TAIL "\n]}\n"
+
+/* Without part: create --out and results.jsonl (before the model loads, so a bad folder fails
+ * fast), after a warning when --out already holds PNGs (they are kept), and remove an earlier
+ * tokens.json. With part: open results.jsonl<part> in the folder gen_out_reset or a resume
+ * made. These return 0, or an exit code after printing one line naming the file; a failed
+ * write stops the job. */
 int gen_out_open(gen_out *w);
+/* What gen_out_open does to --out without part, for a job whose records go to part files: the
+ * warning, the folder, an empty results.jsonl, no tokens.json. */
+int gen_out_reset(const gen_out *w);
 /* Start tokens.json (in its temp file); needs per_image. */
 int gen_out_tokens_open(gen_out *w);
 /* All outputs of image i of block b. */
@@ -63,6 +78,9 @@ int gen_out_emit(gen_out *w, const gen_block *b, int32_t i);
 int gen_out_tokens_close(gen_out *w);
 /* Close and free what gen_out owns (not the caller's fields). */
 void gen_out_free(gen_out *w);
+
+/* Path of image g's PNG relative to --out (dpg: its prompt's grid). */
+void gen_out_image_rel(const gen_out *w, int64_t g, char *rel, size_t cap);
 
 /* A text model's continuation (ids, per_image of them): *n gets the ids before the first EOS,
  * the result their text (malloc'ed, *len bytes, special tokens dropped); NULL when out of
