@@ -339,6 +339,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     cp.max_prompt_len = (int32_t)o->prompt_len;
     if (o->gen_len > 0) cp.max_new_tokens = (int32_t)o->gen_len;
     cp.text = o->gen_len > 0; /* Lumina-mGPT: text tokens instead of an image */
+    (void)cli_kv_pct("bench", &o->mo, cp.kv_pct); /* checked when the model was opened */
     if (cli_policy_params("bench", po, &cp.policy)) return 2;
     int32_t batch = cli_batch("bench", o->batch, m, &cp);
     if (batch < 1) return 2;
@@ -436,7 +437,9 @@ static int throughput(const tp_opts *o) {
     if (rc == 0 && measure_roofline(rt, &rf))
         fprintf(stderr, "flexdiag bench: roofline measurement failed; fractions will be 0\n");
     bench_ceilings ce = {0};
-    if (rc == 0) (void)bench_offload_ceilings(rt, m, &ce); /* a failure is reported, rows go on */
+    uint32_t kv[3];
+    (void)cli_kv_pct("bench", &o->mo, kv);
+    if (rc == 0) (void)bench_offload_ceilings(rt, m, kv[0] < 100, &ce); /* failures reported */
     if (rc == 0) print_header(rt, &rf, o, m);
     double dense = 0, best = 0;
     int rows = 0, first_rc = 0, best_k = 0, best_s = 0;

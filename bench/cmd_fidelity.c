@@ -246,6 +246,11 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     };
     int rc = cli_parse(FID_CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
+    if (o.mo.kv) {
+        fprintf(stderr, "flexdiag " FID_CMD ": --kv: where the KV cache lives does not change "
+                        "fidelity (every home gives the same logits); drop the flag\n");
+        return 2;
+    }
     flexdiag_policy_kind kinds[FID_MAX_LIST];
     double sps[FID_MAX_LIST];
     int nk, ns;

@@ -31,10 +31,11 @@ static double time_copy(const flexdiag_kernels *k, flexdiag_stream *cs, void *de
     return (flexdiag__now() - t0) / CEIL_REPS;
 }
 
-/* Pinned H2D / D2H at the size of a weight slot (capped by what the budget has left). */
+/* Pinned H2D / D2H at the size of a weight slot, or 256 MiB when only the KV moves (capped by
+ * what the budget has left). */
 static int copy_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out) {
     const flexdiag_kernels *k = rt->k;
-    size_t n = flexdiag__sched_tiered_slot_bytes(m->w.homes);
+    size_t n = m->w.homes ? flexdiag__sched_tiered_slot_bytes(m->w.homes) : (size_t)256 << 20;
     uint64_t avail = flexdiag__arena_available(&rt->arena);
     if (n > avail / 2) n = (size_t)(avail / 2);
     if (n > (1u << 30)) n = 1u << 30;
@@ -107,11 +108,12 @@ static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_cei
     return 1;
 }
 
-int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out) {
+int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv_homes,
+                           bench_ceilings *out) {
     memset(out, 0, sizeof *out);
-    if (!m->w.homes) return 0;
+    if (!m->w.homes && !kv_homes) return 0;
     int rc = copy_ceilings(rt, m, out);
-    if (m->w.homes->store) rc |= disk_ceiling(rt, m, out);
+    if (m->w.homes && m->w.homes->store) rc |= disk_ceiling(rt, m, out);
     return rc;
 }
 
@@ -124,38 +126,55 @@ void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_in
     out->oi = *after;
     out->compute_ms = compute_ms;
     uint64_t loads = after->loads - before->loads;
-    if (!loads) return;
-    double L = c->m->cfg.lm.layers;
-    out->h2d_step = (double)(after->h2d_bytes - before->h2d_bytes) / (double)loads * L;
-    out->disk_step = (double)(after->disk_read_bytes - before->disk_read_bytes) / (double)loads * L;
+    double L = c->m->cfg.lm.layers, steps = n_steps > 1 ? n_steps - 1 : 1;
+    if (loads) {
+        out->h2d_step = (double)(after->h2d_bytes - before->h2d_bytes) / (double)loads * L;
+        out->disk_step = (double)(after->disk_read_bytes - before->disk_read_bytes) /
+                         (double)loads * L;
+    }
+    out->kv_h2d_step = (double)(after->kv_h2d_bytes - before->kv_h2d_bytes) / steps;
+    out->kv_d2h_step = (double)(after->kv_d2h_bytes - before->kv_d2h_bytes) / steps;
     double step = n_steps > 1 ? decode_s / (n_steps - 1) : 0;
     if (step <= 0) return;
-    out->h2d_rate = out->h2d_step / step;
+    double up = out->h2d_step + out->kv_h2d_step; /* weights and KV share the link */
+    out->h2d_rate = up / step;
     out->disk_rate = out->disk_step / step;
     double bound = compute_ms * 1e-3;
-    if (ce->h2d > 0) bound = fmax(bound, out->h2d_step / ce->h2d);
+    if (ce->h2d > 0) bound = fmax(bound, up / ce->h2d);
+    if (ce->d2h > 0) bound = fmax(bound, out->kv_d2h_step / ce->d2h);
     if (ce->disk > 0) bound = fmax(bound, out->disk_step / ce->disk);
     out->overlap = bound > 0 ? step / bound : 0;
 }
 
+/* Whether the row moved anything: weights split (tiered) or KV homes. */
+static int offloaded(const flexdiag_offload_info *o) {
+    return strcmp(o->scheduler, "resident") != 0;
+}
+
 void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
     const flexdiag_offload_info *o = &r->oi;
-    if (strcmp(o->scheduler, "tiered")) return;
+    if (!offloaded(o)) return;
     double all = (double)(o->weights_bytes[0] + o->weights_bytes[1] + o->weights_bytes[2]);
-    printf("  offload: weights requested %u/%u/%u %% GPU/CPU/disk, realised %.2f/%.2f/%.2f %% "
-           "(%.2f / %.2f / %.2f GB); pinned pool %.2f GB (%s); disk %.2f GB (%s%s%s)\n",
-           o->weights_pct[0], o->weights_pct[1], o->weights_pct[2],
-           100 * o->weights_bytes[0] / all, 100 * o->weights_bytes[1] / all,
-           100 * o->weights_bytes[2] / all, o->weights_bytes[0] / 1e9, o->weights_bytes[1] / 1e9,
-           o->weights_bytes[2] / 1e9, o->pinned_budget / 1e9,
-           o->pinned_note ? o->pinned_note : o->pinned ? "pinned" : "not pinned",
-           o->disk_budget / 1e9,
-           o->disk_io ? o->disk_io : "none", o->disk_note && *o->disk_note ? ": " : "",
-           o->disk_note ? o->disk_note : "");
+    if (o->kv_pct[0] != 100)
+        printf("  offload: KV homes %u/%u/%u %% of the micro-batches GPU/CPU/disk (%.2f / %.2f "
+               "GB); per decode step KV H2D %.3f GB, D2H %.3f GB\n",
+               o->kv_pct[0], o->kv_pct[1], o->kv_pct[2], o->kv_bytes[0] / 1e9,
+               o->kv_bytes[1] / 1e9, r->kv_h2d_step / 1e9, r->kv_d2h_step / 1e9);
+    if (o->weights_pct[0] != 100)
+        printf("  offload: weights requested %u/%u/%u %% GPU/CPU/disk, realised %.2f/%.2f/%.2f %% "
+               "(%.2f / %.2f / %.2f GB); pinned pool %.2f GB (%s); disk %.2f GB (%s%s%s)\n",
+               o->weights_pct[0], o->weights_pct[1], o->weights_pct[2],
+               100 * o->weights_bytes[0] / all, 100 * o->weights_bytes[1] / all,
+               100 * o->weights_bytes[2] / all, o->weights_bytes[0] / 1e9, o->weights_bytes[1] / 1e9,
+               o->weights_bytes[2] / 1e9, o->pinned_budget / 1e9,
+               o->pinned_note ? o->pinned_note : o->pinned ? "pinned" : "not pinned",
+               o->disk_budget / 1e9,
+               o->disk_io ? o->disk_io : "none", o->disk_note && *o->disk_note ? ": " : "",
+               o->disk_note ? o->disk_note : "");
     printf("  offload: per decode step H2D %.3f GB at %.1f GB/s (ceiling %.1f GB/s pinned, %.0f "
            "%%), disk %.3f GB at %.2f GB/s (ceiling %.2f GB/s O_DIRECT, %.0f %%); compute %.2f "
            "ms; overlap efficiency %.3f\n",
-           r->h2d_step / 1e9, r->h2d_rate / 1e9, ce->h2d / 1e9,
+           (r->h2d_step + r->kv_h2d_step) / 1e9, r->h2d_rate / 1e9, ce->h2d / 1e9,
            ce->h2d > 0 ? 100 * r->h2d_rate / ce->h2d : 0, r->disk_step / 1e9, r->disk_rate / 1e9,
            ce->disk / 1e9, ce->disk > 0 ? 100 * r->disk_rate / ce->disk : 0, r->compute_ms,
            r->overlap);
@@ -164,12 +183,21 @@ void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
 
 void bench_offload_json(const bench_offload_row *r, const bench_ceilings *ce, char *buf, size_t n) {
     const flexdiag_offload_info *o = &r->oi;
-    if (strcmp(o->scheduler, "tiered")) {
+    if (!offloaded(o)) {
         snprintf(buf, n, ",\"sched\":\"resident\"");
         return;
     }
+    int k = snprintf(buf, n,
+             ",\"sched\":\"%s\",\"kv_req\":[%u,%u,%u],\"kv_bytes\":[%llu,%llu],"
+             "\"kv_h2d_step_bytes\":%.0f,\"kv_d2h_step_bytes\":%.0f",
+             o->scheduler, o->kv_pct[0], o->kv_pct[1], o->kv_pct[2],
+             (unsigned long long)o->kv_bytes[0], (unsigned long long)o->kv_bytes[1],
+             r->kv_h2d_step, r->kv_d2h_step);
+    if (k < 0 || (size_t)k >= n) return;
+    buf += k;
+    n -= (size_t)k;
     snprintf(buf, n,
-             ",\"sched\":\"tiered\",\"weights_req\":[%u,%u,%u],"
+             ",\"weights_req\":[%u,%u,%u],"
              "\"weights_bytes\":[%llu,%llu,%llu],\"pinned_bytes\":%llu,\"pinned\":%s,"
              "\"disk_bytes\":%llu,\"disk_io\":\"%s\",\"h2d_step_bytes\":%.0f,"
              "\"disk_step_bytes\":%.0f,\"h2d_gbps\":%.3f,\"disk_gbps\":%.3f,"

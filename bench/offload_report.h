@@ -29,13 +29,16 @@ typedef struct bench_offload_row {
     flexdiag_offload_info oi;          /* after the timed run */
     double h2d_step, disk_step;        /* bytes per decode step */
     double h2d_rate, disk_rate;        /* achieved bytes/s over the decode steps */
+    double kv_h2d_step, kv_d2h_step;   /* KV bytes per decode step to and from the host home
+                                          (the prefill's write-back spread over the steps) */
     double compute_ms;                 /* a profiled step's op time (GEMM + attention + rest) */
     double overlap;                    /* step / max(compute, transfers at the ceilings) */
 } bench_offload_row;
 
-/* Measure the ceilings for rt's model m (nothing when its weights are all on the device);
- * buffers go through the runtime's device budget. 0, or 1 after a message. */
-int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out);
+/* Measure the ceilings for rt's model m (nothing when its weights are all on the device and
+ * kv_homes is 0); buffers go through the runtime's device budget. 0, or 1 after a message. */
+int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv_homes,
+                           bench_ceilings *out);
 /* The row of context c from its offload counters before and after the timed run of n_steps
  * decode steps (decode_s seconds, prefill included in the counters: one layer pass) and the
  * profiled compute time per step. */
