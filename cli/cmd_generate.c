@@ -350,19 +350,23 @@ static void summary(const gen_run *r) {
 
 /* Before the model loads, so that a bad folder fails fast: one process without --resume opens
  * results.jsonl itself; otherwise rank 0 prepares the folder (a --resume leaves it as it is). A
- * fresh run removes the part and temp record files an interrupted run left. */
+ * fresh run removes the part and temp record files and the PNG temp files an interrupted run
+ * left (a resumed one removes the PNG temps when it gathers). */
 static int setup_folder(gen_run *r) {
     const gen_opts *o = r->o;
     int rc = 0;
     if (!r->merge) {
         rc = gen_out_open(&r->w);
         if (!rc) gen_merge_clear(o->out);
+        if (!rc) gen_out_drop_png_temps(o->out);
         return rc;
     }
     if (r->world->rank == 0 && o->resume && cli_mkdirs(o->out))
         rc = fail(1, "--out: cannot create folder '%s': %s", o->out, strerror(errno));
-    else if (r->world->rank == 0 && !o->resume && !(rc = gen_out_reset(&r->w)))
+    else if (r->world->rank == 0 && !o->resume && !(rc = gen_out_reset(&r->w))) {
         gen_merge_clear(o->out);
+        gen_out_drop_png_temps(o->out);
+    }
     return job_agree(r->world, rc);
 }
 
@@ -390,6 +394,7 @@ static int open_model(gen_run *r, const flexdiag_policy_params *pp, flexdiag_run
 /* --resume on rank 0: gather what earlier runs left (gen_merge.h) into r->done. */
 static int resume_scan(gen_run *r) {
     int64_t n_done = 0;
+    gen_out_drop_png_temps(r->o->out);
     int rc = gen_merge_folder(&r->w, r->total, r->done, &n_done);
     if (!rc && n_done == r->total)
         fprintf(stderr, "flexdiag " CMD ": --resume: all %lld image(s) are complete in %s; "

@@ -60,8 +60,18 @@ static int stop(const gen_out *w, const char *left, int e) {
 
 /* ---- opening, closing ---- */
 
-/* Regular *.png files under dir, depth levels deep (symbolic links not followed). */
-static int64_t count_pngs(const char *dir, int depth) {
+/* Whether name is a PNG's temp file, "<name>.png.tmp.<digits>" (cli_write_atomic's). */
+static int png_temp(const char *name) {
+    const char *t = strstr(name, ".png.tmp.");
+    if (!t || !t[9]) return 0;
+    for (t += 9; *t; t++)
+        if (*t < '0' || *t > '9') return 0;
+    return 1;
+}
+
+/* Regular *.png files under dir, depth levels deep (symbolic links not followed); with
+ * drop_temps, PNG temp files there are removed (a killed process's). */
+static int64_t walk_pngs(const char *dir, int depth, int drop_temps) {
     DIR *d = opendir(dir);
     if (!d) return 0;
     int64_t n = 0;
@@ -72,12 +82,17 @@ static int64_t count_pngs(const char *dir, int depth) {
         size_t len = strlen(e->d_name);
         struct stat st;
         if (lstat(path, &st) != 0) continue;
-        if (S_ISDIR(st.st_mode) && depth > 1) n += count_pngs(path, depth - 1);
+        if (S_ISDIR(st.st_mode) && depth > 1) n += walk_pngs(path, depth - 1, drop_temps);
         else if (S_ISREG(st.st_mode) && len > 4 && !strcmp(e->d_name + len - 4, ".png")) n++;
+        else if (S_ISREG(st.st_mode) && drop_temps && png_temp(e->d_name)) (void)unlink(path);
     }
     closedir(d);
     return n;
 }
+
+static int64_t count_pngs(const char *dir, int depth) { return walk_pngs(dir, depth, 0); }
+
+void gen_out_drop_png_temps(const char *dir) { (void)walk_pngs(dir, SCAN_DEPTH, 1); }
 
 /* The warning about an earlier run's PNGs, and --out made. */
 static int make_dir(const gen_out *w) {

@@ -76,6 +76,9 @@ int gen_out_emit(gen_out *w, const gen_block *b, int32_t i);
 /* Complete tokens.json with the images written so far, rename it into place and close
  * results.jsonl (if tokens.json cannot be completed, its temp file is kept and named). */
 int gen_out_tokens_close(gen_out *w);
+/* Remove the PNG temp files ("x.png.tmp.<pid>") a killed run left under dir; call only while
+ * no process of this job writes there. */
+void gen_out_drop_png_temps(const char *dir);
 /* Close and free what gen_out owns (not the caller's fields). */
 void gen_out_free(gen_out *w);
 
