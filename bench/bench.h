@@ -19,6 +19,12 @@ int flexdiag_cmd_bench(int argc, char **argv);
 int flexdiag_cmd_bench_fidelity(int argc, char **argv);
 /* `policy-trace`: a policy's attended / resident / evicted sets, step by step, as JSON lines. */
 int flexdiag_cmd_policy_trace(int argc, char **argv);
+/* `profile`: measure this machine's rates for the policy search (cmd_profile.c). */
+int flexdiag_cmd_profile(int argc, char **argv);
+/* `search`: rank batch, placement and policy configurations by predicted img/s (cmd_search.c). */
+int flexdiag_cmd_search(int argc, char **argv);
+/* The runtime's device name ("NVIDIA H200", the CPU's model name) into out (n bytes). */
+void bench_device_name(const flexdiag_runtime *rt, char *out, size_t n);
 
 /* ---- comma lists (lists.c) ---- */
 #define BENCH_MAX_LIST 64 /* entries per list */

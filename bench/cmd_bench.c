@@ -356,7 +356,10 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     row.projected = row.steps < c->l_dec;
     int rc = measure(o, m, c, &row);
     step_cost(c, (int32_t)o->prompt_len, c->l_dec, &row);
-    double roof = fmax(row.step_bytes / fmax(rf->bw, 1), row.step_flops / fmax(rf->gemm, 1));
+    /* no roofline without both ceilings (the measurement says it failed): fractions 0 */
+    double roof = rf->bw > 0 && rf->gemm > 0
+                      ? fmax(row.step_bytes / rf->bw, row.step_flops / rf->gemm)
+                      : 0;
     row.roof_ms = 1e3 * roof;
     row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
     if (rc == 0) {

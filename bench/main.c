@@ -3,6 +3,8 @@
  *
  *   flexdiag-bench bench [throughput|fidelity] ...   benchmarks (bench/RESULTS.md)
  *   flexdiag-bench policy-trace ...                   a KV policy's sets, step by step
+ *   flexdiag-bench profile ...                        this machine's rates for search
+ *   flexdiag-bench search ...                         best batch / placement / policy (predicted)
  *
  * These commands need the library's internals (profiling splits and the op table for the
  * roofline, the host policy state machines and the synthetic locality model), so the tool links
@@ -26,6 +28,8 @@ typedef struct command {
 static const command commands[] = {
     {"bench", flexdiag_cmd_bench, "benchmarks: throughput (default) and fidelity"},
     {"policy-trace", flexdiag_cmd_policy_trace, "trace a KV policy's attended sets as JSON"},
+    {"profile", flexdiag_cmd_profile, "measure this machine's rates for search"},
+    {"search", flexdiag_cmd_search, "rank batch, placement and policy by predicted img/s"},
 };
 
 static void usage(FILE *f) {

@@ -361,11 +361,19 @@ flexdiag_status flexdiag_decode_images(flexdiag_model *m, const int32_t *tokens,
 
 /* Fail before any allocation when the context cannot fit, naming the largest batch that does. */
 static flexdiag_status check_fits(const flexdiag_model *m, const flexdiag_context_params *p) {
-    size_t need = 0;
-    FLEXDIAG_TRY(flexdiag__context_bytes(m, p, &need));
+    size_t need = 0, host = 0;
+    FLEXDIAG_TRY(flexdiag__context_sizes(m, p, &need, &host));
     uint64_t avail = flexdiag__arena_available(&m->rt->arena);
-    if (need <= avail) return FLEXDIAG_OK;
+    uint64_t host_avail = flexdiag__context_host_avail(m);
+    if (need <= avail && host <= host_avail) return FLEXDIAG_OK;
     int32_t fit = flexdiag__context_fit(m, p, avail);
+    if (need <= avail)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_PINNED,
+                             "a batch of %d image(s) keeps %.3f GiB of KV cache in pinned host "
+                             "memory (--kv), but %.3f GiB of the pool is free; the largest batch "
+                             "that fits is %d (raise --cpu-mem or keep more KV on the GPU)",
+                             p->max_images, (double)host / (1u << 30),
+                             (double)host_avail / (1u << 30), fit);
     return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
                          "a batch of %d image(s) needs %.3f GiB of device memory for KV cache and "
                          "scratch, but %.3f GiB is available under the budget after the weights; "

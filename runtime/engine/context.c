@@ -148,28 +148,53 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
-                                        size_t *out) {
+/* Pinned host bytes of the KV home of the host-homed micro-batches (0: none). */
+static size_t ctx_host_bytes(const flexdiag_context *c) {
+    return (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->n_seq - c->s_host) * c->seq_bytes;
+}
+
+flexdiag_status flexdiag__context_sizes(const flexdiag_model *m, const flexdiag_context_params *p,
+                                        size_t *dev, size_t *host) {
     flexdiag_context c;
     memset(&c, 0, sizeof c);
     c.m = (flexdiag_model *)m;
     c.p = *p;
     FLEXDIAG_TRY(ctx_geometry(&c));
     const flexdiag_kernels *k = m->rt->k;
-    *out = ctx_layout(&c, (size_t)k->act_bytes, NULL) + k->stream_bytes;
+    *dev = ctx_layout(&c, (size_t)k->act_bytes, NULL) + k->stream_bytes;
+    if (host) *host = ctx_host_bytes(&c);
     return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
+                                        size_t *out) {
+    return flexdiag__context_sizes(m, p, out, NULL);
+}
+
+uint64_t flexdiag__context_host_avail(const flexdiag_model *m) {
+    const flexdiag_runtime *rt = m->rt;
+    if (rt->pool) {
+        flexdiag_host_pool_stats ps;
+        flexdiag__host_pool_stats(rt->pool, &ps);
+        return ps.largest_free;
+    }
+    return rt->p.cpu_mem ? rt->p.cpu_mem : UINT64_MAX;
 }
 
 int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
                               uint64_t avail) {
     flexdiag_context_params q = *p;
+    uint64_t host_avail = flexdiag__context_host_avail(m);
     int32_t lo = 0, hi = 1 << 16; /* lo fits (0 = nothing), hi does not */
     while (hi - lo > 1) {
         int32_t mid = lo + (hi - lo) / 2;
-        size_t bytes = 0;
+        size_t dev = 0, host = 0;
         q.max_images = mid;
-        if (flexdiag__context_bytes(m, &q, &bytes) == FLEXDIAG_OK && bytes <= avail) lo = mid;
-        else hi = mid;
+        if (flexdiag__context_sizes(m, &q, &dev, &host) == FLEXDIAG_OK && dev <= avail &&
+            host <= host_avail)
+            lo = mid;
+        else
+            hi = mid;
     }
     flexdiag__err_clear();
     return lo;
@@ -252,8 +277,7 @@ static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
         c->sched = inner;
         return FLEXDIAG_OK;
     }
-    c->kv_host_bytes = (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->n_seq - c->s_host) *
-                       c->seq_bytes;
+    c->kv_host_bytes = ctx_host_bytes(c);
     flexdiag_status st = flexdiag__tiers_pool_alloc(rt, c->kv_host_bytes,
                                                     "the KV home of a context's host-homed "
                                                     "micro-batches (--kv)",

@@ -184,8 +184,14 @@ typedef struct flexdiag_block {
 /* Device bytes a context with these params needs (for --batch auto and error messages). */
 flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
                                         size_t *out);
-/* Largest max_images (micro_batch scaled along when set) whose context fits in `avail` bytes;
- * 0 when not even one image fits. */
+/* The same, and (host may be NULL) the pinned host bytes of its KV home (kv_pct). */
+flexdiag_status flexdiag__context_sizes(const flexdiag_model *m, const flexdiag_context_params *p,
+                                        size_t *dev, size_t *host);
+/* Pinned host bytes a new context's KV home may take: the pool's largest free run, --cpu-mem
+ * before the pool exists, unlimited without either (the pool is then sized by that need). */
+uint64_t flexdiag__context_host_avail(const flexdiag_model *m);
+/* Largest max_images (micro_batch scaled along when set) whose context fits in `avail` device
+ * bytes and the host bytes its KV home may take; 0 when not even one image fits. */
 int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
                               uint64_t avail);
 /* Size, allocate and carve c's buffers from c->m and c->p (c->host_policy may be preset). */

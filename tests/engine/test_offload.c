@@ -53,6 +53,41 @@ static void test_kv_homes_delayed_copies(void **state) {
     unsetenv("FLEXDIAG_COPY_DELAY_US");
 }
 
+/* --batch auto with KV homes: the largest batch whose host KV fits --cpu-mem runs, one more is
+ * refused naming --cpu-mem (the same sizing function decides both). */
+static void test_kv_budget(void **state) {
+    (void)state;
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    rp.gpu_mem = 256u << 20;
+    rp.cpu_mem = 2u << 20;
+    flexdiag_runtime *rt = NULL;
+    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    flexdiag_model *m = NULL;
+    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_prompt_len = 32;
+    cp.micro_batch = 1;
+    cp.kv_pct[1] = 100;
+    int32_t n = 0;
+    assert_int_equal(flexdiag_context_max_images(m, &cp, &n), FLEXDIAG_OK);
+    assert_true(n >= 1 && n < 1000); /* bounded by the 2 MiB pool, not the 256 MiB device */
+    flexdiag_context *c = NULL;
+    cp.max_images = n;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    flexdiag_context_destroy(c);
+    cp.max_images = n + 1;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_OOM_PINNED);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "--cpu-mem"));
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 static void test_placements_delayed_copies(void **state) {
     (void)state;
     setenv("FLEXDIAG_COPY_DELAY_US", "200", 1);
@@ -113,6 +148,7 @@ int main(void) {
         cmocka_unit_test(test_placements_delayed_copies),
         cmocka_unit_test(test_kv_homes),
         cmocka_unit_test(test_kv_homes_delayed_copies),
+        cmocka_unit_test(test_kv_budget),
         cmocka_unit_test(test_budgets_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,264 @@
+/*
+ * cmd_profile.c - `flexdiag profile`: measures this machine once for the policy search and
+ * writes the rates as JSON (cost_model.h cm_profile; docs/search.md §1).
+ *
+ * Through the runtime's op table, as the engine moves and computes: pinned H2D and D2H copies
+ * on a copy stream at four transfer sizes, the device copy rate (bytes read + written), bf16
+ * GEMM rates for six row counts n of (n, k) x (k, k), and with --offload-dir the store's
+ * O_DIRECT read rate at the scheduler's request size and queue depth. On the CPU backend the
+ * "device" is host memory, so every rate is the CPU's. Buffers come from the device budget.
+ * Progress goes to stderr, the file path to stdout.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "bench/bench.h"
+#include "bench/cost_model.h"
+#include "cli/cli.h"
+#include "offload/sched.h"
+#include "offload/store.h"
+#include "runtime/engine/engine.h"
+
+#define REPS 4                              /* timed repeats per sample, after one warm-up */
+#define DISK_QD 64                          /* the store's default queue depth */
+#define DISK_BYTES ((uint64_t)256 << 20)    /* file region read for the disk rate */
+
+typedef struct prof_opts {
+    const char *out, *offload_dir;
+    int cpu;
+    int64_t threads;
+} prof_opts;
+
+static void progress(const char *what, int i, int n) {
+    fprintf(stderr, "\rflexdiag profile: %-28s %d/%d", what, i, n);
+    if (i == n) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* The runtime's device for reports and profile names ("NVIDIA H200", the CPU's model name). */
+void bench_device_name(const flexdiag_runtime *rt, char *out, size_t n) {
+    if (rt->k->device_name) rt->k->device_name(rt->s, out, n);
+    else snprintf(out, n, "%s", rt->k->name);
+}
+
+/* ---- copies ---- */
+
+/* Seconds per copy of n bytes (dir 0 H2D, 1 D2H, 2 device to device) on stream s. */
+static double time_copy(const flexdiag_kernels *k, flexdiag_stream *s, void *dev, void *dev2,
+                        void *host, size_t n, int dir) {
+    double t0 = 0;
+    for (int i = 0; i <= REPS; i++) {
+        if (i == 1 && k->stream_sync(s) != FLEXDIAG_OK) return -1;
+        if (i == 1) t0 = flexdiag__now();
+        flexdiag_status st = dir == 0   ? k->copy_h2d_async(dev, host, n, s)
+                             : dir == 1 ? k->copy_d2h_async(host, dev, n, s)
+                                        : k->copy_d2d(dev2, dev, n, s);
+        if (st != FLEXDIAG_OK) return -1;
+    }
+    if (k->stream_sync(s) != FLEXDIAG_OK) return -1;
+    return (flexdiag__now() - t0) / REPS;
+}
+
+static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
+    const flexdiag_kernels *k = rt->k;
+    int gpu = k->act_bytes == 2;
+    size_t top = gpu ? (size_t)512 << 20 : (size_t)32 << 20;
+    const size_t sizes[CM_COPY_SIZES] = {top >> 9, top >> 5, top >> 2, top};
+    void *dev = NULL, *dev2 = NULL, *host = NULL;
+    flexdiag_stream *cs = NULL;
+    flexdiag_status st = flexdiag__arena_alloc(&rt->arena, top, "the profile's copies", &dev);
+    if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, top, "the profile's copies", &dev2);
+    if (st == FLEXDIAG_OK) st = k->host_alloc ? k->host_alloc(top, &host) : FLEXDIAG_OK;
+    if (st == FLEXDIAG_OK && !k->host_alloc && !(host = malloc(top))) st = FLEXDIAG_ERR_OOM_HOST;
+    if (st == FLEXDIAG_OK) memset(host, 1, top);
+    if (st == FLEXDIAG_OK) st = k->copy_stream_create(rt->p.device, &cs);
+    for (int i = 0; st == FLEXDIAG_OK && i < CM_COPY_SIZES; i++) {
+        progress("pinned H2D / D2H", i, CM_COPY_SIZES);
+        double h = time_copy(k, cs, dev, NULL, host, sizes[i], 0);
+        double d = time_copy(k, cs, dev, NULL, host, sizes[i], 1);
+        p->copy_bytes[i] = (double)sizes[i];
+        p->h2d[i] = h > 0 ? (double)sizes[i] / h : 0;
+        p->d2h[i] = d > 0 ? (double)sizes[i] / d : 0;
+    }
+    if (st == FLEXDIAG_OK) progress("pinned H2D / D2H", CM_COPY_SIZES, CM_COPY_SIZES);
+    double t = st == FLEXDIAG_OK ? time_copy(k, rt->s, dev, dev2, NULL, top, 2) : -1;
+    p->hbm = t > 0 ? 2.0 * (double)top / t : 0;
+    if (cs) k->stream_destroy(cs);
+    if (k->host_alloc) k->host_free(host);
+    else free(host);
+    flexdiag__arena_free(&rt->arena, dev, top);
+    flexdiag__arena_free(&rt->arena, dev2, top);
+    if (st == FLEXDIAG_OK && p->hbm > 0) return 0;
+    fprintf(stderr, "flexdiag profile: copy rates not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
+/* ---- GEMM ---- */
+
+/* FLOP/s of out (n, kk) = x (n, kk) W (kk, kk)^T on rt's stream; x and W hold a non-zero
+ * pattern (zeros run faster than real data on some GPUs). */
+static double time_gemm(flexdiag_runtime *rt, void *x, const uint16_t *w, void *out, int64_t n,
+                        int64_t kk) {
+    const flexdiag_kernels *k = rt->k;
+    double t0 = 0;
+    for (int i = 0; i <= REPS; i++) {
+        if (i == 1 && k->stream_sync(rt->s) != FLEXDIAG_OK) return 0;
+        if (i == 1) t0 = flexdiag__now();
+        if (k->matmul(out, x, w, NULL, n, kk, kk, 0, rt->s) != FLEXDIAG_OK) return 0;
+    }
+    if (k->stream_sync(rt->s) != FLEXDIAG_OK) return 0;
+    double s = (flexdiag__now() - t0) / REPS;
+    return s > 0 ? 2.0 * (double)n * (double)kk * (double)kk / s : 0;
+}
+
+/* Fill n act values at dev from a pattern (through an f32 buffer of the arena). */
+static flexdiag_status fill_act(flexdiag_runtime *rt, void *dev, size_t n) {
+    const flexdiag_kernels *k = rt->k;
+    float *h = malloc(n * 4);
+    void *f = NULL;
+    flexdiag_status st = h ? flexdiag__arena_alloc(&rt->arena, n * 4, "the profile's GEMMs", &f)
+                           : FLEXDIAG_ERR_OOM_HOST;
+    for (size_t i = 0; h && i < n; i++) h[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    if (st == FLEXDIAG_OK) st = k->copy_h2d(f, h, n * 4, rt->s);
+    if (st == FLEXDIAG_OK) st = k->act_from_f32(dev, f, (int64_t)n, rt->s);
+    if (st == FLEXDIAG_OK) st = k->stream_sync(rt->s);
+    flexdiag__arena_free(&rt->arena, f, n * 4);
+    free(h);
+    return st;
+}
+
+static int measure_gemms(flexdiag_runtime *rt, cm_profile *p) {
+    const flexdiag_kernels *k = rt->k;
+    int gpu = k->act_bytes == 2;
+    const int64_t kk = gpu ? 4096 : 256, rows[CM_GEMM_ROWS] = {1, 8, 32, 128, 512, 4096};
+    size_t xa = (size_t)rows[CM_GEMM_ROWS - 1] * (size_t)kk, wn = (size_t)kk * (size_t)kk;
+    size_t ab = (size_t)k->act_bytes;
+    void *x = NULL, *out = NULL, *w = NULL;
+    uint16_t *wh = malloc(wn * 2);
+    flexdiag_status st = wh ? FLEXDIAG_OK : FLEXDIAG_ERR_OOM_HOST;
+    for (size_t i = 0; wh && i < wn; i++)
+        wh[i] = flexdiag__f32_to_bf16((float)((i * 40503u) % 1000) / 1e5f - 0.005f);
+    if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, xa * ab, "the profile's GEMMs", &x);
+    if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, xa * ab, "the profile's GEMMs", &out);
+    if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, wn * 2, "the profile's GEMMs", &w);
+    if (st == FLEXDIAG_OK) st = k->copy_h2d(w, wh, wn * 2, rt->s);
+    if (st == FLEXDIAG_OK) st = fill_act(rt, x, xa);
+    p->gemm_k = kk;
+    for (int i = 0; st == FLEXDIAG_OK && i < CM_GEMM_ROWS; i++) {
+        progress("GEMM rates by rows", i, CM_GEMM_ROWS);
+        p->gemm_rows[i] = (double)rows[i];
+        p->gemm[i] = time_gemm(rt, x, w, out, rows[i], kk);
+    }
+    if (st == FLEXDIAG_OK) progress("GEMM rates by rows", CM_GEMM_ROWS, CM_GEMM_ROWS);
+    free(wh);
+    flexdiag__arena_free(&rt->arena, x, xa * ab);
+    flexdiag__arena_free(&rt->arena, out, xa * ab);
+    flexdiag__arena_free(&rt->arena, w, wn * 2);
+    if (st == FLEXDIAG_OK && p->gemm[0] > 0) return 0;
+    fprintf(stderr, "flexdiag profile: GEMM rates not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
+/* ---- disk ---- */
+
+/* Submit and wait one batch of n requests of op over [at, at + n·req) through buf. */
+static flexdiag_status disk_batch(flexdiag_store *s, int op, uint64_t at, int n, size_t req,
+                                  char *buf) {
+    flexdiag_store_req rq[DISK_QD];
+    for (int i = 0; i < n; i++)
+        rq[i] = (flexdiag_store_req){op, at + (uint64_t)i * req, req, buf + (size_t)i * req};
+    flexdiag_store_ticket t = 0;
+    FLEXDIAG_TRY(flexdiag__store_submit(s, rq, n, &t));
+    return flexdiag__store_wait(s, t);
+}
+
+/* Write DISK_BYTES to a store in dir, then read them back DISK_QD requests at a time. */
+static int measure_disk(const char *dir, cm_profile *p) {
+    flexdiag_store_params sp;
+    flexdiag__store_params_init(&sp);
+    sp.dir = dir;
+    sp.budget = DISK_BYTES;
+    sp.name = "the profile's disk test (--offload-dir)";
+    flexdiag_store *s = NULL;
+    flexdiag_store_extent e = {0};
+    size_t req = FLEXDIAG_SCHED_READ_CHUNK, span = (size_t)DISK_QD * req;
+    char *buf = NULL;
+    flexdiag_status st = flexdiag__store_create(&sp, &s);
+    if (st == FLEXDIAG_OK) st = flexdiag__store_alloc(s, DISK_BYTES, "the profile's disk test", &e);
+    if (st == FLEXDIAG_OK && posix_memalign((void **)&buf, FLEXDIAG_STORE_ALIGN, span))
+        st = FLEXDIAG_ERR_OOM_HOST;
+    if (st == FLEXDIAG_OK) memset(buf, 7, span);
+    int n = (int)(DISK_BYTES / req);
+    for (uint64_t at = 0; st == FLEXDIAG_OK && at < DISK_BYTES; at += span)
+        st = disk_batch(s, FLEXDIAG_STORE_WRITE, e.off + at, n < DISK_QD ? n : DISK_QD, req, buf);
+    double t0 = flexdiag__now();
+    for (uint64_t at = 0; st == FLEXDIAG_OK && at < DISK_BYTES; at += span) {
+        progress("disk O_DIRECT reads", (int)(at / span), (int)(DISK_BYTES / span));
+        st = disk_batch(s, FLEXDIAG_STORE_READ, e.off + at, n < DISK_QD ? n : DISK_QD, req, buf);
+    }
+    double secs = flexdiag__now() - t0;
+    if (st == FLEXDIAG_OK) progress("disk O_DIRECT reads", 1, 1);
+    free(buf);
+    flexdiag__store_destroy(s);
+    p->disk = st == FLEXDIAG_OK && secs > 0 ? (double)DISK_BYTES / secs : 0;
+    p->disk_qd = DISK_QD;
+    p->disk_req = (double)req;
+    if (st == FLEXDIAG_OK) return 0;
+    fprintf(stderr, "flexdiag profile: --offload-dir %s: disk rate not measured: %s\n", dir,
+            flexdiag__err_msg());
+    return 1;
+}
+
+/* ---- command ---- */
+
+static int profile(const prof_opts *o) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    if (o->cpu) rp.device = -1;
+    rp.threads = (int)o->threads;
+    flexdiag_runtime *rt = NULL;
+    flexdiag_status st = flexdiag_runtime_create(&rp, &rt);
+    if (st != FLEXDIAG_OK) return cli_fail("profile", st);
+    cm_profile p;
+    memset(&p, 0, sizeof p);
+    bench_device_name(rt, p.device, sizeof p.device);
+    snprintf(p.backend, sizeof p.backend, "%s", rt->k->name);
+    double t0 = flexdiag__now();
+    int rc = measure_copies(rt, &p) || measure_gemms(rt, &p);
+    if (!rc && o->offload_dir) rc = measure_disk(o->offload_dir, &p);
+    flexdiag_runtime_destroy(rt);
+    char path[4096];
+    if (!rc && !o->out && cm_profile_path(p.device, path, sizeof path)) {
+        fprintf(stderr, "flexdiag profile: neither XDG_CACHE_HOME nor HOME is set: give --out FILE\n");
+        return 2;
+    }
+    if (!rc) snprintf(path, sizeof path, "%s", o->out ? o->out : path);
+    if (!rc) rc = cm_profile_write(&p, path);
+    if (rc) return 1;
+    fprintf(stderr, "flexdiag profile: %s (%s) measured in %.1f s: H2D %.2f GB/s, copy %.1f "
+            "GB/s, GEMM %.1f GFLOP/s at %g rows%s\n", p.device, p.backend, flexdiag__now() - t0,
+            p.h2d[CM_COPY_SIZES - 1] / 1e9, p.hbm / 1e9, p.gemm[CM_GEMM_ROWS - 1] / 1e9,
+            p.gemm_rows[CM_GEMM_ROWS - 1], o->offload_dir ? "" : "; no disk rate (no --offload-dir)");
+    printf("%s\n", path);
+    return 0;
+}
+
+int flexdiag_cmd_profile(int argc, char **argv) {
+    prof_opts o = {0};
+    const cli_opt opts[] = {
+        {"--out", CLI_STR, &o.out,
+         "profile file (default $XDG_CACHE_HOME or ~/.cache: flexdiag/profile-<device>.json)"},
+        {"--offload-dir", CLI_STR, &o.offload_dir,
+         "folder on the disk the store will use: measure its O_DIRECT read rate"},
+        {"--cpu", CLI_FLAG, &o.cpu, "profile the CPU engine even if a GPU is present"},
+        {"--threads", CLI_INT, &o.threads, "CPU threads, 0..1024 (default 0: all cores)"},
+    };
+    int rc = cli_parse("profile", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (rc) return rc == 1 ? 0 : rc;
+    const cli_int_range r[] = {{"--threads", o.threads, 0, 1024, "0 = all cores"}};
+    if (cli_check_ints("profile", r, 1)) return 2;
+    return profile(&o);
+}

@@ -1,0 +1,411 @@
+/*
+ * cost_model.c - memory verdicts and predicted time of one configuration (cost_model.h), and
+ * the profile file.
+ *
+ * Memory: the model shell holds the config and, for a split placement, a weight_homes whose
+ * cut is the one flexdiag__weights_plan makes; flexdiag__context_bytes reads only that cut (the
+ * size of the device weight slots), so the device bytes are the runtime's own sizing. The
+ * pinned bytes add what the runtime carves from its pool for one context: the host part of
+ * the weights, the disk staging of the tiered scheduler and the KV home of the host-homed
+ * micro-batches, each rounded to the pool's 4 KiB blocks.
+ *
+ * Time: the engine runs a decode step layer-major, and the tiered scheduler loads layer j+1's
+ * streamed bytes while layer j computes, so a layer costs the largest of its compute (GEMMs at
+ * the measured rate for their row count, attention reading the attended KV at the device copy
+ * rate), its H2D bytes (streamed weights + the KV rows of host-homed micro-batches), its D2H
+ * bytes (written rows back) and its disk bytes, each over the profile's rate. Not modelled:
+ * norms, RoPE, sampling, the policy's own work, launch overheads (docs/search.md).
+ */
+#include "bench/cost_model.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/core.h"
+#include "offload/sched.h"
+#include "policy/kv_policy.h"
+#include "runtime/image/vq.h"
+#include "runtime/model/model.h"
+#include "runtime/model/safetensors.h"
+#include "runtime/tiers.h"
+
+/* ---- the model shell ---- */
+
+/* Images per decoder pass: runtime/api.c VQ_BATCH. */
+#define CM_VQ_BATCH 2
+
+/* Device bytes of the builtin decoder (runtime/api.c vq_builtin's shapes). */
+static flexdiag_status vq_builtin_bytes(const flexdiag_model_config *c, uint64_t *out) {
+    flexdiag_vq_config vc;
+    flexdiag__vq_config_default(&vc);
+    vc.codebook_size = c->image_vocab;
+    vc.grid_h = vc.grid_w = c->grid;
+    if (c->lm.hidden < 1024) { /* tiny/micro-janus: the small decoder */
+        vc.ch = 32;
+        vc.z_channels = 64;
+        vc.n_levels = 3;
+        vc.ch_mult[0] = 1, vc.ch_mult[1] = 2, vc.ch_mult[2] = 2;
+        memset(vc.attn, 0, sizeof vc.attn);
+        vc.attn[2] = 1;
+        vc.res_blocks = 1;
+    }
+    size_t wb = 0, sb = 0;
+    FLEXDIAG_TRY(flexdiag__vq_plan(&vc, CM_VQ_BATCH, &wb, &sb));
+    *out = wb + sb;
+    return FLEXDIAG_OK;
+}
+
+/* Device bytes of a folder model's decoder (runtime/api.c vq_from_dir), 0 when it has none. */
+static flexdiag_status vq_dir_bytes(const flexdiag_model_config *c, const char *dir,
+                                    const flexdiag_safetensors *st, uint64_t *out) {
+    flexdiag_vq_config vc;
+    flexdiag_safetensors *vst = NULL;
+    *out = 0;
+    if (c->arch == FLEXDIAG_ARCH_CHAMELEON && c->image_vocab > 0) {
+        FLEXDIAG_TRY(flexdiag__vqgan_find(dir, c->grid, &vc, &vst));
+        if (!vst) return FLEXDIAG_OK;
+        flexdiag__st_close(vst);
+    } else if (c->arch == FLEXDIAG_ARCH_JANUS &&
+               (flexdiag__st_find(st, "gen_vision_model.quantize.embedding.weight") ||
+                flexdiag__st_find(st, "model.vqmodel.quantize.embedding.weight"))) {
+        char cj[4096];
+        snprintf(cj, sizeof cj, "%s/config.json", dir);
+        FLEXDIAG_TRY(flexdiag__vq_config_read(cj, &vc));
+    } else {
+        return FLEXDIAG_OK;
+    }
+    size_t wb = 0, sb = 0;
+    FLEXDIAG_TRY(flexdiag__vq_plan(&vc, CM_VQ_BATCH, &wb, &sb));
+    *out = wb + sb;
+    return FLEXDIAG_OK;
+}
+
+static flexdiag_status shell_from_dir(cm_model *cm, const char *dir) {
+    FLEXDIAG_TRY(flexdiag__config_load(dir, &cm->m.cfg));
+    flexdiag_safetensors *st = NULL;
+    FLEXDIAG_TRY(flexdiag__st_open(dir, &st));
+    flexdiag_status r = flexdiag__weights_adapt(&cm->m.cfg, st);
+    if (r == FLEXDIAG_OK && cm->m.rt->k->conv2d) r = vq_dir_bytes(&cm->m.cfg, dir, st, &cm->vq_bytes);
+    flexdiag__st_close(st);
+    return r;
+}
+
+flexdiag_status cm_model_init(cm_model *cm, flexdiag_runtime *rt, const char *dir,
+                              const char *arch) {
+    memset(cm, 0, sizeof *cm);
+    cm->m.rt = rt;
+    cm->avail = flexdiag__arena_available(&rt->arena);
+    if (dir) return shell_from_dir(cm, dir);
+    FLEXDIAG_TRY(flexdiag__config_builtin(arch ? arch : "tiny-janus", &cm->m.cfg));
+    if (cm->m.cfg.arch != FLEXDIAG_ARCH_JANUS || !rt->k->conv2d) return FLEXDIAG_OK;
+    return vq_builtin_bytes(&cm->m.cfg, &cm->vq_bytes);
+}
+
+/* ---- geometry ---- */
+
+/* The context params of c (what `flexdiag bench` passes for the same flags). */
+static void context_params(const cm_config *c, flexdiag_context_params *cp) {
+    flexdiag_context_params_init(cp);
+    cp->max_images = c->batch;
+    cp->micro_batch = c->micro;
+    cp->max_prompt_len = c->prompt_len;
+    if (c->gen_len > 0) cp->max_new_tokens = c->gen_len;
+    cp->text = c->gen_len > 0;
+    memcpy(cp->kv_pct, c->kvpct, sizeof cp->kv_pct);
+    cp->policy = c->policy;
+}
+
+flexdiag_status cm_resolve(const cm_model *cm, const cm_config *c, int32_t *l_dec,
+                           int32_t *rows_per_img, flexdiag_kvp_params *kp, int32_t *ring) {
+    const flexdiag_model_config *m = &cm->m.cfg;
+    int image = m->arch == FLEXDIAG_ARCH_JANUS || (m->arch == FLEXDIAG_ARCH_CHAMELEON && !c->gen_len);
+    *rows_per_img = image ? 2 : 1;
+    *l_dec = !image ? (c->gen_len > 0 ? c->gen_len : 128)
+             : m->arch == FLEXDIAG_ARCH_JANUS ? m->image_tokens : m->grid * (m->grid + 1);
+    flexdiag__err_clear();
+    FLEXDIAG_TRY(flexdiag__kvp_resolve(&c->policy, *l_dec, kp));
+    *ring = flexdiag__kvp_ring_rows(kp);
+    return FLEXDIAG_OK;
+}
+
+/* Micro-batches of c as the context cuts them: size in sequences, count, host-homed count
+ * (kv_pct's GPU share rounded down to whole micro-batches, runtime/engine/context.c). */
+static void micro_batches(const cm_config *c, int32_t rpi, int32_t *mb_seq, int32_t *n_mb,
+                          int32_t *host_mb) {
+    int32_t mb_img = c->micro > 0 && c->micro < c->batch ? c->micro : c->batch;
+    *mb_seq = mb_img * rpi;
+    *n_mb = (c->batch + mb_img - 1) / mb_img;
+    uint32_t g = c->kvpct[0] + c->kvpct[1] + c->kvpct[2] ? c->kvpct[0] : 100;
+    *host_mb = *n_mb - (int32_t)((int64_t)*n_mb * g / 100);
+}
+
+static uint64_t round4k(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
+
+/* ---- memory ---- */
+
+flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
+                             cm_memory *out) {
+    const flexdiag_lm_config *l = &cm->m.cfg.lm;
+    uint64_t need[3];
+    flexdiag_wcut cut;
+    flexdiag__err_clear();
+    FLEXDIAG_TRY(flexdiag__weights_plan(&cm->m.cfg, c->wpct, need, &cut));
+    cm->homes.cut = cut;
+    cm->m.w.homes = c->wpct[0] != 100 ? &cm->homes : NULL;
+    flexdiag_context_params cp;
+    context_params(c, &cp);
+    size_t ctx = 0;
+    flexdiag_status st = flexdiag__context_bytes(&cm->m, &cp, &ctx);
+    cm->m.w.homes = NULL;
+    FLEXDIAG_TRY(st);
+    int32_t l_dec, rpi, ring, mb_seq, n_mb, host_mb;
+    flexdiag_kvp_params kp;
+    FLEXDIAG_TRY(cm_resolve(cm, c, &l_dec, &rpi, &kp, &ring));
+    micro_batches(c, rpi, &mb_seq, &n_mb, &host_mb);
+    int64_t host_seq = (int64_t)c->batch * rpi - (int64_t)(n_mb - host_mb) * mb_seq;
+    if (host_seq < 0) host_seq = 0;
+    uint64_t seq_bytes = (uint64_t)l->kv_heads * (uint64_t)(c->prompt_len + ring) *
+                         (uint64_t)l->head_dim * (uint64_t)cm->m.rt->k->act_bytes;
+    uint64_t kv_home = host_seq ? round4k((uint64_t)l->layers * 2 * (uint64_t)host_seq * seq_bytes) : 0;
+    uint64_t stage = need[2] ? (uint64_t)FLEXDIAG_DISK_STAGE * flexdiag__wcut_disk_stride(&cut) : 0;
+    out->gpu = need[0] + cm->vq_bytes + ctx;
+    out->cpu = (need[1] ? round4k(need[1]) : 0) + stage + kv_home;
+    out->disk = need[2];
+    out->fits_gpu = out->gpu <= cm->avail;
+    out->fits_cpu = !cpu_mem || out->cpu <= cpu_mem;
+    return FLEXDIAG_OK;
+}
+
+/* ---- rates ---- */
+
+/* y at x, log-log interpolation over n samples (xs ascending; zeros skipped), clamped. */
+static double interp(const double *xs, const double *ys, int n, double x) {
+    int lo = -1, hi = -1;
+    for (int i = 0; i < n; i++) {
+        if (xs[i] <= 0 || ys[i] <= 0) continue;
+        if (xs[i] <= x) lo = i;
+        if (xs[i] >= x && hi < 0) hi = i;
+    }
+    if (lo < 0) return hi < 0 ? 0 : ys[hi];
+    if (hi < 0 || hi == lo) return ys[lo];
+    double f = log(x / xs[lo]) / log(xs[hi] / xs[lo]);
+    return exp(log(ys[lo]) + f * (log(ys[hi]) - log(ys[lo])));
+}
+
+/* Seconds of a GEMM of n rows and `flops` FLOPs. */
+static double gemm_s(const cm_profile *p, double n, double flops) {
+    double r = interp(p->gemm_rows, p->gemm, CM_GEMM_ROWS, n);
+    return r > 0 ? flops / r : 0;
+}
+
+/* Seconds to move bytes in transfers of `each` bytes at the profile's rates (dir 0 H2D). */
+static double copy_s(const cm_profile *p, int dir, double bytes, double each) {
+    if (bytes <= 0) return 0;
+    double r = interp(p->copy_bytes, dir ? p->d2h : p->h2d, CM_COPY_SIZES, each);
+    return r > 0 ? bytes / r : INFINITY;
+}
+
+/* ---- time ---- */
+
+/* What a configuration moves and computes, per layer, independent of the step. */
+typedef struct shape {
+    double layer_params, head_params; /* weights (elements) */
+    double dq, dkv, ab;               /* query and KV widths, activation bytes */
+    double streamed, disk;            /* bytes per layer: H2D weights, disk weights */
+    int32_t l_dec, rpi, ring, mb_seq, n_mb, host_mb, rows;
+    flexdiag_kvp_params kp;
+} shape;
+
+static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, shape *s) {
+    const flexdiag_model_config *m = &cm->m.cfg;
+    const flexdiag_lm_config *l = &m->lm;
+    double d = l->hidden;
+    s->dq = (double)l->heads * l->head_dim;
+    s->dkv = (double)l->kv_heads * l->head_dim;
+    s->ab = cm->m.rt->k->act_bytes;
+    s->layer_params = d * (s->dq + 2 * s->dkv) + s->dq * d + (l->relu_mlp ? 2 : 3) * d * l->ffn;
+    s->head_params = m->arch == FLEXDIAG_ARCH_JANUS
+                         ? (double)m->head_dim_mid * (d + m->image_vocab) + m->aligner_depth * d * d
+                         : (double)(m->arch == FLEXDIAG_ARCH_CHAMELEON && !c->gen_len
+                                        ? m->image_vocab : l->vocab) * d;
+    flexdiag_wcut cut;
+    FLEXDIAG_TRY(flexdiag__weights_plan(m, c->wpct, NULL, &cut));
+    s->streamed = (double)(cut.layer_bytes - cut.cut[0]);
+    s->disk = (double)(cut.layer_bytes - cut.cut[1]);
+    FLEXDIAG_TRY(cm_resolve(cm, c, &s->l_dec, &s->rpi, &s->kp, &s->ring));
+    micro_batches(c, s->rpi, &s->mb_seq, &s->n_mb, &s->host_mb);
+    s->rows = c->batch * s->rpi;
+    return FLEXDIAG_OK;
+}
+
+/* Seconds of one layer's four resources; returns the layer's time (their max). */
+static double layer_max(const double t[4]) {
+    return fmax(fmax(t[0], t[1]), fmax(t[2], t[3]));
+}
+
+/* One layer of decode step t (0-based): compute, H2D, D2H, disk seconds into t4. */
+static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s, int32_t t,
+                         double t4[4]) {
+    int dense = s->kp.kind == FLEXDIAG_POLICY_DENSE;
+    double att = dense || t + 1 < s->kp.n_att ? t + 1 : s->kp.n_att;  /* attended decode rows */
+    double res = t + 1 < s->ring ? t + 1 : s->ring;                   /* resident ring prefix */
+    int evict_any = s->kp.kind == FLEXDIAG_POLICY_H2O || s->kp.kind == FLEXDIAG_POLICY_TOVA;
+    double row_b = 2 * s->dkv * s->ab; /* one K + V row of a sequence */
+    double mb = s->mb_seq;
+    double kv_read = mb * (c->prompt_len + att) * row_b;
+    t4[0] = s->n_mb * (gemm_s(p, mb, 2 * mb * s->layer_params) + (p->hbm > 0 ? 2 * kv_read / p->hbm : 0));
+    double kv_in = s->host_mb * mb * (c->prompt_len + res) * row_b;
+    double kv_out = s->host_mb * mb * (evict_any ? res : 1) * row_b;
+    t4[1] = copy_s(p, 0, s->streamed, s->streamed) + copy_s(p, 0, kv_in, kv_in / fmax(s->host_mb, 1));
+    t4[2] = copy_s(p, 1, kv_out, kv_out / fmax(s->host_mb, 1));
+    t4[3] = s->disk > 0 ? (p->disk > 0 ? s->disk / p->disk : INFINITY) : 0;
+}
+
+/* One layer of the prefill: every micro-batch's prompt through the GEMMs and causal attention,
+ * the layer's weights streamed once, the host-homed prompt rows written back. */
+static double prefill_layer(const cm_config *c, const cm_profile *p, const shape *s) {
+    double tok = (double)s->mb_seq * c->prompt_len, lp = c->prompt_len;
+    double t4[4];
+    t4[0] = s->n_mb * (gemm_s(p, fmin(tok, 4096), 2 * tok * s->layer_params) +
+                       gemm_s(p, fmin(tok, 4096), 2 * s->mb_seq * lp * lp * s->dq));
+    t4[1] = copy_s(p, 0, s->streamed, s->streamed);
+    double kv_out = s->host_mb * (double)s->mb_seq * lp * 2 * s->dkv * s->ab;
+    t4[2] = copy_s(p, 1, kv_out, kv_out / fmax(s->host_mb, 1));
+    t4[3] = s->disk > 0 ? (p->disk > 0 ? s->disk / p->disk : INFINITY) : 0;
+    return layer_max(t4);
+}
+
+flexdiag_status cm_predict(const cm_model *cm, const cm_config *c, const cm_profile *p,
+                           cm_time *out) {
+    memset(out, 0, sizeof *out);
+    shape s;
+    FLEXDIAG_TRY(shape_of(cm, c, &s));
+    double L = cm->m.cfg.lm.layers, sum = 0, acc[4] = {0};
+    int32_t n = s.l_dec > 1 ? s.l_dec - 1 : 1;
+    for (int32_t t = 0; t < n; t++) {
+        double t4[4];
+        decode_layer(c, p, &s, t, t4);
+        sum += layer_max(t4);
+        for (int i = 0; i < 4; i++) acc[i] += t4[i];
+    }
+    double head = gemm_s(p, s.rows, 2.0 * s.rows * s.head_params);
+    out->step_s = L * sum / n + head;
+    out->prefill_s = L * prefill_layer(c, p, &s) + head;
+    static const char *const names[4] = {"compute", "h2d", "d2h", "disk"};
+    int big = 0;
+    for (int i = 0; i < 4; i++) {
+        out->layer_ms[i] = 1e3 * acc[i] / n;
+        if (acc[i] > acc[big]) big = i;
+    }
+    out->bound = names[big];
+    double total = out->prefill_s + out->step_s * (s.l_dec - 1);
+    out->img_s = total > 0 ? c->batch / total : 0;
+    out->tok_s = total > 0 ? (double)s.rows * s.l_dec / total : 0;
+    return FLEXDIAG_OK;
+}
+
+/* ---- profile file ---- */
+
+int cm_profile_path(const char *device, char *out, size_t n) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char base[3072];
+    if (xdg && *xdg) snprintf(base, sizeof base, "%s", xdg);
+    else if (home && *home) snprintf(base, sizeof base, "%s/.cache", home);
+    else return 1;
+    char dev[128];
+    snprintf(dev, sizeof dev, "%s", device);
+    for (char *q = dev; *q; q++)
+        if (*q == ' ' || *q == '/' || *q == '\\' || *q == '"') *q = '_';
+    snprintf(out, n, "%s/flexdiag/profile-%s.json", base, dev);
+    return 0;
+}
+
+static json_t *num_array(const double *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+/* mkdir -p of path's folder. */
+static int make_parent(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *q = buf + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        if (mkdir(buf, 0777) && errno != EEXIST) return 1;
+        *q = '/';
+    }
+    return 0;
+}
+
+int cm_profile_write(const cm_profile *p, const char *path) {
+    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:o,s:o,s:I,s:f,s:i,s:f}", "version", 1,
+                          "device", p->device, "backend", p->backend, "copy_bytes",
+                          num_array(p->copy_bytes, CM_COPY_SIZES), "h2d_Bps",
+                          num_array(p->h2d, CM_COPY_SIZES), "d2h_Bps",
+                          num_array(p->d2h, CM_COPY_SIZES), "hbm_Bps", p->hbm, "gemm_rows",
+                          num_array(p->gemm_rows, CM_GEMM_ROWS), "gemm_flops",
+                          num_array(p->gemm, CM_GEMM_ROWS), "gemm_k", (json_int_t)p->gemm_k,
+                          "disk_Bps", p->disk, "disk_qd", p->disk_qd, "disk_req_bytes",
+                          p->disk_req);
+    int rc = !o || make_parent(path) || json_dump_file(o, path, JSON_INDENT(2));
+    json_decref(o);
+    if (rc) fprintf(stderr, "flexdiag profile: cannot write %s: %s\n", path, strerror(errno));
+    return rc;
+}
+
+/* Copy n numbers of JSON array a into v; 0, or 1 when a is not an array of n numbers. */
+static int read_array(const json_t *a, double *v, int n) {
+    if (!json_is_array(a) || (int)json_array_size(a) != n) return 1;
+    for (int i = 0; i < n; i++) {
+        const json_t *x = json_array_get(a, (size_t)i);
+        if (!json_is_number(x)) return 1;
+        v[i] = json_number_value(x);
+    }
+    return 0;
+}
+
+int cm_profile_read(const char *cmd, const char *path, const char *device, cm_profile *p) {
+    memset(p, 0, sizeof *p);
+    json_error_t err;
+    json_t *o = json_load_file(path, 0, &err);
+    if (!o) {
+        fprintf(stderr, "flexdiag %s: cannot read the profile %s: %s (run `flexdiag profile` on "
+                "this machine first, or give --profile FILE)\n", cmd, path, err.text);
+        return 1;
+    }
+    const char *dev = NULL, *be = NULL;
+    json_int_t k = 0;
+    int bad = json_unpack(o, "{s:s,s:s,s:F,s:I,s:F,s:i,s:F}", "device", &dev, "backend", &be,
+                          "hbm_Bps", &p->hbm, "gemm_k", &k, "disk_Bps", &p->disk, "disk_qd",
+                          &p->disk_qd, "disk_req_bytes", &p->disk_req) ||
+              read_array(json_object_get(o, "copy_bytes"), p->copy_bytes, CM_COPY_SIZES) ||
+              read_array(json_object_get(o, "h2d_Bps"), p->h2d, CM_COPY_SIZES) ||
+              read_array(json_object_get(o, "d2h_Bps"), p->d2h, CM_COPY_SIZES) ||
+              read_array(json_object_get(o, "gemm_rows"), p->gemm_rows, CM_GEMM_ROWS) ||
+              read_array(json_object_get(o, "gemm_flops"), p->gemm, CM_GEMM_ROWS);
+    if (!bad) {
+        snprintf(p->device, sizeof p->device, "%s", dev);
+        snprintf(p->backend, sizeof p->backend, "%s", be);
+        p->gemm_k = k;
+    }
+    json_decref(o);
+    if (bad) {
+        fprintf(stderr, "flexdiag %s: %s is not a flexdiag profile (a field is missing or of "
+                "the wrong type); run `flexdiag profile --out %s` again\n", cmd, path, path);
+        return 1;
+    }
+    if (device && strcmp(device, p->device)) {
+        fprintf(stderr, "flexdiag %s: the profile %s was measured on '%s', not on this machine's "
+                "'%s'; run `flexdiag profile` here (or give --profile FILE of this device)\n",
+                cmd, path, p->device, device);
+        return 2;
+    }
+    return 0;
+}
