@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/core.h"
 #include "bench/bench.h"
@@ -32,8 +33,11 @@ typedef struct prof_opts {
     int64_t threads;
 } prof_opts;
 
+/* Progress of a phase: one line redrawn on a terminal, only the finished line in a log. */
 static void progress(const char *what, int i, int n) {
-    fprintf(stderr, "\rflexdiag profile: %-28s %d/%d", what, i, n);
+    int tty = isatty(fileno(stderr));
+    if (!tty && i != n) return;
+    fprintf(stderr, "%sflexdiag profile: %-28s %d/%d", tty ? "\r" : "", what, i, n);
     if (i == n) fputc('\n', stderr);
     fflush(stderr);
 }
@@ -235,7 +239,7 @@ static int profile(const prof_opts *o) {
         fprintf(stderr, "flexdiag profile: neither XDG_CACHE_HOME nor HOME is set: give --out FILE\n");
         return 2;
     }
-    if (!rc) snprintf(path, sizeof path, "%s", o->out ? o->out : path);
+    if (!rc && o->out) snprintf(path, sizeof path, "%s", o->out);
     if (!rc) rc = cm_profile_write(&p, path);
     if (rc) return 1;
     fprintf(stderr, "flexdiag profile: %s (%s) measured in %.1f s: H2D %.2f GB/s, copy %.1f "

@@ -4,10 +4,11 @@
  *
  * Memory: the model shell holds the config and, for a split placement, a weight_homes whose
  * cut is the one flexdiag__weights_plan makes; flexdiag__context_bytes reads only that cut (the
- * size of the device weight slots), so the device bytes are the runtime's own sizing. The
- * pinned bytes add what the runtime carves from its pool for one context: the host part of
- * the weights, the disk staging of the tiered scheduler and the KV home of the host-homed
- * micro-batches, each rounded to the pool's 4 KiB blocks.
+ * size of the device weight slots), so the device bytes are the runtime's own sizing
+ * (flexdiag__context_sizes). The pinned bytes add what the runtime carves from its pool for one
+ * context: the host part of the weights, the disk staging of the tiered scheduler and the KV
+ * home of the host-homed micro-batches (flexdiag__context_sizes), each rounded to the pool's
+ * 4 KiB blocks.
  *
  * Time: the engine runs a decode step layer-major, and the tiered scheduler loads layer j+1's
  * streamed bytes while layer j computes, so a layer costs the largest of its compute (GEMMs at
@@ -150,7 +151,6 @@ static uint64_t round4k(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
 
 flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
                              cm_memory *out) {
-    const flexdiag_lm_config *l = &cm->m.cfg.lm;
     uint64_t need[3];
     flexdiag_wcut cut;
     flexdiag__err_clear();
@@ -159,19 +159,11 @@ flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
     cm->m.w.homes = c->wpct[0] != 100 ? &cm->homes : NULL;
     flexdiag_context_params cp;
     context_params(c, &cp);
-    size_t ctx = 0;
-    flexdiag_status st = flexdiag__context_bytes(&cm->m, &cp, &ctx);
+    size_t ctx = 0, host = 0;
+    flexdiag_status st = flexdiag__context_sizes(&cm->m, &cp, &ctx, &host);
     cm->m.w.homes = NULL;
     FLEXDIAG_TRY(st);
-    int32_t l_dec, rpi, ring, mb_seq, n_mb, host_mb;
-    flexdiag_kvp_params kp;
-    FLEXDIAG_TRY(cm_resolve(cm, c, &l_dec, &rpi, &kp, &ring));
-    micro_batches(c, rpi, &mb_seq, &n_mb, &host_mb);
-    int64_t host_seq = (int64_t)c->batch * rpi - (int64_t)(n_mb - host_mb) * mb_seq;
-    if (host_seq < 0) host_seq = 0;
-    uint64_t seq_bytes = (uint64_t)l->kv_heads * (uint64_t)(c->prompt_len + ring) *
-                         (uint64_t)l->head_dim * (uint64_t)cm->m.rt->k->act_bytes;
-    uint64_t kv_home = host_seq ? round4k((uint64_t)l->layers * 2 * (uint64_t)host_seq * seq_bytes) : 0;
+    uint64_t kv_home = host ? round4k(host) : 0;
     uint64_t stage = need[2] ? (uint64_t)FLEXDIAG_DISK_STAGE * flexdiag__wcut_disk_stride(&cut) : 0;
     out->gpu = need[0] + cm->vq_bytes + ctx;
     out->cpu = (need[1] ? round4k(need[1]) : 0) + stage + kv_home;

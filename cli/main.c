@@ -35,6 +35,8 @@ static const command commands[] = {
     {"decode", flexdiag_cmd_decode, "image-token grids (.npy) -> PNG files"},
     {"policy-trace", NULL, "trace a KV policy's attended sets as JSON"},
     {"bench", NULL, "benchmarks: throughput (default) and fidelity"},
+    {"profile", NULL, "measure this machine's transfer, copy and GEMM rates -> JSON profile"},
+    {"search", NULL, "predict and rank batch, placement and policy configurations"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,338 @@
+/*
+ * cmd_search.c - `flexdiag search`: which batch, micro-batch, weight placement, KV homes and
+ * policy give the best predicted img/s (tok/s for text) under --gpu-mem / --cpu-mem and a
+ * sparsity ceiling (docs/search.md §3).
+ *
+ * Enumerates batches (powers of two up to --max-batch), micro-batches (the batch, a half, a
+ * quarter), weight placements G,100-G,0 in steps of --weight-step, KV homes (100,0,0, and with
+ * micro-batches 50,50,0 and 0,100,0), and every --policies entry at each sparsity of the grid
+ * up to --max-sparsity. A candidate is kept only when the runtime's own sizing says it fits
+ * (cost_model.h); kept ones are ranked by predicted rate, ties to more on the GPU and fewer
+ * micro-batches. The top --top are printed with the exact `flexdiag bench` flags that reproduce
+ * each; --measure K runs the first K through `flexdiag-bench bench` (this executable, a child
+ * process with --json into a temporary file) and prints measured beside predicted. Nothing is
+ * allocated but a runtime (for its budget and op table); no weights are loaded.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/core.h"
+#include "bench/bench.h"
+#include "bench/cost_model.h"
+#include "cli/cli.h"
+
+#define MAX_CANDS 65536 /* candidates kept (a full grid is a few thousand) */
+
+typedef struct search_opts {
+    cli_model_opts mo;
+    const char *policies, *profile;
+    double max_sparsity;
+    int64_t prompt_len, gen_len, max_batch, weight_step, top, measure;
+    int json;
+} search_opts;
+
+typedef struct cand {
+    cm_config c;
+    cm_memory mem;
+    cm_time t;
+    double rate; /* img/s (images) or tok/s (text): the ranking key */
+} cand;
+
+typedef struct search {
+    const search_opts *o;
+    cm_model cm;
+    cm_profile prof;
+    cand *v;
+    int n;
+    int text; /* rank by tok/s */
+} search;
+
+/* Sparsities tried for a sparse policy (those <= --max-sparsity). */
+static const double SPARSITIES[] = {0.5, 0.75, 0.9, 0.95, 0.98};
+
+/* ---- enumeration ---- */
+
+static void try_one(search *s, const cm_config *c) {
+    if (s->n >= MAX_CANDS) return;
+    cand k = {.c = *c};
+    if (cm_memory_of(&s->cm, c, s->o->mo.cpu_mem, &k.mem) != FLEXDIAG_OK) return;
+    if (!k.mem.fits_gpu || !k.mem.fits_cpu) return;
+    if (cm_predict(&s->cm, c, &s->prof, &k.t) != FLEXDIAG_OK || !(k.t.img_s > 0)) return;
+    k.rate = s->text ? k.t.tok_s : k.t.img_s;
+    s->v[s->n++] = k;
+}
+
+/* Every KV home and weight placement of one (policy, batch, micro-batch). */
+static void try_placements(search *s, cm_config c) {
+    static const uint32_t kvs[3][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}};
+    int split = c.micro > 0 && c.micro < c.batch;
+    for (int kv = 0; kv < (split ? 3 : 1); kv++)
+        for (int64_t g = 100; g >= 0; g -= s->o->weight_step) {
+            memcpy(c.kvpct, kvs[kv], sizeof c.kvpct);
+            c.wpct[0] = (uint32_t)g, c.wpct[1] = 100 - (uint32_t)g, c.wpct[2] = 0;
+            try_one(s, &c);
+        }
+}
+
+static void try_batches(search *s, const flexdiag_policy_params *pol) {
+    cm_config c = {.prompt_len = (int32_t)s->o->prompt_len, .gen_len = (int32_t)s->o->gen_len,
+                   .policy = *pol};
+    for (int64_t b = 1; b <= s->o->max_batch; b *= 2)
+        for (int div = 1; div <= 4 && b / div >= 1; div *= 2) {
+            c.batch = (int32_t)b;
+            c.micro = div == 1 ? 0 : (int32_t)(b / div);
+            try_placements(s, c);
+        }
+}
+
+/* Every (policy, sparsity) of --policies under --max-sparsity. */
+static int enumerate(search *s) {
+    flexdiag_policy_kind kinds[BENCH_MAX_LIST];
+    int nk = 0;
+    if (bench_parse_policies("search", s->o->policies, kinds, &nk)) return 2;
+    for (int k = 0; k < nk; k++) {
+        flexdiag_policy_params pol;
+        flexdiag_policy_params_init(&pol);
+        pol.kind = kinds[k];
+        if (kinds[k] == FLEXDIAG_POLICY_DENSE) {
+            try_batches(s, &pol);
+            continue;
+        }
+        for (size_t j = 0; j < sizeof SPARSITIES / sizeof *SPARSITIES; j++) {
+            if (SPARSITIES[j] > s->o->max_sparsity + 1e-9) break;
+            pol.sparsity = SPARSITIES[j];
+            try_batches(s, &pol);
+        }
+    }
+    return 0;
+}
+
+/* Higher rate first; ties to more weights on the GPU, more KV on the GPU, fewer micro-batches. */
+static int cand_cmp(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->rate != y->rate) return x->rate < y->rate ? 1 : -1;
+    if (x->c.wpct[0] != y->c.wpct[0]) return x->c.wpct[0] < y->c.wpct[0] ? 1 : -1;
+    if (x->c.kvpct[0] != y->c.kvpct[0]) return x->c.kvpct[0] < y->c.kvpct[0] ? 1 : -1;
+    return (x->c.micro == 0 ? 0 : x->c.batch / x->c.micro) -
+           (y->c.micro == 0 ? 0 : y->c.batch / y->c.micro);
+}
+
+/* ---- output ---- */
+
+/* `flexdiag bench` flags that reproduce candidate k into buf. */
+static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
+    const search_opts *o = s->o;
+    const cm_config *c = &k->c;
+    int at = snprintf(buf, n, "flexdiag bench ");
+    if (o->mo.model) at += snprintf(buf + at, n - (size_t)at, "--model %s", o->mo.model);
+    else at += snprintf(buf + at, n - (size_t)at, "--arch %s --random-weights",
+                        o->mo.arch ? o->mo.arch : "tiny-janus");
+    if (o->mo.cpu) at += snprintf(buf + at, n - (size_t)at, " --cpu");
+    if (o->mo.gpu_mem) at += snprintf(buf + at, n - (size_t)at, " --gpu-mem %lluK",
+                                      (unsigned long long)(o->mo.gpu_mem >> 10));
+    at += snprintf(buf + at, n - (size_t)at, " --batch %d", c->batch);
+    if (c->micro) at += snprintf(buf + at, n - (size_t)at, " --micro-batch %d", c->micro);
+    if (c->wpct[0] != 100)
+        at += snprintf(buf + at, n - (size_t)at, " --weights %u,%u,%u", c->wpct[0], c->wpct[1],
+                       c->wpct[2]);
+    if (c->kvpct[0] != 100)
+        at += snprintf(buf + at, n - (size_t)at, " --kv %u,%u,%u", c->kvpct[0], c->kvpct[1],
+                       c->kvpct[2]);
+    /* a pool sized by the weights alone has no room for a KV home beside them */
+    uint64_t cpu_mem = o->mo.cpu_mem ? o->mo.cpu_mem
+                       : c->wpct[0] != 100 && c->kvpct[0] != 100 ? (k->mem.cpu + (1u << 20) - 1) >> 20 << 20
+                                                                 : 0;
+    if (cpu_mem) at += snprintf(buf + at, n - (size_t)at, " --cpu-mem %lluK",
+                                (unsigned long long)(cpu_mem >> 10));
+    at += snprintf(buf + at, n - (size_t)at, " --prompt-len %d", c->prompt_len);
+    if (c->gen_len) at += snprintf(buf + at, n - (size_t)at, " --gen-len %d", c->gen_len);
+    if (c->policy.kind != FLEXDIAG_POLICY_DENSE)
+        snprintf(buf + at, n - (size_t)at, " --policy %s --sparsity %g",
+                 flexdiag_policy_name(c->policy.kind), c->policy.sparsity);
+}
+
+static void print_table_head(const search *s) {
+    const cm_profile *p = &s->prof;
+    printf("flexdiag search: %s (%s), model %s, prompt %lld tokens, %d configurations fit; "
+           "device budget available %.3f GiB\n",
+           p->device, p->backend, s->cm.m.cfg.name, (long long)s->o->prompt_len, s->n,
+           (double)s->cm.avail / (1 << 30));
+    printf("\n| # | policy | S | batch | micro | weights G,C,D | KV G,C,D | pred. %s | step ms | "
+           "bound | GPU MiB | CPU MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+           s->text ? "tok/s" : "img/s");
+}
+
+static void print_row(const search *s, int i, const cand *k, char *flags, size_t n) {
+    const cm_config *c = &k->c;
+    printf("| %d | %s | %g | %d | %d | %u,%u,%u | %u,%u,%u | %.4g | %.3f | %s | %.2f | %.2f |\n",
+           i + 1, flexdiag_policy_name(c->policy.kind),
+           c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0 : c->policy.sparsity, c->batch,
+           c->micro ? c->micro : c->batch, c->wpct[0], c->wpct[1], c->wpct[2], c->kvpct[0],
+           c->kvpct[1], c->kvpct[2], k->rate, 1e3 * k->t.step_s, k->t.bound,
+           (double)k->mem.gpu / (1 << 20), (double)k->mem.cpu / (1 << 20));
+    repro_flags(s, k, flags, n);
+}
+
+static void print_json(const search *s, int i, const cand *k, const char *flags,
+                       double measured) {
+    const cm_config *c = &k->c;
+    json_t *o = json_pack(
+        "{s:i,s:s,s:f,s:i,s:i,s:[i,i,i],s:[i,i,i],s:i,s:f,s:f,s:f,s:f,s:f,s:s,s:I,s:I,s:I,s:s}",
+        "rank", i + 1, "policy", flexdiag_policy_name(c->policy.kind), "sparsity",
+        c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0.0 : c->policy.sparsity, "batch", c->batch,
+        "micro_batch", c->micro ? c->micro : c->batch, "weights", c->wpct[0], c->wpct[1],
+        c->wpct[2], "kv", c->kvpct[0], c->kvpct[1], c->kvpct[2], "prompt_len", c->prompt_len,
+        "pred_img_per_s", k->t.img_s, "pred_tok_per_s", k->t.tok_s, "pred_step_ms",
+        1e3 * k->t.step_s, "pred_prefill_s", k->t.prefill_s, "measured_img_per_s", measured,
+        "bound", k->t.bound, "gpu_bytes", (json_int_t)k->mem.gpu, "cpu_bytes",
+        (json_int_t)k->mem.cpu, "disk_bytes", (json_int_t)k->mem.disk, "flags", flags);
+    char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (line) printf("%s\n", line);
+    free(line);
+    json_decref(o);
+    (void)s;
+}
+
+/* ---- --measure ---- */
+
+/* img/s of `flexdiag-bench bench <flags>` (this executable) read from its --json row; -1 after
+ * a message when the run failed. The child's table goes to stderr. */
+static double measure_one(const char *flags) {
+    char tmp[] = "/tmp/flexdiag-search-XXXXXX";
+    int fd = mkstemp(tmp);
+    if (fd < 0) return -1;
+    close(fd);
+    unlink(tmp);
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'/proc/%ld/exe' %s --json '%s' 1>&2", (long)getpid(),
+             flags + strlen("flexdiag "), tmp);
+    int rc = system(cmd);
+    json_t *row = rc == 0 ? json_load_file(tmp, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+    unlink(tmp);
+    const json_t *v = json_object_get(row, "img_per_s");
+    double r = json_is_number(v) ? json_number_value(v) : -1;
+    json_decref(row);
+    if (r < 0) fprintf(stderr, "flexdiag search: --measure: `%s` failed (exit %d)\n", flags,
+                       WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+    return r;
+}
+
+static void report(const search *s) {
+    int top = s->n < s->o->top ? s->n : (int)s->o->top;
+    if (!s->o->json) print_table_head(s);
+    char flags[top > 0 ? top : 1][1024];
+    for (int i = 0; i < top && !s->o->json; i++) print_row(s, i, &s->v[i], flags[i], sizeof flags[i]);
+    for (int i = 0; i < top && s->o->json; i++) repro_flags(s, &s->v[i], flags[i], sizeof flags[i]);
+    if (!s->o->json) {
+        printf("\nreproduce:\n");
+        for (int i = 0; i < top; i++) printf("  #%d  %s\n", i + 1, flags[i]);
+    }
+    int meas = s->o->measure < top ? (int)s->o->measure : top;
+    double measured[top > 0 ? top : 1];
+    for (int i = 0; i < top; i++) measured[i] = i < meas ? measure_one(flags[i]) : 0;
+    for (int i = 0; i < top && s->o->json; i++) print_json(s, i, &s->v[i], flags[i], measured[i]);
+    if (meas > 0 && !s->o->json) {
+        printf("\n| # | predicted img/s | measured img/s | measured / predicted |\n|---|---|---|---|\n");
+        for (int i = 0; i < meas; i++)
+            printf("| %d | %.4g | %.4g | %.2f |\n", i + 1, s->v[i].t.img_s, measured[i],
+                   measured[i] > 0 ? measured[i] / s->v[i].t.img_s : 0);
+    }
+}
+
+/* ---- command ---- */
+
+/* The runtime of the flags (for its budget, op table and device name; no model loaded). */
+static int open_runtime(const search_opts *o, flexdiag_runtime **rt) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    if (o->mo.cpu) rp.device = -1;
+    rp.gpu_mem = o->mo.gpu_mem;
+    rp.threads = (int)o->mo.threads;
+    flexdiag_status st = flexdiag_runtime_create(&rp, rt);
+    return st == FLEXDIAG_OK ? 0 : cli_fail("search", st);
+}
+
+static int run_search(const search_opts *o) {
+    search s = {.o = o};
+    flexdiag_runtime *rt = NULL;
+    int rc = open_runtime(o, &rt);
+    if (rc) return rc;
+    char dev[128], path[4096];
+    bench_device_name(rt, dev, sizeof dev);
+    if (!o->profile && cm_profile_path(dev, path, sizeof path)) {
+        fprintf(stderr, "flexdiag search: neither XDG_CACHE_HOME nor HOME is set: give --profile FILE\n");
+        rc = 2;
+    }
+    if (!rc) rc = cm_profile_read("search", o->profile ? o->profile : path, dev, &s.prof);
+    flexdiag_status st = rc ? FLEXDIAG_OK : cm_model_init(&s.cm, rt, o->mo.model, o->mo.arch);
+    if (st != FLEXDIAG_OK) rc = cli_fail("search", st);
+    s.text = s.cm.m.cfg.arch != FLEXDIAG_ARCH_JANUS && (s.cm.m.cfg.arch != FLEXDIAG_ARCH_CHAMELEON || o->gen_len > 0);
+    if (!rc && !(s.v = malloc(MAX_CANDS * sizeof *s.v))) rc = 1;
+    if (!rc) rc = enumerate(&s);
+    if (!rc) qsort(s.v, (size_t)s.n, sizeof *s.v, cand_cmp);
+    if (!rc && s.n == 0)
+        fprintf(stderr, "flexdiag search: no configuration fits --gpu-mem %.3f GiB%s (raise it, "
+                "or lower --prompt-len)\n", (double)s.cm.avail / (1 << 30),
+                o->mo.cpu_mem ? " and --cpu-mem" : "");
+    if (!rc && s.n) report(&s);
+    free(s.v);
+    flexdiag_runtime_destroy(rt);
+    return rc ? rc : s.n ? 0 : 1;
+}
+
+/* Flags of bench that search decides, or that it does not model yet. */
+static int check_flags(const search_opts *o) {
+    const char *bad = o->mo.weights ? "--weights" : o->mo.kv ? "--kv"
+                      : o->mo.offload_dir ? "--offload-dir" : o->mo.disk_mem ? "--disk-mem" : NULL;
+    if (bad) {
+        fprintf(stderr, "flexdiag search: %s is what search chooses (or, for the disk tier, not "
+                "searched yet); drop it\n", bad);
+        return 2;
+    }
+    if (o->mo.model && (o->mo.arch || o->mo.random_weights)) {
+        fprintf(stderr, "flexdiag search: --model sizes a real checkpoint; drop --arch/--random-weights\n");
+        return 2;
+    }
+    const cli_int_range r[] = {
+        {"--prompt-len", o->prompt_len, 2, INT32_MAX, NULL},
+        {"--gen-len", o->gen_len, 0, 1 << 20, "0 = images, or 128 tokens for a text model"},
+        {"--max-batch", o->max_batch, 1, 1 << 16, NULL},
+        {"--weight-step", o->weight_step, 1, 100, "percent of the layer weights"},
+        {"--top", o->top, 1, 1000, NULL},
+        {"--measure", o->measure, 0, 1000, NULL},
+        {"--threads", o->mo.threads, 0, 1024, "0 = all cores"},
+    };
+    const cli_f64_range f[] = {{"--max-sparsity", o->max_sparsity, 0, 1, 0, NULL}};
+    return cli_check_ints("search", r, (int)(sizeof r / sizeof r[0])) ||
+                   cli_check_f64s("search", f, 1)
+               ? 2
+               : 0;
+}
+
+int flexdiag_cmd_search(int argc, char **argv) {
+    search_opts o = {.mo.seed = 1, .policies = "dense", .max_sparsity = 0.9, .prompt_len = 50,
+                     .max_batch = 1024, .weight_step = 10, .top = 5};
+    const cli_opt opts[] = {
+        CLI_MODEL_FLAGS(&o.mo),
+        {"--prompt-len", CLI_INT, &o.prompt_len, "prompt tokens (default 50)"},
+        {"--gen-len", CLI_INT, &o.gen_len, "text models: new tokens per sequence (default 128)"},
+        {"--policies", CLI_STR, &o.policies, "comma list of policies to search (default dense)"},
+        {"--max-sparsity", CLI_F64, &o.max_sparsity,
+         "quality floor: highest sparsity tried, of 0.5,0.75,0.9,0.95,0.98 (default 0.9)"},
+        {"--max-batch", CLI_INT, &o.max_batch, "largest batch tried, powers of two (default 1024)"},
+        {"--weight-step", CLI_INT, &o.weight_step, "GPU share step of --weights in percent (10)"},
+        {"--top", CLI_INT, &o.top, "candidates printed (default 5)"},
+        {"--profile", CLI_STR, &o.profile, "profile file (default: flexdiag profile's)"},
+        {"--measure", CLI_INT, &o.measure, "run the top K through flexdiag bench (default 0)"},
+        {"--json", CLI_FLAG, &o.json, "one JSON object per candidate on stdout"},
+    };
+    int rc = cli_parse("search", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
+    if (rc) return rc == 1 ? 0 : rc;
+    if (check_flags(&o)) return 2;
+    return run_search(&o);
+}

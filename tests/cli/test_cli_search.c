@@ -1,0 +1,222 @@
+/*
+ * test_cli_search.c - the policy search (issue #17): `flexdiag-bench profile` and `search`, and
+ * the cost model's memory verdicts against real allocation, micro-janus on the CPU.
+ *
+ * verdicts: for a grid of weight placements, batches, micro-batches, KV homes and policies the
+ * model's device bytes are exact: a runtime whose --gpu-mem leaves exactly that many bytes
+ * available loads the model and creates the context, and one with 4 KiB less fails; the model's
+ * verdict says the same both times. search: with room for everything the top candidate is the
+ * all-GPU placement; with a budget the layer weights cannot fit it keeps them partly on the CPU;
+ * its reproduce flags run through `flexdiag bench` (--measure 1). profile: a profile of another
+ * device is refused with exit 2, the message naming the file.
+ */
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "bench/cost_model.h"
+#include "util.h"
+
+static const char *g_bench; /* $FLEXDIAG_BENCH_BIN */
+static char *g_dir;         /* temporary folder of this run */
+
+static flexdiag_runtime *runtime_of(uint64_t gpu_mem, uint64_t cpu_mem) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    rp.gpu_mem = gpu_mem;
+    rp.cpu_mem = cpu_mem;
+    rp.threads = 2;
+    flexdiag_runtime *rt = NULL;
+    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    return rt;
+}
+
+/* Whether the real runtime under budgets gpu_mem and cpu_mem (0: none) loads micro-janus
+ * placed by c and creates c's context. */
+static int really_fits(uint64_t gpu_mem, uint64_t cpu_mem, const cm_config *c) {
+    flexdiag_runtime *rt = runtime_of(gpu_mem, cpu_mem);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    memcpy(mp.weights_pct, c->wpct, sizeof mp.weights_pct);
+    flexdiag_model *m = NULL;
+    flexdiag_context *ctx = NULL;
+    int ok = flexdiag_model_load(rt, NULL, &mp, &m) == FLEXDIAG_OK;
+    if (ok) {
+        flexdiag_context_params cp;
+        flexdiag_context_params_init(&cp);
+        cp.max_images = c->batch;
+        cp.micro_batch = c->micro;
+        cp.max_prompt_len = c->prompt_len;
+        memcpy(cp.kv_pct, c->kvpct, sizeof cp.kv_pct);
+        cp.policy = c->policy;
+        ok = flexdiag_context_create(m, &cp, &ctx) == FLEXDIAG_OK;
+    }
+    flexdiag_context_destroy(ctx);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    return ok;
+}
+
+/* The model's verdict for c on arch under gpu_mem (its device bytes in *gpu, pinned bytes in
+ * *cpu, the runtime's available bytes in *avail). */
+static int model_fits(const char *arch, uint64_t gpu_mem, const cm_config *c, uint64_t *gpu,
+                      uint64_t *cpu, uint64_t *avail) {
+    flexdiag_runtime *rt = runtime_of(gpu_mem, 0);
+    cm_model cm;
+    assert_int_equal(cm_model_init(&cm, rt, NULL, arch), FLEXDIAG_OK);
+    cm_memory mem;
+    assert_int_equal(cm_memory_of(&cm, c, 0, &mem), FLEXDIAG_OK);
+    flexdiag_runtime_destroy(rt);
+    *gpu = mem.gpu;
+    *cpu = mem.cpu;
+    *avail = cm.avail;
+    return mem.fits_gpu;
+}
+
+static void test_verdicts(void **state) {
+    (void)state;
+    static const uint32_t wp[3][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}};
+    static const uint32_t kv[2][3] = {{100, 0, 0}, {50, 50, 0}};
+    const uint64_t big = (uint64_t)1 << 30;
+    int checked = 0;
+    for (int w = 0; w < 3; w++)
+        for (int32_t b = 1; b <= 8; b *= 2)
+            for (int split = 0; split < 2; split++)
+                for (int k = 0; k < (split && b > 1 ? 2 : 1); k++)
+                    for (int pol = 0; pol < 2; pol++) {
+                        cm_config c = {.batch = b, .micro = split && b > 1 ? b / 2 : 0,
+                                       .prompt_len = 20};
+                        memcpy(c.wpct, wp[w], sizeof c.wpct);
+                        memcpy(c.kvpct, kv[k], sizeof c.kvpct);
+                        flexdiag_policy_params_init(&c.policy);
+                        if (pol) c.policy.kind = FLEXDIAG_POLICY_DIAGONAL, c.policy.sparsity = 0.75;
+                        uint64_t gpu, cpu, avail, g2, c2, a2;
+                        model_fits("micro-janus", big, &c, &gpu, &cpu, &avail);
+                        uint64_t exact = big - (avail - gpu); /* leaves exactly gpu available */
+                        /* a KV home beside split weights needs --cpu-mem (search adds it) */
+                        uint64_t cpu_mem = w && k ? (cpu + (1u << 20) - 1) >> 20 << 20 : 0;
+                        assert_true(model_fits("micro-janus", exact, &c, &g2, &c2, &a2));
+                        assert_int_equal(a2, g2);
+                        if (!really_fits(exact, cpu_mem, &c))
+                            fail_msg("weights %u,%u,%u batch %d micro %d kv %u: the model fits "
+                                     "%llu bytes, creation failed: %s", c.wpct[0], c.wpct[1],
+                                     c.wpct[2], c.batch, c.micro, c.kvpct[0],
+                                     (unsigned long long)gpu, flexdiag_last_error(NULL));
+                        assert_false(model_fits("micro-janus", exact - 4096, &c, &g2, &c2, &a2));
+                        if (really_fits(exact - 4096, cpu_mem, &c))
+                            fail_msg("weights %u,%u,%u batch %d micro %d kv %u: created with "
+                                     "4 KiB less than the model's %llu bytes", c.wpct[0],
+                                     c.wpct[1], c.wpct[2], c.batch, c.micro, c.kvpct[0],
+                                     (unsigned long long)gpu);
+                        checked++;
+                    }
+    assert_true(checked >= 40);
+}
+
+/* Line 1 of `search --json` on arch under gpu_mem, parsed. */
+static json_t *search_top(const char *arch, uint64_t gpu_mem, const char *extra) {
+    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch %s "
+                       "--random-weights --gpu-mem %lluK --profile p.json --max-batch 8 --json %s "
+                       ">s.jsonl 2>s.err", g_dir, g_bench, arch,
+                       (unsigned long long)(gpu_mem >> 10), extra);
+    assert_int_equal(rc, 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/s.jsonl", g_dir);
+    json_error_t err;
+    json_t *row = json_load_file(path, JSON_DISABLE_EOF_CHECK, &err);
+    if (!row) fail_msg("%s: %s", path, err.text);
+    return row;
+}
+
+static int weights_gpu(const json_t *row) {
+    return (int)json_integer_value(json_array_get(json_object_get(row, "weights"), 0));
+}
+
+static void test_search_all_gpu(void **state) {
+    (void)state;
+    json_t *top = search_top("micro-janus", (uint64_t)256 << 20, "--measure 1");
+    assert_int_equal(weights_gpu(top), 100);
+    assert_int_equal(json_integer_value(json_object_get(top, "batch")), 8);
+    assert_true(json_number_value(json_object_get(top, "pred_img_per_s")) > 0);
+    assert_true(json_number_value(json_object_get(top, "measured_img_per_s")) > 0);
+    json_decref(top);
+}
+
+/* tiny-janus's smallest device need with g % of the layer weights on the GPU (the rest on the
+ * CPU), dense, prompt 50: one image with its KV on the device, or a micro-batch of one of two
+ * with its KV on the host, whichever is smaller. */
+static uint64_t smallest_need(uint32_t g, uint64_t budget) {
+    cm_config c = {.batch = 1, .prompt_len = 50, .wpct = {g, 100 - g, 0}, .kvpct = {100, 0, 0}};
+    flexdiag_policy_params_init(&c.policy);
+    uint64_t a, b, host, avail;
+    model_fits("tiny-janus", budget, &c, &a, &host, &avail);
+    c.batch = 2, c.micro = 1, c.kvpct[0] = 0, c.kvpct[1] = 100;
+    model_fits("tiny-janus", budget, &c, &b, &host, &avail);
+    return a < b ? a : b;
+}
+
+static void test_search_weights_cpu(void **state) {
+    (void)state;
+    /* tiny-janus (micro-janus has two layers: its two weight slots hold them all), a budget
+     * between the smallest needs of the all-CPU and all-GPU placements */
+    const uint64_t big = (uint64_t)1 << 30;
+    uint64_t cpu_need = smallest_need(0, big), gpu_need = smallest_need(100, big), avail;
+    cm_config c = {.batch = 1, .prompt_len = 50, .wpct = {100, 0, 0}, .kvpct = {100, 0, 0}};
+    flexdiag_policy_params_init(&c.policy);
+    uint64_t g, host;
+    model_fits("tiny-janus", big, &c, &g, &host, &avail);
+    assert_true(cpu_need + 8192 < gpu_need);
+    uint64_t budget = big - avail + (cpu_need + gpu_need) / 2;
+    json_t *top = search_top("tiny-janus", budget & ~(uint64_t)1023, "");
+    assert_true(weights_gpu(top) < 100);
+    json_decref(top);
+}
+
+static void test_profile_other_device(void **state) {
+    (void)state;
+    assert_int_equal(tu_system("cd '%s' && sed 's/\"device\": \"[^\"]*\"/\"device\": \"Other GPU\"/' "
+                               "p.json > other.json", g_dir, NULL), 0);
+    int rc = tu_system("cd '%s' && '%s' search --cpu --arch micro-janus --random-weights "
+                       "--gpu-mem 64M --profile other.json >o.out 2>o.err", g_dir, g_bench);
+    assert_int_equal(rc, 2);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/o.err", g_dir);
+    char *err = tu_read_file(path, NULL);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "other.json"));
+    assert_non_null(strstr(err, "Other GPU"));
+    free(err);
+}
+
+int main(void) {
+    g_bench = getenv("FLEXDIAG_BENCH_BIN");
+    if (!g_bench) {
+        fprintf(stderr, "test_cli_search: FLEXDIAG_BENCH_BIN not set (run through meson test)\n");
+        return 77;
+    }
+    g_dir = tu_tempdir("search");
+    if (tu_system("cd '%s' && '%s' profile --cpu --threads 2 --out p.json >/dev/null 2>prof.err",
+                  g_dir, g_bench)) {
+        fprintf(stderr, "test_cli_search: flexdiag-bench profile failed (see %s/prof.err)\n", g_dir);
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_verdicts),
+        cmocka_unit_test(test_search_all_gpu),
+        cmocka_unit_test(test_search_weights_cpu),
+        cmocka_unit_test(test_profile_other_device),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tu_rmtree(g_dir);
+    free(g_dir);
+    return rc;
+}
