@@ -363,6 +363,30 @@ static int read_array(const json_t *a, double *v, int n) {
     return 0;
 }
 
+/* The name of the first field of p the model cannot use (a rate or size not finite and > 0,
+ * disk figures negative, sample sizes not increasing), or NULL. */
+static const char *profile_invalid(const cm_profile *p) {
+    for (int i = 0; i < CM_COPY_SIZES; i++) {
+        if (!(isfinite(p->copy_bytes[i]) && p->copy_bytes[i] > 0) ||
+            (i && !(p->copy_bytes[i] > p->copy_bytes[i - 1])))
+            return "copy_bytes";
+        if (!(isfinite(p->h2d[i]) && p->h2d[i] > 0)) return "h2d_Bps";
+        if (!(isfinite(p->d2h[i]) && p->d2h[i] > 0)) return "d2h_Bps";
+    }
+    for (int i = 0; i < CM_GEMM_ROWS; i++) {
+        if (!(isfinite(p->gemm_rows[i]) && p->gemm_rows[i] >= 1) ||
+            (i && !(p->gemm_rows[i] > p->gemm_rows[i - 1])))
+            return "gemm_rows";
+        if (!(isfinite(p->gemm[i]) && p->gemm[i] > 0)) return "gemm_flops";
+    }
+    if (!(isfinite(p->hbm) && p->hbm > 0)) return "hbm_Bps";
+    if (p->gemm_k < 1) return "gemm_k";
+    if (!(isfinite(p->disk) && p->disk >= 0) || p->disk_qd < 0 ||
+        !(isfinite(p->disk_req) && p->disk_req >= 0))
+        return "disk_Bps, disk_qd or disk_req_bytes";
+    return NULL;
+}
+
 int cm_profile_read(const char *cmd, const char *path, const char *device, cm_profile *p) {
     memset(p, 0, sizeof *p);
     json_error_t err;
@@ -391,6 +415,15 @@ int cm_profile_read(const char *cmd, const char *path, const char *device, cm_pr
     if (bad) {
         fprintf(stderr, "flexdiag %s: %s is not a flexdiag profile (a field is missing or of "
                 "the wrong type); run `flexdiag profile --out %s` again\n", cmd, path, path);
+        memset(p, 0, sizeof *p);
+        return 1;
+    }
+    const char *why = profile_invalid(p);
+    if (why) {
+        fprintf(stderr, "flexdiag %s: %s: %s holds a value no measurement gives (rates must be "
+                "finite and > 0, sample sizes increasing); run `flexdiag profile --out %s` "
+                "again\n", cmd, path, why, path);
+        memset(p, 0, sizeof *p);
         return 1;
     }
     if (device && strcmp(device, p->device)) {
