@@ -4,14 +4,15 @@
  * The input is written into a private temp folder as config.json; when it holds a NUL byte, the
  * bytes before it are config.json and those after it generation_config.json (which the reader
  * also opens), so one input can reach both files. flexdiag__config_load then reads the folder
- * exactly as for a user's model (all three layouts: multi_modality, janus, llama).
+ * exactly as for a user's model (every layout: multi_modality, janus, llama, opt, chameleon).
  *
  * Properties checked beyond "no crash, no sanitizer report": a failed load returns one of the
  * documented statuses with a message; a successful load yields a config that passes
  * flexdiag__config_validate again and whose fields hold what the engine relies on, checked here
  * independently: known arch, a name, positive sizes, heads a multiple of kv_heads, an even
  * head_dim <= 256, positive epsilon and RoPE base, special ids >= -1, and for Janus an aligner as
- * wide as the model, 1..4 aligner layers and image_tokens = grid² computed without overflow.
+ * wide as the model, 1..4 aligner layers and image_tokens = grid² computed without overflow;
+ * for Chameleon image codes inside the vocabulary, an even grid and every structural id.
  *
  * The same entry point is replayed over tests/fuzz/corpus/config by replay.c in the 'format'
  * suite.
@@ -51,14 +52,36 @@ static void check_janus(const flexdiag_model_config *c, const char *msg) {
     FUZZ_CHECK(c->grid > 0 && (int64_t)c->grid * c->grid == c->image_tokens, msg);
 }
 
+/* id in [0, vocab) */
+static int in_vocab(const flexdiag_model_config *c, int32_t id) {
+    return id >= 0 && id < c->lm.vocab;
+}
+
+/* Chameleon with image codes: one contiguous range of ids inside the vocabulary, an even grid,
+ * every structural id named. */
+static void check_chameleon(const flexdiag_model_config *c, const char *msg) {
+    FUZZ_CHECK(c->image_vocab >= 0, msg);
+    if (c->image_vocab == 0) return; /* text only */
+    FUZZ_CHECK(in_vocab(c, c->img_id0) && (int64_t)c->img_id0 + c->image_vocab <= c->lm.vocab,
+               msg);
+    FUZZ_CHECK(c->grid >= 2 && c->grid % 2 == 0 && (int64_t)c->grid * c->grid == c->image_tokens,
+               msg);
+    FUZZ_CHECK(in_vocab(c, c->boi_id) && in_vocab(c, c->eoi_id) && in_vocab(c, c->row_end_id) &&
+                   in_vocab(c, c->size_id) && in_vocab(c, c->eot_id),
+               msg);
+}
+
 /* A config the loader accepted must hold what the engine relies on. */
 static void check_config(const flexdiag_model_config *c) {
     const char *msg = "accepted config";
-    FUZZ_CHECK(c->arch == FLEXDIAG_ARCH_JANUS || c->arch == FLEXDIAG_ARCH_LLAMA, msg);
+    FUZZ_CHECK(c->arch == FLEXDIAG_ARCH_JANUS || c->arch == FLEXDIAG_ARCH_LLAMA ||
+                   c->arch == FLEXDIAG_ARCH_OPT || c->arch == FLEXDIAG_ARCH_CHAMELEON,
+               msg);
     FUZZ_CHECK(memchr(c->name, 0, sizeof c->name) != NULL && c->name[0] != 0, msg);
     FUZZ_CHECK(c->bos_id >= -1 && c->pad_id >= -1 && c->boi_id >= -1, msg);
     check_lm(&c->lm, msg);
     if (c->arch == FLEXDIAG_ARCH_JANUS) check_janus(c, msg);
+    if (c->arch == FLEXDIAG_ARCH_CHAMELEON) check_chameleon(c, msg);
     FUZZ_CHECK(flexdiag__config_validate(c) == FLEXDIAG_OK, flexdiag__err_msg());
 }
 
