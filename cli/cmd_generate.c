@@ -269,15 +269,24 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
 
 /* Images per block: --batch N, or auto (the largest context that fits the budget), at most
  * the job's image count. */
-static int pick_batch(gen_run *r, const flexdiag_policy_params *pp) {
+/* Without --batch: the largest block that fits the device budget (auto), or 16 images on the
+ * CPU engine, which has no budget unless --gpu-mem gives one. */
+static const char *default_batch(flexdiag_runtime *rt) {
+    uint64_t budget = 0;
+    return flexdiag_runtime_budget(rt, &budget) == FLEXDIAG_OK && budget ? "auto" : "16";
+}
+
+static int pick_batch(gen_run *r, flexdiag_runtime *rt, const flexdiag_policy_params *pp) {
     flexdiag_context_params cp;
     context_params(r, pp, &cp);
-    int32_t b = cli_batch(CMD, r->o->batch, r->m, &cp);
+    const char *batch = r->o->batch ? r->o->batch : default_batch(rt);
+    int32_t b = cli_batch(CMD, batch, r->m, &cp);
     if (b < 1) return 2;
     r->batch = (int32_t)(b < r->total ? b : r->total);
-    if (!strcmp(r->o->batch, "auto") && !r->quiet)
-        fprintf(stderr, "flexdiag " CMD ": --batch auto: %d image(s) fit the budget; blocks of %d\n",
-                b, r->batch);
+    if (!strcmp(batch, "auto") && !r->quiet)
+        fprintf(stderr, "flexdiag " CMD ": %s: %d image(s) fit the budget; blocks of %d\n",
+                r->o->batch ? "--batch auto" : "no --batch (the largest block that fits)", b,
+                r->batch);
     return 0;
 }
 
@@ -387,7 +396,7 @@ static int open_model(gen_run *r, const flexdiag_policy_params *pp, flexdiag_run
     if (r->world->local_size > 1 && mo.cpu && mo.threads == 0)
         mo.threads = cpu_share(r->world->local_size);
     int rc = cli_open_model(CMD, &mo, rt, &r->m);
-    if (!rc) rc = pick_batch(r, pp);
+    if (!rc) rc = pick_batch(r, *rt, pp);
     return job_agree(r->world, rc);
 }
 
@@ -561,12 +570,13 @@ static int check_opts(gen_opts *o) {
         return fail(2, "--layout %s reads its prompts from --prompts (%s)", o->layout_name,
                     o->layout == CLI_LAYOUT_GENEVAL ? "GenEval's evaluation_metadata.jsonl"
                                                 : "a folder of <id>.txt, or <id><TAB><prompt>");
-    if (strcmp(o->batch, "auto") && cli_batch(CMD, o->batch, NULL, NULL) < 1) return 2;
+    if (o->batch && strcmp(o->batch, "auto") && cli_batch(CMD, o->batch, NULL, NULL) < 1)
+        return 2;
     return check_ranges(o) || cli_check_model(CMD, &o->mo) ? 2 : 0;
 }
 
 int flexdiag_cmd_generate(int argc, char **argv) {
-    gen_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .per_prompt = 4, .batch = "16",
+    gen_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .per_prompt = 4, .batch = NULL,
                   .max_prompt_len = 128, .cfg = 5.0, .temperature = 1.0, .top_p = 1.0,
                   .layout_name = "plain"};
     const cli_opt opts[] = {
@@ -580,7 +590,8 @@ int flexdiag_cmd_generate(int argc, char **argv) {
          "plain (<prompt>/<sample>.png, default) | geneval (--prompts evaluation_metadata.jsonl)"
          " | dpg (--prompts folder of <id>.txt or <id>\\t<prompt> lines; <id>.png grids)"},
         {"--batch", CLI_STR, &o.batch,
-         "images generated together (default 16), or 'auto': the most that fit --gpu-mem"},
+         "images generated together, or 'auto': the most that fit the device (--gpu-mem); "
+         "default auto on a GPU, 16 on the CPU engine without --gpu-mem"},
         {"--micro-batch", CLI_INT, &o.micro_batch, "images per micro-batch (default: batch)"},
         {"--max-prompt-len", CLI_INT, &o.max_prompt_len, "prompt capacity in tokens (default 128)"},
         {"--max-new-tokens", CLI_INT, &o.max_new_tokens,

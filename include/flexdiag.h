@@ -214,6 +214,10 @@ FLEXDIAG_API flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_para
                                                      flexdiag_runtime **out);
 /* Destroy; NULL is a no-op. Models and contexts must be destroyed first. */
 FLEXDIAG_API void flexdiag_runtime_destroy(flexdiag_runtime *rt);
+/* The device memory budget rt's contexts are sized against (gpu_mem, or the device's free
+ * memory less a margin) into *bytes; 0 when there is none (the CPU engine without gpu_mem), so
+ * flexdiag_context_max_images has nothing to fill. Since API version 5. */
+FLEXDIAG_API flexdiag_status flexdiag_runtime_budget(const flexdiag_runtime *rt, uint64_t *bytes);
 
 /* ---- model ---- */
 

@@ -155,6 +155,13 @@ void flexdiag_runtime_destroy(flexdiag_runtime *rt) {
     free(rt);
 }
 
+flexdiag_status flexdiag_runtime_budget(const flexdiag_runtime *rt, uint64_t *bytes) {
+    flexdiag__err_clear();
+    if (!rt || !bytes) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "runtime_budget: NULL argument");
+    *bytes = rt->arena.budget == UINT64_MAX ? 0 : rt->arena.budget;
+    return FLEXDIAG_OK;
+}
+
 /* ---- model ---- */
 
 /* Images per VQ decoder pass. Its fp32 scratch (229 MB per VQ-16 image) is charged to the GPU

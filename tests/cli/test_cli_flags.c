@@ -555,6 +555,29 @@ static void test_flags_unique(void **state) {
     free(out);
 }
 
+/* generate without --batch: the largest block that fits when there is a device budget
+ * (--gpu-mem here), 16 images on the CPU engine without one. */
+static void test_default_batch(void **state) {
+    (void)state;
+    assert_int_equal(run("generate --cpu --arch micro-janus --gpu-mem 64M --images-per-prompt 40 "
+                         "--out o"),
+                     0);
+    char *err = read_in_dir("err.txt");
+    unsigned fit = 0, block = 0;
+    const char *line = strstr(err, "no --batch (the largest block that fits): ");
+    assert_non_null(line);
+    assert_int_equal(sscanf(line, "no --batch (the largest block that fits): %u image(s) fit the "
+                                  "budget; blocks of %u", &fit, &block),
+                     2);
+    assert_true(fit > 16 && block == 40); /* more than the CPU default, capped by the job */
+    free(err);
+    assert_int_equal(run("generate --cpu --arch micro-janus --images-per-prompt 20 --out o"), 0);
+    err = read_in_dir("err.txt");
+    assert_non_null(strstr(err, "block of 16"));
+    assert_null(strstr(err, "largest block"));
+    free(err);
+}
+
 /* The last progress line's rate (rows x steps / s) against the summary's (tokens / s, rows
  * counted): the same quantity, so about equal; counting 2 rows per image for a model without
  * CFG made it twice the summary's. */
@@ -617,7 +640,7 @@ int main(void) {
         cmocka_unit_test(test_bad_flags),   cmocka_unit_test(test_policy_parity),
         cmocka_unit_test(test_prompt_files), cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_flags_unique), cmocka_unit_test(test_progress_rows),
-        cmocka_unit_test(test_text_generation),
+        cmocka_unit_test(test_text_generation), cmocka_unit_test(test_default_batch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,6 +29,16 @@ static void test_session(void **state) {
     rp.gpu_mem = 32ull << 20;
     flexdiag_runtime *rt = NULL;
     assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    uint64_t budget = 0;
+    assert_int_equal(flexdiag_runtime_budget(rt, &budget), FLEXDIAG_OK);
+    assert_true(budget == 32ull << 20); /* gpu_mem; 0 would mean no budget */
+    flexdiag_runtime_params none = rp;
+    none.gpu_mem = 0;
+    flexdiag_runtime *unbounded = NULL;
+    assert_int_equal(flexdiag_runtime_create(&none, &unbounded), FLEXDIAG_OK);
+    assert_int_equal(flexdiag_runtime_budget(unbounded, &budget), FLEXDIAG_OK);
+    assert_true(budget == 0); /* the CPU engine without gpu_mem */
+    flexdiag_runtime_destroy(unbounded);
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
     mp.arch = "micro-janus";
