@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,16 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n
         if (rc) return rc;
     }
     return 0;
+}
+
+int cli_errorf(const char *cmd, int rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "flexdiag %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return rc;
 }
 
 int cli_fail(const char *cmd, flexdiag_status st) {

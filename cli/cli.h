@@ -46,6 +46,9 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n
  * FLEXDIAG_ERR_INVALID_ARG (the library refused a value the flags or the input gave it: the
  * messages name the flag), 1 for every other failure. */
 int cli_fail(const char *cmd, flexdiag_status st);
+/* Print "flexdiag <cmd>: <message>" and a newline on stderr; returns rc (an exit code). */
+__attribute__((format(printf, 3, 4))) int cli_errorf(const char *cmd, int rc, const char *fmt,
+                                                     ...);
 /* Print "flexdiag <cmd>: <message of the failed file operation>" (cli_io_error) and return 1. */
 int cli_fail_io(const char *cmd);
 /* mkdir -p; returns 0 on success. */

@@ -56,15 +56,8 @@ typedef struct gen_opts {
     int quiet, resume;
 } gen_opts;
 
-__attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "flexdiag " CMD ": ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return rc;
-}
+/* One line "flexdiag generate: ..." on stderr; returns rc. */
+#define fail(rc, ...) cli_errorf(CMD, (rc), __VA_ARGS__)
 
 /* ---- signals ---- */
 

@@ -62,15 +62,8 @@ typedef struct merge {
     int32_t *ids;       /* (per_image) scratch for a grid */
 } merge;
 
-__attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "flexdiag " CMD ": ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return rc;
-}
+/* One line "flexdiag generate: ..." on stderr; returns rc. */
+#define fail(rc, ...) cli_errorf(CMD, (rc), __VA_ARGS__)
 
 /* ---- the record files ---- */
 

@@ -38,15 +38,8 @@
 #define JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 #define SCAN_DEPTH 3 /* levels under --out holding PNGs: <out>/<p>/samples/<k>.png (geneval) */
 
-__attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "flexdiag " CMD ": ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return rc;
-}
+/* One line "flexdiag generate: ..." on stderr; returns rc. */
+#define fail(rc, ...) cli_errorf(CMD, (rc), __VA_ARGS__)
 
 /* The line of a failed write (cli_io_error), and exit code 1: the job stops here. left names a
  * PNG that could not be taken back (errno e), or is NULL. */
