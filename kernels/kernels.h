@@ -177,6 +177,21 @@ typedef flexdiag_status flexdiag_op_copy(void *dst, const void *src, size_t byte
 typedef flexdiag_status flexdiag_op_copy_2d(void *dst, size_t dpitch, const void *src,
                                             size_t spitch, size_t width, size_t rows,
                                             flexdiag_stream *s);
+/* The ring rows a decode attention reads (kernels.h slot lists), host -> device, asynchronous
+ * as copy_h2d_async. Both sides hold n_seq·h_kv blocks of pitch bytes, block b = s·h_kv + h;
+ * for i < n_slots[b] the row_bytes bytes at ring_off + slots[b·max_slots + i]·row_bytes of
+ * src's block b go to the same offset of dst's. The slot lists are backend memory, read when
+ * the copy runs (so another stream may write them first, ordered by an event); src is pinned
+ * host memory (host_alloc or host_register). CUDA gathers with one kernel reading src over the
+ * bus (no host work, any row size that is a multiple of 16 bytes); the CPU backends copy. */
+typedef struct flexdiag_slot_rows {
+    void *dst;
+    const void *src;
+    size_t pitch, ring_off, row_bytes;
+    const int32_t *slots, *n_slots;
+    int32_t max_slots, n_seq, h_kv;
+} flexdiag_slot_rows;
+typedef flexdiag_status flexdiag_op_copy_h2d_slots(const flexdiag_slot_rows *r, flexdiag_stream *s);
 /* Zero bytes of dst, ordered on s. */
 typedef flexdiag_status flexdiag_op_memset0(void *dst, size_t bytes, flexdiag_stream *s);
 /* (optional) free and total device bytes; default: unknown (CPU) */
@@ -443,6 +458,7 @@ typedef struct flexdiag_kernels {
     flexdiag_op_copy *copy_d2h_async; /* device -> host; never synchronises (pinned host) */
     flexdiag_op_copy_2d *copy_h2d_2d_async; /* strided rows host -> device, asynchronous */
     flexdiag_op_copy_2d *copy_d2h_2d_async; /* strided rows device -> host, asynchronous */
+    flexdiag_op_copy_h2d_slots *copy_h2d_slots_async; /* attended ring rows host -> device */
     flexdiag_op_memset0 *memset0;
     flexdiag_op_mem_info *mem_info;       /* optional */
     flexdiag_op_device_name *device_name; /* optional */

@@ -71,6 +71,13 @@ typedef struct flexdiag_sched_io {
      * [kv_w0, kv_w0 + kv_wn); kv_wn < 0: some row of [p_cap, p_cap + kv_ring) that differs by
      * head */
     int32_t kv_prompt, kv_ring, kv_w0, kv_wn;
+    /* in a decode step of a sparse policy the forward reads only the ring rows its slot lists
+     * name (kernels.h flexdiag_attn_args: (n_seq, KV heads, kv_max_slots) lists, kv_n_slots
+     * valid entries each, at most kv_attend < kv_ring), in backend memory and written on the
+     * compute stream before the step's first acquire (layer 0, sequence 0); NULL: every
+     * resident row [p_cap, p_cap + kv_ring) is read */
+    const int32_t *kv_slots, *kv_n_slots;
+    int32_t kv_max_slots, kv_attend;
     void *k, *v;          /* out: K and V of layer j for sequence s0 (n_seq consecutive spans) */
     void *x;              /* out: activation rows of sequence s0 (n_seq · rows_per_seq rows) */
 } flexdiag_sched_io;

@@ -19,8 +19,13 @@
  * its ring in slot order, policy/kv_policy.h), and only the written row goes back (the whole
  * resident prefix where the policy picks a row per head); a prefill chunk loads nothing and
  * stores its prompt rows. Each range is one strided copy over every (sequence, KV head) block.
- * Rows attended by a sparse policy inside the resident ring are not told apart yet: Diagonal
- * moves L_p + N_r rows per step, not L_p + N_att.
+ * A sparse policy (Diagonal, ALISA: fewer rows attended than resident, io->kv_slots) brings
+ * only the ring rows its slot lists name: the backend's copy_h2d_slots_async gathers them (on
+ * CUDA one kernel reading the pinned home over the bus, the lists never leaving the device),
+ * so a Diagonal step moves L_p + N_att rows per (sequence, KV head), not L_p + N_r. The lists
+ * of step t are planned on the compute stream before its first acquire; the scheduler records
+ * an event there and the gathers wait for it. Rows that are resident but not attended stay
+ * stale in the staging buffer, which no kernel reads.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +50,7 @@ typedef struct kvsched {
     int32_t next;            /* buffer the next host-homed acquire takes */
     int32_t n_mb;            /* host-homed micro-batches */
     flexdiag_event **mb_stored; /* (n_mb) down stream: the micro-batch's last write-back */
+    flexdiag_event *planned;    /* compute stream: this step's slot lists are written */
     flexdiag_sched_stats st;
 } kvsched;
 
@@ -76,6 +82,26 @@ static flexdiag_status rows(kvsched *t, kvbuf *b, const flexdiag_sched_io *io, i
     return FLEXDIAG_OK;
 }
 
+/* The ring rows io's slot lists name, from the host home to b, after the step's plan; the bytes
+ * are counted at kv_attend rows per block (every list of a Diagonal step has that length). */
+static flexdiag_status slot_rows(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
+    const flexdiag_sched_kv_params *p = &t->p;
+    FLEXDIAG_TRY(p->k->stream_wait_event(t->up, t->planned));
+    size_t half = (size_t)p->mb_seq * p->seq_bytes, pitch = (size_t)p->span_rows * p->row_bytes;
+    for (int kv = 0; kv < 2; kv++) {
+        flexdiag_slot_rows r = {.dst = b->dev + (size_t)kv * half,
+                                .src = host_span(t, io->layer, kv, io->s0), .pitch = pitch,
+                                .ring_off = (size_t)p->p_cap * p->row_bytes,
+                                .row_bytes = p->row_bytes, .slots = io->kv_slots,
+                                .n_slots = io->kv_n_slots, .max_slots = io->kv_max_slots,
+                                .n_seq = io->n_seq, .h_kv = p->heads};
+        FLEXDIAG_TRY(p->k->copy_h2d_slots_async(&r, t->up));
+    }
+    t->st.kv_h2d_bytes += 2 * (uint64_t)io->n_seq * (uint64_t)p->heads *
+                          (uint64_t)io->kv_attend * p->row_bytes;
+    return FLEXDIAG_OK;
+}
+
 /* H2D of the rows io reads into b on the up stream, after b's previous contents and the
  * micro-batch's latest rows are back home; the compute stream waits for it. */
 static flexdiag_status load(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
@@ -83,7 +109,10 @@ static flexdiag_status load(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
     FLEXDIAG_TRY(k->stream_wait_event(t->up, b->stored));
     FLEXDIAG_TRY(k->stream_wait_event(t->up, t->mb_stored[mb_of(t, io->s0)]));
     FLEXDIAG_TRY(rows(t, b, io, 1, 0, io->kv_prompt, &t->st.kv_h2d_bytes));
-    FLEXDIAG_TRY(rows(t, b, io, 1, t->p.p_cap, io->kv_ring, &t->st.kv_h2d_bytes));
+    if (io->kv_slots && io->kv_attend < io->kv_ring && k->copy_h2d_slots_async)
+        FLEXDIAG_TRY(slot_rows(t, b, io));
+    else
+        FLEXDIAG_TRY(rows(t, b, io, 1, t->p.p_cap, io->kv_ring, &t->st.kv_h2d_bytes));
     FLEXDIAG_TRY(k->event_record(b->ready, t->up));
     b->layer = io->layer;
     b->s0 = io->s0;
@@ -106,6 +135,8 @@ static flexdiag_status store(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) 
 static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     kvsched *t = (kvsched *)s;
     FLEXDIAG_TRY(flexdiag__sched_acquire(t->inner, io));
+    if (io->layer == 0 && io->s0 == 0 && io->kv_slots) /* the step's plan is queued before */
+        FLEXDIAG_TRY(t->p.k->event_record(t->planned, t->p.compute));
     if (io->s0 < t->p.s_host) return FLEXDIAG_OK;
     FLEXDIAG_DASSERT(io->n_seq <= t->p.mb_seq && io->s0 + io->n_seq <= t->p.n_seq);
     kvbuf *b = &t->buf[t->next];
@@ -144,6 +175,7 @@ static void kv_destroy(flexdiag_sched *s) {
         k->event_destroy(t->buf[i].used);
         k->event_destroy(t->buf[i].stored);
     }
+    k->event_destroy(t->planned);
     for (int32_t i = 0; t->mb_stored && i < t->n_mb; i++) k->event_destroy(t->mb_stored[i]);
     free(t->mb_stored);
     flexdiag__sched_destroy(t->inner);
@@ -177,6 +209,7 @@ static flexdiag_status kv_open(kvsched *t) {
         FLEXDIAG_TRY(k->event_create(p->compute, &b->used));
         FLEXDIAG_TRY(k->event_create(t->down, &b->stored));
     }
+    FLEXDIAG_TRY(k->event_create(p->compute, &t->planned));
     t->n_mb = (p->n_seq - p->s_host + p->mb_seq - 1) / p->mb_seq;
     t->mb_stored = calloc((size_t)t->n_mb, sizeof *t->mb_stored);
     if (!t->mb_stored) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "scheduler: no host memory");

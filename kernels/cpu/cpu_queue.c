@@ -27,7 +27,7 @@
 /* Largest FLEXDIAG_COPY_DELAY_US accepted: one second per copy. */
 #define DELAY_US_MAX 1000000L
 
-typedef enum item_kind { ITEM_COPY, ITEM_ZERO, ITEM_RECORD, ITEM_WAIT } item_kind;
+typedef enum item_kind { ITEM_COPY, ITEM_ZERO, ITEM_SLOTS, ITEM_RECORD, ITEM_WAIT } item_kind;
 
 typedef struct queue_item {
     item_kind kind;
@@ -38,6 +38,7 @@ typedef struct queue_item {
     size_t dpitch, spitch; /* COPY: bytes from one row to the next in dst and src */
     flexdiag_event *e; /* RECORD, WAIT: held while queued */
     uint64_t gen;      /* RECORD: the generation it reaches; WAIT: the one it waits for */
+    flexdiag_slot_rows slots; /* SLOTS: the rows to copy */
 } queue_item;
 
 struct flexdiag__cpu_queue {
@@ -75,6 +76,8 @@ static int run_item(const flexdiag__cpu_queue *q, const queue_item *it, int fail
         for (size_t r = 0; r < it->rows; r++)
             memcpy((char *)it->dst + r * it->dpitch, (const char *)it->src + r * it->spitch,
                    it->bytes);
+    else if (it->kind == ITEM_SLOTS)
+        flexdiag__cpu_slot_rows_run(&it->slots);
     else
         memset(it->dst, 0, it->bytes);
     return 0;
@@ -150,6 +153,11 @@ flexdiag_status flexdiag__cpu_queue_copy_2d(flexdiag__cpu_queue *q, void *dst, s
 flexdiag_status flexdiag__cpu_queue_zero(flexdiag__cpu_queue *q, void *dst, size_t bytes) {
     FLEXDIAG_DASSERT(dst && bytes);
     return push(q, (queue_item){.kind = ITEM_ZERO, .dst = dst, .bytes = bytes}, "memset0");
+}
+
+flexdiag_status flexdiag__cpu_queue_slots(flexdiag__cpu_queue *q, const flexdiag_slot_rows *r) {
+    FLEXDIAG_DASSERT(r->dst && r->src && r->slots && r->n_slots);
+    return push(q, (queue_item){.kind = ITEM_SLOTS, .slots = *r}, "copy_h2d_slots");
 }
 
 flexdiag_status flexdiag__cpu_queue_record(flexdiag__cpu_queue *q, flexdiag_event *e) {

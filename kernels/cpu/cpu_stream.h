@@ -12,8 +12,9 @@
  *
  * A copy queue (kernels.h copy_stream_create) is asynchronous: a fixed ring of
  * FLEXDIAG_CPU_QUEUE_ITEMS items (allocated at creation; a full ring blocks the enqueuer) and
- * one worker thread that runs them in order. Items are copies and memset0 (arguments checked
- * when queued, so errors return from the enqueuing call), event records and waits on events.
+ * one worker thread that runs them in order. Items are copies, slot-row gathers and memset0
+ * (arguments checked when queued, so errors return from the enqueuing call), event records and
+ * waits on events.
  * copy_d2h queues its copy and then drains the queue; stream_sync waits until the ring is empty
  * and the worker idle; stream_destroy drains, then joins the worker. Compute ops on a copy
  * queue are a programming error (a debug assertion in flexdiag__cpu_parallel_for and
@@ -90,6 +91,11 @@ flexdiag_op_device_name flexdiag__cpu_device_name;
 flexdiag_op_copy flexdiag__cpu_copy;
 /* The same for strided rows (copy_h2d_2d_async and copy_d2h_2d_async). */
 flexdiag_op_copy_2d flexdiag__cpu_copy_2d;
+/* The rows the slot lists name (copy_h2d_slots_async): run now on an ordinary stream, queued on a
+ * copy queue (the lists are read when the worker gets there). */
+flexdiag_op_copy_h2d_slots flexdiag__cpu_copy_slots;
+/* Copy the rows r names (the plain C loop both paths run). */
+void flexdiag__cpu_slot_rows_run(const flexdiag_slot_rows *r);
 /* flexdiag__cpu_copy, then stream_sync: dst holds the data on return (copy_d2h). */
 flexdiag_op_copy flexdiag__cpu_copy_d2h;
 /* Zero bytes of dst (queued on a copy queue). */
@@ -114,6 +120,8 @@ flexdiag_status flexdiag__cpu_queue_zero(flexdiag__cpu_queue *q, void *dst, size
 flexdiag_status flexdiag__cpu_queue_copy_2d(flexdiag__cpu_queue *q, void *dst, size_t dpitch,
                                             const void *src, size_t spitch, size_t width,
                                             size_t rows);
+/* Queue the copy of the rows r names (checked by the caller); r is copied. */
+flexdiag_status flexdiag__cpu_queue_slots(flexdiag__cpu_queue *q, const flexdiag_slot_rows *r);
 /* Queue a record of e: marks it now, reaches it when the worker gets there. */
 flexdiag_status flexdiag__cpu_queue_record(flexdiag__cpu_queue *q, flexdiag_event *e);
 /* Queue a wait for e's most recent record at the time of the call: the worker blocks there

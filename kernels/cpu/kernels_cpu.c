@@ -35,6 +35,7 @@
     .copy_d2h_async = flexdiag__cpu_copy,                                                          \
     .copy_h2d_2d_async = flexdiag__cpu_copy_2d,                                                    \
     .copy_d2h_2d_async = flexdiag__cpu_copy_2d,                                                    \
+    .copy_h2d_slots_async = flexdiag__cpu_copy_slots,                                              \
     .memset0 = flexdiag__cpu_memset0,                                                              \
     .mem_info = NULL,                                                                              \
     .device_name = flexdiag__cpu_device_name,                                                      \

@@ -104,6 +104,28 @@ flexdiag_status flexdiag__cpu_copy_2d(void *dst, size_t dpitch, const void *src,
     return FLEXDIAG_OK;
 }
 
+void flexdiag__cpu_slot_rows_run(const flexdiag_slot_rows *r) {
+    for (int32_t b = 0; b < r->n_seq * r->h_kv; b++) {
+        size_t base = (size_t)b * r->pitch + r->ring_off;
+        const int32_t *sl = r->slots + (size_t)b * (size_t)r->max_slots;
+        for (int32_t i = 0; i < r->n_slots[b]; i++) {
+            size_t off = base + (size_t)sl[i] * r->row_bytes;
+            memcpy((char *)r->dst + off, (const char *)r->src + off, r->row_bytes);
+        }
+    }
+}
+
+flexdiag_status flexdiag__cpu_copy_slots(const flexdiag_slot_rows *r, flexdiag_stream *s) {
+    if (r->n_seq <= 0 || r->h_kv <= 0) return FLEXDIAG_OK;
+    if (!r->dst || !r->src || !r->slots || !r->n_slots || r->row_bytes == 0 ||
+        r->max_slots <= 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu slot-row copy: a pointer is NULL or a row/list size is 0");
+    if (s && s->queue) return flexdiag__cpu_queue_slots(s->queue, r);
+    flexdiag__cpu_slot_rows_run(r);
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__cpu_copy_d2h(void *dst, const void *src, size_t bytes,
                                        flexdiag_stream *s) {
     FLEXDIAG_TRY(flexdiag__cpu_copy(dst, src, bytes, s));

@@ -76,6 +76,8 @@ flexdiag_op_copy flexdiag__cuda_copy_d2h;
 flexdiag_op_copy flexdiag__cuda_copy_d2h_async;
 flexdiag_op_copy_2d flexdiag__cuda_copy_h2d_2d;
 flexdiag_op_copy_2d flexdiag__cuda_copy_d2h_2d;
+/* Attended ring rows out of mapped pinned host memory (slot_rows.cu). */
+flexdiag_op_copy_h2d_slots flexdiag__cuda_copy_slots;
 /* Device to device, ordered on s. */
 flexdiag_op_copy flexdiag__cuda_copy_d2d;
 /* Zero bytes of device memory, ordered on s. */

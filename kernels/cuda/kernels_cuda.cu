@@ -44,6 +44,7 @@ static flexdiag_kernels make_table(void) {
     t.copy_d2h_async = flexdiag__cuda_copy_d2h_async;
     t.copy_h2d_2d_async = flexdiag__cuda_copy_h2d_2d;
     t.copy_d2h_2d_async = flexdiag__cuda_copy_d2h_2d;
+    t.copy_h2d_slots_async = flexdiag__cuda_copy_slots;
     t.memset0 = flexdiag__cuda_memset0;
     t.mem_info = flexdiag__cuda_mem_info;
     t.device_name = flexdiag__cuda_device_name;

@@ -38,9 +38,11 @@ static flexdiag_status progress(const run_state *r, int phase, uint64_t done, ui
 
 /* The KV rows the forward over sequences [s0, s0 + nb) touches at decode step t (t < 0: a
  * prefill chunk), for a scheduler that moves the KV (offload/sched.h): prefill writes the prompt
- * rows; a decode step reads the prompt rows and the ring's resident prefix and writes one ring
- * row (the policy's, or one per head within the prefix). */
-static void kv_rows(const run_state *r, int32_t s0, int32_t nb, int32_t t, flexdiag_sched_io *m) {
+ * rows; a decode step reads the prompt rows and the ring rows a's slot lists name (at most
+ * min(t + 1, max_slots) of the resident prefix: fewer than resident for Diagonal and ALISA)
+ * and writes one ring row (the policy's, or one per head within the prefix). */
+static void kv_rows(const run_state *r, int32_t s0, int32_t nb, int32_t t,
+                    const flexdiag_attn_args *a, flexdiag_sched_io *m) {
     const flexdiag_context *c = r->c;
     int32_t lp = 0;
     for (int32_t s = s0; s < s0 + nb; s++) lp = r->lp[s] > lp ? r->lp[s] : lp;
@@ -49,28 +51,26 @@ static void kv_rows(const run_state *r, int32_t s0, int32_t nb, int32_t t, flexd
         return;
     }
     int32_t w = flexdiag__kvp_write_slot(&c->pd.kp, t);
-    *m = (flexdiag_sched_io){.kv_prompt = lp,
-                             .kv_ring = (int32_t)flexdiag__kvp_resident_rows(&c->pd.kp, t),
-                             .kv_w0 = c->p_cap + w, .kv_wn = w >= 0 ? 1 : -1};
+    int32_t res = (int32_t)flexdiag__kvp_resident_rows(&c->pd.kp, t);
+    int32_t att = t + 1 < a->max_slots ? t + 1 : a->max_slots;
+    *m = (flexdiag_sched_io){.kv_prompt = lp, .kv_ring = res, .kv_w0 = c->p_cap + w,
+                             .kv_wn = w >= 0 ? 1 : -1};
+    if (att >= res || a->shared_slots) return;
+    m->kv_slots = a->slots;
+    m->kv_n_slots = a->n_slots;
+    m->kv_max_slots = a->max_slots;
+    m->kv_attend = att;
 }
 
-/* The I/O object of layer j for sequences [s0, s0 + nb): the scheduler's addresses for
- * rows_per_seq activation rows per sequence, the layer's tensors, the attention arguments;
- * decode steps (t >= 0) add the policy driver's rows and slot lists, prefill (t < 0) the
- * prompt rows and positions. */
+/* The I/O object of layer j for sequences [s0, s0 + nb): the layer's attention arguments
+ * (decode steps (t >= 0) add the policy driver's rows and slot lists, prefill (t < 0) the
+ * prompt rows and positions), then the scheduler's addresses for rows_per_seq activation rows
+ * per sequence and the layer's tensors. */
 static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int32_t nb,
                                   int32_t t, flexdiag_layer_io *io) {
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     memset(io, 0, sizeof *io);
-    kv_rows(r, s0, nb, t, &io->mem);
-    io->mem.layer = j;
-    io->mem.s0 = s0;
-    io->mem.n_seq = nb;
-    io->mem.rows_per_seq = t < 0 ? c->p_cap : 1;
-    FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
-    io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
-                                 io->mem.res_bytes);
     io->t = t;
     io->a = (flexdiag_attn_args){.n_seq = nb, .h_q = l->heads, .h_kv = l->kv_heads,
                                  .d_h = l->head_dim, .p_cap = c->p_cap, .ring = c->pd.ring,
@@ -80,10 +80,18 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     if (t < 0) {
         io->a.pos = rope ? c->b.pos_pf : NULL;
         io->rows = c->b.rows_pf;
-        return FLEXDIAG_OK;
+    } else {
+        io->a.pos = rope ? c->b.pos + s0 : NULL;
+        io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd, t), &io->a);
     }
-    io->a.pos = rope ? c->b.pos + s0 : NULL;
-    io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd, t), &io->a);
+    kv_rows(r, s0, nb, t, &io->a, &io->mem);
+    io->mem.layer = j;
+    io->mem.s0 = s0;
+    io->mem.n_seq = nb;
+    io->mem.rows_per_seq = t < 0 ? c->p_cap : 1;
+    FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
+    io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
+                                 io->mem.res_bytes);
     return FLEXDIAG_OK;
 }
 

@@ -70,7 +70,9 @@ static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int 
     cp.max_prompt_len = 32;
     memcpy(cp.kv_pct, kc->kv, sizeof cp.kv_pct);
     cp.policy.kind = kc->kind;
-    cp.policy.sparsity = kc->kind == FLEXDIAG_POLICY_DENSE ? 0.0 : 0.5;
+    /* N_att a quarter of the decode length, N_r (Diagonal's ring) half of it: a sparse
+     * policy attends fewer ring rows than it keeps */
+    cp.policy.sparsity = kc->kind == FLEXDIAG_POLICY_DENSE ? 0.0 : 0.75;
     if (cancel) cp.progress = cancel_half;
     flexdiag_context *c = NULL;
     ok(flexdiag_context_create(m, &cp, &c));
@@ -197,6 +199,7 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
                      const char *dir) {
     static const uint32_t kv[][3] = {{50, 50, 0}, {0, 100, 0}};
     static const uint32_t wsplit[3] = {50, 50, 0}, wdev[3] = {100, 0, 0};
+    uint64_t moved[FLEXDIAG_POLICY_DIAGONAL_SINK4 + 1] = {0}; /* KV H2D bytes, all on the host */
     for (int k = 0; k <= FLEXDIAG_POLICY_DIAGONAL_SINK4; k++) {
         flexdiag_runtime *rt;
         flexdiag_model *m;
@@ -221,6 +224,7 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
             assert_true((r.kv_bytes[0] > 0) == (kv[i][0] > 0));
             assert_int_equal(r.kv_bytes[0] + r.kv_bytes[1], ref.kv_bytes[0]);
             same(&ref, &r, what);
+            if (i == 1) moved[k] = r.kv_h2d_bytes;
             run_free(&r);
         }
         flexdiag_model_destroy(m);
@@ -237,4 +241,14 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
         flexdiag_model_destroy(m);
         flexdiag_runtime_destroy(rt);
     }
+    /* Only attended rows move: every sparse policy at the same N_att reads min(t + 1, N_att)
+     * ring rows per (sequence, KV head) at step t (Diagonal and ALISA keep more resident, the
+     * Diagonal ring being twice N_att here), so all move the bytes the sliding window moves,
+     * and dense more. */
+    for (int k = FLEXDIAG_POLICY_DENSE + 1; k <= FLEXDIAG_POLICY_DIAGONAL_SINK4; k++)
+        if (moved[k] != moved[FLEXDIAG_POLICY_WINDOW])
+            fail_msg("policy %s moved %llu KV bytes to the device, the window %llu",
+                     flexdiag_policy_name((flexdiag_policy_kind)k), (unsigned long long)moved[k],
+                     (unsigned long long)moved[FLEXDIAG_POLICY_WINDOW]);
+    assert_true(moved[FLEXDIAG_POLICY_DENSE] > moved[FLEXDIAG_POLICY_WINDOW]);
 }

@@ -4,8 +4,10 @@
  * and logits bit for bit at the same batch and micro-batch (tests/engine/offload_runs.h), with
  * the GEMM autotuner off (FLEXDIAG_GEMM_TUNE=0) so every run picks the same GEMM algorithms;
  * the KV of half or all of the micro-batches homed in pinned host memory, for every policy, the
- * same (offload_runs.h to_run_kv_homes); and the strided copies those homes use against a
- * host loop. Exit 77 without a GPU.
+ * same (offload_runs.h to_run_kv_homes); the strided copies those homes use against a host
+ * loop; and the slot-row gather of sparse policies against the CPU backend's copy, from both
+ * kinds of pinned memory (host_alloc and host_register, what the KV pool uses). Exit 77
+ * without a GPU.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -57,6 +59,73 @@ static void test_strided_copies(void **state) {
     k->stream_destroy(s);
 }
 
+/* copy_h2d_slots_async of CUDA and of the CPU reference on the same lists: the same rows land,
+ * every other byte keeps the destination's pattern. registered: the source is malloc'd memory
+ * pinned with host_register instead of host_alloc. */
+static void slot_rows_case(int registered) {
+    enum { SEQ = 5, HKV = 3, RING = 40, PCAP = 7, ROW = 256, MAXS = 13 };
+    enum { PITCH = (PCAP + RING) * ROW, BYTES = SEQ * HKV * PITCH, NB = SEQ * HKV };
+    const flexdiag_kernels *k = flexdiag__kernels_cuda(), *c = flexdiag__kernels_cpu_ref();
+    flexdiag_stream *s = NULL;
+    assert_int_equal(k->copy_stream_create(0, &s), FLEXDIAG_OK);
+    unsigned char *src = NULL, *want = malloc(BYTES), *got = malloc(BYTES);
+    if (registered) {
+        src = malloc(BYTES);
+        assert_int_equal(k->host_register(src, BYTES), FLEXDIAG_OK);
+    } else {
+        assert_int_equal(k->host_alloc(BYTES, (void **)&src), FLEXDIAG_OK);
+    }
+    int32_t slots[NB * MAXS], n_slots[NB];
+    unsigned x = 12345u;
+    for (int b = 0; b < NB; b++) { /* distinct rows of the ring, some lists short or empty */
+        n_slots[b] = b % 4 == 3 ? 0 : MAXS - b % 5;
+        for (int i = 0; i < MAXS; i++) {
+            x = x * 1103515245u + 12345u;
+            slots[b * MAXS + i] = (int32_t)((i * 3 + (x >> 16) % 3) % RING);
+        }
+    }
+    for (int i = 0; i < BYTES; i++) src[i] = (unsigned char)(i * 13 + 5), want[i] = 0xA5;
+    void *dst = NULL, *dslots = NULL, *dn = NULL;
+    assert_int_equal(k->mem_alloc(BYTES, &dst), FLEXDIAG_OK);
+    assert_int_equal(k->mem_alloc(sizeof slots, &dslots), FLEXDIAG_OK);
+    assert_int_equal(k->mem_alloc(sizeof n_slots, &dn), FLEXDIAG_OK);
+    assert_int_equal(k->copy_h2d(dst, want, BYTES, s), FLEXDIAG_OK);
+    assert_int_equal(k->copy_h2d(dslots, slots, sizeof slots, s), FLEXDIAG_OK);
+    assert_int_equal(k->copy_h2d(dn, n_slots, sizeof n_slots, s), FLEXDIAG_OK);
+    flexdiag_slot_rows r = {.dst = dst, .src = src, .pitch = PITCH, .ring_off = PCAP * ROW,
+                            .row_bytes = ROW, .slots = dslots, .n_slots = dn,
+                            .max_slots = MAXS, .n_seq = SEQ, .h_kv = HKV};
+    assert_int_equal(k->copy_h2d_slots_async(&r, s), FLEXDIAG_OK);
+    assert_int_equal(k->copy_d2h(got, dst, BYTES, s), FLEXDIAG_OK);
+    flexdiag_slot_rows rc = r;
+    rc.dst = want;
+    rc.slots = slots;
+    rc.n_slots = n_slots;
+    assert_int_equal(c->copy_h2d_slots_async(&rc, NULL), FLEXDIAG_OK);
+    assert_memory_equal(got, want, BYTES);
+    size_t touched = 0;
+    for (int i = 0; i < BYTES; i++) touched += want[i] != 0xA5;
+    assert_true(touched > BYTES / 8); /* the reference did copy rows */
+    k->mem_free(dst);
+    k->mem_free(dslots);
+    k->mem_free(dn);
+    if (registered) {
+        k->host_unregister(src);
+        free(src);
+    } else {
+        k->host_free(src);
+    }
+    free(want);
+    free(got);
+    k->stream_destroy(s);
+}
+
+static void test_slot_rows(void **state) {
+    (void)state;
+    slot_rows_case(0);
+    slot_rows_case(1);
+}
+
 int main(void) {
     size_t fb = 0, tb = 0;
     const flexdiag_kernels *k = flexdiag__kernels_cuda();
@@ -71,7 +140,8 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_placements_cuda),
                                        cmocka_unit_test(test_kv_homes_cuda),
-                                       cmocka_unit_test(test_strided_copies)};
+                                       cmocka_unit_test(test_strided_copies),
+                                       cmocka_unit_test(test_slot_rows)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(g_dir);
     return rc;
