@@ -44,7 +44,7 @@ packages=(
 # through LD_LIBRARY_PATH for flexdiag itself). libopenmpi-dev's other Depends (libevent-dev,
 # libhwloc-dev, libpmix-dev, libibverbs-dev, gfortran) are not needed: ompi-c.pc has no
 # Requires and `-lmpi` links against the shared library only.
-# Not shipped on purpose (about 2.3 MB more, no use on a single GPU host): the interconnect
+# Not shipped on purpose (about 2.1 MB more, no use on a single GPU host): the interconnect
 # libraries that only the fabric plugins link (libfabric1, libucx0, libibverbs1, librdmacm1,
 # libpsm2-2, libpsm-infinipath1, libnuma1, libnl-route-3-200). Debian's openmpi-mca-params.conf
 # already disables the ofi/openib/ucx plugins and unpack.sh excludes psm/psm2, so an MPI job

@@ -103,6 +103,17 @@ if [ ${#mpidebs[@]} -gt 0 ]; then
     # prints a load error for them. ofi stays excluded as in Debian's openmpi-mca-params.conf,
     # which this variable overrides.
     echo "export OMPI_MCA_mtl=\"^ofi,psm,psm2\""
+    # mpirun's rsh launcher insists on finding ssh or rsh, even for a job that stays on this
+    # host, and aborts ("plm_rsh_agent: ssh : rsh ... could not be found") on hosts without
+    # either. An empty agent makes that launcher step aside for the local-only one. (`command -v`
+    # alone is not enough: bash reports a non-executable file when it finds nothing better.)
+    runnable() {
+        local path
+        path=$(command -v "$1") && [ -f "$path" ] && [ -x "$path" ]
+    }
+    if ! runnable ssh && ! runnable rsh; then
+        echo "export OMPI_MCA_plm_rsh_agent="
+    fi
     # The GPU hosts run everything as root, which mpirun refuses without these two.
     echo "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
 fi
