@@ -4,7 +4,7 @@
  *
  * Through the runtime's op table, as the engine moves and computes: pinned H2D and D2H copies
  * on a copy stream at four transfer sizes, the device copy rate (bytes read + written), bf16
- * GEMM rates for six row counts n of (n, k) x (k, k), and with --offload-dir the store's
+ * GEMM rates for six row counts n of (n, k) x (k, 4k), and with --offload-dir the store's
  * O_DIRECT read rate at the scheduler's request size and queue depth. On the CPU backend the
  * "device" is host memory, so every rate is the CPU's. Buffers come from the device budget.
  * Progress goes to stderr, the file path to stdout.
@@ -102,20 +102,20 @@ static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
 
 /* ---- GEMM ---- */
 
-/* FLOP/s of out (n, kk) = x (n, kk) W (kk, kk)^T on rt's stream; x and W hold a non-zero
+/* FLOP/s of out (n, nn) = x (n, kk) W (nn, kk)^T on rt's stream; x and W hold a non-zero
  * pattern (zeros run faster than real data on some GPUs). */
 static double time_gemm(flexdiag_runtime *rt, void *x, const uint16_t *w, void *out, int64_t n,
-                        int64_t kk) {
+                        int64_t kk, int64_t nn) {
     const flexdiag_kernels *k = rt->k;
     double t0 = 0;
     for (int i = 0; i <= REPS; i++) {
         if (i == 1 && k->stream_sync(rt->s) != FLEXDIAG_OK) return 0;
         if (i == 1) t0 = flexdiag__now();
-        if (k->matmul(out, x, w, NULL, n, kk, kk, 0, rt->s) != FLEXDIAG_OK) return 0;
+        if (k->matmul(out, x, w, NULL, n, kk, nn, 0, rt->s) != FLEXDIAG_OK) return 0;
     }
     if (k->stream_sync(rt->s) != FLEXDIAG_OK) return 0;
     double s = (flexdiag__now() - t0) / REPS;
-    return s > 0 ? 2.0 * (double)n * (double)kk * (double)kk / s : 0;
+    return s > 0 ? 2.0 * (double)n * (double)kk * (double)nn / s : 0;
 }
 
 /* Fill n act values at dev from a pattern (through an f32 buffer of the arena). */
@@ -137,8 +137,12 @@ static flexdiag_status fill_act(flexdiag_runtime *rt, void *dev, size_t n) {
 static int measure_gemms(flexdiag_runtime *rt, cm_profile *p) {
     const flexdiag_kernels *k = rt->k;
     int gpu = k->act_bytes == 2;
-    const int64_t kk = gpu ? 4096 : 256, rows[CM_GEMM_ROWS] = {1, 8, 32, 128, 512, 4096};
-    size_t xa = (size_t)rows[CM_GEMM_ROWS - 1] * (size_t)kk, wn = (size_t)kk * (size_t)kk;
+    /* W as wide as a 7B layer's gate/up GEMM (n = 4k): a square 4096 x 4096 weight is small
+     * enough that launch and tail effects halve the small-row rates the models never see */
+    const int64_t kk = gpu ? 4096 : 256, nn = 4 * kk;
+    const int64_t rows[CM_GEMM_ROWS] = {1, 8, 32, 128, 512, 4096};
+    size_t xa = (size_t)rows[CM_GEMM_ROWS - 1] * (size_t)kk, wn = (size_t)kk * (size_t)nn;
+    size_t oa = (size_t)rows[CM_GEMM_ROWS - 1] * (size_t)nn;
     size_t ab = (size_t)k->act_bytes;
     void *x = NULL, *out = NULL, *w = NULL;
     uint16_t *wh = malloc(wn * 2);
@@ -146,7 +150,7 @@ static int measure_gemms(flexdiag_runtime *rt, cm_profile *p) {
     for (size_t i = 0; wh && i < wn; i++)
         wh[i] = flexdiag__f32_to_bf16((float)((i * 40503u) % 1000) / 1e5f - 0.005f);
     if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, xa * ab, "the profile's GEMMs", &x);
-    if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, xa * ab, "the profile's GEMMs", &out);
+    if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, oa * ab, "the profile's GEMMs", &out);
     if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, wn * 2, "the profile's GEMMs", &w);
     if (st == FLEXDIAG_OK) st = k->copy_h2d(w, wh, wn * 2, rt->s);
     if (st == FLEXDIAG_OK) st = fill_act(rt, x, xa);
@@ -154,12 +158,12 @@ static int measure_gemms(flexdiag_runtime *rt, cm_profile *p) {
     for (int i = 0; st == FLEXDIAG_OK && i < CM_GEMM_ROWS; i++) {
         progress("GEMM rates by rows", i, CM_GEMM_ROWS);
         p->gemm_rows[i] = (double)rows[i];
-        p->gemm[i] = time_gemm(rt, x, w, out, rows[i], kk);
+        p->gemm[i] = time_gemm(rt, x, w, out, rows[i], kk, nn);
     }
     if (st == FLEXDIAG_OK) progress("GEMM rates by rows", CM_GEMM_ROWS, CM_GEMM_ROWS);
     free(wh);
     flexdiag__arena_free(&rt->arena, x, xa * ab);
-    flexdiag__arena_free(&rt->arena, out, xa * ab);
+    flexdiag__arena_free(&rt->arena, out, oa * ab);
     flexdiag__arena_free(&rt->arena, w, wn * 2);
     if (st == FLEXDIAG_OK && p->gemm[0] > 0) return 0;
     fprintf(stderr, "flexdiag profile: GEMM rates not measured: %s\n", flexdiag__err_msg());

@@ -67,18 +67,51 @@ static void try_one(search *s, const cm_config *c) {
     s->v[s->n++] = k;
 }
 
+/* KV homes tried (the splits only with micro-batches). */
+static const uint32_t KV_HOMES[3][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}};
+
+/* c with KV homes kv and the weights g,100-g,0. */
+static void place(cm_config *c, int kv, int64_t g) {
+    memcpy(c->kvpct, KV_HOMES[kv], sizeof c->kvpct);
+    c->wpct[0] = (uint32_t)g, c->wpct[1] = 100 - (uint32_t)g, c->wpct[2] = 0;
+}
+
 /* Every KV home and weight placement of one (policy, batch, micro-batch). */
 static void try_placements(search *s, cm_config c) {
-    static const uint32_t kvs[3][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}};
     int split = c.micro > 0 && c.micro < c.batch;
     for (int kv = 0; kv < (split ? 3 : 1); kv++)
         for (int64_t g = 100; g >= 0; g -= s->o->weight_step) {
-            memcpy(c.kvpct, kvs[kv], sizeof c.kvpct);
-            c.wpct[0] = (uint32_t)g, c.wpct[1] = 100 - (uint32_t)g, c.wpct[2] = 0;
+            place(&c, kv, g);
             try_one(s, &c);
         }
 }
 
+/* Whether c fits both budgets by the runtime's own sizing. */
+static int fits(search *s, const cm_config *c) {
+    cm_memory m;
+    return cm_memory_of(&s->cm, c, s->o->mo.cpu_mem, &m) == FLEXDIAG_OK && m.fits_gpu &&
+           m.fits_cpu;
+}
+
+/* The largest batch of c's placement, KV homes and micro-batch division div (1: none) that
+ * fits, at most --max-batch (fitting is monotone in the batch): bisection. */
+static void try_largest(search *s, cm_config c, int div) {
+    int32_t lo = 0, hi = (int32_t)s->o->max_batch;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        c.batch = mid;
+        c.micro = div == 1 ? 0 : (mid + div - 1) / div;
+        if (fits(s, &c)) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo < div || (lo & (lo - 1)) == 0) return; /* none, or a power of two: tried already */
+    c.batch = lo;
+    c.micro = div == 1 ? 0 : (lo + div - 1) / div;
+    try_one(s, &c);
+}
+
+/* Powers of two with every micro-batch division and placement, then, for each placement and
+ * division, the largest batch that fits (the batch `--batch auto` would run). */
 static void try_batches(search *s, const flexdiag_policy_params *pol) {
     cm_config c = {.prompt_len = (int32_t)s->o->prompt_len, .gen_len = (int32_t)s->o->gen_len,
                    .policy = *pol};
@@ -88,6 +121,12 @@ static void try_batches(search *s, const flexdiag_policy_params *pol) {
             c.micro = div == 1 ? 0 : (int32_t)(b / div);
             try_placements(s, c);
         }
+    for (int div = 1; div <= 4; div *= 2)
+        for (int kv = 0; kv < (div > 1 ? 3 : 1); kv++)
+            for (int64_t g = 100; g >= 0; g -= s->o->weight_step) {
+                place(&c, kv, g);
+                try_largest(s, c, div);
+            }
 }
 
 /* Every (policy, sparsity) of --policies under --max-sparsity. */

@@ -251,7 +251,7 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     double mb = s->mb_seq;
     double kv_read = mb * (c->prompt_len + att) * row_b;
     t4[0] = s->n_mb * (gemm_s(p, mb, 2 * mb * s->layer_params) + (p->hbm > 0 ? 2 * kv_read / p->hbm : 0));
-    double kv_in = s->host_mb * mb * (c->prompt_len + res) * row_b;
+    double kv_in = s->host_mb * mb * (c->prompt_len + att) * row_b; /* attended rows move */
     double kv_out = s->host_mb * mb * (evict_any ? res : 1) * row_b;
     t4[1] = copy_s(p, 0, s->streamed, s->streamed) + copy_s(p, 0, kv_in, kv_in / fmax(s->host_mb, 1));
     t4[2] = copy_s(p, 1, kv_out, kv_out / fmax(s->host_mb, 1));

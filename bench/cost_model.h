@@ -34,7 +34,7 @@ typedef struct cm_profile {
     double h2d[CM_COPY_SIZES];           /* pinned host -> device on a copy stream */
     double d2h[CM_COPY_SIZES];           /* device -> pinned host on a copy stream */
     double hbm;                          /* device copy, bytes read + written per second */
-    double gemm_rows[CM_GEMM_ROWS];      /* rows n of each GEMM sample (n, k) x (k, k) */
+    double gemm_rows[CM_GEMM_ROWS];      /* rows n of each GEMM sample (n, k) x (k, 4k) */
     double gemm[CM_GEMM_ROWS];           /* its FLOP/s */
     int64_t gemm_k;                      /* k of the GEMM samples */
     double disk;                         /* O_DIRECT reads at disk_qd x disk_req */
