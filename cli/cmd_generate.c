@@ -382,10 +382,17 @@ static int64_t cpu_share(int n) {
     return t < 1 ? 1 : (t > mine ? mine : t);
 }
 
+/* This rank's GPU: its rank among the host's ranks, modulo the GPUs the host has (ranks share
+ * GPUs when there are more of them). */
+static int rank_device(const job_world *w) {
+    int n = flexdiag_device_count();
+    return w->mpi ? (n > 0 ? w->local_rank % n : w->local_rank) : 0;
+}
+
 /* Runtime and model on this rank's device (or its share of the cores), and the block size. */
 static int open_model(gen_run *r, const flexdiag_policy_params *pp, flexdiag_runtime **rt) {
     cli_model_opts mo = r->o->mo;
-    if (r->world->mpi && !mo.cpu) mo.device = r->world->local_rank;
+    if (r->world->mpi && !mo.cpu) mo.device = rank_device(r->world);
     if (r->world->local_size > 1 && mo.cpu && mo.threads == 0)
         mo.threads = cpu_share(r->world->local_size);
     int rc = cli_open_model(CMD, &mo, rt, &r->m);
@@ -490,7 +497,7 @@ static int finish_job(gen_run *r, int code) {
     const job_world *w = r->world;
     gen_rank_end me = {.images = (double)r->w.images_done, .busy_s = r->busy_s,
                        .finish_s = r->finish_s,
-                       .device = r->o->mo.cpu ? -1 : (w->mpi ? w->local_rank : 0)};
+                       .device = r->o->mo.cpu ? -1 : rank_device(w)};
     snprintf(me.host, sizeof me.host, "%.*s", (int)sizeof me.host - 1, w->host);
     job_gather(w, &me, sizeof me, r->ends);
     int job = job_agree(w, code), mrc = r->merge && w->rank == 0 ? end_merge(r, job) : 0;

@@ -48,7 +48,7 @@ extern "C" {
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models). */
-#define FLEXDIAG_API_VERSION 5u
+#define FLEXDIAG_API_VERSION 6u
 
 /* ---- enums ---- */
 
@@ -198,6 +198,9 @@ typedef struct flexdiag_stats {
 
 /* Version of this library's API; compare with FLEXDIAG_API_VERSION. */
 FLEXDIAG_API uint32_t flexdiag_api_version(void);
+/* CUDA devices this library can run on (0: built without CUDA, no driver or none visible),
+ * for picking runtime_params.device, e.g. one per process. Since API version 6. */
+FLEXDIAG_API int flexdiag_device_count(void);
 /* Static description of a status code; never NULL. */
 FLEXDIAG_API const char *flexdiag_status_str(flexdiag_status s);
 /* Detail of the last failing call made by this thread (handle is reserved); never NULL. */

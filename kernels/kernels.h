@@ -203,6 +203,8 @@ typedef void flexdiag_op_device_name(const flexdiag_stream *s, char *out, size_t
  * (n bytes, NUL-terminated; INVALID_ARG when the whole id does not fit), used to place pinned
  * host memory on the NUMA node nearest the GPU; default: no device on a bus (CPU) */
 typedef flexdiag_status flexdiag_op_pci_bus_id(int device, char *out, size_t n);
+/* (optional) devices visible to this backend (0 when none or no driver); default: none (CPU) */
+typedef int flexdiag_op_device_count(void);
 
 /* ---- conversions ---- */
 
@@ -463,6 +465,7 @@ typedef struct flexdiag_kernels {
     flexdiag_op_mem_info *mem_info;       /* optional */
     flexdiag_op_device_name *device_name; /* optional */
     flexdiag_op_pci_bus_id *pci_bus_id;   /* optional */
+    flexdiag_op_device_count *device_count; /* optional */
 
     /* ---- conversions ---- */
     flexdiag_op_act_to_f32 *act_to_f32;

@@ -69,6 +69,11 @@ void flexdiag_request_init(flexdiag_request *r) {
 
 /* ---- runtime ---- */
 
+int flexdiag_device_count(void) {
+    const flexdiag_kernels *cuda = flexdiag__kernels_cuda();
+    return cuda && cuda->device_count ? cuda->device_count() : 0;
+}
+
 /* CUDA when built with it, device >= 0 and the device answers; else the CPU engine. A failed
  * CUDA start warns in one line with its short reason (the backend's message: the failing call
  * and the fix are in it, logged in full at debug level). */

@@ -67,6 +67,8 @@ flexdiag_op_mem_info flexdiag__cuda_mem_info;
 flexdiag_op_device_name flexdiag__cuda_device_name;
 /* cudaDeviceGetPCIBusId of device ("0000:41:00.0"); INVALID_ARG when out cannot hold it. */
 flexdiag_op_pci_bus_id flexdiag__cuda_pci_bus_id;
+/* cudaGetDeviceCount, 0 on any error (no driver, none visible). */
+flexdiag_op_device_count flexdiag__cuda_device_count;
 /* Host (pageable or pinned) to device, ordered on s: cudaMemcpyAsync, which never waits for a
  * pinned source, so it is both copy_h2d and copy_h2d_async. */
 flexdiag_op_copy flexdiag__cuda_copy_h2d;

@@ -49,6 +49,7 @@ static flexdiag_kernels make_table(void) {
     t.mem_info = flexdiag__cuda_mem_info;
     t.device_name = flexdiag__cuda_device_name;
     t.pci_bus_id = flexdiag__cuda_pci_bus_id;
+    t.device_count = flexdiag__cuda_device_count;
     t.act_to_f32 = flexdiag__cuda_act_to_f32;
     t.act_from_f32 = flexdiag__cuda_act_from_f32;
     t.embed = flexdiag__cuda_embed;

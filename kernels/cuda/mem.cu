@@ -209,6 +209,15 @@ extern "C" void flexdiag__cuda_device_name(const flexdiag_stream *s, char *out, 
  * "dddd:bb:dd.f"; room for a wider domain). */
 #define PCI_BUS_ID_MAX 64
 
+extern "C" int flexdiag__cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
 extern "C" flexdiag_status flexdiag__cuda_pci_bus_id(int device, char *out, size_t n) {
     if (!out || n == 0)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cuda pci_bus_id: out is %s",

@@ -5,6 +5,7 @@
 # per-block timing fields (block_s, images_in_block) removed. Prints both runs' wall time and
 # img/s last. GEMM autotuning is off in both (FLEXDIAG_GEMM_TUNE=0), as README.md advises for
 # bit-identical images across processes.
+# Each run is cut at LIMIT seconds (default 240).
 #   OUT=/tmp/o RANKS=2 PROMPTS=16 tools/device/mpi_ranks.sh build-gpu/flexdiag [generate flags]
 set -euo pipefail
 exe=$1
@@ -19,9 +20,9 @@ for i in $(seq 1 "$n"); do echo "object number $i on a plain background"; done >
 args=(generate --prompts "$out/prompts.txt" --images-per-prompt "$per" "$@")
 export FLEXDIAG_GEMM_TUNE=0
 t0=$(date +%s.%N)
-"$exe" "${args[@]}" --out "$out/one" >"$out/one.log" 2>&1
+timeout "${LIMIT:-240}" "$exe" "${args[@]}" --out "$out/one" >"$out/one.log" 2>&1
 t1=$(date +%s.%N)
-mpirun -n "$ranks" -x FLEXDIAG_GEMM_TUNE "$exe" "${args[@]}" --out "$out/many" >"$out/many.log" 2>&1
+timeout "${LIMIT:-240}" mpirun -n "$ranks" -x FLEXDIAG_GEMM_TUNE "$exe" "${args[@]}" --out "$out/many" >"$out/many.log" 2>&1
 t2=$(date +%s.%N)
 python3 - "$out/one" "$out/many" <<'PY'
 import json, os, sys
