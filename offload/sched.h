@@ -159,6 +159,7 @@ typedef struct flexdiag_sched_kv_params {
     const flexdiag_kernels *k;  /* backend */
     int device;                 /* its device ordinal (the copy streams') */
     flexdiag_stream *compute;   /* the stream acquire's users run on (borrowed) */
+    int32_t n_layers;           /* layers of the model (spans in the home) */
     int32_t n_seq;              /* sequences of the block */
     int32_t s_host;             /* first host-homed sequence (a micro-batch boundary) */
     int32_t mb_seq;             /* sequences per micro-batch (the most one acquire asks for) */

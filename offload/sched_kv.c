@@ -8,9 +8,12 @@
  * without re-layout. For such a micro-batch, acquire(j, k) queues on the copy stream the H2D of
  * its layer-j K and V spans into one of two device staging buffers and makes the compute stream
  * wait for them; release(j, k) makes the copy stream wait for the forward and copies the spans
- * back. The two buffers alternate, so the load of micro-batch k+1 runs while k computes, and a
- * buffer is refilled only after the copy stream has written its previous contents back (both
- * on the copy stream, in order). Streams order each other through events only; the host never
+ * back. The two buffers alternate, so the next load (micro-batch k+1, or layer j+1 of a lone
+ * host micro-batch) runs while k computes, and a buffer is refilled only after its previous
+ * contents are back home. A load of (j, k) waits only for the last write-back of the same
+ * (layer, micro-batch), the one whose rows it reads: waiting for the micro-batch's latest
+ * write-back of any layer would hold the load of layer j+1 until the forward of layer j is
+ * done and serialise copies with compute. Streams order each other through events only; the host never
  * waits. A prefill chunk never straddles the homes (the context makes the prefill chunk divide
  * the micro-batch).
  *
@@ -49,7 +52,7 @@ typedef struct kvsched {
     kvbuf buf[2];
     int32_t next;            /* buffer the next host-homed acquire takes */
     int32_t n_mb;            /* host-homed micro-batches */
-    flexdiag_event **mb_stored; /* (n_mb) down stream: the micro-batch's last write-back */
+    flexdiag_event **stored; /* (n_layers, n_mb) down stream: the last write-back of each */
     flexdiag_event *planned;    /* compute stream: this step's slot lists are written */
     flexdiag_sched_stats st;
 } kvsched;
@@ -62,7 +65,11 @@ static char *host_span(const kvsched *t, int32_t j, int kv, int32_t s) {
                          p->seq_bytes;
 }
 
-static int32_t mb_of(const kvsched *t, int32_t s0) { return (s0 - t->p.s_host) / t->p.mb_seq; }
+/* The write-back event of layer j of the host micro-batch starting at s0. */
+static flexdiag_event *stored_of(const kvsched *t, int32_t j, int32_t s0) {
+    int32_t mb = (s0 - t->p.s_host) / t->p.mb_seq;
+    return t->stored[(size_t)j * (size_t)t->n_mb + (size_t)mb];
+}
 
 /* Rows [r0, r0 + n) of every (sequence, KV head) block of io's K and V spans, from the host home
  * to b (up) or back (down), one strided copy each; *moved counts the bytes. */
@@ -103,11 +110,11 @@ static flexdiag_status slot_rows(kvsched *t, kvbuf *b, const flexdiag_sched_io *
 }
 
 /* H2D of the rows io reads into b on the up stream, after b's previous contents and the
- * micro-batch's latest rows are back home; the compute stream waits for it. */
+ * micro-batch's rows of that layer are back home; the compute stream waits for it. */
 static flexdiag_status load(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
     const flexdiag_kernels *k = t->p.k;
     FLEXDIAG_TRY(k->stream_wait_event(t->up, b->stored));
-    FLEXDIAG_TRY(k->stream_wait_event(t->up, t->mb_stored[mb_of(t, io->s0)]));
+    FLEXDIAG_TRY(k->stream_wait_event(t->up, stored_of(t, io->layer, io->s0)));
     FLEXDIAG_TRY(rows(t, b, io, 1, 0, io->kv_prompt, &t->st.kv_h2d_bytes));
     if (io->kv_slots && io->kv_attend < io->kv_ring && k->copy_h2d_slots_async)
         FLEXDIAG_TRY(slot_rows(t, b, io));
@@ -129,7 +136,7 @@ static flexdiag_status store(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) 
     else
         FLEXDIAG_TRY(rows(t, b, io, 0, t->p.p_cap, io->kv_ring, &t->st.kv_d2h_bytes));
     FLEXDIAG_TRY(k->event_record(b->stored, t->down));
-    return k->event_record(t->mb_stored[mb_of(t, io->s0)], t->down);
+    return k->event_record(stored_of(t, io->layer, io->s0), t->down);
 }
 
 static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
@@ -176,8 +183,9 @@ static void kv_destroy(flexdiag_sched *s) {
         k->event_destroy(t->buf[i].stored);
     }
     k->event_destroy(t->planned);
-    for (int32_t i = 0; t->mb_stored && i < t->n_mb; i++) k->event_destroy(t->mb_stored[i]);
-    free(t->mb_stored);
+    size_t n_ev = (size_t)t->p.n_layers * (size_t)t->n_mb;
+    for (size_t i = 0; t->stored && i < n_ev; i++) k->event_destroy(t->stored[i]);
+    free(t->stored);
     flexdiag__sched_destroy(t->inner);
     free(t);
 }
@@ -211,10 +219,10 @@ static flexdiag_status kv_open(kvsched *t) {
     }
     FLEXDIAG_TRY(k->event_create(p->compute, &t->planned));
     t->n_mb = (p->n_seq - p->s_host + p->mb_seq - 1) / p->mb_seq;
-    t->mb_stored = calloc((size_t)t->n_mb, sizeof *t->mb_stored);
-    if (!t->mb_stored) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "scheduler: no host memory");
-    for (int32_t i = 0; i < t->n_mb; i++)
-        FLEXDIAG_TRY(k->event_create(t->down, &t->mb_stored[i]));
+    size_t n_ev = (size_t)p->n_layers * (size_t)t->n_mb;
+    t->stored = calloc(n_ev, sizeof *t->stored);
+    if (!t->stored) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "scheduler: no host memory");
+    for (size_t i = 0; i < n_ev; i++) FLEXDIAG_TRY(k->event_create(t->down, &t->stored[i]));
     return FLEXDIAG_OK;
 }
 

@@ -288,7 +288,8 @@ static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
     }
     memset(c->kv_host, 0, c->kv_host_bytes);
     flexdiag_sched_kv_params kp = {.k = rt->k, .device = rt->p.device, .compute = c->s,
-                                   .n_seq = c->n_seq, .s_host = c->s_host, .mb_seq = c->mb_seq,
+                                   .n_layers = c->m->cfg.lm.layers, .n_seq = c->n_seq,
+                                   .s_host = c->s_host, .mb_seq = c->mb_seq,
                                    .seq_bytes = c->seq_bytes, .heads = c->m->cfg.lm.kv_heads,
                                    .p_cap = c->p_cap, .span_rows = c->p_cap + c->pd.ring,
                                    .row_bytes = (size_t)c->m->cfg.lm.head_dim *
