@@ -10,8 +10,9 @@
  * (cost_model.h); kept ones are ranked by predicted rate, ties to more on the GPU and fewer
  * micro-batches. The top --top are printed with the exact `flexdiag bench` flags that reproduce
  * each; --measure K runs the first K through `flexdiag-bench bench` (this executable, a child
- * process with --json into a temporary file) and prints measured beside predicted. Nothing is
- * allocated but a runtime (for its budget and op table); no weights are loaded.
+ * process with --json into a temporary file) and prints measured beside predicted; the search
+ * then runs in a forked child, so no device context of ours is alive during the measured runs.
+ * Nothing is allocated but a runtime (for its budget and op table); no weights are loaded.
  */
 #include <jansson.h>
 #include <math.h>
@@ -27,6 +28,7 @@
 #include "cli/cli.h"
 
 #define MAX_CANDS 65536 /* candidates kept (a full grid is a few thousand) */
+#define MAX_TOP 1000    /* --top at most */
 
 typedef struct search_opts {
     cli_model_opts mo;
@@ -217,8 +219,8 @@ static void print_row(const search *s, int i, const cand *k, char *flags, size_t
     repro_flags(s, k, flags, n);
 }
 
-static void print_json(const search *s, int i, const cand *k, const char *flags,
-                       double measured) {
+/* Candidate i as one JSON line on out. */
+static void print_json(FILE *out, int i, const cand *k, const char *flags, double measured) {
     const cm_config *c = &k->c;
     json_t *o = json_pack(
         "{s:i,s:s,s:f,s:i,s:i,s:[i,i,i],s:[i,i,i],s:i,s:f,s:f,s:f,s:f,s:f,s:s,s:I,s:I,s:I,s:s}",
@@ -231,10 +233,9 @@ static void print_json(const search *s, int i, const cand *k, const char *flags,
         "bound", k->t.bound, "gpu_bytes", (json_int_t)k->mem.gpu, "cpu_bytes",
         (json_int_t)k->mem.cpu, "disk_bytes", (json_int_t)k->mem.disk, "flags", flags);
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    if (line) printf("%s\n", line);
+    if (line) fprintf(out, "%s\n", line);
     free(line);
     json_decref(o);
-    (void)s;
 }
 
 /* ---- --measure ---- */
@@ -261,26 +262,52 @@ static double measure_one(const char *flags) {
     return r;
 }
 
-static void report(const search *s) {
+/* The top candidates: the table and the reproducing flags on stdout, or JSON lines (with
+ * --json); with cands set, also one JSON line per candidate there, for the measuring parent. */
+static void report(const search *s, FILE *cands) {
     int top = s->n < s->o->top ? s->n : (int)s->o->top;
     if (!s->o->json) print_table_head(s);
     char flags[top > 0 ? top : 1][1024];
-    for (int i = 0; i < top && !s->o->json; i++) print_row(s, i, &s->v[i], flags[i], sizeof flags[i]);
-    for (int i = 0; i < top && s->o->json; i++) repro_flags(s, &s->v[i], flags[i], sizeof flags[i]);
+    for (int i = 0; i < top; i++) {
+        if (s->o->json) repro_flags(s, &s->v[i], flags[i], sizeof flags[i]);
+        else print_row(s, i, &s->v[i], flags[i], sizeof flags[i]);
+    }
     if (!s->o->json) {
         printf("\nreproduce:\n");
         for (int i = 0; i < top; i++) printf("  #%d  %s\n", i + 1, flags[i]);
     }
-    int meas = s->o->measure < top ? (int)s->o->measure : top;
-    double measured[top > 0 ? top : 1];
-    for (int i = 0; i < top; i++) measured[i] = i < meas ? measure_one(flags[i]) : 0;
-    for (int i = 0; i < top && s->o->json; i++) print_json(s, i, &s->v[i], flags[i], measured[i]);
-    if (meas > 0 && !s->o->json) {
-        printf("\n| # | predicted img/s | measured img/s | measured / predicted |\n|---|---|---|---|\n");
-        for (int i = 0; i < meas; i++)
-            printf("| %d | %.4g | %.4g | %.2f |\n", i + 1, s->v[i].t.img_s, measured[i],
-                   measured[i] > 0 ? measured[i] / s->v[i].t.img_s : 0);
+    for (int i = 0; i < top && (cands || s->o->json); i++)
+        print_json(cands ? cands : stdout, i, &s->v[i], flags[i], 0);
+}
+
+/* The parent of --measure: the candidates' JSON lines from in, the first --measure of them run
+ * through the bench, measured beside predicted (as a table, or the JSON lines completed). */
+static int measure_cands(const search_opts *o, FILE *in) {
+    json_t *c[MAX_TOP];
+    int n = 0, max = MAX_TOP;
+    char *line = NULL;
+    size_t cap = 0;
+    while (n < max && getline(&line, &cap, in) > 0)
+        if ((c[n] = json_loads(line, 0, NULL))) n++;
+    free(line);
+    for (int i = 0; i < n; i++) {
+        const char *flags = json_string_value(json_object_get(c[i], "flags"));
+        double m = i < o->measure && flags ? measure_one(flags) : 0;
+        json_object_set_new(c[i], "measured_img_per_s", json_real(m));
     }
+    if (!o->json && n)
+        printf("\n| # | predicted img/s | measured img/s | measured / predicted |\n|---|---|---|---|\n");
+    for (int i = 0; i < n; i++) {
+        double p = json_number_value(json_object_get(c[i], "pred_img_per_s"));
+        double m = json_number_value(json_object_get(c[i], "measured_img_per_s"));
+        char *s = o->json ? json_dumps(c[i], JSON_COMPACT) : NULL;
+        if (s) printf("%s\n", s);
+        else if (i < o->measure)
+            printf("| %d | %.4g | %.4g | %.2f |\n", i + 1, p, m, m > 0 ? m / p : 0);
+        free(s);
+        json_decref(c[i]);
+    }
+    return 0;
 }
 
 /* ---- command ---- */
@@ -296,7 +323,8 @@ static int open_runtime(const search_opts *o, flexdiag_runtime **rt) {
     return st == FLEXDIAG_OK ? 0 : cli_fail("search", st);
 }
 
-static int run_search(const search_opts *o) {
+/* The search itself; cands: see report. */
+static int search_run(const search_opts *o, FILE *cands) {
     search s = {.o = o};
     flexdiag_runtime *rt = NULL;
     int rc = open_runtime(o, &rt);
@@ -318,10 +346,43 @@ static int run_search(const search_opts *o) {
         fprintf(stderr, "flexdiag search: no configuration fits --gpu-mem %.3f GiB%s (raise it, "
                 "or lower --prompt-len)\n", (double)s.cm.avail / (1 << 30),
                 o->mo.cpu_mem ? " and --cpu-mem" : "");
-    if (!rc && s.n) report(&s);
+    if (!rc && s.n) report(&s, cands);
     free(s.v);
     flexdiag_runtime_destroy(rt);
     return rc ? rc : s.n ? 0 : 1;
+}
+
+/* With --measure the search runs in a child process, so that its device context (which the
+ * runtime cannot give back to the driver) is gone before the measured runs charge whatever else
+ * holds device memory against their --gpu-mem; the parent never touches the device. */
+static int run_search(const search_opts *o) {
+    if (o->measure == 0) return search_run(o, NULL);
+    int fds[2];
+    if (pipe(fds) != 0) {
+        perror("flexdiag search: pipe");
+        return 1;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("flexdiag search: fork");
+        return 1;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        FILE *w = fdopen(fds[1], "w");
+        int rc = w ? search_run(o, w) : 1;
+        if (w) fclose(w);
+        fflush(stdout);
+        _exit(rc);
+    }
+    close(fds[1]);
+    FILE *r = fdopen(fds[0], "r");
+    int rc = r ? measure_cands(o, r) : 1, st = 0;
+    if (r) fclose(r);
+    else close(fds[0]);
+    if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st)) return 1;
+    return WEXITSTATUS(st) ? WEXITSTATUS(st) : rc;
 }
 
 /* Flags of bench that search decides, or that it does not model yet. */
@@ -342,7 +403,7 @@ static int check_flags(const search_opts *o) {
         {"--gen-len", o->gen_len, 0, 1 << 20, "0 = images, or 128 tokens for a text model"},
         {"--max-batch", o->max_batch, 1, 1 << 16, NULL},
         {"--weight-step", o->weight_step, 1, 100, "percent of the layer weights"},
-        {"--top", o->top, 1, 1000, NULL},
+        {"--top", o->top, 1, MAX_TOP, NULL},
         {"--measure", o->measure, 0, 1000, NULL},
         {"--threads", o->mo.threads, 0, 1024, "0 = all cores"},
     };
