@@ -79,6 +79,8 @@ void test_opt_greedy_logits(void **state); /* teacher-forced logits of the greed
 void test_opt_prompt_ids(void **state);    /* [BOS] + encode(prompt) as transformers */
 void test_opt_tokenizer(void **state);     /* GPT-2 byte-level encode / decode cases */
 void test_opt_generate_cli(void **state);  /* `flexdiag generate --top-k 1` = generate() */
+/* The trained shapes-janus (golden_shapes.c) */
+void test_shapes_logits(void **state); /* cond, uncond, CFG logits against its PyTorch */
 /* Chameleon (golden_chameleon.c) */
 void test_chameleon_text(void **state);      /* text-mode logits and hidden states */
 void test_chameleon_qk_layouts(void **state); /* [heads, d_h] QK norms: same bits */

@@ -41,5 +41,7 @@ int main(void) {
     failed += GD_GROUP("opt (cuda)", "opt", NULL, opt, &ran);
     failed += GD_GROUP("opt text generation (cuda)", "opt", "greedy.json", opt_text, &ran);
     failed += GD_GROUP("chameleon (cuda)", "chameleon", NULL, chameleon, &ran);
+    const struct CMUnitTest shapes[] = {cmocka_unit_test(test_shapes_logits)};
+    failed += GD_GROUP("shapes-janus (trained, cuda)", "shapes", NULL, shapes, &ran);
     return failed ? 1 : ran ? 0 : 77;
 }
