@@ -11,7 +11,8 @@
  * attention / rest (fractions of those steps' wall time). The roofline is measured in the same process through the same
  * op table: device copy bandwidth (bytes read + written) and the bf16 GEMM rate; the decode
  * step's bytes (weights + KV read and written) and FLOPs over those rates give its floor.
- * Markdown on stdout, one JSON object per row with --json FILE (opened before measuring; each
+ * A run longer than 10 s reports its decode step, elapsed time and an estimate of the rest on
+ * stderr every 10 s. Markdown on stdout, one JSON object per row with --json FILE (opened before measuring; each
  * row one append + fsync through cli/fileio.h, so the file never holds a partial row; a row
  * that cannot be written stops the run with exit 1, the row being on stdout).
  * A policy search: --policies and --sparsities (comma lists) give one row per (policy,
@@ -183,8 +184,33 @@ static int32_t *make_prompt(const flexdiag_context *c, int32_t len) {
     return p;
 }
 
+/* Progress of a long run on stderr: after the first PROGRESS_S seconds, one line at most every
+ * PROGRESS_S with the decode step, the elapsed time and a linear estimate of what is left (a
+ * run that ends sooner prints nothing, so short rows stay quiet). */
+#define PROGRESS_S 10.0
+
+typedef struct progress_state {
+    const char *what; /* "warm-up", "timed run", "profile" */
+    double t0, last;
+} progress_state;
+
+static bool on_progress(int phase, uint64_t done, uint64_t total, void *user) {
+    progress_state *p = user;
+    double now = flexdiag__now();
+    if (phase != 1 || now - p->last < PROGRESS_S || done == 0) return true;
+    p->last = now;
+    double el = now - p->t0;
+    fprintf(stderr, "bench: %s: decode step %llu/%llu, %.0f s, ~%.0f s left\n", p->what,
+            (unsigned long long)done, (unsigned long long)total, el,
+            el * (double)(total - done) / (double)done);
+    return true;
+}
+
 static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int32_t lp,
-                                 int32_t batch, int32_t steps, double *split, int32_t split_from) {
+                                 int32_t batch, int32_t steps, double *split, int32_t split_from,
+                                 const char *what) {
+    double t0 = flexdiag__now();
+    progress_state ps = {.what = what, .t0 = t0, .last = t0};
     const int32_t **pp = malloc((size_t)batch * sizeof *pp);
     int32_t *pl = malloc((size_t)batch * 4), *tok = malloc((size_t)batch * (size_t)steps * 4);
     for (int32_t i = 0; pp && pl && i < batch; i++) {
@@ -194,7 +220,8 @@ static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int
     flexdiag_block b = {.n_img = batch, .prompt = pp, .prompt_len = pl, .n_steps = steps,
                         .cfg_weight = 5.0f, .tokens = tok,
                         .sp = {1.0f, c->row_len ? FLEXDIAG_LUMINA_TOP_K : 0, 1.0f, 1, 0},
-                        .split = split, .split_from = split_from};
+                        .split = split, .split_from = split_from, .progress = on_progress,
+                        .progress_user = &ps};
     memset(&c->stats, 0, sizeof c->stats);
     flexdiag_status st = pp && pl && tok ? flexdiag__engine_run(c, &b) : FLEXDIAG_ERR_OOM_HOST;
     free(pp);
@@ -207,10 +234,11 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     int32_t lp = (int32_t)o->prompt_len, steps = row->steps;
     int32_t *prompt = make_prompt(c, lp);
     /* untimed warm-up (prefill + 2 steps): GEMM plans tuned, the step graph recorded */
-    flexdiag_status st = run_block(c, prompt, lp, row->batch, steps < 3 ? steps : 3, NULL, 0);
+    flexdiag_status st =
+        run_block(c, prompt, lp, row->batch, steps < 3 ? steps : 3, NULL, 0, "warm-up");
     row->oi[0] = row->oi[1] = (flexdiag_offload_info){.struct_size = sizeof row->oi[0]};
     if (st == FLEXDIAG_OK) st = flexdiag_context_offload(c, &row->oi[0]);
-    if (st == FLEXDIAG_OK) st = run_block(c, prompt, lp, row->batch, steps, NULL, 0);
+    if (st == FLEXDIAG_OK) st = run_block(c, prompt, lp, row->batch, steps, NULL, 0, "timed run");
     if (st == FLEXDIAG_OK) st = flexdiag_context_offload(c, &row->oi[1]);
     row->prefill_s = c->stats.prefill_s;
     row->decode_s = c->stats.decode_s;
@@ -220,7 +248,7 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     int32_t mid = (steps - 1) / 2, prof = (int32_t)o->profile_steps;
     if (prof > steps - 1 - mid) prof = steps - 1 - mid;
     if (st == FLEXDIAG_OK && prof > 0)
-        st = run_block(c, prompt, lp, row->batch, mid + prof + 1, split, mid);
+        st = run_block(c, prompt, lp, row->batch, mid + prof + 1, split, mid, "profile");
     free(prompt);
     if (st != FLEXDIAG_OK) return cli_fail("bench", st);
     double rows = (double)row->batch * c->rows_per_img, dec_steps = steps - 1;
