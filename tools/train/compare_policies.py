@@ -60,16 +60,18 @@ def main():
             seen.add(r["prompt"])
             plist.append(r["prompt"])
     rows = []
+    out = open(args.json, "w") if args.json else None
     for i, p in enumerate(plist):
         print(f"[{i + 1}/{len(plist)}] {p}", file=sys.stderr, flush=True)
         for row in fidelity_rows(args, p):
             if row.get("mode") == "model" and row["policy"] != "dense":
                 row["prompt_text"] = p
                 rows.append(row)
-    if args.json:
-        with open(args.json, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+                if out:  # written as they come: a run cut short keeps what it measured
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+    if out:
+        out.close()
     groups = {}
     for r in rows:
         groups.setdefault((r["sparsity"], r["policy"]), []).append(r)
