@@ -33,7 +33,7 @@
 typedef struct search_opts {
     cli_model_opts mo;
     const char *policies, *profile;
-    double max_sparsity;
+    double max_sparsity, min_fidelity;
     int64_t prompt_len, gen_len, max_batch, weight_step, top, measure;
     int json;
 } search_opts;
@@ -45,8 +45,16 @@ typedef struct cand {
     double rate; /* img/s (images) or tok/s (text): the ranking key */
 } cand;
 
+/* Top-1 agreement with dense of one (policy, sparsity), from `bench fidelity --model`. */
+typedef struct fid {
+    flexdiag_policy_kind kind;
+    double sparsity, top1;
+} fid;
+
 typedef struct search {
     const search_opts *o;
+    fid fids[BENCH_MAX_LIST * 8]; /* --min-fidelity: what the fidelity run measured */
+    int n_fids;
     cm_model cm;
     cm_profile prof;
     cand *v;
@@ -131,7 +139,71 @@ static void try_batches(search *s, const flexdiag_policy_params *pol) {
             }
 }
 
-/* Every (policy, sparsity) of --policies under --max-sparsity. */
+/* ---- quality floor (--min-fidelity) ---- */
+
+/* Whether (kind, sparsity) reaches --min-fidelity (always without the flag, and for dense). */
+static int good_enough(const search *s, flexdiag_policy_kind kind, double sparsity) {
+    if (s->o->min_fidelity <= 0 || kind == FLEXDIAG_POLICY_DENSE) return 1;
+    for (int i = 0; i < s->n_fids; i++)
+        if (s->fids[i].kind == kind && fabs(s->fids[i].sparsity - sparsity) < 1e-9)
+            return s->fids[i].top1 >= s->o->min_fidelity;
+    return 0; /* not measured: never returned */
+}
+
+/* Comma list of the sparsities of the grid under --max-sparsity into buf. */
+static void sparsity_list(const search_opts *o, char *buf, size_t n) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (size_t j = 0; j < sizeof SPARSITIES / sizeof *SPARSITIES; j++)
+        if (SPARSITIES[j] <= o->max_sparsity + 1e-9 && at < n)
+            at += (size_t)snprintf(buf + at, n - at, "%s%g", at ? "," : "", SPARSITIES[j]);
+}
+
+/* Teacher-forced top-1 agreement of every sparse (policy, sparsity) on --model, measured by
+ * `flexdiag-bench bench fidelity` (this executable, a child process, --json into a temporary
+ * file) before the search touches the device; each pair below --min-fidelity is dropped. */
+static int measure_fidelity(search *s) {
+    const search_opts *o = s->o;
+    char tmp[] = "/tmp/flexdiag-fidelity-XXXXXX", sp[256], cmd[8192];
+    int fd = mkstemp(tmp);
+    if (fd < 0) return 1;
+    close(fd);
+    sparsity_list(o, sp, sizeof sp);
+    snprintf(cmd, sizeof cmd, "'/proc/%ld/exe' bench fidelity --model '%s' --policies '%s' "
+             "--sparsities '%s'%s --json '%s' 1>&2", (long)getpid(), o->mo.model, o->policies, sp,
+             o->mo.cpu ? " --cpu" : "", tmp);
+    fprintf(stderr, "flexdiag search: --min-fidelity: measuring top-1 agreement on %s\n",
+            o->mo.model);
+    int rc = system(cmd);
+    FILE *f = rc == 0 ? fopen(tmp, "r") : NULL;
+    char *line = NULL;
+    size_t cap = 0;
+    while (f && getline(&line, &cap, f) > 0 && s->n_fids < (int)(sizeof s->fids / sizeof *s->fids)) {
+        json_t *r = json_loads(line, 0, NULL);
+        const char *pol = json_string_value(json_object_get(r, "policy"));
+        const json_t *t1 = json_object_get(r, "top1");
+        flexdiag_policy_kind k;
+        if (pol && flexdiag_policy_from_name(pol, &k) == FLEXDIAG_OK && json_is_number(t1))
+            s->fids[s->n_fids++] = (fid){k, json_number_value(json_object_get(r, "sparsity")),
+                                         json_number_value(t1)};
+        json_decref(r);
+    }
+    free(line);
+    if (f) fclose(f);
+    unlink(tmp);
+    if (rc != 0) {
+        fprintf(stderr, "flexdiag search: --min-fidelity: `bench fidelity` failed (exit %d)\n",
+                WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+        return 1;
+    }
+    for (int i = 0; i < s->n_fids; i++)
+        fprintf(stderr, "flexdiag search: %s at %g: top-1 %.4f %s\n",
+                flexdiag_policy_name(s->fids[i].kind), s->fids[i].sparsity, s->fids[i].top1,
+                s->fids[i].top1 >= o->min_fidelity ? "kept" : "below the floor, dropped");
+    return 0;
+}
+
+/* Every (policy, sparsity) of --policies under --max-sparsity (and the quality floor). */
 static int enumerate(search *s) {
     flexdiag_policy_kind kinds[BENCH_MAX_LIST];
     int nk = 0;
@@ -146,6 +218,7 @@ static int enumerate(search *s) {
         }
         for (size_t j = 0; j < sizeof SPARSITIES / sizeof *SPARSITIES; j++) {
             if (SPARSITIES[j] > s->o->max_sparsity + 1e-9) break;
+            if (!good_enough(s, kinds[k], SPARSITIES[j])) continue;
             pol.sparsity = SPARSITIES[j];
             try_batches(s, &pol);
         }
@@ -326,6 +399,7 @@ static int open_runtime(const search_opts *o, flexdiag_runtime **rt) {
 /* The search itself; cands: see report. */
 static int search_run(const search_opts *o, FILE *cands) {
     search s = {.o = o};
+    if (o->min_fidelity > 0 && measure_fidelity(&s)) return 1;
     flexdiag_runtime *rt = NULL;
     int rc = open_runtime(o, &rt);
     if (rc) return rc;
@@ -407,9 +481,15 @@ static int check_flags(const search_opts *o) {
         {"--measure", o->measure, 0, 1000, NULL},
         {"--threads", o->mo.threads, 0, 1024, "0 = all cores"},
     };
-    const cli_f64_range f[] = {{"--max-sparsity", o->max_sparsity, 0, 1, 0, NULL}};
+    if (o->min_fidelity > 0 && !o->mo.model) {
+        fprintf(stderr, "flexdiag search: --min-fidelity measures the policies on a checkpoint: "
+                "give --model DIR\n");
+        return 2;
+    }
+    const cli_f64_range f[] = {{"--max-sparsity", o->max_sparsity, 0, 1, 0, NULL},
+                               {"--min-fidelity", o->min_fidelity, 0, 1, 0, NULL}};
     return cli_check_ints("search", r, (int)(sizeof r / sizeof r[0])) ||
-                   cli_check_f64s("search", f, 1)
+                   cli_check_f64s("search", f, 2)
                ? 2
                : 0;
 }
@@ -424,6 +504,9 @@ int flexdiag_cmd_search(int argc, char **argv) {
         {"--policies", CLI_STR, &o.policies, "comma list of policies to search (default dense)"},
         {"--max-sparsity", CLI_F64, &o.max_sparsity,
          "quality floor: highest sparsity tried, of 0.5,0.75,0.9,0.95,0.98 (default 0.9)"},
+        {"--min-fidelity", CLI_F64, &o.min_fidelity,
+         "quality floor: top-1 agreement with dense (bench fidelity on --model) a sparse policy "
+         "must reach"},
         {"--max-batch", CLI_INT, &o.max_batch, "largest batch tried, powers of two (default 1024)"},
         {"--weight-step", CLI_INT, &o.weight_step, "GPU share step of --weights in percent (10)"},
         {"--top", CLI_INT, &o.top, "candidates printed (default 5)"},

@@ -47,7 +47,8 @@ extern "C" {
 /* 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
- * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models). */
+ * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
+ * 6: flexdiag_device_count. */
 #define FLEXDIAG_API_VERSION 6u
 
 /* ---- enums ---- */
