@@ -72,6 +72,7 @@ static void try_one(search *s, const cm_config *c) {
     cand k = {.c = *c};
     if (cm_memory_of(&s->cm, c, s->o->mo.cpu_mem, &k.mem) != FLEXDIAG_OK) return;
     if (!k.mem.fits_gpu || !k.mem.fits_cpu) return;
+    if (s->o->mo.disk_mem && k.mem.disk > s->o->mo.disk_mem) return;
     if (cm_predict(&s->cm, c, &s->prof, &k.t) != FLEXDIAG_OK || !(k.t.img_s > 0)) return;
     k.rate = s->text ? k.t.tok_s : k.t.img_s;
     s->v[s->n++] = k;
@@ -80,27 +81,33 @@ static void try_one(search *s, const cm_config *c) {
 /* KV homes tried (the splits only with micro-batches). */
 static const uint32_t KV_HOMES[3][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}};
 
-/* c with KV homes kv and the weights g,100-g,0. */
-static void place(cm_config *c, int kv, int64_t g) {
+/* Ways of splitting the weights off the GPU between pinned CPU and disk: all on the CPU, and
+ * with --offload-dir also all on disk and half and half. */
+static int disk_splits(const search *s) { return s->o->mo.offload_dir ? 3 : 1; }
+
+/* c with KV homes kv and the weights g on the GPU, the rest split by way d (disk_splits). */
+static void place(cm_config *c, int kv, int64_t g, int d) {
+    uint32_t rest = 100 - (uint32_t)g, disk = d == 0 ? 0 : d == 1 ? rest : rest / 2;
     memcpy(c->kvpct, KV_HOMES[kv], sizeof c->kvpct);
-    c->wpct[0] = (uint32_t)g, c->wpct[1] = 100 - (uint32_t)g, c->wpct[2] = 0;
+    c->wpct[0] = (uint32_t)g, c->wpct[1] = rest - disk, c->wpct[2] = disk;
 }
 
 /* Every KV home and weight placement of one (policy, batch, micro-batch). */
 static void try_placements(search *s, cm_config c) {
     int split = c.micro > 0 && c.micro < c.batch;
     for (int kv = 0; kv < (split ? 3 : 1); kv++)
-        for (int64_t g = 100; g >= 0; g -= s->o->weight_step) {
-            place(&c, kv, g);
-            try_one(s, &c);
-        }
+        for (int64_t g = 100; g >= 0; g -= s->o->weight_step)
+            for (int d = 0; d < (g < 100 ? disk_splits(s) : 1); d++) {
+                place(&c, kv, g, d);
+                try_one(s, &c);
+            }
 }
 
 /* Whether c fits both budgets by the runtime's own sizing. */
 static int fits(search *s, const cm_config *c) {
     cm_memory m;
     return cm_memory_of(&s->cm, c, s->o->mo.cpu_mem, &m) == FLEXDIAG_OK && m.fits_gpu &&
-           m.fits_cpu;
+           m.fits_cpu && (!s->o->mo.disk_mem || m.disk <= s->o->mo.disk_mem);
 }
 
 /* The largest batch of c's placement, KV homes and micro-batch division div (1: none) that
@@ -133,10 +140,11 @@ static void try_batches(search *s, const flexdiag_policy_params *pol) {
         }
     for (int div = 1; div <= 4; div *= 2)
         for (int kv = 0; kv < (div > 1 ? 3 : 1); kv++)
-            for (int64_t g = 100; g >= 0; g -= s->o->weight_step) {
-                place(&c, kv, g);
-                try_largest(s, c, div);
-            }
+            for (int64_t g = 100; g >= 0; g -= s->o->weight_step)
+                for (int d = 0; d < (g < 100 ? disk_splits(s) : 1); d++) {
+                    place(&c, kv, g, d);
+                    try_largest(s, c, div);
+                }
 }
 
 /* ---- quality floor (--min-fidelity) ---- */
@@ -263,6 +271,10 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
                                                                  : 0;
     if (cpu_mem) at += snprintf(buf + at, n - (size_t)at, " --cpu-mem %lluK",
                                 (unsigned long long)(cpu_mem >> 10));
+    if (c->wpct[2]) at += snprintf(buf + at, n - (size_t)at, " --offload-dir %s", o->mo.offload_dir);
+    if (c->wpct[2] && o->mo.disk_mem)
+        at += snprintf(buf + at, n - (size_t)at, " --disk-mem %lluK",
+                       (unsigned long long)(o->mo.disk_mem >> 10));
     at += snprintf(buf + at, n - (size_t)at, " --prompt-len %d", c->prompt_len);
     if (c->gen_len) at += snprintf(buf + at, n - (size_t)at, " --gen-len %d", c->gen_len);
     if (c->policy.kind != FLEXDIAG_POLICY_DENSE)
@@ -461,11 +473,14 @@ static int run_search(const search_opts *o) {
 
 /* Flags of bench that search decides, or that it does not model yet. */
 static int check_flags(const search_opts *o) {
-    const char *bad = o->mo.weights ? "--weights" : o->mo.kv ? "--kv"
-                      : o->mo.offload_dir ? "--offload-dir" : o->mo.disk_mem ? "--disk-mem" : NULL;
+    const char *bad = o->mo.weights ? "--weights" : o->mo.kv ? "--kv" : NULL;
     if (bad) {
-        fprintf(stderr, "flexdiag search: %s is what search chooses (or, for the disk tier, not "
-                "searched yet); drop it\n", bad);
+        fprintf(stderr, "flexdiag search: %s is what search chooses; drop it\n", bad);
+        return 2;
+    }
+    if (o->mo.disk_mem && !o->mo.offload_dir) {
+        fprintf(stderr, "flexdiag search: --disk-mem budgets the disk tier, which --offload-dir "
+                "DIR turns on; give both\n");
         return 2;
     }
     if (o->mo.model && (o->mo.arch || o->mo.random_weights)) {

@@ -10,7 +10,7 @@
  * its reproduce flags run through `flexdiag bench` (--measure 1). profile: a profile of another
  * device is refused with exit 2, the message naming the file. min-fidelity: on the trained
  * models/shapes-janus a floor no sparse policy reaches leaves dense alone, and the flag without
- * --model is refused.
+ * --model is refused. disk: --offload-dir adds disk placements with flags that reproduce them.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -213,6 +213,41 @@ static void test_min_fidelity(void **state) {
     free(model);
 }
 
+/* --offload-dir adds disk placements (all of the off-GPU weights on disk, or half), with the
+ * flags that reproduce them; without a disk rate in the profile they cannot be ranked. */
+static void test_disk_tier(void **state) {
+    (void)state;
+    int rc = tu_system("cd '%s' && mkdir -p store && '%s' profile --cpu --threads 2 "
+                       "--offload-dir store --out pd.json >/dev/null 2>pd.err && '%s' search "
+                       "--cpu --threads 2 --arch tiny-janus --random-weights --gpu-mem 64M "
+                       "--offload-dir store --profile pd.json --max-batch 2 --top 200 --json "
+                       ">d.out 2>d.err", g_dir, g_bench, g_bench);
+    assert_int_equal(rc, 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/d.out", g_dir);
+    char *out = tu_read_file(path, NULL);
+    assert_non_null(out);
+    int disk = 0, half = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *r = json_loads(line, 0, NULL);
+        const json_t *w = json_object_get(r, "weights");
+        json_int_t d = json_integer_value(json_array_get(w, 2));
+        json_int_t c = json_integer_value(json_array_get(w, 1));
+        if (d > 0) {
+            disk++;
+            half += c > 0;
+            assert_non_null(strstr(json_string_value(json_object_get(r, "flags")),
+                                   "--offload-dir store"));
+        }
+        json_decref(r);
+    }
+    assert_true(disk > 0 && half > 0);
+    free(out);
+    rc = tu_system("cd '%s' && '%s' search --cpu --arch tiny-janus --random-weights "
+                   "--gpu-mem 64M --profile p.json --disk-mem 1G >g.out 2>g.err", g_dir, g_bench);
+    assert_int_equal(rc, 2); /* --disk-mem without --offload-dir */
+}
+
 static void test_profile_other_device(void **state) {
     (void)state;
     assert_int_equal(tu_system("cd '%s' && sed 's/\"device\": \"[^\"]*\"/\"device\": \"Other GPU\"/' "
@@ -247,6 +282,7 @@ int main(void) {
         cmocka_unit_test(test_search_weights_cpu),
         cmocka_unit_test(test_profile_other_device),
         cmocka_unit_test(test_min_fidelity),
+        cmocka_unit_test(test_disk_tier),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmtree(g_dir);
