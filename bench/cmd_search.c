@@ -178,8 +178,8 @@ static int measure_fidelity(search *s) {
     close(fd);
     sparsity_list(o, sp, sizeof sp);
     snprintf(cmd, sizeof cmd, "'/proc/%ld/exe' bench fidelity --model '%s' --policies '%s' "
-             "--sparsities '%s'%s --json '%s' 1>&2", (long)getpid(), o->mo.model, o->policies, sp,
-             o->mo.cpu ? " --cpu" : "", tmp);
+             "--sparsities '%s'%s --threads %lld --json '%s' 1>&2", (long)getpid(), o->mo.model,
+             o->policies, sp, o->mo.cpu ? " --cpu" : "", (long long)o->mo.threads, tmp);
     fprintf(stderr, "flexdiag search: --min-fidelity: measuring top-1 agreement on %s\n",
             o->mo.model);
     int rc = system(cmd);
