@@ -69,6 +69,18 @@ def load_exported(d, device="cpu"):
     return lm.to(device).eval(), vq.to(device).eval(), tok, cfg
 
 
+def sample_scored(lm, tok, caption, n, cfg_weight, seed):
+    """(prompt ids, image ids (1, n), CFG logits (1, n, V), raw logits (2, 1, n, V)): one image
+    sampled for caption with CFG, then its teacher-forced logits through the KV-cache path."""
+    pids = tok.prompt_ids(caption)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        ids = lm.generate([pids], n, cfg_weight=cfg_weight, generator=g, uncond_fn=tok.uncond_ids)
+        _, l_cfg, l_raw = lm.generate([pids], n, cfg_weight=cfg_weight, uncond_fn=tok.uncond_ids,
+                                      forced=ids, return_logits=True)
+    return pids, ids, l_cfg, l_raw
+
+
 M64 = (1 << 64) - 1
 
 
@@ -156,12 +168,8 @@ def main():
     ok = True
 
     # ---- 1. score
-    pids = tok.prompt_ids(a.caption)
-    g = torch.Generator().manual_seed(a.seed)
+    pids, ids, l_cfg, l_raw = sample_scored(lm, tok, a.caption, n, a.cfg, a.seed)
     with torch.no_grad():
-        ids = lm.generate([pids], n, cfg_weight=a.cfg, generator=g, uncond_fn=tok.uncond_ids)
-        _, l_cfg, l_raw = lm.generate([pids], n, cfg_weight=a.cfg, uncond_fn=tok.uncond_ids,
-                                      forced=ids, return_logits=True)
         # the training path: both rows as one batch, full sequences
         rows = [pids, tok.uncond_ids(pids)]
         txt = torch.tensor(rows)

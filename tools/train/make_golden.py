@@ -39,12 +39,7 @@ def main():
     torch.manual_seed(a.seed)
     lm, _, tok, cfg = check_logits.load_exported(a.model)
     n = cfg["vq_config"]["num_patches"] ** 2
-    pids = tok.prompt_ids(a.caption)
-    g = torch.Generator().manual_seed(a.seed)
-    with torch.no_grad():
-        ids = lm.generate([pids], n, cfg_weight=a.cfg, generator=g, uncond_fn=tok.uncond_ids)
-        _, l_cfg, l_raw = lm.generate([pids], n, cfg_weight=a.cfg, uncond_fn=tok.uncond_ids,
-                                      forced=ids, return_logits=True)
+    pids, ids, l_cfg, l_raw = check_logits.sample_scored(lm, tok, a.caption, n, a.cfg, a.seed)
     pos = list(range(a.window)) + list(range(n - a.window, n))
     os.makedirs(a.out, exist_ok=True)
     f32 = lambda t: np.ascontiguousarray(t.numpy()[pos].astype(np.float32))
