@@ -7,6 +7,7 @@
  * available loads the model and creates the context, and one with 4 KiB less fails; the model's
  * verdict says the same both times. search: with room for everything the top candidate is the
  * all-GPU placement; with a budget the layer weights cannot fit it keeps them partly on the CPU;
+ * it also tries each placement's largest batch (one that fits where one more does not);
  * its reproduce flags run through `flexdiag bench` (--measure 1). profile: a profile of another
  * device is refused with exit 2, the message naming the file. min-fidelity: on the trained
  * models/shapes-janus a floor no sparse policy reaches leaves dense alone, and the flag without
@@ -168,6 +169,42 @@ static uint64_t smallest_need(uint32_t g, uint64_t budget) {
     return a < b ? a : b;
 }
 
+/* Besides powers of two the search tries each placement's largest batch: some candidate's batch
+ * is not a power of two, and (all on the GPU, one micro-batch) it fits where one more does not. */
+static void test_largest_batch(void **state) {
+    (void)state;
+    const uint64_t budget = (uint64_t)64 << 20;
+    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
+                       "--random-weights --gpu-mem %lluK --profile p.json --max-batch 4096 "
+                       "--top 1000 --json >l.jsonl 2>l.err", g_dir, g_bench,
+                       (unsigned long long)(budget >> 10));
+    assert_int_equal(rc, 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/l.jsonl", g_dir);
+    char *out = tu_read_file(path, NULL);
+    assert_non_null(out);
+    int found = 0;
+    for (char *line = strtok(out, "\n"); line && !found; line = strtok(NULL, "\n")) {
+        json_t *r = json_loads(line, 0, NULL);
+        json_int_t b = json_integer_value(json_object_get(r, "batch"));
+        json_int_t mb = json_integer_value(json_object_get(r, "micro_batch"));
+        if ((b & (b - 1)) != 0 && mb == b && weights_gpu(r) == 100 &&
+            json_integer_value(json_array_get(json_object_get(r, "kv"), 0)) == 100) {
+            cm_config c = {.batch = (int32_t)b, .prompt_len = 50, .wpct = {100, 0, 0},
+                           .kvpct = {100, 0, 0}};
+            flexdiag_policy_params_init(&c.policy);
+            uint64_t g, host, avail;
+            assert_true(model_fits("micro-janus", budget, &c, &g, &host, &avail));
+            c.batch++;
+            assert_false(model_fits("micro-janus", budget, &c, &g, &host, &avail));
+            found = 1;
+        }
+        json_decref(r);
+    }
+    assert_true(found);
+    free(out);
+}
+
 static void test_search_weights_cpu(void **state) {
     (void)state;
     /* tiny-janus (micro-janus has two layers: its two weight slots hold them all), a budget
@@ -282,6 +319,7 @@ int main(void) {
         cmocka_unit_test(test_search_weights_cpu),
         cmocka_unit_test(test_profile_other_device),
         cmocka_unit_test(test_min_fidelity),
+        cmocka_unit_test(test_largest_batch),
         cmocka_unit_test(test_disk_tier),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
