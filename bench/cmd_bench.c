@@ -367,7 +367,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     cp.max_prompt_len = (int32_t)o->prompt_len;
     if (o->gen_len > 0) cp.max_new_tokens = (int32_t)o->gen_len;
     cp.text = o->gen_len > 0; /* Lumina-mGPT: text tokens instead of an image */
-    (void)cli_kv_pct("bench", &o->mo, cp.kv_pct); /* checked when the model was opened */
+    cli_kv_homes("bench", &o->mo, &cp);
     if (cli_policy_params("bench", po, &cp.policy)) return 2;
     int32_t batch = cli_batch("bench", o->batch, m, &cp);
     if (batch < 1) return 2;

@@ -245,6 +245,11 @@ int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]) {
     return 2;
 }
 
+void cli_kv_homes(const char *cmd, const cli_model_opts *o, flexdiag_context_params *cp) {
+    (void)cli_kv_pct(cmd, o, cp->kv_pct);
+    cp->cpu_attention = o->cpu_attention != 0;
+}
+
 int cli_check_model(const char *cmd, const cli_model_opts *o) {
     const cli_int_range r[] = {
         {"--seed", o->seed, 0, INT64_MAX, NULL},

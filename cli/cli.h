@@ -101,6 +101,7 @@ typedef struct cli_model_opts {
     uint64_t disk_mem;       /* --disk-mem SIZE: NVMe store (0: what --weights needs) */
     const char *offload_dir; /* --offload-dir DIR: folder of the store file */
     const char *kv;          /* --kv G,C,D: percent of the micro-batches' KV on GPU, CPU, disk */
+    int cpu_attention;       /* --cpu-attention: the host attends the host-homed micro-batches */
     int device;              /* CUDA device when > 0 and not --cpu (an MPI rank's: its rank
                                 among its host's ranks); 0 = the runtime's default, device 0 */
 } cli_model_opts;
@@ -137,7 +138,10 @@ typedef struct cli_policy_opts {
      "folder for the offload store (a file created there and unlinked at once)"},                  \
     {"--kv", CLI_STR, &(o)->kv,                                                                    \
      "G,C,D: percent of the micro-batches whose KV cache lives on GPU, pinned CPU, disk "          \
-     "(default 100,0,0; disk not yet)"}
+     "(default 100,0,0; disk not yet)"},                                                           \
+    {"--cpu-attention", CLI_FLAG, &(o)->cpu_attention,                                             \
+     "decode attention of the CPU-homed micro-batches on the CPU, over their KV in place "         \
+     "(dense, window, streaming; needs --kv with a CPU share)"}
 
 #define CLI_MODEL_FLAGS(o) CLI_MODEL_FLAGS_SEED(o, "random-weight seed (default 1)")
 
@@ -155,6 +159,8 @@ typedef struct cli_policy_opts {
 int cli_check_model(const char *cmd, const cli_model_opts *o);
 /* --kv into pct (100,0,0 when not given); prints the error and returns 2 when malformed. */
 int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]);
+/* The KV flags (--kv, checked when the model was opened, and --cpu-attention) into cp. */
+void cli_kv_homes(const char *cmd, const cli_model_opts *o, flexdiag_context_params *cp);
 /* Create runtime and model from the flags (checked first); prints the error and returns 2 for
  * a bad flag, 1 for a runtime failure. */
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,

@@ -257,7 +257,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->max_prompt_len = (int32_t)r->o->max_prompt_len;
     if (r->o->max_new_tokens > 0) cp->max_new_tokens = (int32_t)r->o->max_new_tokens;
     cp->text = r->o->max_new_tokens > 0; /* Lumina-mGPT continues text instead of drawing */
-    (void)cli_kv_pct(CMD, &r->o->mo, cp->kv_pct); /* checked when the model was opened */
+    cli_kv_homes(CMD, &r->o->mo, cp);
 }
 
 /* Images per block: --batch N, or auto (the largest context that fits the budget), at most

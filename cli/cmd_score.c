@@ -20,7 +20,7 @@ static int score(flexdiag_model *m, const cli_score_input *in, const flexdiag_po
                  const cli_model_opts *mo, const char *out, int raw) {
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
-    (void)cli_kv_pct("score", mo, cp.kv_pct); /* checked when the model was opened */
+    cli_kv_homes("score", mo, &cp);
     cp.max_images = 1;
     cp.max_prompt_len = in->np;
     cp.max_new_tokens = in->n;

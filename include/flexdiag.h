@@ -49,7 +49,7 @@ extern "C" {
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
  * 6: flexdiag_device_count. */
-#define FLEXDIAG_API_VERSION 6u
+#define FLEXDIAG_API_VERSION 7u
 
 /* ---- enums ---- */
 
@@ -158,6 +158,12 @@ typedef struct flexdiag_context_params {
                                       to whole micro-batches on the GPU; all 0 = 100,0,0). The
                                       host-homed ones are staged per (layer, micro-batch).
                                       Disk is not available yet (FLEXDIAG_ERR_UNSUPPORTED). */
+    /* since API version 7 */
+    bool cpu_attention;            /* decode attention of the host-homed micro-batches on the
+                                      CPU, over their KV in place: q/k/v rows go down and the
+                                      attention output comes up, the KV never moves. Needs
+                                      kv_pct[1] > 0 and a position-only policy (dense, window,
+                                      streaming); FLEXDIAG_ERR_UNSUPPORTED otherwise. */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {
@@ -299,6 +305,12 @@ typedef struct flexdiag_offload_info {
     uint64_t kv_bytes[3];         /* realised KV bytes per home */
     uint64_t kv_h2d_bytes;        /* KV bytes loaded from the host home since creation */
     uint64_t kv_d2h_bytes;        /* KV bytes written back to it */
+    /* since API version 7 */
+    bool cpu_attention;           /* the host attends the host-homed micro-batches */
+    uint64_t cpu_attn_d2h_bytes;  /* q/k/v rows sent to the host for it since creation */
+    uint64_t cpu_attn_h2d_bytes;  /* attention outputs sent back */
+    uint64_t cpu_attn_kv_bytes;   /* host KV bytes the CPU attention read */
+    double cpu_attn_s;            /* host seconds inside the CPU attention */
 } flexdiag_offload_info;
 
 /* Fill *out (caller-owned, struct_size set) for context c. */

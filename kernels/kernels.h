@@ -192,6 +192,12 @@ typedef struct flexdiag_slot_rows {
     int32_t max_slots, n_seq, h_kv;
 } flexdiag_slot_rows;
 typedef flexdiag_status flexdiag_op_copy_h2d_slots(const flexdiag_slot_rows *r, flexdiag_stream *s);
+/* Run fn(arg) on the host once the work queued on s before this call is done; work queued
+ * on s after it waits until fn returns. Valid on copy queues (copy_stream_create). fn runs on a
+ * thread of the backend (CUDA: a driver thread, cudaLaunchHostFunc; CPU: the queue's worker), so
+ * it must not call ops on any stream of a device backend and reports failures through arg. */
+typedef void flexdiag_host_fn(void *arg);
+typedef flexdiag_status flexdiag_op_host_fn(flexdiag_stream *s, flexdiag_host_fn *fn, void *arg);
 /* Zero bytes of dst, ordered on s. */
 typedef flexdiag_status flexdiag_op_memset0(void *dst, size_t bytes, flexdiag_stream *s);
 /* (optional) free and total device bytes; default: unknown (CPU) */
@@ -462,6 +468,7 @@ typedef struct flexdiag_kernels {
     flexdiag_op_copy_2d *copy_d2h_2d_async; /* strided rows device -> host, asynchronous */
     flexdiag_op_copy_h2d_slots *copy_h2d_slots_async; /* attended ring rows host -> device */
     flexdiag_op_memset0 *memset0;
+    flexdiag_op_host_fn *host_fn;         /* copy queues only */
     flexdiag_op_mem_info *mem_info;       /* optional */
     flexdiag_op_device_name *device_name; /* optional */
     flexdiag_op_pci_bus_id *pci_bus_id;   /* optional */
@@ -522,6 +529,27 @@ typedef struct flexdiag_kernels {
     flexdiag_op_graph_launch *graph_launch;
     flexdiag_op_graph_destroy *graph_destroy;
 } flexdiag_kernels;
+
+/* ---- decode attention on the host (kernels/cpu/host_attn.c) ----
+ * For sequences whose KV home is host memory (the CPU attention of an offloading run): the
+ * new K/V row goes into the host cache and the step's attention is computed there, by the
+ * threads of a "cpu" table stream (flexdiag__kernels_cpu()->stream_create), whatever the
+ * device backend's activation type. act_bytes 4 (fp32, the CPU backends): exactly the "cpu"
+ * table's kv_append and attn_decode. act_bytes 2 (bf16, CUDA): the same contracts on bf16 data,
+ * fp32 arithmetic inside (the RoPE of kv_append, rounded to bf16 once as the CUDA op does;
+ * dot products, online softmax and sums in fp32, the output rounded to bf16 once). */
+typedef struct flexdiag_host_attn {
+    void *out;            /* (n_seq, h_q·d_h) act */
+    void *qkv;            /* (n_seq, (h_q + 2·h_kv)·d_h) act, the projections before RoPE
+                             (rotated in place when a.pos is set) */
+    void *k, *v;          /* host caches of the n_seq sequences (layout above) */
+    const int32_t *rows;  /* (n_seq, h_kv) cache row of each sequence's new K/V row */
+    flexdiag_attn_args a; /* host pointers (lp, slots, n_slots, pos); no score outputs and no
+                             Diagonal update (position-only policies) */
+    float *cs;            /* (n_seq, d_h) fp32 scratch: the RoPE angles (bf16 with a.pos) */
+    int act_bytes;        /* 4 or 2 */
+} flexdiag_host_attn;
+flexdiag_status flexdiag__host_attn_decode(const flexdiag_host_attn *h, flexdiag_stream *cpu);
 
 /* ---- registry (kernels/registry.c) ---- */
 

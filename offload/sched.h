@@ -78,6 +78,12 @@ typedef struct flexdiag_sched_io {
      * resident row [p_cap, p_cap + kv_ring) is read */
     const int32_t *kv_slots, *kv_n_slots;
     int32_t kv_max_slots, kv_attend;
+    /* in a decode step: the caller computes this micro-batch's attention on the host (CPU
+     * attention), so a scheduler whose KV home for it is host memory moves none of its KV and
+     * hands the home's own addresses in k and v (kv_host set), valid for work ordered after
+     * what is queued on the compute stream after the call; 0: the device attends */
+    int32_t host_attend;
+    int32_t kv_host;      /* out: k and v are host addresses (see host_attend) */
     void *k, *v;          /* out: K and V of layer j for sequence s0 (n_seq consecutive spans) */
     void *x;              /* out: activation rows of sequence s0 (n_seq · rows_per_seq rows) */
 } flexdiag_sched_io;

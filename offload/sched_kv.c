@@ -29,6 +29,11 @@
  * of step t are planned on the compute stream before its first acquire; the scheduler records
  * an event there and the gathers wait for it. Rows that are resident but not attended stay
  * stale in the staging buffer, which no kernel reads.
+ *
+ * A decode step whose caller attends on the host (io->host_attend: CPU attention) gets the
+ * home's own addresses and moves nothing: the host appends and reads the rows in place. The
+ * compute stream waits for the last write-back of that (layer, micro-batch) (the prefill's
+ * prompt rows), so work the caller orders after the compute stream finds them home.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +151,13 @@ static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
         FLEXDIAG_TRY(t->p.k->event_record(t->planned, t->p.compute));
     if (io->s0 < t->p.s_host) return FLEXDIAG_OK;
     FLEXDIAG_DASSERT(io->n_seq <= t->p.mb_seq && io->s0 + io->n_seq <= t->p.n_seq);
+    if (io->host_attend) { /* the host attends: the KV stays home, once the rows are there */
+        FLEXDIAG_TRY(t->p.k->stream_wait_event(t->p.compute, stored_of(t, io->layer, io->s0)));
+        io->k = host_span(t, io->layer, 0, io->s0);
+        io->v = host_span(t, io->layer, 1, io->s0);
+        io->kv_host = 1;
+        return FLEXDIAG_OK;
+    }
     kvbuf *b = &t->buf[t->next];
     t->next ^= 1;
     FLEXDIAG_TRY(load(t, b, io));
@@ -157,7 +169,7 @@ static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
 static flexdiag_status kv_release(flexdiag_sched *s, const flexdiag_sched_io *io) {
     kvsched *t = (kvsched *)s;
     FLEXDIAG_TRY(flexdiag__sched_release(t->inner, io));
-    if (io->s0 < t->p.s_host) return FLEXDIAG_OK;
+    if (io->s0 < t->p.s_host || io->host_attend) return FLEXDIAG_OK;
     int i = t->buf[0].layer == io->layer && t->buf[0].s0 == io->s0 ? 0 : 1;
     FLEXDIAG_DASSERT(t->buf[i].layer == io->layer && t->buf[i].s0 == io->s0);
     return store(t, &t->buf[i], io);

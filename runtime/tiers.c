@@ -137,5 +137,6 @@ flexdiag_status flexdiag_context_offload(const flexdiag_context *c, flexdiag_off
     if (!out->kv_pct[0] && !out->kv_pct[1] && !out->kv_pct[2]) out->kv_pct[0] = 100;
     out->kv_bytes[0] = (uint64_t)L * 2 * (uint64_t)c->s_host * c->seq_bytes;
     out->kv_bytes[1] = (uint64_t)L * 2 * (uint64_t)(c->n_seq - c->s_host) * c->seq_bytes;
+    flexdiag__cpu_attn_stats(c, out);
     return FLEXDIAG_OK;
 }

@@ -53,6 +53,10 @@ flexdiag_op_matmul flexdiag__cpu_ref_matmul;
 flexdiag_status flexdiag__cpu_ref_rope(void *x, const int32_t *pos, int64_t n, int64_t stride,
                                        int64_t col0, int32_t n_heads, int32_t d_h, float theta,
                                        flexdiag_stream *s);
+/* cos and sin of RoPE pair j at position pos (inv_freq theta^(-2j/d_h)), computed in double
+ * and rounded to fp32 once: the angles every CPU RoPE uses. */
+void flexdiag__cpu_rope_cos_sin(int32_t pos, int32_t j, int32_t d_h, float theta, float *c,
+                                float *sn);
 /* out (n, f) = silu(gate) ⊙ up of gu (n, 2f). */
 flexdiag_op_swiglu flexdiag__cpu_ref_swiglu;
 /* Exact (erf) GELU of x (n) in place. */
@@ -101,6 +105,21 @@ flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const 
                                          int decode);
 
 /* ---- fast multi-threaded ops (fast_matmul.c, fast_attn.c) ---- */
+
+/* a·b of n floats with 8 interleaved partial sums (two SSE or one AVX vector): a fixed order
+ * the compiler vectorises, shared by the fast attention paths (fast_attn.c, host_attn.c). */
+static inline float flexdiag__cpu_dot(const float *a, const float *b, int32_t n) {
+    enum { LANES = 8 };
+    float part[LANES] = {0};
+    int32_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) part[l] += a[i + l] * b[i + l];
+    float tail = 0.0f;
+    for (; i < n; i++) tail += a[i] * b[i];
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += part[l];
+    return s + tail;
+}
 
 /* Cache-blocked matmul parallel over output tiles; bit-identical for any thread count. */
 flexdiag_op_matmul flexdiag__cpu_fast_matmul;

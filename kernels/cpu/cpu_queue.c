@@ -27,7 +27,7 @@
 /* Largest FLEXDIAG_COPY_DELAY_US accepted: one second per copy. */
 #define DELAY_US_MAX 1000000L
 
-typedef enum item_kind { ITEM_COPY, ITEM_ZERO, ITEM_SLOTS, ITEM_RECORD, ITEM_WAIT } item_kind;
+typedef enum item_kind { ITEM_COPY, ITEM_ZERO, ITEM_SLOTS, ITEM_FN, ITEM_RECORD, ITEM_WAIT } item_kind;
 
 typedef struct queue_item {
     item_kind kind;
@@ -39,6 +39,7 @@ typedef struct queue_item {
     flexdiag_event *e; /* RECORD, WAIT: held while queued */
     uint64_t gen;      /* RECORD: the generation it reaches; WAIT: the one it waits for */
     flexdiag_slot_rows slots; /* SLOTS: the rows to copy */
+    flexdiag_host_fn *fn;     /* FN: called with dst as its argument */
 } queue_item;
 
 struct flexdiag__cpu_queue {
@@ -52,7 +53,8 @@ struct flexdiag__cpu_queue {
     int busy;                 /* the worker is running an item (outside the lock) */
     int stop;                 /* destroy: the worker exits once the ring is empty */
     int failed;               /* the worker's first pthread error (0: none) */
-    long delay_us;            /* FLEXDIAG_COPY_DELAY_US: sleep before each copy and memset0 */
+    long delay_us;            /* FLEXDIAG_COPY_DELAY_US: sleep before each copy, memset0 and
+                                 host function */
     pthread_t worker;
 };
 
@@ -72,6 +74,10 @@ static int run_item(const flexdiag__cpu_queue *q, const queue_item *it, int fail
     if (failed) return 0;
     if (it->kind == ITEM_WAIT) return flexdiag__cpu_event_wait(it->e, it->gen);
     if (q->delay_us) sleep_us(q->delay_us);
+    if (it->kind == ITEM_FN) {
+        it->fn(it->dst);
+        return 0;
+    }
     if (it->kind == ITEM_COPY)
         for (size_t r = 0; r < it->rows; r++)
             memcpy((char *)it->dst + r * it->dpitch, (const char *)it->src + r * it->spitch,
@@ -158,6 +164,11 @@ flexdiag_status flexdiag__cpu_queue_zero(flexdiag__cpu_queue *q, void *dst, size
 flexdiag_status flexdiag__cpu_queue_slots(flexdiag__cpu_queue *q, const flexdiag_slot_rows *r) {
     FLEXDIAG_DASSERT(r->dst && r->src && r->slots && r->n_slots);
     return push(q, (queue_item){.kind = ITEM_SLOTS, .slots = *r}, "copy_h2d_slots");
+}
+
+flexdiag_status flexdiag__cpu_queue_fn(flexdiag__cpu_queue *q, flexdiag_host_fn *fn, void *arg) {
+    FLEXDIAG_DASSERT(fn);
+    return push(q, (queue_item){.kind = ITEM_FN, .fn = fn, .dst = arg}, "host_fn");
 }
 
 flexdiag_status flexdiag__cpu_queue_record(flexdiag__cpu_queue *q, flexdiag_event *e) {

@@ -12,9 +12,9 @@
  *
  * A copy queue (kernels.h copy_stream_create) is asynchronous: a fixed ring of
  * FLEXDIAG_CPU_QUEUE_ITEMS items (allocated at creation; a full ring blocks the enqueuer) and
- * one worker thread that runs them in order. Items are copies, slot-row gathers and memset0
- * (arguments checked when queued, so errors return from the enqueuing call), event records and
- * waits on events.
+ * one worker thread that runs them in order. Items are copies, slot-row gathers, memset0 and
+ * host functions (arguments checked when queued, so errors return from the enqueuing call),
+ * event records and waits on events.
  * copy_d2h queues its copy and then drains the queue; stream_sync waits until the ring is empty
  * and the worker idle; stream_destroy drains, then joins the worker. Compute ops on a copy
  * queue are a programming error (a debug assertion in flexdiag__cpu_parallel_for and
@@ -23,7 +23,7 @@
  * error: nothing hangs on it.
  *
  * Test hook: FLEXDIAG_COPY_DELAY_US=N (0..1000000, read once by copy_stream_create) makes the
- * worker sleep N microseconds before each copy and memset0, so tests of an offloading
+ * worker sleep N microseconds before each copy, memset0 and host function, so tests of an offloading
  * scheduler see a missing event dependency as wrong data instead of a lucky race.
  */
 #ifndef FLEXDIAG_CPU_STREAM_H
@@ -100,6 +100,8 @@ void flexdiag__cpu_slot_rows_run(const flexdiag_slot_rows *r);
 flexdiag_op_copy flexdiag__cpu_copy_d2h;
 /* Zero bytes of dst (queued on a copy queue). */
 flexdiag_op_memset0 flexdiag__cpu_memset0;
+/* fn(arg) by the queue's worker when it gets there; on an ordinary stream now. */
+flexdiag_op_host_fn flexdiag__cpu_host_fn;
 /* Nothing to pin without a device: returns OK (INVALID_ARG for a NULL p with bytes > 0). */
 flexdiag_op_host_register flexdiag__cpu_host_register;
 /* Nothing was pinned: returns FLEXDIAG_OK. */
@@ -122,6 +124,8 @@ flexdiag_status flexdiag__cpu_queue_copy_2d(flexdiag__cpu_queue *q, void *dst, s
                                             size_t rows);
 /* Queue the copy of the rows r names (checked by the caller); r is copied. */
 flexdiag_status flexdiag__cpu_queue_slots(flexdiag__cpu_queue *q, const flexdiag_slot_rows *r);
+/* Queue a call of fn(arg) (kernels.h host_fn). */
+flexdiag_status flexdiag__cpu_queue_fn(flexdiag__cpu_queue *q, flexdiag_host_fn *fn, void *arg);
 /* Queue a record of e: marks it now, reaches it when the worker gets there. */
 flexdiag_status flexdiag__cpu_queue_record(flexdiag__cpu_queue *q, flexdiag_event *e);
 /* Queue a wait for e's most recent record at the time of the call: the worker blocks there

@@ -5,10 +5,10 @@
  * Decode runs one task per (sequence, KV head) that serves all g query heads of the group, so
  * each K/V row is read from memory once and used g times, like the CUDA kernel's one CTA per
  * (sequence, KV head). Keys are visited in CHUNK-row chunks with one online-softmax state
- * (m, l, acc) per query head: the chunk's logits are computed first (dot products with LANES
- * independent partial sums, which the compiler vectorises), then the state is rescaled once per
- * chunk and each V row is added to all g accumulators while it is in L1. Prefill runs one task
- * per (sequence, query head) over its query rows with the same routine (g = 1, keys 0..r).
+ * (m, l, acc) per query head: the chunk's logits are computed first (flexdiag__cpu_dot), then
+ * the state is rescaled once per chunk and each V row is added to all g accumulators while it
+ * is in L1. Prefill runs one task per (sequence, query head) over its query rows with the same
+ * routine (g = 1, keys 0..r).
  * A decode task ends with the epilogue shared with the reference (flexdiag__cpu_decode_scores,
  * ref_policy.c: probs_out and the fused Diagonal update of its own lag list), fed the group's
  * ring logits and lse from logits_out / lse_out or, when those are NULL, from the task's
@@ -28,7 +28,6 @@
 #include "kernels/cpu/cpu_stream.h"
 
 #define CHUNK 32 /* keys per online-softmax update: 32 K/V rows of d_h 128 fp32 = 32 KiB */
-#define LANES 8  /* partial sums per dot product: two SSE or one AVX vector */
 
 /* The keys of one (sequence, KV head) in attention order: prompt rows, then ring slots. */
 typedef struct key_list {
@@ -58,19 +57,6 @@ typedef struct attn_job {
 
 /* ---- inner loops ---- */
 
-/* a·b with LANES interleaved partial sums (a fixed order the compiler can vectorise). */
-static float dot(const float *a, const float *b, int32_t n) {
-    float part[LANES] = {0};
-    int32_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) part[l] += a[i + l] * b[i + l];
-    float tail = 0.0f;
-    for (; i < n; i++) tail += a[i] * b[i];
-    float s = 0.0f;
-    for (int l = 0; l < LANES; l++) s += part[l];
-    return s + tail;
-}
-
 static int64_t key_off(const key_list *r, int64_t j) {
     int64_t row = j < r->n_prompt ? j : r->p_cap + r->slots[j - r->n_prompt];
     return row * r->d_h;
@@ -96,7 +82,7 @@ static void attend_group(const float *q, int32_t nq, const key_list *r, float sc
         for (int64_t c = 0; c < nc; c++) {
             const float *kr = r->k + key_off(r, j0 + c);
             for (int32_t h = 0; h < nq; h++)
-                z[h * CHUNK + c] = scale * dot(q + (int64_t)h * d_h, kr, d_h);
+                z[h * CHUNK + c] = scale * flexdiag__cpu_dot(q + (int64_t)h * d_h, kr, d_h);
         }
         if (go->logits)
             for (int64_t c = 0; c < nc; c++)

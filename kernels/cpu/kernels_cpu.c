@@ -37,6 +37,7 @@
     .copy_d2h_2d_async = flexdiag__cpu_copy_2d,                                                    \
     .copy_h2d_slots_async = flexdiag__cpu_copy_slots,                                              \
     .memset0 = flexdiag__cpu_memset0,                                                              \
+    .host_fn = flexdiag__cpu_host_fn,                                                              \
     .mem_info = NULL,                                                                              \
     .device_name = flexdiag__cpu_device_name,                                                      \
     .pci_bus_id = NULL, /* no device on a bus */                                                   \

@@ -287,7 +287,8 @@ flexdiag_status flexdiag__cpu_ref_relu(void *x, int64_t n, flexdiag_stream *s) {
  * differs from this by at most about pos·2^-24 rad (≈ 4e-5 rad at position 700); the CUDA
  * kv_append computes inv_freq, the angle and its cos/sin in double too, then rounds to float.
  */
-static void rope_cos_sin(int32_t pos, int32_t j, int32_t d_h, float theta, float *c, float *sn) {
+void flexdiag__cpu_rope_cos_sin(int32_t pos, int32_t j, int32_t d_h, float theta, float *c,
+                                float *sn) {
     double inv_freq = pow((double)theta, -2.0 * j / d_h);
     double angle = (double)pos * inv_freq;
     *c = (float)cos(angle);
@@ -314,7 +315,7 @@ flexdiag_status flexdiag__cpu_ref_rope(void *x, const int32_t *pos, int64_t n, i
     for (int64_t i = 0; i < n; i++)
         for (int32_t j = 0; j < half; j++) {
             float c, sn;
-            rope_cos_sin(pos[i], j, d_h, theta, &c, &sn);
+            flexdiag__cpu_rope_cos_sin(pos[i], j, d_h, theta, &c, &sn);
             for (int32_t h = 0; h < n_heads; h++) {
                 float *p = (float *)x + i * stride + col0 + (int64_t)h * d_h;
                 float a = p[j], b = p[j + half];

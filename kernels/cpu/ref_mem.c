@@ -142,6 +142,13 @@ flexdiag_status flexdiag__cpu_memset0(void *dst, size_t bytes, flexdiag_stream *
     return FLEXDIAG_OK;
 }
 
+flexdiag_status flexdiag__cpu_host_fn(flexdiag_stream *s, flexdiag_host_fn *fn, void *arg) {
+    if (!fn) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu host_fn: fn is NULL");
+    if (s && s->queue) return flexdiag__cpu_queue_fn(s->queue, fn, arg);
+    fn(arg);
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__cpu_host_register(void *p, size_t bytes) {
     if (!p && bytes)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu host_register of %zu bytes: p is NULL",

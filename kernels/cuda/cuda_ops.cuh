@@ -84,6 +84,8 @@ flexdiag_op_copy_h2d_slots flexdiag__cuda_copy_slots;
 flexdiag_op_copy flexdiag__cuda_copy_d2d;
 /* Zero bytes of device memory, ordered on s. */
 flexdiag_op_memset0 flexdiag__cuda_memset0;
+/* fn(arg) on a driver thread when s gets there (cudaLaunchHostFunc). */
+flexdiag_op_host_fn flexdiag__cuda_host_fn;
 
 /* ---- events (event.cu): cudaEvent_t without timing; contracts in kernels.h ---- */
 

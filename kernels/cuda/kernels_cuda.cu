@@ -46,6 +46,7 @@ static flexdiag_kernels make_table(void) {
     t.copy_d2h_2d_async = flexdiag__cuda_copy_d2h_2d;
     t.copy_h2d_slots_async = flexdiag__cuda_copy_slots;
     t.memset0 = flexdiag__cuda_memset0;
+    t.host_fn = flexdiag__cuda_host_fn;
     t.mem_info = flexdiag__cuda_mem_info;
     t.device_name = flexdiag__cuda_device_name;
     t.pci_bus_id = flexdiag__cuda_pci_bus_id;

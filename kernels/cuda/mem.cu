@@ -301,6 +301,12 @@ extern "C" flexdiag_status flexdiag__cuda_memset0(void *dst, size_t bytes, flexd
     return FLEXDIAG_OK;
 }
 
+extern "C" flexdiag_status flexdiag__cuda_host_fn(flexdiag_stream *s, flexdiag_host_fn *fn,
+                                                 void *arg) {
+    FLEXDIAG_CUDA_TRY(cudaLaunchHostFunc(flexdiag__cuda_st(s), fn, arg));
+    return FLEXDIAG_OK;
+}
+
 /* ---- page-locked host staging ---- */
 
 extern "C" flexdiag_status flexdiag__cuda_host_alloc(size_t bytes, void **out) {

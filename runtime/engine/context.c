@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "runtime/engine/cpu_attn.h"
 #include "runtime/engine/engine.h"
 #include "runtime/tiers.h"
 
@@ -145,12 +146,17 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
                                     l->kv_heads, c->n_seq, c->p_cap, c->l_dec, c->host_policy));
     c->seq_bytes = (size_t)l->kv_heads * (size_t)(c->p_cap + c->pd.ring) * (size_t)l->head_dim *
                    (size_t)c->m->rt->k->act_bytes;
-    return FLEXDIAG_OK;
+    return flexdiag__cpu_attn_allowed(c);
 }
 
 /* Pinned host bytes of the KV home of the host-homed micro-batches (0: none). */
-static size_t ctx_host_bytes(const flexdiag_context *c) {
+static size_t ctx_home_bytes(const flexdiag_context *c) {
     return (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->n_seq - c->s_host) * c->seq_bytes;
+}
+
+/* Pinned host bytes the context takes: the KV home and the CPU attention's workspaces. */
+static size_t ctx_host_bytes(const flexdiag_context *c) {
+    return ctx_home_bytes(c) + flexdiag__cpu_attn_host_bytes(c);
 }
 
 flexdiag_status flexdiag__context_sizes(const flexdiag_model *m, const flexdiag_context_params *p,
@@ -277,10 +283,10 @@ static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
         c->sched = inner;
         return FLEXDIAG_OK;
     }
-    c->kv_host_bytes = ctx_host_bytes(c);
+    c->kv_host_bytes = ctx_host_bytes(c); /* the home, then the CPU attention's workspaces */
     flexdiag_status st = flexdiag__tiers_pool_alloc(rt, c->kv_host_bytes,
                                                     "the KV home of a context's host-homed "
-                                                    "micro-batches (--kv)",
+                                                    "micro-batches (--kv, --cpu-attention)",
                                                     &c->kv_host);
     if (st != FLEXDIAG_OK) {
         flexdiag__sched_destroy(inner);
@@ -312,6 +318,7 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(host_alloc(c));
     FLEXDIAG_TRY(flexdiag__pd_start(&c->pd, rt->p.threads));
     FLEXDIAG_TRY(sched_open(c, act));
+    if (c->kv_host) FLEXDIAG_TRY(flexdiag__cpu_attn_open(c, (char *)c->kv_host + ctx_home_bytes(c)));
     return upload_prefill_tables(c);
 }
 
@@ -320,6 +327,7 @@ void flexdiag__context_free(flexdiag_context *c) {
     const flexdiag_kernels *k = rt->k;
     for (int i = 0; i < 2; i++)
         if (c->graph[i]) k->graph_destroy(c->graph[i]);
+    flexdiag__cpu_attn_close(c); /* its jobs write the home and the workspaces */
     flexdiag__sched_destroy(c->sched); /* drains its copies into the block and home first */
     if (c->kv_host) flexdiag__host_pool_free(rt->pool, c->kv_host, c->kv_host_bytes);
     if (c->s) k->stream_destroy(c->s); /* waits for the stream's work */

@@ -120,8 +120,11 @@ struct flexdiag_context {
                                         (n_seq: all on the device) */
     size_t seq_bytes;                /* bytes of one sequence's K (or V) in one layer */
     void *kv_host;                   /* (layers, 2, n_seq - s_host, seq_bytes) in the pinned
-                                        pool, NULL when every KV is on the device */
-    size_t kv_host_bytes;            /* its size */
+                                        pool, NULL when every KV is on the device; the CPU
+                                        attention's workspaces follow it */
+    size_t kv_host_bytes;            /* its size, the workspaces included */
+    struct flexdiag_cpu_attn *ca;    /* CPU attention of the host-homed micro-batches
+                                        (cpu_attn.h), NULL without p.cpu_attention */
     int32_t l_dec;                   /* decode tokens per sequence */
     int32_t vocab_out;               /* width of the sampled distribution */
     int32_t id0;                     /* id of its column 0 (Chameleon images: the first image
@@ -194,6 +197,8 @@ uint64_t flexdiag__context_host_avail(const flexdiag_model *m);
  * bytes and the host bytes its KV home may take; 0 when not even one image fits. */
 int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
                               uint64_t avail);
+/* The CPU attention's counters into the offload report (cpu_attn.c; zero without it). */
+void flexdiag__cpu_attn_stats(const flexdiag_context *c, flexdiag_offload_info *out);
 /* Size, allocate and carve c's buffers from c->m and c->p (c->host_policy may be preset). */
 flexdiag_status flexdiag__context_alloc(flexdiag_context *c);
 /* Free what flexdiag__context_alloc made (not c itself). */

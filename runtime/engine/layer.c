@@ -10,10 +10,12 @@
  *
  * with the new K/V appended to the cache rows the policy driver chose before attention reads
  * them. Prefill runs a chunk of whole prompts (causal attention over the prompt rows); a decode
- * step runs one row per sequence (attention over the prompt rows and the planned ring slots).
+ * step runs one row per sequence (attention over the prompt rows and the planned ring slots),
+ * or, where the host attends (CPU attention, cpu_attn.h), two halves around the host's job.
  * Every address comes from the I/O object; this file computes, it never locates.
  */
 #include "base/core.h"
+#include "runtime/engine/cpu_attn.h"
 #include "runtime/engine/run_state.h"
 
 /* The block's norm of n rows: RMSNorm, or LayerNorm with its bias (lm.layer_norm). */
@@ -110,6 +112,15 @@ flexdiag_status flexdiag__layer_prefill(const run_state *r, const flexdiag_layer
     return m->s0 == 0 ? capture_hidden(r, m->layer, m->x, 0, r->lp[0]) : FLEXDIAG_OK;
 }
 
+/* A decode step after its attention output is in b.att (t0: the attention's profiling start). */
+static flexdiag_status decode_tail(const run_state *r, const flexdiag_layer_io *io, double t0) {
+    const flexdiag_sched_io *m = &io->mem;
+    if (m->s0 == 0 && r->b->attn_out) FLEXDIAG_TRY(capture_attn(r, m->layer, io->t));
+    FLEXDIAG_TRY(flexdiag__prof_end(r, PROF_ATTN, t0));
+    FLEXDIAG_TRY(out_and_mlp(r, &io->w, m->x, m->n_seq));
+    return m->s0 == 0 ? capture_hidden(r, m->layer, m->x, r->lp[0] + io->t, 1) : FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__layer_decode(const run_state *r, const flexdiag_layer_io *io) {
     const flexdiag_context *c = r->c;
     const flexdiag_sched_io *m = &io->mem;
@@ -117,8 +128,16 @@ flexdiag_status flexdiag__layer_decode(const run_state *r, const flexdiag_layer_
     double t0 = flexdiag__prof_begin(r);
     FLEXDIAG_TRY(r->k->kv_append(m->k, m->v, c->b.qkv, io->rows, m->n_seq, 1, &io->a, r->s));
     FLEXDIAG_TRY(r->k->attn_decode(c->b.att, c->b.qkv, m->k, m->v, &io->a, r->s));
-    if (m->s0 == 0 && r->b->attn_out) FLEXDIAG_TRY(capture_attn(r, m->layer, io->t));
-    FLEXDIAG_TRY(flexdiag__prof_end(r, PROF_ATTN, t0));
-    FLEXDIAG_TRY(out_and_mlp(r, &io->w, m->x, m->n_seq));
-    return m->s0 == 0 ? capture_hidden(r, m->layer, m->x, r->lp[0] + io->t, 1) : FLEXDIAG_OK;
+    return decode_tail(r, io, t0);
+}
+
+flexdiag_status flexdiag__layer_decode_send(const run_state *r, const flexdiag_layer_io *io) {
+    FLEXDIAG_TRY(qkv_proj(r, &io->w, io->mem.x, io->mem.n_seq));
+    return flexdiag__cpu_attn_send(r, io);
+}
+
+flexdiag_status flexdiag__layer_decode_finish(const run_state *r, const flexdiag_layer_io *io) {
+    double t0 = flexdiag__prof_begin(r);
+    FLEXDIAG_TRY(flexdiag__cpu_attn_recv(r, io));
+    return decode_tail(r, io, t0);
 }

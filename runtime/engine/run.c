@@ -5,6 +5,9 @@
  *   acquire (scheduler + policy driver) -> layer forward (layer.c) -> release; heads
  *   -> CFG, sample, ids to the host -> update (policy driver)
  *
+ * (with CPU attention the host-attended micro-batches of a layer run in two halves around
+ * their host jobs: decode_layer)
+ *
  * The body reads only device buffers whose contents change between steps (ids, positions,
  * slot lists), so on backends with launch graphs it is recorded once per sequence count and
  * policy variant (with or without scores) and replayed every step; the resident scheduler's
@@ -18,6 +21,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "runtime/engine/cpu_attn.h"
 #include "runtime/engine/run_state.h"
 
 /* ---- cancellation and progress ---- */
@@ -89,6 +93,7 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     io->mem.s0 = s0;
     io->mem.n_seq = nb;
     io->mem.rows_per_seq = t < 0 ? c->p_cap : 1;
+    io->mem.host_attend = t >= 0 && c->ca && s0 >= c->s_host;
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
     io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
                                  io->mem.res_bytes);
@@ -234,14 +239,33 @@ static flexdiag_status decode_mb(const run_state *r, int32_t j, int32_t mb, int3
     return io_release(r, &io);
 }
 
+/* Layer j of every micro-batch at decode step t. Where the host attends (CPU attention), the
+ * host-attended micro-batches' first halves are queued first, so the host starts on them while
+ * the device runs the device-homed ones; then their second halves, in order, each waiting for
+ * its job while the host works on the next. */
+static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t t) {
+    const flexdiag_context *c = r->c;
+    int32_t mb_host = c->ca ? c->s_host / c->mb_seq : r->n_mb;
+    for (int32_t mb = mb_host; mb < r->n_mb; mb++) {
+        int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
+        FLEXDIAG_TRY(io_acquire(r, j, s0, nb, t, &r->held[mb]));
+        FLEXDIAG_TRY(flexdiag__layer_decode_send(r, &r->held[mb]));
+    }
+    for (int32_t mb = 0; mb < mb_host && mb < r->n_mb; mb++) FLEXDIAG_TRY(decode_mb(r, j, mb, t));
+    for (int32_t mb = mb_host; mb < r->n_mb; mb++) {
+        FLEXDIAG_TRY(flexdiag__layer_decode_finish(r, &r->held[mb]));
+        FLEXDIAG_TRY(io_release(r, &r->held[mb]));
+    }
+    return FLEXDIAG_OK;
+}
+
 /* The device work of decode step t that reads only device buffers (ids, positions, plans):
  * feedback embedding, every layer of every micro-batch, the heads. Recordable as a graph. */
 static flexdiag_status step_body(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     FLEXDIAG_TRY(flexdiag__feedback(r));
-    for (int32_t j = 0; j < l->layers; j++)
-        for (int32_t mb = 0; mb < r->n_mb; mb++) FLEXDIAG_TRY(decode_mb(r, j, mb, t));
+    for (int32_t j = 0; j < l->layers; j++) FLEXDIAG_TRY(decode_layer(r, j, t));
     for (int32_t mb = 0; mb < r->n_mb; mb++) {
         int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
         FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act,
@@ -304,6 +328,7 @@ static flexdiag_status run_decode_step(run_state *r, int32_t t) {
     else
         FLEXDIAG_TRY(step_body(r, t));
     FLEXDIAG_TRY(flexdiag__take_step_output(r, t + 1));
+    FLEXDIAG_TRY(flexdiag__cpu_attn_status(c));
     t0 = flexdiag__prof_begin(r);
     FLEXDIAG_TRY(flexdiag__pd_update(&c->pd, &r->pr, t, r->s));
     return flexdiag__prof_end(r, PROF_ATTN, t0);
@@ -329,7 +354,12 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
     r.pr = (flexdiag_pd_run){.n_seq = r.n_seq, .mb_seq = c->mb_seq, .n_mb = r.n_mb,
                              .plan_out = b->plan_out};
     r.lp = malloc((size_t)r.n_seq * 4);
-    if (!r.lp) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "run: no host memory");
+    if (c->ca) r.held = malloc((size_t)r.n_mb * sizeof *r.held);
+    if (!r.lp || (c->ca && !r.held)) {
+        free(r.lp);
+        free(r.held);
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "run: no host memory");
+    }
     flexdiag__pd_reset(&c->pd);
     double t0 = flexdiag__now();
     flexdiag_status st = run_prefill(&r);
@@ -352,6 +382,7 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
                                 (uint64_t)(r.lp[0] +
                                            flexdiag__kvp_resident_rows(&c->pd.kp, c->l_dec - 1));
     free(r.lp);
+    free(r.held);
     return st;
 }
 

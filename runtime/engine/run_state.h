@@ -30,6 +30,8 @@ typedef struct run_state {
     int32_t *lp;            /* host copy of prompt lengths (n_seq) */
     size_t act;             /* act_bytes */
     double *split;          /* profiling accumulators (block's split) or NULL */
+    struct flexdiag_layer_io *held; /* (n_mb) I/O of the host-attended micro-batches between
+                                       their two halves (CPU attention), else NULL */
 } run_state;
 
 /* One (layer, micro-batch) of a prefill chunk or decode step. */
@@ -76,6 +78,11 @@ static inline int32_t flexdiag__mb_range(const run_state *r, int32_t mb, int32_t
 flexdiag_status flexdiag__layer_prefill(const run_state *r, const flexdiag_layer_io *io);
 /* Decode-step forward of io (one row per sequence). */
 flexdiag_status flexdiag__layer_decode(const run_state *r, const flexdiag_layer_io *io);
+/* The two halves of a decode step whose attention the host computes (io->mem.kv_host): the
+ * q/k/v projection and the rows' trip to the host job; then, once the job is done, its output,
+ * o_proj and the MLP. */
+flexdiag_status flexdiag__layer_decode_send(const run_state *r, const flexdiag_layer_io *io);
+flexdiag_status flexdiag__layer_decode_finish(const run_state *r, const flexdiag_layer_io *io);
 
 /* ---- heads.c ---- */
 

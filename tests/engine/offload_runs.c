@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <cmocka.h>
 
 #include "engine/offload_runs.h"
@@ -25,6 +26,7 @@ typedef struct run {
     char sched[16];
     uint64_t weights_bytes[3], h2d_bytes, disk_read_bytes, loads;
     uint64_t kv_bytes[3], kv_h2d_bytes, kv_d2h_bytes;
+    uint64_t ca_d2h_bytes, ca_h2d_bytes, ca_kv_bytes; /* CPU attention */
 } run;
 
 static void ok(flexdiag_status st) {
@@ -58,6 +60,8 @@ static bool cancel_half(int phase, uint64_t done, uint64_t total, void *user) {
 typedef struct kv_case {
     uint32_t kv[3];
     flexdiag_policy_kind kind;
+    int cpu_attention;      /* the host attends the host-homed micro-batches */
+    const int32_t *score;   /* the image ids to score (NULL: the run's own first image) */
 } kv_case;
 
 /* One context on m: a cancelled generate (when cancel), the full generate, a scored image. */
@@ -70,6 +74,7 @@ static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int 
     cp.max_prompt_len = 32;
     memcpy(cp.kv_pct, kc->kv, sizeof cp.kv_pct);
     cp.policy.kind = kc->kind;
+    cp.cpu_attention = kc->cpu_attention;
     /* N_att a quarter of the decode length, N_r (Diagonal's ring) half of it: a sparse
      * policy attends fewer ring rows than it keeps */
     cp.policy.sparsity = kc->kind == FLEXDIAG_POLICY_DENSE ? 0.0 : 0.75;
@@ -94,7 +99,7 @@ static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int 
     const int32_t prompt[5] = {1, 5, 69, 72, 72};
     sr.prompt_ids = prompt;
     sr.prompt_len = 5;
-    sr.ids = out->tokens;
+    sr.ids = kc->score ? kc->score : out->tokens;
     sr.n = o.tokens_per_image;
     flexdiag_score_output so = {.struct_size = sizeof so};
     ok(flexdiag_score(c, &sr, &so));
@@ -110,12 +115,16 @@ static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int 
     out->loads = oi.loads;
     out->kv_h2d_bytes = oi.kv_h2d_bytes;
     out->kv_d2h_bytes = oi.kv_d2h_bytes;
+    assert_int_equal(oi.cpu_attention, kc->cpu_attention);
+    out->ca_d2h_bytes = oi.cpu_attn_d2h_bytes;
+    out->ca_h2d_bytes = oi.cpu_attn_h2d_bytes;
+    out->ca_kv_bytes = oi.cpu_attn_kv_bytes;
     memcpy(out->kv_bytes, oi.kv_bytes, sizeof out->kv_bytes);
     flexdiag_context_destroy(c);
 }
 
 static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int cancel, run *out) {
-    const kv_case device = {{100, 0, 0}, FLEXDIAG_POLICY_DENSE};
+    const kv_case device = {{100, 0, 0}, FLEXDIAG_POLICY_DENSE, 0, NULL};
     run_context_kv(m, batch, micro, cancel, &device, out);
 }
 
@@ -205,7 +214,7 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
         flexdiag_model *m;
         open_model(device, arch, wdev, dir, 64u << 20, &rt, &m); /* KV homes of all sizes */
         run ref = {0};
-        kv_case kc = {{100, 0, 0}, (flexdiag_policy_kind)k};
+        kv_case kc = {{100, 0, 0}, (flexdiag_policy_kind)k, 0, NULL};
         run_context_kv(m, batch, micro, 0, &kc, &ref);
         assert_true(ref.kv_bytes[1] == 0 && ref.kv_h2d_bytes == 0);
         for (int i = 0; i < 2; i++) {
@@ -251,4 +260,57 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
                      flexdiag_policy_name((flexdiag_policy_kind)k), (unsigned long long)moved[k],
                      (unsigned long long)moved[FLEXDIAG_POLICY_WINDOW]);
     assert_true(moved[FLEXDIAG_POLICY_DENSE] > moved[FLEXDIAG_POLICY_WINDOW]);
+}
+
+/* Relative L2 distance of n floats b from a. */
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)a[i] * (double)a[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol) {
+    static const flexdiag_policy_kind kinds[] = {FLEXDIAG_POLICY_DENSE, FLEXDIAG_POLICY_WINDOW,
+                                                 FLEXDIAG_POLICY_STREAMING};
+    static const uint32_t wdev[3] = {100, 0, 0};
+    const int32_t micro[] = {batch, batch / 2, 1, batch / 2}; /* 1, 2, all micro-batches */
+    const uint32_t homes[][3] = {{0, 100, 0}, {0, 100, 0}, {0, 100, 0}, {50, 50, 0}};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        flexdiag_runtime *rt;
+        flexdiag_model *m;
+        open_model(device, arch, wdev, NULL, 64u << 20, &rt, &m);
+        run ref = {0};
+        kv_case kc = {{100, 0, 0}, kinds[k], 0, NULL};
+        run_context_kv(m, batch, 0, 0, &kc, &ref);
+        kc.score = ref.tokens; /* every run scores the resident run's first image */
+        for (int i = 0; i < 4; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "--kv %u,%u,0 --cpu-attention, micro-batch %d, policy %s",
+                     homes[i][0], homes[i][1], micro[i], flexdiag_policy_name(kinds[k]));
+            memcpy(kc.kv, homes[i], sizeof kc.kv);
+            kc.cpu_attention = 1;
+            run r = {0};
+            run_context_kv(m, batch, micro[i], i == 2, &kc, &r);
+            /* the decode steps move no KV: the prompt rows go home once, the host attends */
+            assert_true(r.ca_kv_bytes > 0 && r.ca_d2h_bytes > 0 && r.ca_h2d_bytes > 0);
+            assert_int_equal(r.kv_h2d_bytes, 0);
+            assert_true(r.kv_d2h_bytes > 0);
+            size_t nl = (size_t)ref.per_img * (size_t)ref.vocab;
+            double d = rel_l2(ref.logits, r.logits, nl);
+            if (tol > 0) printf("cpu attention: %s: scored logits relative L2 %.3g\n", what, d);
+            if (tol == 0 ? memcmp(ref.logits, r.logits, nl * 4) != 0 : d > tol)
+                fail_msg("%s: scored logits %.3g relative L2 from the resident run's (limit %.3g)",
+                         what, d, tol);
+            if (tol == 0 && memcmp(ref.tokens, r.tokens, (size_t)N_IMG * ref.per_img * 4))
+                fail_msg("%s: tokens differ from the resident run's", what);
+            run_free(&r);
+        }
+        run_free(&ref);
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+    }
 }

@@ -53,6 +53,22 @@ static void test_kv_homes_delayed_copies(void **state) {
     unsetenv("FLEXDIAG_COPY_DELAY_US");
 }
 
+/* CPU attention: the host attends the host-homed micro-batches over their KV in place; on the
+ * CPU backend its attention is the engine's own, so tokens and logits are bit for bit. */
+static void test_cpu_attention(void **state) {
+    (void)state;
+    to_run_cpu_attention(-1, "micro-janus", 4, 0.0);
+}
+
+/* The same with every copy and host job of the queues delayed: a missing event between the
+ * compute stream and the host jobs shows up as wrong tokens. */
+static void test_cpu_attention_delayed_copies(void **state) {
+    (void)state;
+    setenv("FLEXDIAG_COPY_DELAY_US", "100", 1);
+    to_run_cpu_attention(-1, "micro-janus", 2, 0.0);
+    unsetenv("FLEXDIAG_COPY_DELAY_US");
+}
+
 /* --batch auto with KV homes: the largest batch whose host KV fits --cpu-mem runs, one more is
  * refused naming --cpu-mem (the same sizing function decides both). */
 static void test_kv_budget(void **state) {
@@ -148,6 +164,8 @@ int main(void) {
         cmocka_unit_test(test_placements_delayed_copies),
         cmocka_unit_test(test_kv_homes),
         cmocka_unit_test(test_kv_homes_delayed_copies),
+        cmocka_unit_test(test_cpu_attention),
+        cmocka_unit_test(test_cpu_attention_delayed_copies),
         cmocka_unit_test(test_kv_budget),
         cmocka_unit_test(test_budgets_refused),
     };

@@ -4,7 +4,8 @@
  * and logits bit for bit at the same batch and micro-batch (tests/engine/offload_runs.h), with
  * the GEMM autotuner off (FLEXDIAG_GEMM_TUNE=0) so every run picks the same GEMM algorithms;
  * the KV of half or all of the micro-batches homed in pinned host memory, for every policy, the
- * same (offload_runs.h to_run_kv_homes); the strided copies those homes use against a host
+ * same (offload_runs.h to_run_kv_homes); CPU attention over those homes within a logit
+ * tolerance (to_run_cpu_attention); the strided copies those homes use against a host
  * loop; and the slot-row gather of sparse policies against the CPU backend's copy, from both
  * kinds of pinned memory (host_alloc and host_register, what the KV pool uses). Exit 77
  * without a GPU.
@@ -31,6 +32,13 @@ static void test_placements_cuda(void **state) {
 static void test_kv_homes_cuda(void **state) {
     (void)state;
     to_run_kv_homes(0, "tiny-janus", 4, 1, g_dir);
+}
+
+/* CPU attention: the host's bf16 attention (kernels/cpu/host_attn.c) in place of the device's;
+ * logits within 2e-2 relative L2 of the all-device run's (bf16 sums in another order). */
+static void test_cpu_attention_cuda(void **state) {
+    (void)state;
+    to_run_cpu_attention(0, "tiny-janus", 4, 2e-2);
 }
 
 /* copy_h2d_2d_async then copy_d2h_2d_async through a device buffer of another pitch: the rows
@@ -140,6 +148,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_placements_cuda),
                                        cmocka_unit_test(test_kv_homes_cuda),
+                                       cmocka_unit_test(test_cpu_attention_cuda),
                                        cmocka_unit_test(test_strided_copies),
                                        cmocka_unit_test(test_slot_rows)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,181 @@
+/*
+ * host_attn.c - decode attention of host-homed sequences computed on the host
+ * (kernels.h flexdiag__host_attn_decode): the CPU attention of an offloading run, where a
+ * micro-batch's KV cache never crosses the bus; its q/k/v rows come down and its attention
+ * output goes up.
+ *
+ * fp32 activations (the CPU backends) run the "cpu" table's kv_append and attn_decode as they
+ * are, so a run with CPU attention equals the resident one bit for bit. bf16 (CUDA) runs one
+ * task per (sequence, KV head): it rotates the g query heads of its group and its key head
+ * (RoPE in fp32 from cos/sin computed once per sequence, one rounding to bf16, as the CUDA
+ * kv_append), writes the new K and V row into the host cache, then attends prompt rows and
+ * ring slots with an online softmax over CHUNK-row chunks: each K and V row is widened to fp32
+ * once and serves all g queries (the scheme of fast_attn.c), the output rounded to bf16 once.
+ * Tasks own disjoint outputs and compute them in a fixed order: results do not depend on the
+ * thread count.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_stream.h"
+
+#define CHUNK 32    /* keys per online-softmax update */
+#define MAX_DH 256  /* head dims the config allows */
+
+typedef struct bf16_job {
+    const flexdiag_host_attn *h;
+    int64_t width; /* qkv row: (h_q + 2 h_kv) d_h */
+    int64_t block; /* cache rows per (sequence, KV head): p_cap + ring */
+} bf16_job;
+
+static void widen(float *dst, const uint16_t *src, int32_t n) {
+    for (int32_t i = 0; i < n; i++) dst[i] = flexdiag__bf16_to_f32(src[i]);
+}
+
+/* Task s: the RoPE cos/sin pairs of sequence s into cs (n_seq, d_h): cos then sin per pair. */
+static void angles_task(void *ctx, int64_t s, void *scratch) {
+    (void)scratch;
+    const flexdiag_host_attn *h = ((const bf16_job *)ctx)->h;
+    int32_t d_h = h->a.d_h;
+    float *cs = h->cs + s * d_h;
+    for (int32_t j = 0; j < d_h / 2; j++)
+        flexdiag__cpu_rope_cos_sin(h->a.pos[s], j, d_h, h->a.rope_theta, &cs[2 * j], &cs[2 * j + 1]);
+}
+
+/* Rotate-half RoPE of one bf16 head x (d_h values) in place: fp32 rotation, one rounding. */
+static void rope_head(uint16_t *x, const float *cs, int32_t d_h) {
+    int32_t half = d_h / 2;
+    for (int32_t j = 0; j < half; j++) {
+        float a = flexdiag__bf16_to_f32(x[j]), b = flexdiag__bf16_to_f32(x[j + half]);
+        float c = cs[2 * j], sn = cs[2 * j + 1];
+        float lo = a * c, lo2 = b * sn, hi = b * c, hi2 = a * sn; /* no contraction */
+        x[j] = flexdiag__f32_to_bf16(lo - lo2);
+        x[j + half] = flexdiag__f32_to_bf16(hi + hi2);
+    }
+}
+
+/* Scratch floats of a task with group g: q, acc (g, d_h), K/V chunk (CHUNK, d_h), z (g, CHUNK),
+ * m, l (g). */
+static size_t task_floats(int32_t g, int32_t d_h) {
+    return 2 * (size_t)g * d_h + (size_t)CHUNK * d_h + (size_t)g * CHUNK + 2 * (size_t)g;
+}
+
+/* Append the new K/V row of (sequence s, KV head kh) and rotate its queries; returns the cache
+ * block offset (elements) of (s, kh). */
+static int64_t append_row(const bf16_job *jb, int64_t s, int32_t kh) {
+    const flexdiag_host_attn *h = jb->h;
+    const flexdiag_attn_args *a = &h->a;
+    int32_t d_h = a->d_h, g = a->h_q / a->h_kv;
+    uint16_t *row = (uint16_t *)h->qkv + s * jb->width;
+    uint16_t *kq = row + ((int64_t)a->h_q + kh) * d_h, *vq = kq + (int64_t)a->h_kv * d_h;
+    if (a->pos) {
+        const float *cs = h->cs + s * d_h;
+        for (int32_t q = 0; q < g; q++) rope_head(row + ((int64_t)kh * g + q) * d_h, cs, d_h);
+        rope_head(kq, cs, d_h);
+    }
+    int64_t blk = (s * a->h_kv + kh) * jb->block * d_h;
+    int64_t dst = blk + (int64_t)h->rows[s * a->h_kv + kh] * d_h;
+    memcpy((uint16_t *)h->k + dst, kq, (size_t)d_h * 2);
+    memcpy((uint16_t *)h->v + dst, vq, (size_t)d_h * 2);
+    return blk;
+}
+
+/* Task t: sequence t / h_kv, KV head t % h_kv, the g query heads of its group. */
+static void bf16_task(void *ctx, int64_t t, void *scratch) {
+    const bf16_job *jb = ctx;
+    const flexdiag_attn_args *a = &jb->h->a;
+    int64_t s = t / a->h_kv;
+    int32_t kh = (int32_t)(t % a->h_kv), g = a->h_q / a->h_kv, d_h = a->d_h;
+    int64_t blk = append_row(jb, s, kh);
+    const uint16_t *kc = (const uint16_t *)jb->h->k + blk, *vc = (const uint16_t *)jb->h->v + blk;
+    float *q = scratch, *acc = q + (int64_t)g * d_h, *kv = acc + (int64_t)g * d_h;
+    float *z = kv + (int64_t)CHUNK * d_h, *m = z + (int64_t)g * CHUNK, *l = m + g;
+    widen(q, (const uint16_t *)jb->h->qkv + s * jb->width + (int64_t)kh * g * d_h, g * d_h);
+    memset(acc, 0, (size_t)g * d_h * sizeof(float));
+    for (int32_t i = 0; i < g; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    int64_t li = a->shared_slots ? 0 : t;
+    const int32_t *slots = a->slots ? a->slots + li * a->max_slots : NULL;
+    int64_t n_prompt = a->lp[s], n = n_prompt + a->n_slots[li];
+    for (int64_t j0 = 0; j0 < n; j0 += CHUNK) {
+        int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK, off[CHUNK];
+        for (int64_t c = 0; c < nc; c++) {
+            int64_t j = j0 + c;
+            off[c] = (j < n_prompt ? j : a->p_cap + slots[j - n_prompt]) * d_h;
+            widen(kv + c * d_h, kc + off[c], d_h);
+        }
+        for (int64_t c = 0; c < nc; c++)
+            for (int32_t i = 0; i < g; i++)
+                z[i * CHUNK + c] = a->scale * flexdiag__cpu_dot(q + (int64_t)i * d_h, kv + c * d_h, d_h);
+        for (int32_t i = 0; i < g; i++) {
+            float cm = m[i];
+            for (int64_t c = 0; c < nc; c++) cm = fmaxf(cm, z[i * CHUNK + c]);
+            float corr = expf(m[i] - cm);
+            if (corr != 1.0f) {
+                l[i] *= corr;
+                for (int32_t e = 0; e < d_h; e++) acc[(int64_t)i * d_h + e] *= corr;
+            }
+            m[i] = cm;
+            for (int64_t c = 0; c < nc; c++) {
+                z[i * CHUNK + c] = expf(z[i * CHUNK + c] - cm);
+                l[i] += z[i * CHUNK + c];
+            }
+        }
+        for (int64_t c = 0; c < nc; c++) widen(kv + c * d_h, vc + off[c], d_h);
+        for (int64_t c = 0; c < nc; c++)
+            for (int32_t i = 0; i < g; i++) {
+                float p = z[i * CHUNK + c], *ai = acc + (int64_t)i * d_h;
+                const float *vr = kv + c * d_h;
+                for (int32_t e = 0; e < d_h; e++) ai[e] += p * vr[e];
+            }
+    }
+    uint16_t *out = (uint16_t *)jb->h->out + (s * a->h_q + (int64_t)kh * g) * d_h;
+    for (int32_t i = 0; i < g; i++) {
+        float inv = n > 0 ? 1.0f / l[i] : 0.0f;
+        for (int32_t e = 0; e < d_h; e++)
+            out[(int64_t)i * d_h + e] = flexdiag__f32_to_bf16(acc[(int64_t)i * d_h + e] * inv);
+    }
+}
+
+/* What the bf16 path needs beyond the attention checks: rows inside the block, RoPE scratch. */
+static flexdiag_status check_bf16(const flexdiag_host_attn *h) {
+    const flexdiag_attn_args *a = &h->a;
+    if (a->d_h > MAX_DH || (a->pos && (a->d_h % 2 || !(a->rope_theta > 0.0f) || !h->cs)))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "host attn_decode: d_h = %d, rope_theta = %g, cs %s: need d_h <= %d "
+                             "and, with positions, an even d_h, theta > 0 and the cs scratch",
+                             a->d_h, (double)a->rope_theta, h->cs ? "set" : "NULL", MAX_DH);
+    if (a->logits_out || a->lse_out || a->probs_out || a->diag_lag)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "host attn_decode: no score outputs or Diagonal update on bf16 data "
+                             "(position-only policies)");
+    int64_t block = (int64_t)a->p_cap + a->ring;
+    for (int64_t i = 0; i < (int64_t)a->n_seq * a->h_kv; i++)
+        if (!h->rows || h->rows[i] < 0 || h->rows[i] >= block)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "host attn_decode: rows[%lld] outside the cache block [0, %lld)",
+                                 (long long)i, (long long)block);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__host_attn_decode(const flexdiag_host_attn *h, flexdiag_stream *cpu) {
+    const flexdiag_attn_args *a = &h->a;
+    if (h->act_bytes == 4) {
+        const flexdiag_kernels *k = flexdiag__kernels_cpu();
+        FLEXDIAG_TRY(k->kv_append(h->k, h->v, h->qkv, h->rows, a->n_seq, 1, a, cpu));
+        return k->attn_decode(h->out, h->qkv, h->k, h->v, a, cpu);
+    }
+    if (h->act_bytes != 2)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "host attn_decode: act_bytes %d (need 4 for fp32 or 2 for bf16)",
+                             h->act_bytes);
+    FLEXDIAG_TRY(flexdiag__cpu_attn_check("host attn_decode", h->out, h->qkv, h->k, h->v, a, 1));
+    FLEXDIAG_TRY(check_bf16(h));
+    if (a->n_seq == 0) return FLEXDIAG_OK;
+    bf16_job jb = {h, ((int64_t)a->h_q + 2 * a->h_kv) * a->d_h, (int64_t)a->p_cap + a->ring};
+    if (a->pos) FLEXDIAG_TRY(flexdiag__cpu_parallel_for(cpu, a->n_seq, 0, angles_task, &jb));
+    return flexdiag__cpu_parallel_for(cpu, (int64_t)a->n_seq * a->h_kv,
+                                      task_floats(a->h_q / a->h_kv, a->d_h) * sizeof(float),
+                                      bf16_task, &jb);
+}
