@@ -470,7 +470,8 @@ static int throughput(const tp_opts *o) {
     bench_ceilings ce = {0};
     uint32_t kv[3];
     (void)cli_kv_pct("bench", &o->mo, kv);
-    if (rc == 0) (void)bench_offload_ceilings(rt, m, kv[0] < 100, &ce); /* failures reported */
+    if (rc == 0) /* failures reported */
+        (void)bench_offload_ceilings(rt, m, kv[0] < 100, o->mo.cpu_attention, &ce);
     if (rc == 0) print_header(rt, &rf, o, m);
     double dense = 0, best = 0;
     int rows = 0, first_rc = 0, best_k = 0, best_s = 0;

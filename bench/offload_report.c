@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "base/thread_pool.h"
 #include "bench/offload_report.h"
 #include "runtime/engine/engine.h"
 
@@ -108,12 +109,61 @@ static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_cei
     return 1;
 }
 
+/* ---- host memory read rate (the CPU attention's bound) ---- */
+
+#define HOST_READ_BYTES ((size_t)2 << 30) /* far beyond any last-level cache */
+#define HOST_READ_TASK ((size_t)4 << 20)
+
+typedef struct read_job {
+    const float *buf;
+    float *sums; /* one per task: keeps the reads alive */
+} read_job;
+
+static void read_task(void *ctx, int64_t t, void *scratch) {
+    (void)scratch;
+    const read_job *j = ctx;
+    const float *p = j->buf + (size_t)t * (HOST_READ_TASK / sizeof(float));
+    float part[16] = {0};
+    for (size_t i = 0; i < HOST_READ_TASK / sizeof(float); i += 16)
+        for (int l = 0; l < 16; l++) part[l] += p[i + l];
+    float s = 0;
+    for (int l = 0; l < 16; l++) s += part[l];
+    j->sums[t] = s;
+}
+
+/* Best of three passes of all threads reading 2 GiB (the runtime's --threads, as the CPU
+ * attention's pool). */
+static int host_read_ceiling(const flexdiag_runtime *rt, bench_ceilings *out) {
+    int64_t n_tasks = (int64_t)(HOST_READ_BYTES / HOST_READ_TASK);
+    float *buf = malloc(HOST_READ_BYTES), *sums = calloc((size_t)n_tasks, sizeof *sums);
+    flexdiag_pool *pool = NULL;
+    flexdiag_status st = buf && sums ? flexdiag__pool_create(rt->p.threads, &pool)
+                                     : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
+    if (st == FLEXDIAG_OK) memset(buf, 1, HOST_READ_BYTES);
+    read_job j = {buf, sums};
+    double best = 0;
+    for (int pass = 0; st == FLEXDIAG_OK && pass < 3; pass++) {
+        double t0 = flexdiag__now();
+        st = flexdiag__pool_parallel_for(pool, n_tasks, 0, read_task, &j);
+        double s = flexdiag__now() - t0;
+        if (s > 0 && HOST_READ_BYTES / s > best) best = HOST_READ_BYTES / s;
+    }
+    flexdiag__pool_destroy(pool);
+    free(buf);
+    free(sums);
+    out->host_read = st == FLEXDIAG_OK ? best : 0;
+    if (st == FLEXDIAG_OK) return 0;
+    fprintf(stderr, "flexdiag bench: host read rate not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
 int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv_homes,
-                           bench_ceilings *out) {
+                           int cpu_attention, bench_ceilings *out) {
     memset(out, 0, sizeof *out);
     if (!m->w.homes && !kv_homes) return 0;
     int rc = copy_ceilings(rt, m, out);
     if (m->w.homes && m->w.homes->store) rc |= disk_ceiling(rt, m, out);
+    if (cpu_attention) rc |= host_read_ceiling(rt, out);
     return rc;
 }
 
@@ -134,6 +184,11 @@ void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_in
     }
     out->kv_h2d_step = (double)(after->kv_h2d_bytes - before->kv_h2d_bytes) / steps;
     out->kv_d2h_step = (double)(after->kv_d2h_bytes - before->kv_d2h_bytes) / steps;
+    out->ca_kv_step = (double)(after->cpu_attn_kv_bytes - before->cpu_attn_kv_bytes) / steps;
+    out->ca_s_step = (after->cpu_attn_s - before->cpu_attn_s) / steps;
+    out->ca_rows_step = (double)(after->cpu_attn_d2h_bytes - before->cpu_attn_d2h_bytes +
+                                 after->cpu_attn_h2d_bytes - before->cpu_attn_h2d_bytes) /
+                        steps;
     double step = n_steps > 1 ? decode_s / (n_steps - 1) : 0;
     if (step <= 0) return;
     double up = out->h2d_step + out->kv_h2d_step; /* weights and KV share the link */
@@ -143,6 +198,7 @@ void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_in
     if (ce->h2d > 0) bound = fmax(bound, up / ce->h2d);
     if (ce->d2h > 0) bound = fmax(bound, out->kv_d2h_step / ce->d2h);
     if (ce->disk > 0) bound = fmax(bound, out->disk_step / ce->disk);
+    if (ce->host_read > 0) bound = fmax(bound, out->ca_kv_step / ce->host_read);
     out->overlap = bound > 0 ? step / bound : 0;
 }
 
@@ -171,6 +227,13 @@ void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
                o->disk_budget / 1e9,
                o->disk_io ? o->disk_io : "none", o->disk_note && *o->disk_note ? ": " : "",
                o->disk_note ? o->disk_note : "");
+    if (o->cpu_attention)
+        printf("  offload: CPU attention per decode step: host KV read %.3f GB in %.2f ms of host "
+               "time (%.1f GB/s; host read ceiling %.1f GB/s: bound %.2f ms), q/k/v rows and "
+               "outputs %.1f MB over the link\n",
+               r->ca_kv_step / 1e9, r->ca_s_step * 1e3,
+               r->ca_s_step > 0 ? r->ca_kv_step / r->ca_s_step / 1e9 : 0, ce->host_read / 1e9,
+               ce->host_read > 0 ? r->ca_kv_step / ce->host_read * 1e3 : 0, r->ca_rows_step / 1e6);
     printf("  offload: per decode step H2D %.3f GB at %.1f GB/s (ceiling %.1f GB/s pinned, %.0f "
            "%%), disk %.3f GB at %.2f GB/s (ceiling %.2f GB/s O_DIRECT, %.0f %%); compute %.2f "
            "ms; overlap efficiency %.3f\n",
@@ -189,10 +252,13 @@ void bench_offload_json(const bench_offload_row *r, const bench_ceilings *ce, ch
     }
     int k = snprintf(buf, n,
              ",\"sched\":\"%s\",\"kv_req\":[%u,%u,%u],\"kv_bytes\":[%llu,%llu],"
-             "\"kv_h2d_step_bytes\":%.0f,\"kv_d2h_step_bytes\":%.0f",
+             "\"kv_h2d_step_bytes\":%.0f,\"kv_d2h_step_bytes\":%.0f,\"cpu_attention\":%s,"
+             "\"cpu_attn_kv_step_bytes\":%.0f,\"cpu_attn_step_s\":%.6f,"
+             "\"cpu_attn_rows_step_bytes\":%.0f,\"host_read_ceiling_gbps\":%.3f",
              o->scheduler, o->kv_pct[0], o->kv_pct[1], o->kv_pct[2],
              (unsigned long long)o->kv_bytes[0], (unsigned long long)o->kv_bytes[1],
-             r->kv_h2d_step, r->kv_d2h_step);
+             r->kv_h2d_step, r->kv_d2h_step, o->cpu_attention ? "true" : "false", r->ca_kv_step,
+             r->ca_s_step, r->ca_rows_step, ce->host_read / 1e9);
     if (k < 0 || (size_t)k >= n) return;
     buf += k;
     n -= (size_t)k;

@@ -23,6 +23,8 @@ typedef struct bench_ceilings {
     double disk;     /* bytes/s, O_DIRECT reads of the store, 0: no store */
     size_t copy_bytes, disk_req; /* sizes they were measured at */
     int disk_qd;     /* requests in flight */
+    double host_read; /* bytes/s, host memory read by all the runtime's threads (a bound of
+                         the CPU attention), 0: not measured */
 } bench_ceilings;
 
 typedef struct bench_offload_row {
@@ -33,12 +35,16 @@ typedef struct bench_offload_row {
                                           (the prefill's write-back spread over the steps) */
     double compute_ms;                 /* a profiled step's op time (GEMM + attention + rest) */
     double overlap;                    /* step / max(compute, transfers at the ceilings) */
+    double ca_kv_step, ca_s_step;      /* CPU attention: host KV bytes read and host seconds
+                                          per decode step */
+    double ca_rows_step;               /* its q/k/v rows down and outputs up per decode step */
 } bench_offload_row;
 
 /* Measure the ceilings for rt's model m (nothing when its weights are all on the device and
- * kv_homes is 0); buffers go through the runtime's device budget. 0, or 1 after a message. */
+ * kv_homes is 0; the host read rate with cpu_attention); buffers go through the runtime's
+ * device budget. 0, or 1 after a message. */
 int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv_homes,
-                           bench_ceilings *out);
+                           int cpu_attention, bench_ceilings *out);
 /* The row of context c from its offload counters before and after the timed run of n_steps
  * decode steps (decode_s seconds, prefill included in the counters: one layer pass) and the
  * profiled compute time per step. */
