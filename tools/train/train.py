@@ -33,8 +33,9 @@ Determinism: model initialisation (torch.manual_seed(seed)) and every batch are 
 seed. With explicit --vq-steps/--eval-steps/--ar-steps the schedule is fixed too; without them
 the step counts depend on the measured speed (they are printed and stored in train_info.json, so
 a run can be repeated with them). GPU kernels (atomics in backward passes, cuBLAS/cuDNN algorithm
-choice) are not bitwise reproducible unless --deterministic (torch.use_deterministic_algorithms,
-slower). On the CPU runs are reproducible.
+choice, the fused attention kernels' backward) are not bitwise reproducible unless --deterministic
+(torch.use_deterministic_algorithms, the math attention path; slower). On the CPU runs are
+reproducible.
 """
 
 import argparse
@@ -495,6 +496,15 @@ def main():
     if args.deterministic:
         torch.backends.cudnn.deterministic = True
         torch.use_deterministic_algorithms(True, warn_only=True)
+        if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_math_sdp"):
+            # the fused SDPA kernels' backward passes (cuDNN attention: measured on the H200,
+            # two runs of the same command gave different weights) are not deterministic;
+            # the math path is
+            torch.backends.cuda.enable_flash_sdp(False)
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+            if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+                torch.backends.cuda.enable_cudnn_sdp(False)
+            torch.backends.cuda.enable_math_sdp(True)
     ckdir = args.ckpt or os.path.join(args.out, "ckpt")
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(ckdir, exist_ok=True)
