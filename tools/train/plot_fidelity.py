@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """
-plot_fidelity.py - KL and top-1 agreement of the KV policies against sparsity, drawn as PNGs.
+plot_fidelity.py - KL and top-1 agreement of the KV policies against sparsity, drawn as PNGs;
+optionally the evaluator's score of the generated images too.
 
 Reads the JSON lines that `compare_policies.py --json FILE` writes (one row per prompt, policy
 and sparsity: fields policy, sparsity, kl, top1, attn_err, prompt_text), averages each metric
@@ -9,8 +10,15 @@ over the prompts of every (policy, sparsity) and draws one line per policy:
   fidelity_kl.png     mean KL(dense || policy) of the CFG next-token distribution, log-scale y
   fidelity_top1.png   mean top-1 agreement with dense, linear y
 
+With --scores FILE (the JSON lines `score_policies.py --json FILE` writes: one row per policy and
+sparsity, fields policy, sparsity (null for dense), overall, categories) it also draws
+
+  policy_scores.png   the evaluator's overall score against sparsity, one line per sparse
+                      policy (rows of one (policy, sparsity) averaged), dense as a horizontal
+                      dashed line, linear y
+
   /usr/bin/python3 tools/train/plot_fidelity.py [--json bench/figures/fidelity_shapes_janus.jsonl]
-      [--out bench/figures]
+      [--out bench/figures] [--scores bench/figures/policy_scores_shapes_janus.jsonl]
 
 No matplotlib/PIL: the charts are drawn into numpy arrays (a 5x7 bitmap font, lines, squares)
 and written with png.py. The drawing kit below (Canvas, FONT, ramp) is shared with
@@ -133,13 +141,15 @@ COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 1
            (140, 86, 75), (227, 119, 194), (23, 190, 207), (127, 127, 127), (188, 189, 34)]
 
 
-def line_chart(path, title, xs_labels, series, ylog, ylabel):
+def line_chart(path, title, xs_labels, series, ylog, ylabel, hlines=()):
     """series: [(name, [y per x or None])]; x categorical (equally spaced; a label may have a
-    second line after a newline), y log10 if ylog."""
+    second line after a newline), y log10 if ylog. hlines: [(name, y, rgb)], each drawn as a
+    horizontal dashed line across the plot and listed after the series in the legend."""
     W, H, L, R, T, B = 900, 570, 80, 250, 50, 70
     c = Canvas(W, H)
     px0, px1, py0, py1 = L, W - R, T, H - B
     vals = [v for _, ys in series for v in ys if v is not None and (v > 0 or not ylog)]
+    vals += [v for _, v, _ in hlines if v is not None and (v > 0 or not ylog)]
     if ylog:
         lo = math.floor(math.log10(min(vals)))
         hi = math.ceil(math.log10(max(vals)))
@@ -185,7 +195,59 @@ def line_chart(path, title, xs_labels, series, ylog, ylabel):
         ly = py0 + 10 + 22 * k
         c.rect(px1 + 20, ly, px1 + 32, ly + 12, col)
         c.text(px1 + 40, ly + 1, name, scale=1)
+    for j, (name, v, col) in enumerate(hlines):                      # dashed reference lines
+        if v is None or (ylog and v <= 0):
+            continue
+        y = int(round(ypix(v)))
+        for x in range(px0 + 2, px1 - 1, 12):
+            c.rect(x, y - 1, min(x + 7, px1 - 1), y + 1, col)
+        ly = py0 + 10 + 22 * (len(series) + j) + 5
+        c.rect(px1 + 14, ly, px1 + 21, ly + 2, col)
+        c.rect(px1 + 26, ly, px1 + 33, ly + 2, col)
+        c.text(px1 + 40, ly - 2, name, scale=1)
     c.save(path)
+
+
+# ---------------------------------------------------------------- evaluator score chart
+
+def scores_chart(path, out):
+    """policy_scores.png from score_policies.py's JSON lines: overall score per policy and
+    sparsity (mean of the rows of each pair), dense as a dashed horizontal line."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    dense = [r["overall"] for r in rows if r["sparsity"] is None and r.get("overall") is not None]
+    sparse = [r for r in rows if r["sparsity"] is not None]
+    if not sparse:
+        sys.exit("plot_fidelity: %s has no sparse policy rows" % path)
+    policies = []
+    for r in sparse:
+        if r["policy"] not in policies:
+            policies.append(r["policy"])
+    sps = sorted({r["sparsity"] for r in sparse})
+
+    def mean(pol, s):
+        v = [r["overall"] for r in sparse if r["policy"] == pol and r["sparsity"] == s
+             and r.get("overall") is not None]
+        return sum(v) / len(v) if v else None
+
+    d = sum(dense) / len(dense) if dense else None
+    n_img = sorted({r.get("n_images") for r in rows if r.get("n_images")})
+    print("%d score rows, policies %s, sparsities %s, dense %s" % (
+        len(rows), policies, sps, "-" if d is None else "%.4f" % d))
+    print("| policy | " + " | ".join("score@%g" % s for s in sps) + " |")
+    for p in policies:
+        print("| %s | " % p + " | ".join("-" if mean(p, s) is None else "%.4f" % mean(p, s)
+                                          for s in sps) + " |")
+    n_att = {}
+    for r in sparse:
+        n_att.setdefault(r["sparsity"], r.get("n_att"))
+    xl = ["%g" % s + ("\nN_ATT %d" % n_att[s] if n_att.get(s) else "") for s in sps]
+    sub = " (%d IMAGES EACH)" % n_img[0] if len(n_img) == 1 else ""
+    png_path = os.path.join(out, "policy_scores.png")
+    line_chart(png_path, "EVALUATOR SCORE" + sub, xl,
+               [(p, [mean(p, s) for s in sps]) for p in policies], False, "OVERALL SCORE",
+               hlines=[("dense %.3f" % d, d, (0, 0, 0))] if d is not None else [])
+    print("wrote %s" % png_path)
 
 
 # ---------------------------------------------------------------- fidelity charts
@@ -195,6 +257,9 @@ def main():
     ap.add_argument("--json", default="bench/figures/fidelity_shapes_janus.jsonl",
                     help="compare_policies.py --json output")
     ap.add_argument("--out", default="bench/figures")
+    ap.add_argument("--scores", default=None, metavar="FILE",
+                    help="score_policies.py --json output: also draw policy_scores.png "
+                         "(default: off)")
     a = ap.parse_args()
     with open(a.json) as f:
         rows = [json.loads(line) for line in f if line.strip()]
@@ -226,6 +291,8 @@ def main():
     line_chart(os.path.join(a.out, "fidelity_top1.png"), "TOP-1 AGREEMENT" + sub, xl,
                [(p, [mean(p, s, "top1") for s in sps]) for p in policies], False, "TOP-1")
     print("wrote %s/fidelity_kl.png, %s/fidelity_top1.png" % (a.out, a.out))
+    if a.scores:
+        scores_chart(a.scores, a.out)
 
 
 if __name__ == "__main__":
