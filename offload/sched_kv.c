@@ -21,7 +21,9 @@
  * a decode step the prompt rows and the resident prefix of the ring come in (every policy fills
  * its ring in slot order, policy/kv_policy.h), and only the written row goes back (the whole
  * resident prefix where the policy picks a row per head); a prefill chunk loads nothing and
- * stores its prompt rows. Each range is one strided copy over every (sequence, KV head) block.
+ * stores its prompt rows. Each range is one strided copy over every (sequence, KV head) block;
+ * where the prompt fills its capacity the prompt rows and the ring prefix adjoin and go as one
+ * (a copy of narrow rows, the ring's first steps, runs far below the link rate).
  * A sparse policy (Diagonal, ALISA: fewer rows attended than resident, io->kv_slots) brings
  * only the ring rows its slot lists name: the backend's copy_h2d_slots_async gathers them (on
  * CUDA one kernel reading the pinned home over the bus, the lists never leaving the device),
@@ -120,11 +122,15 @@ static flexdiag_status load(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
     const flexdiag_kernels *k = t->p.k;
     FLEXDIAG_TRY(k->stream_wait_event(t->up, b->stored));
     FLEXDIAG_TRY(k->stream_wait_event(t->up, stored_of(t, io->layer, io->s0)));
-    FLEXDIAG_TRY(rows(t, b, io, 1, 0, io->kv_prompt, &t->st.kv_h2d_bytes));
-    if (io->kv_slots && io->kv_attend < io->kv_ring && k->copy_h2d_slots_async)
+    if (io->kv_slots && io->kv_attend < io->kv_ring && k->copy_h2d_slots_async) {
+        FLEXDIAG_TRY(rows(t, b, io, 1, 0, io->kv_prompt, &t->st.kv_h2d_bytes));
         FLEXDIAG_TRY(slot_rows(t, b, io));
-    else
+    } else if (io->kv_prompt == t->p.p_cap) { /* prompt and ring prefix adjoin: one copy */
+        FLEXDIAG_TRY(rows(t, b, io, 1, 0, t->p.p_cap + io->kv_ring, &t->st.kv_h2d_bytes));
+    } else {
+        FLEXDIAG_TRY(rows(t, b, io, 1, 0, io->kv_prompt, &t->st.kv_h2d_bytes));
         FLEXDIAG_TRY(rows(t, b, io, 1, t->p.p_cap, io->kv_ring, &t->st.kv_h2d_bytes));
+    }
     FLEXDIAG_TRY(k->event_record(b->ready, t->up));
     b->layer = io->layer;
     b->s0 = io->s0;
