@@ -18,6 +18,7 @@
 #include "base/core.h"
 #include "bench/bench.h"
 #include "bench/cost_model.h"
+#include "bench/offload_report.h"
 #include "cli/cli.h"
 #include "offload/sched.h"
 #include "offload/store.h"
@@ -236,6 +237,11 @@ static int profile(const prof_opts *o) {
     snprintf(p.backend, sizeof p.backend, "%s", rt->k->name);
     double t0 = flexdiag__now();
     int rc = measure_copies(rt, &p) || measure_gemms(rt, &p);
+    if (!rc) {
+        progress("host memory read", 0, 1);
+        rc = bench_host_read_rate(rt, &p.host_read);
+        if (!rc) progress("host memory read", 1, 1);
+    }
     if (!rc && o->offload_dir) rc = measure_disk(o->offload_dir, &p);
     flexdiag_runtime_destroy(rt);
     char path[4096];
@@ -247,9 +253,10 @@ static int profile(const prof_opts *o) {
     if (!rc) rc = cm_profile_write(&p, path);
     if (rc) return 1;
     fprintf(stderr, "flexdiag profile: %s (%s) measured in %.1f s: H2D %.2f GB/s, copy %.1f "
-            "GB/s, GEMM %.1f GFLOP/s at %g rows%s\n", p.device, p.backend, flexdiag__now() - t0,
-            p.h2d[CM_COPY_SIZES - 1] / 1e9, p.hbm / 1e9, p.gemm[CM_GEMM_ROWS - 1] / 1e9,
-            p.gemm_rows[CM_GEMM_ROWS - 1], o->offload_dir ? "" : "; no disk rate (no --offload-dir)");
+            "GB/s, GEMM %.1f GFLOP/s at %g rows, host read %.1f GB/s%s\n", p.device, p.backend,
+            flexdiag__now() - t0, p.h2d[CM_COPY_SIZES - 1] / 1e9, p.hbm / 1e9,
+            p.gemm[CM_GEMM_ROWS - 1] / 1e9, p.gemm_rows[CM_GEMM_ROWS - 1], p.host_read / 1e9,
+            o->offload_dir ? "" : "; no disk rate (no --offload-dir)");
     printf("%s\n", path);
     return 0;
 }

@@ -5,7 +5,9 @@
  *
  * Enumerates batches (powers of two up to --max-batch), micro-batches (the batch, a half, a
  * quarter), weight placements G,100-G,0 in steps of --weight-step, KV homes (100,0,0, and with
- * micro-batches 50,50,0 and 0,100,0), and every --policies entry at each sparsity of the grid
+ * micro-batches 50,50,0 and 0,100,0, each with the device or, for dense, window and
+ * StreamingLLM when the profile has a host read rate, the host attending the host-homed
+ * micro-batches), and every --policies entry at each sparsity of the grid
  * up to --max-sparsity. A candidate is kept only when the runtime's own sizing says it fits
  * (cost_model.h); kept ones are ranked by predicted rate, ties to more on the GPU and fewer
  * micro-batches. The top --top are printed with the exact `flexdiag bench` flags that reproduce
@@ -92,14 +94,28 @@ static void place(cm_config *c, int kv, int64_t g, int d) {
     c->wpct[0] = (uint32_t)g, c->wpct[1] = rest - disk, c->wpct[2] = disk;
 }
 
-/* Every KV home and weight placement of one (policy, batch, micro-batch). */
+/* Whether the host may attend c's host-homed micro-batches (runtime/engine/cpu_attn.c): a KV
+ * home in host memory, a position-only policy, and a measured host read rate. */
+static int cpu_attention_ok(const search *s, const cm_config *c) {
+    flexdiag_policy_kind k = c->policy.kind;
+    return c->kvpct[1] > 0 && s->prof.host_read > 0 &&
+           (k == FLEXDIAG_POLICY_DENSE || k == FLEXDIAG_POLICY_WINDOW ||
+            k == FLEXDIAG_POLICY_STREAMING);
+}
+
+/* Every KV home (host ones with and without CPU attention) and weight placement of one
+ * (policy, batch, micro-batch). */
 static void try_placements(search *s, cm_config c) {
     int split = c.micro > 0 && c.micro < c.batch;
     for (int kv = 0; kv < (split ? 3 : 1); kv++)
         for (int64_t g = 100; g >= 0; g -= s->o->weight_step)
             for (int d = 0; d < (g < 100 ? disk_splits(s) : 1); d++) {
                 place(&c, kv, g, d);
+                c.cpu_attention = 0;
                 try_one(s, &c);
+                c.cpu_attention = 1;
+                if (cpu_attention_ok(s, &c)) try_one(s, &c);
+                c.cpu_attention = 0;
             }
 }
 
@@ -265,6 +281,7 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
     if (c->kvpct[0] != 100)
         at += snprintf(buf + at, n - (size_t)at, " --kv %u,%u,%u", c->kvpct[0], c->kvpct[1],
                        c->kvpct[2]);
+    if (c->cpu_attention) at += snprintf(buf + at, n - (size_t)at, " --cpu-attention");
     /* a pool sized by the weights alone has no room for a KV home beside them */
     uint64_t cpu_mem = o->mo.cpu_mem ? o->mo.cpu_mem
                        : c->wpct[0] != 100 && c->kvpct[0] != 100 ? (k->mem.cpu + (1u << 20) - 1) >> 20 << 20
@@ -295,11 +312,11 @@ static void print_table_head(const search *s) {
 
 static void print_row(const search *s, int i, const cand *k, char *flags, size_t n) {
     const cm_config *c = &k->c;
-    printf("| %d | %s | %g | %d | %d | %u,%u,%u | %u,%u,%u | %.4g | %.3f | %s | %.2f | %.2f |\n",
+    printf("| %d | %s | %g | %d | %d | %u,%u,%u | %u,%u,%u%s | %.4g | %.3f | %s | %.2f | %.2f |\n",
            i + 1, flexdiag_policy_name(c->policy.kind),
            c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0 : c->policy.sparsity, c->batch,
            c->micro ? c->micro : c->batch, c->wpct[0], c->wpct[1], c->wpct[2], c->kvpct[0],
-           c->kvpct[1], c->kvpct[2], k->rate, 1e3 * k->t.step_s, k->t.bound,
+           c->kvpct[1], c->kvpct[2], c->cpu_attention ? " CPU attn." : "", k->rate, 1e3 * k->t.step_s, k->t.bound,
            (double)k->mem.gpu / (1 << 20), (double)k->mem.cpu / (1 << 20));
     repro_flags(s, k, flags, n);
 }
@@ -308,11 +325,13 @@ static void print_row(const search *s, int i, const cand *k, char *flags, size_t
 static void print_json(FILE *out, int i, const cand *k, const char *flags, double measured) {
     const cm_config *c = &k->c;
     json_t *o = json_pack(
-        "{s:i,s:s,s:f,s:i,s:i,s:[i,i,i],s:[i,i,i],s:i,s:f,s:f,s:f,s:f,s:f,s:s,s:I,s:I,s:I,s:s}",
+        "{s:i,s:s,s:f,s:i,s:i,s:[i,i,i],s:[i,i,i],s:b,s:i,s:f,s:f,s:f,s:f,s:f,s:s,s:I,s:I,s:I,"
+        "s:s}",
         "rank", i + 1, "policy", flexdiag_policy_name(c->policy.kind), "sparsity",
         c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0.0 : c->policy.sparsity, "batch", c->batch,
         "micro_batch", c->micro ? c->micro : c->batch, "weights", c->wpct[0], c->wpct[1],
-        c->wpct[2], "kv", c->kvpct[0], c->kvpct[1], c->kvpct[2], "prompt_len", c->prompt_len,
+        c->wpct[2], "kv", c->kvpct[0], c->kvpct[1], c->kvpct[2], "cpu_attention",
+        c->cpu_attention, "prompt_len", c->prompt_len,
         "pred_img_per_s", k->t.img_s, "pred_tok_per_s", k->t.tok_s, "pred_step_ms",
         1e3 * k->t.step_s, "pred_prefill_s", k->t.prefill_s, "measured_img_per_s", measured,
         "bound", k->t.bound, "gpu_bytes", (json_int_t)k->mem.gpu, "cpu_bytes",

@@ -14,7 +14,10 @@
  * streamed bytes while layer j computes, so a layer costs the largest of its compute (GEMMs at
  * the measured rate for their row count, attention reading the attended KV at the device copy
  * rate), its H2D bytes (streamed weights + the KV rows of host-homed micro-batches), its D2H
- * bytes (written rows back) and its disk bytes, each over the profile's rate. Not modelled:
+ * bytes (written rows back) and its disk bytes, each over the profile's rate; with CPU
+ * attention the host-homed micro-batches' KV does not move, their activations do, and the host
+ * reads their attended KV at the profile's host read rate beside the device (on a CPU backend,
+ * whose "device" is the same cores, in series with the compute). Not modelled:
  * norms, RoPE, sampling, the policy's own work, launch overheads (docs/search.md).
  */
 #include "bench/cost_model.h"
@@ -119,6 +122,7 @@ static void context_params(const cm_config *c, flexdiag_context_params *cp) {
     cp->text = c->gen_len > 0;
     memcpy(cp->kv_pct, c->kvpct, sizeof cp->kv_pct);
     cp->policy = c->policy;
+    cp->cpu_attention = c->cpu_attention != 0;
 }
 
 flexdiag_status cm_resolve(const cm_model *cm, const cm_config *c, int32_t *l_dec,
@@ -235,14 +239,21 @@ static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, shape *s
     return FLEXDIAG_OK;
 }
 
-/* Seconds of one layer's four resources; returns the layer's time (their max). */
-static double layer_max(const double t[4]) {
-    return fmax(fmax(t[0], t[1]), fmax(t[2], t[3]));
+#define CM_RES 5 /* resources of a layer: compute, H2D, D2H, disk, host attention */
+
+/* Seconds of one layer's resources; returns the layer's time (their max). */
+static double layer_max(const double t[CM_RES]) {
+    double m = 0;
+    for (int i = 0; i < CM_RES; i++) m = fmax(m, t[i]);
+    return m;
 }
 
-/* One layer of decode step t (0-based): compute, H2D, D2H, disk seconds into t4. */
+/* One layer of decode step t (0-based): compute, H2D, D2H, disk and host-attention seconds
+ * into t4. With CPU attention the host-homed micro-batches' KV stays home: their q/k/v rows go
+ * down, their outputs up, and the host reads their attended KV at the profile's rate beside
+ * the device's work. */
 static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s, int32_t t,
-                         double t4[4]) {
+                         double t4[CM_RES]) {
     int dense = s->kp.kind == FLEXDIAG_POLICY_DENSE;
     double att = dense || t + 1 < s->kp.n_att ? t + 1 : s->kp.n_att;  /* attended decode rows */
     double res = t + 1 < s->ring ? t + 1 : s->ring;                   /* resident ring prefix */
@@ -250,19 +261,28 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     double row_b = 2 * s->dkv * s->ab; /* one K + V row of a sequence */
     double mb = s->mb_seq;
     double kv_read = mb * (c->prompt_len + att) * row_b;
-    t4[0] = s->n_mb * (gemm_s(p, mb, 2 * mb * s->layer_params) + (p->hbm > 0 ? 2 * kv_read / p->hbm : 0));
-    double kv_in = s->host_mb * mb * (c->prompt_len + att) * row_b; /* attended rows move */
-    double kv_out = s->host_mb * mb * (evict_any ? res : 1) * row_b;
-    t4[1] = copy_s(p, 0, s->streamed, s->streamed) + copy_s(p, 0, kv_in, kv_in / fmax(s->host_mb, 1));
-    t4[2] = copy_s(p, 1, kv_out, kv_out / fmax(s->host_mb, 1));
+    double host = c->cpu_attention ? s->host_mb : 0; /* micro-batches the host attends */
+    t4[0] = s->n_mb * gemm_s(p, mb, 2 * mb * s->layer_params) +
+            (s->n_mb - host) * (p->hbm > 0 ? 2 * kv_read / p->hbm : 0);
+    double kv_in = (s->host_mb - host) * mb * (c->prompt_len + att) * row_b; /* attended rows */
+    double kv_out = (s->host_mb - host) * mb * (evict_any ? res : 1) * row_b;
+    double up = host * mb * s->dq * s->ab, down = host * mb * (s->dq + 2 * s->dkv) * s->ab;
+    double per = fmax(s->host_mb, 1);
+    t4[1] = copy_s(p, 0, s->streamed, s->streamed) + copy_s(p, 0, kv_in + up, (kv_in + up) / per);
+    t4[2] = copy_s(p, 1, kv_out + down, (kv_out + down) / per);
     t4[3] = s->disk > 0 ? (p->disk > 0 ? s->disk / p->disk : INFINITY) : 0;
+    t4[4] = host > 0 ? (p->host_read > 0 ? host * kv_read / p->host_read : INFINITY) : 0;
+    if (strcmp(p->backend, "cuda") != 0) { /* no device beside the host: the same cores */
+        t4[0] += t4[4];
+        t4[4] = 0;
+    }
 }
 
 /* One layer of the prefill: every micro-batch's prompt through the GEMMs and causal attention,
  * the layer's weights streamed once, the host-homed prompt rows written back. */
 static double prefill_layer(const cm_config *c, const cm_profile *p, const shape *s) {
     double tok = (double)s->mb_seq * c->prompt_len, lp = c->prompt_len;
-    double t4[4];
+    double t4[CM_RES] = {0};
     t4[0] = s->n_mb * (gemm_s(p, fmin(tok, 4096), 2 * tok * s->layer_params) +
                        gemm_s(p, fmin(tok, 4096), 2 * s->mb_seq * lp * lp * s->dq));
     t4[1] = copy_s(p, 0, s->streamed, s->streamed);
@@ -277,20 +297,20 @@ flexdiag_status cm_predict(const cm_model *cm, const cm_config *c, const cm_prof
     memset(out, 0, sizeof *out);
     shape s;
     FLEXDIAG_TRY(shape_of(cm, c, &s));
-    double L = cm->m.cfg.lm.layers, sum = 0, acc[4] = {0};
+    double L = cm->m.cfg.lm.layers, sum = 0, acc[CM_RES] = {0};
     int32_t n = s.l_dec > 1 ? s.l_dec - 1 : 1;
     for (int32_t t = 0; t < n; t++) {
-        double t4[4];
+        double t4[CM_RES];
         decode_layer(c, p, &s, t, t4);
         sum += layer_max(t4);
-        for (int i = 0; i < 4; i++) acc[i] += t4[i];
+        for (int i = 0; i < CM_RES; i++) acc[i] += t4[i];
     }
     double head = gemm_s(p, s.rows, 2.0 * s.rows * s.head_params);
     out->step_s = L * sum / n + head;
     out->prefill_s = L * prefill_layer(c, p, &s) + head;
-    static const char *const names[4] = {"compute", "h2d", "d2h", "disk"};
+    static const char *const names[CM_RES] = {"compute", "h2d", "d2h", "disk", "cpu"};
     int big = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < CM_RES; i++) {
         out->layer_ms[i] = 1e3 * acc[i] / n;
         if (acc[i] > acc[big]) big = i;
     }
@@ -337,7 +357,7 @@ static int make_parent(const char *path) {
 }
 
 int cm_profile_write(const cm_profile *p, const char *path) {
-    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:o,s:o,s:I,s:f,s:i,s:f}", "version", 1,
+    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:o,s:o,s:I,s:f,s:i,s:f,s:f}", "version", 1,
                           "device", p->device, "backend", p->backend, "copy_bytes",
                           num_array(p->copy_bytes, CM_COPY_SIZES), "h2d_Bps",
                           num_array(p->h2d, CM_COPY_SIZES), "d2h_Bps",
@@ -345,7 +365,7 @@ int cm_profile_write(const cm_profile *p, const char *path) {
                           num_array(p->gemm_rows, CM_GEMM_ROWS), "gemm_flops",
                           num_array(p->gemm, CM_GEMM_ROWS), "gemm_k", (json_int_t)p->gemm_k,
                           "disk_Bps", p->disk, "disk_qd", p->disk_qd, "disk_req_bytes",
-                          p->disk_req);
+                          p->disk_req, "host_read_Bps", p->host_read);
     int rc = !o || make_parent(path) || json_dump_file(o, path, JSON_INDENT(2));
     json_decref(o);
     if (rc) fprintf(stderr, "flexdiag profile: cannot write %s: %s\n", path, strerror(errno));
@@ -381,6 +401,7 @@ static const char *profile_invalid(const cm_profile *p) {
     }
     if (!(isfinite(p->hbm) && p->hbm > 0)) return "hbm_Bps";
     if (p->gemm_k < 1) return "gemm_k";
+    if (!(isfinite(p->host_read) && p->host_read >= 0)) return "host_read_Bps";
     if (!(isfinite(p->disk) && p->disk >= 0) || p->disk_qd < 0 ||
         !(isfinite(p->disk_req) && p->disk_req >= 0))
         return "disk_Bps, disk_qd or disk_req_bytes";
@@ -406,6 +427,9 @@ int cm_profile_read(const char *cmd, const char *path, const char *device, cm_pr
               read_array(json_object_get(o, "d2h_Bps"), p->d2h, CM_COPY_SIZES) ||
               read_array(json_object_get(o, "gemm_rows"), p->gemm_rows, CM_GEMM_ROWS) ||
               read_array(json_object_get(o, "gemm_flops"), p->gemm, CM_GEMM_ROWS);
+    const json_t *hr = json_object_get(o, "host_read_Bps"); /* optional: newer profiles */
+    if (hr && !json_is_number(hr)) bad = 1;
+    if (hr && !bad) p->host_read = json_number_value(hr);
     if (!bad) {
         snprintf(p->device, sizeof p->device, "%s", dev);
         snprintf(p->backend, sizeof p->backend, "%s", be);

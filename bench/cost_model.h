@@ -7,7 +7,8 @@
  * flexdiag__weights_plan, of a context from flexdiag__context_bytes over a model shell (the
  * config and the placement's cut, no weights loaded), against what a runtime created with the
  * same --gpu-mem has available. Time is an overlap model of the tiered scheduler: per layer
- * max(compute, H2D, D2H, disk), weights streamed one layer ahead on a copy stream.
+ * max(compute, H2D, D2H, disk, host attention), weights streamed one layer ahead on a copy
+ * stream.
  */
 #ifndef FLEXDIAG_BENCH_COST_MODEL_H
 #define FLEXDIAG_BENCH_COST_MODEL_H
@@ -40,6 +41,8 @@ typedef struct cm_profile {
     double disk;                         /* O_DIRECT reads at disk_qd x disk_req */
     int disk_qd;                         /* requests in flight */
     double disk_req;                     /* bytes per request */
+    double host_read;                    /* host memory read by all threads (CPU attention);
+                                            0 in profiles written before it was measured */
 } cm_profile;
 
 /* A model without its weights: the config and the placement cut the context sizing reads, on
@@ -59,6 +62,7 @@ typedef struct cm_config {
     int32_t prompt_len;            /* tokens of the conditional prompt */
     int32_t gen_len;               /* text models: new tokens (0: images) */
     flexdiag_policy_params policy; /* the KV policy */
+    int cpu_attention;             /* --cpu-attention: the host attends the host-homed KV */
 } cm_config;
 
 /* Memory of a configuration per tier, and whether it fits. */
@@ -76,8 +80,9 @@ typedef struct cm_time {
     double step_s;         /* mean decode step */
     double img_s;          /* images (or sequences) per second over a whole block */
     double tok_s;          /* generated tokens per second over a whole block */
-    double layer_ms[4];    /* mean decode step, one layer: compute, H2D, D2H, disk */
-    const char *bound;     /* the largest of the four: "compute", "h2d", "d2h", "disk" */
+    double layer_ms[5];    /* mean decode step, one layer: compute, H2D, D2H, disk, host
+                              attention */
+    const char *bound;     /* the largest: "compute", "h2d", "d2h", "disk", "cpu" */
 } cm_time;
 
 /* The shell of model dir (NULL: builtin arch) on rt, with rt's available device bytes and the

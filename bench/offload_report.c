@@ -131,9 +131,7 @@ static void read_task(void *ctx, int64_t t, void *scratch) {
     j->sums[t] = s;
 }
 
-/* Best of three passes of all threads reading 2 GiB (the runtime's --threads, as the CPU
- * attention's pool). */
-static int host_read_ceiling(const flexdiag_runtime *rt, bench_ceilings *out) {
+int bench_host_read_rate(const flexdiag_runtime *rt, double *out) {
     int64_t n_tasks = (int64_t)(HOST_READ_BYTES / HOST_READ_TASK);
     float *buf = malloc(HOST_READ_BYTES), *sums = calloc((size_t)n_tasks, sizeof *sums);
     flexdiag_pool *pool = NULL;
@@ -151,7 +149,7 @@ static int host_read_ceiling(const flexdiag_runtime *rt, bench_ceilings *out) {
     flexdiag__pool_destroy(pool);
     free(buf);
     free(sums);
-    out->host_read = st == FLEXDIAG_OK ? best : 0;
+    *out = st == FLEXDIAG_OK ? best : 0;
     if (st == FLEXDIAG_OK) return 0;
     fprintf(stderr, "flexdiag bench: host read rate not measured: %s\n", flexdiag__err_msg());
     return 1;
@@ -163,7 +161,7 @@ int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv
     if (!m->w.homes && !kv_homes) return 0;
     int rc = copy_ceilings(rt, m, out);
     if (m->w.homes && m->w.homes->store) rc |= disk_ceiling(rt, m, out);
-    if (cpu_attention) rc |= host_read_ceiling(rt, out);
+    if (cpu_attention) rc |= bench_host_read_rate(rt, &out->host_read);
     return rc;
 }
 

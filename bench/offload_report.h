@@ -45,6 +45,9 @@ typedef struct bench_offload_row {
  * device budget. 0, or 1 after a message. */
 int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv_homes,
                            int cpu_attention, bench_ceilings *out);
+/* Bytes/s the runtime's --threads read from host memory together: the best of three passes
+ * summing 2 GiB (the CPU attention's bound). 0, or 1 after a message (*out 0). */
+int bench_host_read_rate(const flexdiag_runtime *rt, double *out);
 /* The row of context c from its offload counters before and after the timed run of n_steps
  * decode steps (decode_s seconds, prefill included in the counters: one layer pass) and the
  * profiled compute time per step. */

@@ -12,6 +12,8 @@
  * device is refused with exit 2, the message naming the file. min-fidelity: on the trained
  * models/shapes-janus a floor no sparse policy reaches leaves dense alone, and the flag without
  * --model is refused. disk: --offload-dir adds disk placements with flags that reproduce them.
+ * CPU attention: offered for dense's host KV homes only, its verdicts exact (the workspaces in
+ * the pinned bytes), its flags run.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -61,6 +63,7 @@ static int really_fits(uint64_t gpu_mem, uint64_t cpu_mem, const cm_config *c) {
         cp.max_prompt_len = c->prompt_len;
         memcpy(cp.kv_pct, c->kvpct, sizeof cp.kv_pct);
         cp.policy = c->policy;
+        cp.cpu_attention = c->cpu_attention;
         ok = flexdiag_context_create(m, &cp, &ctx) == FLEXDIAG_OK;
     }
     flexdiag_context_destroy(ctx);
@@ -95,13 +98,14 @@ static void test_verdicts(void **state) {
         for (int32_t b = 1; b <= 8; b *= 2)
             for (int split = 0; split < 2; split++)
                 for (int k = 0; k < (split && b > 1 ? 2 : 1); k++)
-                    for (int pol = 0; pol < 2; pol++) {
+                    for (int pol = 0; pol < 3; pol++) {
+                        if (pol == 2 && k == 0) continue; /* CPU attention needs a host home */
                         cm_config c = {.batch = b, .micro = split && b > 1 ? b / 2 : 0,
-                                       .prompt_len = 20};
+                                       .prompt_len = 20, .cpu_attention = pol == 2};
                         memcpy(c.wpct, wp[w], sizeof c.wpct);
                         memcpy(c.kvpct, kv[k], sizeof c.kvpct);
                         flexdiag_policy_params_init(&c.policy);
-                        if (pol) c.policy.kind = FLEXDIAG_POLICY_DIAGONAL, c.policy.sparsity = 0.75;
+                        if (pol == 1) c.policy.kind = FLEXDIAG_POLICY_DIAGONAL, c.policy.sparsity = 0.75;
                         uint64_t gpu, cpu, avail, g2, c2, a2;
                         model_fits("micro-janus", big, &c, &gpu, &cpu, &avail);
                         uint64_t exact = big - (avail - gpu); /* leaves exactly gpu available */
@@ -250,6 +254,43 @@ static void test_min_fidelity(void **state) {
     free(model);
 }
 
+/* With a host read rate in the profile the search offers CPU attention for the host KV homes of
+ * dense (never for Diagonal, whose state lives next to the device's attention), with flags
+ * that `bench` runs. */
+static void test_cpu_attention(void **state) {
+    (void)state;
+    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
+                       "--random-weights --gpu-mem 256M --profile p.json --max-batch 8 "
+                       "--policies dense,diagonal --max-sparsity 0.75 --top 1000 --json "
+                       ">ca.out 2>ca.err", g_dir, g_bench);
+    assert_int_equal(rc, 0);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ca.out", g_dir);
+    char *out = tu_read_file(path, NULL);
+    assert_non_null(out);
+    int with = 0;
+    char flags[1024] = "";
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *r = json_loads(line, 0, NULL);
+        const char *f = json_string_value(json_object_get(r, "flags"));
+        if (json_is_true(json_object_get(r, "cpu_attention"))) {
+            with++;
+            assert_string_equal(json_string_value(json_object_get(r, "policy")), "dense");
+            assert_true(json_integer_value(json_array_get(json_object_get(r, "kv"), 1)) > 0);
+            assert_non_null(strstr(f, "--cpu-attention"));
+            if (!flags[0]) snprintf(flags, sizeof flags, "%s", f);
+        } else {
+            assert_null(strstr(f, "--cpu-attention"));
+        }
+        json_decref(r);
+    }
+    free(out);
+    assert_true(with > 0);
+    rc = tu_system("cd '%s' && '%s' %s --threads 2 --steps 4 >cab.out 2>cab.err", g_dir, g_bench,
+                   flags + strlen("flexdiag "));
+    assert_int_equal(rc, 0);
+}
+
 /* --offload-dir adds disk placements (all of the off-GPU weights on disk, or half), with the
  * flags that reproduce them; without a disk rate in the profile they cannot be ranked. */
 static void test_disk_tier(void **state) {
@@ -321,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_min_fidelity),
         cmocka_unit_test(test_largest_batch),
         cmocka_unit_test(test_disk_tier),
+        cmocka_unit_test(test_cpu_attention),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmtree(g_dir);
