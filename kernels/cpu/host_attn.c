@@ -82,8 +82,17 @@ static int64_t append_row(const bf16_job *jb, int64_t s, int32_t kh) {
     return blk;
 }
 
+/* x86-64: the task is also compiled for AVX2 and picked at load time (an ifunc). The dot
+ * products keep their 8 fixed partial sums and nothing is contracted into FMAs, so both
+ * versions give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang_analyzer__)
+#define HOST_ATTN_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define HOST_ATTN_CLONES
+#endif
+
 /* Task t: sequence t / h_kv, KV head t % h_kv, the g query heads of its group. */
-static void bf16_task(void *ctx, int64_t t, void *scratch) {
+HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     const bf16_job *jb = ctx;
     const flexdiag_attn_args *a = &jb->h->a;
     int64_t s = t / a->h_kv;

@@ -273,13 +273,14 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol) {
+void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol,
+                          int n_kinds) {
     static const flexdiag_policy_kind kinds[] = {FLEXDIAG_POLICY_DENSE, FLEXDIAG_POLICY_WINDOW,
                                                  FLEXDIAG_POLICY_STREAMING};
     static const uint32_t wdev[3] = {100, 0, 0};
     const int32_t micro[] = {batch, batch / 2, 1, batch / 2}; /* 1, 2, all micro-batches */
     const uint32_t homes[][3] = {{0, 100, 0}, {0, 100, 0}, {0, 100, 0}, {50, 50, 0}};
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+    for (int k = 0; k < n_kinds && k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
         flexdiag_runtime *rt;
         flexdiag_model *m;
         open_model(device, arch, wdev, NULL, 64u << 20, &rt, &m);

@@ -21,11 +21,13 @@ void to_run_placements(int device, const char *arch, int32_t batch, int32_t micr
 void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
                      const char *dir);
 
-/* CPU attention (--kv with a CPU share, --cpu-attention) for dense, window and streaming with
+/* CPU attention (--kv with a CPU share, --cpu-attention) for the first n_kinds of dense, window
+ * and streaming with
  * one, two and all-single-image micro-batches (a run cancelled half way among them) and with
  * half the block on the device: no KV moves to the device in the decode steps, and the image
  * of the all-device run scores within tol relative L2 of its logits (tol 0: the tokens and
  * logits bit for bit, the CPU backend's host attention being its own). batch even, >= 2. */
-void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol);
+void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol,
+                          int n_kinds);
 
 #endif /* FLEXDIAG_TEST_OFFLOAD_RUNS_H */
