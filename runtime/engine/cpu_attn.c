@@ -12,15 +12,18 @@
  * done when the step's ids come back (the compute stream waited for each), so the next step
  * may rewrite them. Jobs run in queue order on the host-function queue (a copy stream of the
  * device backend: cudaLaunchHostFunc on CUDA, the queue's worker on the CPU backends) and use
- * the threads of their own "cpu" stream; a failure is kept with its message and reported after
+ * the threads of their own "cpu" stream, bound to the KV home's NUMA node; a failure is kept with its message and reported after
  * the step.
  */
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/core.h"
+#include "offload/numa.h"
 #include "runtime/engine/cpu_attn.h"
 
 typedef struct ca_ws {
@@ -39,6 +42,7 @@ struct flexdiag_cpu_attn {
     const flexdiag_kernels *k; /* the device backend */
     flexdiag_stream *queue;    /* its host-function queue */
     flexdiag_stream *cpu;      /* "cpu" stream: the attention threads */
+    int numa_node;             /* the node they run on (-1: not bound) */
     int32_t n_ws, n_layers;
     ca_ws *ws;                 /* (n_ws) */
     ca_job *jobs;              /* (n_layers, n_ws) */
@@ -112,6 +116,26 @@ static flexdiag_status open_ws(flexdiag_context *c, flexdiag_cpu_attn *ca) {
     return FLEXDIAG_OK;
 }
 
+/* The attention threads, on the NUMA node the pinned pool (the KV home) is bound to when it is
+ * bound to one: they are created while this thread's affinity is that node's CPUs (within its
+ * own mask), so they inherit it and --threads 0 counts the node's cores. */
+static flexdiag_status open_threads(const flexdiag_runtime *rt, flexdiag_cpu_attn *ca) {
+    flexdiag_host_pool_stats ps = {.numa_node = -1};
+    if (rt->pool) flexdiag__host_pool_stats(rt->pool, &ps);
+    cpu_set_t old, set;
+    int bind = ps.numa_node >= 0 && flexdiag__numa_node_cpus(ps.numa_node, &set) == 0 &&
+               pthread_getaffinity_np(pthread_self(), sizeof old, &old) == 0;
+    if (bind) {
+        CPU_AND(&set, &set, &old);
+        bind = CPU_COUNT(&set) > 0 &&
+               pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+    }
+    flexdiag_status st = flexdiag__kernels_cpu()->stream_create(-1, rt->p.threads, &ca->cpu);
+    if (bind) (void)pthread_setaffinity_np(pthread_self(), sizeof old, &old);
+    ca->numa_node = bind ? ps.numa_node : -1;
+    return st;
+}
+
 static flexdiag_status open_all(flexdiag_context *c, flexdiag_cpu_attn *ca) {
     const flexdiag_runtime *rt = c->m->rt;
     if (!ca->k->host_fn || !ca->k->copy_stream_create)
@@ -120,8 +144,7 @@ static flexdiag_status open_all(flexdiag_context *c, flexdiag_cpu_attn *ca) {
                              "order",
                              ca->k->name);
     FLEXDIAG_TRY(ca->k->copy_stream_create(rt->p.device, &ca->queue));
-    const flexdiag_kernels *cpu = flexdiag__kernels_cpu();
-    FLEXDIAG_TRY(cpu->stream_create(-1, rt->p.threads, &ca->cpu));
+    FLEXDIAG_TRY(open_threads(rt, ca));
     ca->ws = calloc((size_t)ca->n_ws, sizeof *ca->ws);
     ca->jobs = calloc((size_t)ca->n_ws * (size_t)ca->n_layers, sizeof *ca->jobs);
     if (!ca->ws || !ca->jobs)

@@ -288,6 +288,22 @@ static void test_pinning(void **state) {
     flexdiag__host_pool_destroy(pool);
 }
 
+/* The sysfs cpulist parser the CPU attention binds its threads with. */
+static void test_cpulist(void **state) {
+    (void)state;
+    cpu_set_t set;
+    assert_int_equal(flexdiag__cpulist_parse("0-3,8,10-11\n", &set), 0);
+    assert_int_equal(CPU_COUNT(&set), 7);
+    assert_true(CPU_ISSET(8, &set) && CPU_ISSET(11, &set) && !CPU_ISSET(4, &set));
+    assert_int_equal(flexdiag__cpulist_parse("5", &set), 0);
+    assert_int_equal(CPU_COUNT(&set), 1);
+    const char *bad[] = {"", "\n", "3-1", "a", "1,,2", "0-", "-1", "1;2"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (flexdiag__cpulist_parse(bad[i], &set) != 1) fail_msg("cpulist \"%s\" accepted", bad[i]);
+    assert_int_equal(flexdiag__numa_node_cpus(-1, &set), 1);
+    assert_int_equal(flexdiag__numa_node_cpus(1 << 20, &set), 1);
+}
+
 /* NUMA answers: unknown device or no bus id -> -1 with a reason; a real bus id is answered
  * (-1 on a one-node machine). */
 static void test_numa(void **state) {
@@ -329,6 +345,7 @@ int main(void) {
         cmocka_unit_test(test_accounting), cmocka_unit_test(test_refusal),
         cmocka_unit_test(test_ranges_random), cmocka_unit_test(test_threads),
         cmocka_unit_test(test_pinning), cmocka_unit_test(test_numa),
+        cmocka_unit_test(test_cpulist),
     };
     return cmocka_run_group_tests_name("host_pool", tests, NULL, NULL);
 }
