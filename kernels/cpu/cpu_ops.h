@@ -20,6 +20,7 @@
 #error "kernels/cpu/cpu_ops.h is private to kernels/cpu/ (docs/architecture.md)"
 #endif
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -105,6 +106,27 @@ flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const 
                                          int decode);
 
 /* ---- fast multi-threaded ops (fast_matmul.c, fast_attn.c) ---- */
+
+/* One chunk of an online softmax for nq query heads: head h's nc logits z[h·zs ..] raise its
+ * running maximum m[h] (its sum l[h] and accumulator acc (d_h floats at h·d_h) rescaled once),
+ * then become p = exp(z - m) and add to l[h]. Shared by fast_attn.c and host_attn.c. */
+static inline void flexdiag__cpu_softmax_chunk(float *z, int64_t zs, int64_t nc, float *m,
+                                               float *l, float *acc, int32_t nq, int32_t d_h) {
+    for (int32_t h = 0; h < nq; h++) {
+        float cm = m[h], *zh = z + h * zs, *ah = acc + (int64_t)h * d_h;
+        for (int64_t c = 0; c < nc; c++) cm = fmaxf(cm, zh[c]);
+        float corr = expf(m[h] - cm);
+        if (corr != 1.0f) {
+            l[h] *= corr;
+            for (int32_t i = 0; i < d_h; i++) ah[i] *= corr;
+        }
+        m[h] = cm;
+        for (int64_t c = 0; c < nc; c++) {
+            zh[c] = expf(zh[c] - cm);
+            l[h] += zh[c];
+        }
+    }
+}
 
 /* a·b of n floats with 8 interleaved partial sums (two SSE or one AVX vector): a fixed order
  * the compiler vectorises, shared by the fast attention paths (fast_attn.c, host_attn.c). */

@@ -89,21 +89,7 @@ static void attend_group(const float *q, int32_t nq, const key_list *r, float sc
                 if (j0 + c >= r->n_prompt)
                     for (int32_t h = 0; h < nq; h++)
                         go->logits[h * go->lstride + j0 + c - r->n_prompt] = z[h * CHUNK + c];
-        /* rescale each head's state to the new maximum; z becomes p = exp(z - m) */
-        for (int32_t h = 0; h < nq; h++) {
-            float cm = m[h];
-            for (int64_t c = 0; c < nc; c++) cm = fmaxf(cm, z[h * CHUNK + c]);
-            float corr = expf(m[h] - cm);
-            if (corr != 1.0f) {
-                l[h] *= corr;
-                for (int32_t i = 0; i < d_h; i++) acc[(int64_t)h * d_h + i] *= corr;
-            }
-            m[h] = cm;
-            for (int64_t c = 0; c < nc; c++) {
-                z[h * CHUNK + c] = expf(z[h * CHUNK + c] - cm);
-                l[h] += z[h * CHUNK + c];
-            }
-        }
+        flexdiag__cpu_softmax_chunk(z, CHUNK, nc, m, l, acc, nq, d_h);
         /* each V row once, into all accumulators */
         for (int64_t c = 0; c < nc; c++) {
             const float *vr = r->v + key_off(r, j0 + c);

@@ -117,20 +117,7 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
         for (int64_t c = 0; c < nc; c++)
             for (int32_t i = 0; i < g; i++)
                 z[i * CHUNK + c] = a->scale * flexdiag__cpu_dot(q + (int64_t)i * d_h, kv + c * d_h, d_h);
-        for (int32_t i = 0; i < g; i++) {
-            float cm = m[i];
-            for (int64_t c = 0; c < nc; c++) cm = fmaxf(cm, z[i * CHUNK + c]);
-            float corr = expf(m[i] - cm);
-            if (corr != 1.0f) {
-                l[i] *= corr;
-                for (int32_t e = 0; e < d_h; e++) acc[(int64_t)i * d_h + e] *= corr;
-            }
-            m[i] = cm;
-            for (int64_t c = 0; c < nc; c++) {
-                z[i * CHUNK + c] = expf(z[i * CHUNK + c] - cm);
-                l[i] += z[i * CHUNK + c];
-            }
-        }
+        flexdiag__cpu_softmax_chunk(z, CHUNK, nc, m, l, acc, g, d_h);
         for (int64_t c = 0; c < nc; c++) widen(kv + c * d_h, vc + off[c], d_h);
         for (int64_t c = 0; c < nc; c++)
             for (int32_t i = 0; i < g; i++) {
