@@ -129,6 +129,15 @@ static void test_verdicts(void **state) {
     assert_true(checked >= 40);
 }
 
+/* The contents of file name in this run's folder (the output of a command run there). */
+static char *read_output(const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    char *out = tu_read_file(path, NULL);
+    if (!out) fail_msg("%s: cannot read it", path);
+    return out;
+}
+
 /* Line 1 of `search --json` on arch under gpu_mem, parsed. */
 static json_t *search_top(const char *arch, uint64_t gpu_mem, const char *extra) {
     int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch %s "
@@ -183,10 +192,7 @@ static void test_largest_batch(void **state) {
                        "--top 1000 --json >l.jsonl 2>l.err", g_dir, g_bench,
                        (unsigned long long)(budget >> 10));
     assert_int_equal(rc, 0);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/l.jsonl", g_dir);
-    char *out = tu_read_file(path, NULL);
-    assert_non_null(out);
+    char *out = read_output("l.jsonl");
     int found = 0;
     for (char *line = strtok(out, "\n"); line && !found; line = strtok(NULL, "\n")) {
         json_t *r = json_loads(line, 0, NULL);
@@ -264,10 +270,7 @@ static void test_cpu_attention(void **state) {
                        "--policies dense,diagonal --max-sparsity 0.75 --top 1000 --json "
                        ">ca.out 2>ca.err", g_dir, g_bench);
     assert_int_equal(rc, 0);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/ca.out", g_dir);
-    char *out = tu_read_file(path, NULL);
-    assert_non_null(out);
+    char *out = read_output("ca.out");
     int with = 0;
     char flags[1024] = "";
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
@@ -301,10 +304,7 @@ static void test_disk_tier(void **state) {
                        "--offload-dir store --profile pd.json --max-batch 2 --top 200 --json "
                        ">d.out 2>d.err", g_dir, g_bench, g_bench);
     assert_int_equal(rc, 0);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/d.out", g_dir);
-    char *out = tu_read_file(path, NULL);
-    assert_non_null(out);
+    char *out = read_output("d.out");
     int disk = 0, half = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         json_t *r = json_loads(line, 0, NULL);
