@@ -69,6 +69,40 @@ static void test_cpu_attention_delayed_copies(void **state) {
     unsetenv("FLEXDIAG_COPY_DELAY_US");
 }
 
+/* CPU attention is refused, naming what to change, without a host KV home and for a policy
+ * whose attention updates per-sequence state on the device. */
+static void test_cpu_attention_refused(void **state) {
+    (void)state;
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    flexdiag_runtime *rt = NULL;
+    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    flexdiag_model *m = NULL;
+    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 2;
+    cp.max_prompt_len = 32;
+    cp.cpu_attention = true;
+    flexdiag_context *c = NULL;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "--kv"));
+    cp.kv_pct[1] = 100;
+    cp.policy.kind = FLEXDIAG_POLICY_DIAGONAL;
+    cp.policy.sparsity = 0.75;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_UNSUPPORTED);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "diagonal"));
+    cp.policy.kind = FLEXDIAG_POLICY_WINDOW;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 /* --batch auto with KV homes: the largest batch whose host KV fits --cpu-mem runs, one more is
  * refused naming --cpu-mem (the same sizing function decides both). */
 static void test_kv_budget(void **state) {
@@ -166,6 +200,7 @@ int main(void) {
         cmocka_unit_test(test_kv_homes_delayed_copies),
         cmocka_unit_test(test_cpu_attention),
         cmocka_unit_test(test_cpu_attention_delayed_copies),
+        cmocka_unit_test(test_cpu_attention_refused),
         cmocka_unit_test(test_kv_budget),
         cmocka_unit_test(test_budgets_refused),
     };
