@@ -4,7 +4,9 @@
  * temporary folder. Every placement gives the resident run's tokens and logits bit for bit
  * (offload_runs.h), also with every copy delayed (FLEXDIAG_COPY_DELAY_US: a missing event
  * dependency shows up as wrong tokens) and on the thread-pool disk backend; budgets too small
- * are refused naming the flag and the bytes.
+ * are refused naming the flag and the bytes. KV homes in pinned host memory, with the device
+ * or the host (CPU attention) attending them, give the same bits too; CPU attention without a
+ * host home, or for a policy with device-side state, is refused with a message.
  */
 #include <setjmp.h>
 #include <stdarg.h>
