@@ -18,7 +18,7 @@ sparsity, fields policy, sparsity (null for dense), overall, categories) it also
                       dashed line, linear y
 
   /usr/bin/python3 tools/train/plot_fidelity.py [--json bench/figures/fidelity_shapes_janus.jsonl]
-      [--out bench/figures] [--scores bench/figures/policy_scores_shapes_janus.jsonl]
+      [--out bench/figures] [--scores bench/figures/policy_scores_full_shapes_janus.jsonl]
 
 No matplotlib/PIL: the charts are drawn into numpy arrays (a 5x7 bitmap font, lines, squares)
 and written with png.py. The drawing kit below (Canvas, FONT, ramp) is shared with
