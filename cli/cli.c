@@ -238,9 +238,9 @@ static int parse_weights(const char *cmd, const char *v, uint32_t pct[3]) {
 
 int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]) {
     if (parse_pct3(cmd, "--kv", "the block's micro-batches' KV cache", o->kv, pct)) return 2;
-    if (!pct[2]) return 0;
-    fprintf(stderr, "flexdiag %s: --kv %s: a disk KV home is not available yet; keep the KV on "
-                    "the GPU and in pinned host memory (--kv G,C,0)\n",
+    if (!pct[2] || o->offload_dir) return 0;
+    fprintf(stderr, "flexdiag %s: --kv %s puts KV on disk: give --offload-dir DIR (a folder on "
+                    "the disk to use; --disk-mem caps the file)\n",
             cmd, o->kv);
     return 2;
 }

@@ -133,12 +133,12 @@ typedef struct cli_policy_opts {
     {"--cpu-mem", CLI_SIZE, &(o)->cpu_mem,                                                         \
      "pinned host memory budget (default: what --weights needs)"},                                 \
     {"--disk-mem", CLI_SIZE, &(o)->disk_mem,                                                       \
-     "disk budget of the offload store (default: what --weights needs)"},                          \
+     "disk budget of the offload store (default: what --weights and --kv need)"},                          \
     {"--offload-dir", CLI_STR, &(o)->offload_dir,                                                  \
      "folder for the offload store (a file created there and unlinked at once)"},                  \
     {"--kv", CLI_STR, &(o)->kv,                                                                    \
      "G,C,D: percent of the micro-batches whose KV cache lives on GPU, pinned CPU, disk "          \
-     "(default 100,0,0; disk not yet)"},                                                           \
+     "(default 100,0,0; disk needs --offload-dir)"},                                                           \
     {"--cpu-attention", CLI_FLAG, &(o)->cpu_attention,                                             \
      "decode attention of the CPU-homed micro-batches on the CPU, over their KV in place "         \
      "(dense, window, streaming; needs --kv with a CPU share)"}

@@ -48,8 +48,9 @@ extern "C" {
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
- * 6: flexdiag_device_count. */
-#define FLEXDIAG_API_VERSION 7u
+ * 6: flexdiag_device_count. 7: context_params cpu_attention. 8: disk KV homes (kv_pct[2]),
+ * offload_info kv_disk_*. */
+#define FLEXDIAG_API_VERSION 8u
 
 /* ---- enums ---- */
 
@@ -156,8 +157,11 @@ typedef struct flexdiag_context_params {
     uint32_t kv_pct[3];            /* percent of the block's micro-batches whose KV lives on the
                                       GPU, in pinned host memory, on disk (sum 100; rounded down
                                       to whole micro-batches on the GPU; all 0 = 100,0,0). The
-                                      host-homed ones are staged per (layer, micro-batch).
-                                      Disk is not available yet (FLEXDIAG_ERR_UNSUPPORTED). */
+                                      host-homed ones are staged per (layer, micro-batch);
+                                      the disk-homed ones (since API version 8; rounded down
+                                      too unless the CPU share is 0) live in the runtime's
+                                      store (offload_dir, disk_mem) and pass through pinned
+                                      staging. */
     /* since API version 7 */
     bool cpu_attention;            /* decode attention of the host-homed micro-batches on the
                                       CPU, over their KV in place: q/k/v rows go down and the
@@ -311,6 +315,10 @@ typedef struct flexdiag_offload_info {
     uint64_t cpu_attn_h2d_bytes;  /* attention outputs sent back */
     uint64_t cpu_attn_kv_bytes;   /* host KV bytes the CPU attention read */
     double cpu_attn_s;            /* host seconds inside the CPU attention */
+    /* since API version 8 */
+    uint64_t kv_disk_read_bytes;  /* bytes read from the disk KV home (whole 4 KiB pages) */
+    uint64_t kv_disk_write_bytes; /* bytes written to it */
+    double kv_disk_wait_s;        /* host seconds waiting for it */
 } flexdiag_offload_info;
 
 /* Fill *out (caller-owned, struct_size set) for context c. */

@@ -23,8 +23,9 @@
  *                     events between the streams and no device-wide synchronisation; KV and
  *                     activations are located as in the resident scheduler.
  *   sched_kv.c        wraps either of them when the last micro-batches keep their KV in pinned
- *                     host memory: their layer's K/V spans are loaded into two device staging
- *                     buffers and written back, on copy streams ordered by events.
+ *                     host memory or on disk (kv_disk.c): their layer's K/V spans are loaded
+ *                     into two device staging buffers and written back, on copy streams
+ *                     ordered by events; disk-homed ones pass through pinned staging.
  */
 #ifndef FLEXDIAG_SCHED_H
 #define FLEXDIAG_SCHED_H
@@ -100,6 +101,9 @@ typedef struct flexdiag_sched_stats {
     double slot_wait_s;    /* host seconds spent waiting for a staging buffer to drain */
     uint64_t kv_h2d_bytes; /* KV bytes loaded from the host home (sched_kv.c) */
     uint64_t kv_d2h_bytes; /* KV bytes written back to it */
+    uint64_t kv_disk_read_bytes;  /* KV bytes read from the disk home (whole pages) */
+    uint64_t kv_disk_write_bytes; /* KV bytes written to it */
+    double kv_disk_wait_s;        /* host seconds waiting for it */
 } flexdiag_sched_stats;
 
 typedef struct flexdiag_sched_ops {
@@ -160,7 +164,10 @@ static inline flexdiag_status flexdiag__sched_release(flexdiag_sched *s,
     return s->ops->release(s, io);
 }
 
-/* KV homes (sched_kv.c): sequences [s_host, n_seq) keep their KV in host memory. */
+struct flexdiag_store;
+
+/* KV homes (sched_kv.c): sequences [s_host, s_disk) keep their KV in pinned host memory,
+ * [s_disk, n_seq) on disk (kv_disk.h). */
 typedef struct flexdiag_sched_kv_params {
     const flexdiag_kernels *k;  /* backend */
     int device;                 /* its device ordinal (the copy streams') */
@@ -168,12 +175,17 @@ typedef struct flexdiag_sched_kv_params {
     int32_t n_layers;           /* layers of the model (spans in the home) */
     int32_t n_seq;              /* sequences of the block */
     int32_t s_host;             /* first host-homed sequence (a micro-batch boundary) */
+    int32_t s_disk;             /* first disk-homed sequence (a micro-batch boundary; n_seq:
+                                   none) */
     int32_t mb_seq;             /* sequences per micro-batch (the most one acquire asks for) */
     size_t seq_bytes;           /* bytes of one sequence's K (or V) in one layer: heads blocks */
     int32_t heads;              /* KV heads: blocks per sequence span */
     int32_t p_cap, span_rows;   /* rows of a block: the prompt capacity, then the ring */
     size_t row_bytes;           /* bytes of one row (head_dim × element size) */
-    char *host;                 /* (n_layers, 2, n_seq - s_host, seq_bytes) pinned (borrowed) */
+    char *host;                 /* (n_layers, 2, s_disk - s_host, seq_bytes) pinned (borrowed) */
+    struct flexdiag_store *store; /* the disk home's store (borrowed; NULL without one) */
+    uint64_t disk_off;          /* its extent (flexdiag__kv_disk_bytes) */
+    char *disk_stage;           /* pinned, flexdiag__kv_disk_stage_bytes (borrowed) */
     void *staging;              /* flexdiag__sched_kv_staging_bytes device bytes (borrowed) */
 } flexdiag_sched_kv_params;
 

@@ -1,6 +1,6 @@
 /*
  * sched_kv.c - KV homes below the device (sched.h): a scheduler that wraps another one and
- * keeps the KV cache of the last micro-batches of a block in pinned host memory.
+ * keeps the KV cache of the last micro-batches of a block in pinned host memory or on disk.
  *
  * Sequences [0, s_host) keep their KV on the device and go through the inner scheduler
  * untouched; the KV of sequences [s_host, n_seq) lives in the host home with the device
@@ -32,8 +32,13 @@
  * an event there and the gathers wait for it. Rows that are resident but not attended stay
  * stale in the staging buffer, which no kernel reads.
  *
+ * Sequences [s_disk, n_seq) keep their KV on disk (kv_disk.h): their acquire first reads the
+ * pages of the rows the forward touches into a pinned staging region, which then plays the
+ * pinned home's part for the copies above, and their release hands the rows copied back to the
+ * disk home, which writes them when the staging region is needed again.
+ *
  * A decode step whose caller attends on the host (io->host_attend: CPU attention) gets the
- * home's own addresses and moves nothing: the host appends and reads the rows in place. The
+ * pinned home's own addresses and moves nothing: the host appends and reads the rows in place. The
  * compute stream waits for the last write-back of that (layer, micro-batch) (the prefill's
  * prompt rows), so work the caller orders after the compute stream finds them home.
  */
@@ -41,11 +46,15 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "offload/kv_disk.h"
 #include "offload/sched.h"
 
 typedef struct kvbuf {
     char *dev;              /* staging: K span then V span, mb_seq sequences each */
     int32_t layer, s0;      /* what it holds or is loading (-1: nothing) */
+    char *home[2];          /* where its K and V spans live on the host: the pinned home, or
+                               the disk home's staging region `stage` */
+    int stage;              /* the disk home's staging region, -1 for the pinned home */
     flexdiag_event *ready;  /* up stream: the H2D into dev is done */
     flexdiag_event *used;   /* compute stream: the forward over dev is done */
     flexdiag_event *stored; /* down stream: dev's contents are back in the host home */
@@ -58,16 +67,17 @@ typedef struct kvsched {
     flexdiag_stream *up, *down; /* H2D and D2H copy streams (both directions at once) */
     kvbuf buf[2];
     int32_t next;            /* buffer the next host-homed acquire takes */
-    int32_t n_mb;            /* host-homed micro-batches */
+    int32_t n_mb;            /* micro-batches homed below the device (pinned, then disk) */
     flexdiag_event **stored; /* (n_layers, n_mb) down stream: the last write-back of each */
     flexdiag_event *planned;    /* compute stream: this step's slot lists are written */
+    flexdiag_kv_disk *disk;     /* the disk home of sequences [s_disk, n_seq), NULL when none */
     flexdiag_sched_stats st;
 } kvsched;
 
-/* Host address of layer j's K (kv 0) or V (kv 1) span of sequence s (s >= s_host). */
+/* Host address of layer j's K (kv 0) or V (kv 1) span of sequence s (s_host <= s < s_disk). */
 static char *host_span(const kvsched *t, int32_t j, int kv, int32_t s) {
     const flexdiag_sched_kv_params *p = &t->p;
-    size_t n_host = (size_t)(p->n_seq - p->s_host);
+    size_t n_host = (size_t)(p->s_disk - p->s_host);
     return p->host + (((size_t)j * 2 + (size_t)kv) * n_host + (size_t)(s - p->s_host)) *
                          p->seq_bytes;
 }
@@ -88,7 +98,7 @@ static flexdiag_status rows(kvsched *t, kvbuf *b, const flexdiag_sched_io *io, i
     size_t width = (size_t)n * p->row_bytes, blocks = (size_t)io->n_seq * (size_t)p->heads;
     size_t half = (size_t)p->mb_seq * p->seq_bytes;
     for (int kv = 0; kv < 2; kv++) {
-        char *dev = b->dev + (size_t)kv * half + off, *host = host_span(t, io->layer, kv, io->s0) + off;
+        char *dev = b->dev + (size_t)kv * half + off, *host = b->home[kv] + off;
         FLEXDIAG_TRY(up ? p->k->copy_h2d_2d_async(dev, pitch, host, pitch, width, blocks, t->up)
                         : p->k->copy_d2h_2d_async(host, pitch, dev, pitch, width, blocks, t->down));
     }
@@ -104,7 +114,7 @@ static flexdiag_status slot_rows(kvsched *t, kvbuf *b, const flexdiag_sched_io *
     size_t half = (size_t)p->mb_seq * p->seq_bytes, pitch = (size_t)p->span_rows * p->row_bytes;
     for (int kv = 0; kv < 2; kv++) {
         flexdiag_slot_rows r = {.dst = b->dev + (size_t)kv * half,
-                                .src = host_span(t, io->layer, kv, io->s0), .pitch = pitch,
+                                .src = b->home[kv], .pitch = pitch,
                                 .ring_off = (size_t)p->p_cap * p->row_bytes,
                                 .row_bytes = p->row_bytes, .slots = io->kv_slots,
                                 .n_slots = io->kv_n_slots, .max_slots = io->kv_max_slots,
@@ -142,12 +152,40 @@ static flexdiag_status store(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) 
     const flexdiag_kernels *k = t->p.k;
     FLEXDIAG_TRY(k->event_record(b->used, t->p.compute));
     FLEXDIAG_TRY(k->stream_wait_event(t->down, b->used));
-    if (io->kv_wn >= 0)
-        FLEXDIAG_TRY(rows(t, b, io, 0, io->kv_w0, io->kv_wn, &t->st.kv_d2h_bytes));
-    else
-        FLEXDIAG_TRY(rows(t, b, io, 0, t->p.p_cap, io->kv_ring, &t->st.kv_d2h_bytes));
+    int32_t w0 = io->kv_wn >= 0 ? io->kv_w0 : t->p.p_cap;
+    int32_t wn = io->kv_wn >= 0 ? io->kv_wn : io->kv_ring;
+    FLEXDIAG_TRY(rows(t, b, io, 0, w0, wn, &t->st.kv_d2h_bytes));
+    if (b->stage >= 0 && wn > 0) FLEXDIAG_TRY(flexdiag__kv_disk_put(t->disk, b->stage, w0, w0 + wn));
     FLEXDIAG_TRY(k->event_record(b->stored, t->down));
     return k->event_record(stored_of(t, io->layer, io->s0), t->down);
+}
+
+/* The rows of each block io reads or writes, as one interval [*lo, *hi) (0, 0: none). */
+static void touched(const kvsched *t, const flexdiag_sched_io *io, int32_t *lo, int32_t *hi) {
+    int32_t pc = t->p.p_cap, a = INT32_MAX, e = 0;
+    int32_t w0 = io->kv_wn >= 0 ? io->kv_w0 : pc, wn = io->kv_wn >= 0 ? io->kv_wn : io->kv_ring;
+    if (io->kv_prompt > 0) a = 0, e = io->kv_prompt;
+    if (io->kv_ring > 0) a = a < pc ? a : pc, e = e > pc + io->kv_ring ? e : pc + io->kv_ring;
+    if (wn > 0) a = a < w0 ? a : w0, e = e > w0 + wn ? e : w0 + wn;
+    *lo = a < e ? a : 0;
+    *hi = a < e ? e : 0;
+}
+
+/* Point b at the host copy of io's spans: the pinned home, or a staging region of the disk
+ * home filled with the rows io touches. */
+static flexdiag_status locate_home(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) {
+    b->stage = -1;
+    if (io->s0 < t->p.s_disk) {
+        b->home[0] = host_span(t, io->layer, 0, io->s0);
+        b->home[1] = host_span(t, io->layer, 1, io->s0);
+        return FLEXDIAG_OK;
+    }
+    int32_t lo, hi, mb = (io->s0 - t->p.s_disk) / t->p.mb_seq;
+    int32_t s = io->s0 - t->p.s_disk - mb * t->p.mb_seq;
+    touched(t, io, &lo, &hi);
+    if (hi <= lo) lo = 0, hi = 1; /* nothing touched: keep the bookkeeping uniform */
+    return flexdiag__kv_disk_get(t->disk, io->layer, mb, s, io->n_seq, lo, hi, &b->home[0],
+                                 &b->home[1], &b->stage);
 }
 
 static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
@@ -158,6 +196,7 @@ static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     if (io->s0 < t->p.s_host) return FLEXDIAG_OK;
     FLEXDIAG_DASSERT(io->n_seq <= t->p.mb_seq && io->s0 + io->n_seq <= t->p.n_seq);
     if (io->host_attend) { /* the host attends: the KV stays home, once the rows are there */
+        FLEXDIAG_DASSERT(io->s0 < t->p.s_disk);
         FLEXDIAG_TRY(t->p.k->stream_wait_event(t->p.compute, stored_of(t, io->layer, io->s0)));
         io->k = host_span(t, io->layer, 0, io->s0);
         io->v = host_span(t, io->layer, 1, io->s0);
@@ -166,7 +205,9 @@ static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     }
     kvbuf *b = &t->buf[t->next];
     t->next ^= 1;
+    FLEXDIAG_TRY(locate_home(t, b, io));
     FLEXDIAG_TRY(load(t, b, io));
+    if (b->stage >= 0) FLEXDIAG_TRY(flexdiag__kv_disk_loaded(t->disk, b->stage));
     io->k = b->dev;
     io->v = b->dev + (size_t)t->p.mb_seq * t->p.seq_bytes;
     return FLEXDIAG_OK;
@@ -187,12 +228,21 @@ static void kv_stats(const flexdiag_sched *s, flexdiag_sched_stats *out) {
     if (t->inner->ops->stats) t->inner->ops->stats(t->inner, out);
     out->kv_h2d_bytes = t->st.kv_h2d_bytes;
     out->kv_d2h_bytes = t->st.kv_d2h_bytes;
+    if (t->disk) {
+        flexdiag_kv_disk_stats ds;
+        flexdiag__kv_disk_stats(t->disk, &ds);
+        out->kv_disk_read_bytes = ds.read_bytes;
+        out->kv_disk_write_bytes = ds.write_bytes;
+        out->kv_disk_wait_s = ds.wait_s;
+    }
 }
 
 static void kv_destroy(flexdiag_sched *s) {
     kvsched *t = (kvsched *)s;
     const flexdiag_kernels *k = t->p.k;
     if (t->down) k->stream_sync(t->down); /* the write-backs land before the home goes */
+    if (t->up) k->stream_sync(t->up);
+    (void)flexdiag__kv_disk_destroy(t->disk);
     if (t->up) k->stream_destroy(t->up);
     if (t->down) k->stream_destroy(t->down);
     for (int i = 0; i < 2; i++) {
@@ -241,7 +291,17 @@ static flexdiag_status kv_open(kvsched *t) {
     t->stored = calloc(n_ev, sizeof *t->stored);
     if (!t->stored) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "scheduler: no host memory");
     for (size_t i = 0; i < n_ev; i++) FLEXDIAG_TRY(k->event_create(t->down, &t->stored[i]));
-    return FLEXDIAG_OK;
+    if (p->s_disk >= p->n_seq) return FLEXDIAG_OK;
+    if (!p->store || !p->disk_stage || !k->event_sync)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "KV scheduler: a disk KV home needs the offload store and staging");
+    flexdiag_kv_disk_params dp = {
+        .k = k, .store = p->store, .off = p->disk_off, .n_layers = p->n_layers,
+        .n_mb = (p->n_seq - p->s_disk + p->mb_seq - 1) / p->mb_seq, .mb_seq = p->mb_seq,
+        .seq_bytes = p->seq_bytes, .heads = p->heads,
+        .block_bytes = (size_t)p->span_rows * p->row_bytes, .row_bytes = p->row_bytes,
+        .stage = p->disk_stage, .up = t->up, .down = t->down};
+    return flexdiag__kv_disk_create(&dp, &t->disk);
 }
 
 size_t flexdiag__sched_kv_staging_bytes(int32_t mb_seq, size_t seq_bytes) {

@@ -35,23 +35,26 @@ static flexdiag_status pool_make(flexdiag_runtime *rt, uint64_t need) {
     return flexdiag__host_pool_create(&hp, &rt->pool);
 }
 
-static flexdiag_status store_make(flexdiag_runtime *rt, uint64_t need) {
+/* The store, for `who` ("the weight placement", "the KV placement") needing `need` bytes;
+ * `move` says which flag moves that data elsewhere. */
+static flexdiag_status store_make(flexdiag_runtime *rt, uint64_t need, const char *who,
+                                  const char *move) {
     char a[32], b[32];
     if (!rt->offload_dir)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "the weight placement puts %s on disk but no --offload-dir was given",
+                             "%s puts %s on disk but no --offload-dir was given", who,
                              flexdiag__fmt_bytes(need, b, sizeof b));
     if (rt->p.disk_mem && need > rt->p.disk_mem)
         return flexdiag__err(FLEXDIAG_ERR_NO_SPACE,
-                             "--disk-mem %s is too small: the weight placement needs %s on disk "
-                             "(raise --disk-mem or move weights with --weights)",
-                             flexdiag__fmt_bytes(rt->p.disk_mem, a, sizeof a),
-                             flexdiag__fmt_bytes(need, b, sizeof b));
+                             "--disk-mem %s is too small: %s needs %s on disk (raise --disk-mem "
+                             "or move data off the disk with %s)",
+                             flexdiag__fmt_bytes(rt->p.disk_mem, a, sizeof a), who,
+                             flexdiag__fmt_bytes(need, b, sizeof b), move);
     flexdiag_store_params sp;
     flexdiag__store_params_init(&sp);
     sp.dir = rt->offload_dir;
     sp.budget = flexdiag__ranges_round(rt->p.disk_mem ? rt->p.disk_mem : need, 4096);
-    sp.name = "weights store (--offload-dir)";
+    sp.name = "offload store (--offload-dir, --disk-mem)";
     FLEXDIAG_TRY(flexdiag__store_create(&sp, &rt->store));
     if (!rt->pool) return FLEXDIAG_OK;
     flexdiag_store_buf buf = {flexdiag__host_pool_base(rt->pool),
@@ -66,7 +69,8 @@ flexdiag_status flexdiag__tiers_prepare(flexdiag_runtime *rt, const flexdiag_wcu
     pthread_mutex_lock(&rt->tier_mu);
     flexdiag_status st = FLEXDIAG_OK;
     if (!rt->pool) st = pool_make(rt, need[1] + STAGED_CONTEXTS * stage);
-    if (st == FLEXDIAG_OK && need[2] && !rt->store) st = store_make(rt, need[2]);
+    if (st == FLEXDIAG_OK && need[2] && !rt->store)
+        st = store_make(rt, need[2], "the weight placement", "--weights");
     pthread_mutex_unlock(&rt->tier_mu);
     return st;
 }
@@ -76,6 +80,16 @@ flexdiag_status flexdiag__tiers_pool_alloc(flexdiag_runtime *rt, size_t bytes, c
     pthread_mutex_lock(&rt->tier_mu);
     flexdiag_status st = rt->pool ? FLEXDIAG_OK : pool_make(rt, bytes);
     if (st == FLEXDIAG_OK) st = flexdiag__host_pool_alloc(rt->pool, bytes, what, out);
+    pthread_mutex_unlock(&rt->tier_mu);
+    return st;
+}
+
+flexdiag_status flexdiag__tiers_store_alloc(flexdiag_runtime *rt, uint64_t bytes, const char *what,
+                                            flexdiag_store_extent *out) {
+    pthread_mutex_lock(&rt->tier_mu);
+    flexdiag_status st =
+        rt->store ? FLEXDIAG_OK : store_make(rt, bytes, "the KV placement", "--kv G,C,0");
+    if (st == FLEXDIAG_OK) st = flexdiag__store_alloc(rt->store, bytes, what, out);
     pthread_mutex_unlock(&rt->tier_mu);
     return st;
 }
@@ -132,11 +146,15 @@ flexdiag_status flexdiag_context_offload(const flexdiag_context *c, flexdiag_off
         out->disk_wait_s = s.disk_wait_s;
         out->kv_h2d_bytes = s.kv_h2d_bytes;
         out->kv_d2h_bytes = s.kv_d2h_bytes;
+        out->kv_disk_read_bytes = s.kv_disk_read_bytes;
+        out->kv_disk_write_bytes = s.kv_disk_write_bytes;
+        out->kv_disk_wait_s = s.kv_disk_wait_s;
     }
     memcpy(out->kv_pct, c->p.kv_pct, sizeof out->kv_pct);
     if (!out->kv_pct[0] && !out->kv_pct[1] && !out->kv_pct[2]) out->kv_pct[0] = 100;
     out->kv_bytes[0] = (uint64_t)L * 2 * (uint64_t)c->s_host * c->seq_bytes;
-    out->kv_bytes[1] = (uint64_t)L * 2 * (uint64_t)(c->n_seq - c->s_host) * c->seq_bytes;
+    out->kv_bytes[1] = (uint64_t)L * 2 * (uint64_t)(c->s_disk - c->s_host) * c->seq_bytes;
+    out->kv_bytes[2] = (uint64_t)L * 2 * (uint64_t)(c->n_seq - c->s_disk) * c->seq_bytes;
     flexdiag__cpu_attn_stats(c, out);
     return FLEXDIAG_OK;
 }

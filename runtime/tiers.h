@@ -1,7 +1,7 @@
 /*
  * tiers.h - the runtime's memory tiers below the device: the pinned host pool and the NVMe store
- * (offload/host_pool.h, offload/store.h), made when a model's weight placement first needs them
- * and sized by --cpu-mem / --disk-mem or, without them, by that need.
+ * (offload/host_pool.h, offload/store.h), made when a model's weight placement or a context's KV
+ * home first needs them and sized by --cpu-mem / --disk-mem or, without them, by that need.
  */
 #ifndef FLEXDIAG_TIERS_H
 #define FLEXDIAG_TIERS_H
@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "flexdiag.h"
+#include "offload/store.h"
 #include "offload/weight_homes.h"
 
 /* Disk staging buffers each context's scheduler takes from the pinned pool (one layer's disk
@@ -30,6 +31,11 @@ flexdiag_status flexdiag__tiers_prepare(flexdiag_runtime *rt, const flexdiag_wcu
  * no model needed one (sized by --cpu-mem, else by bytes). OOM_PINNED names the pool. */
 flexdiag_status flexdiag__tiers_pool_alloc(flexdiag_runtime *rt, size_t bytes, const char *what,
                                            void **out);
+/* Carve an extent of bytes of the store for `what` (a context's disk KV home), making the
+ * store first when no model needed one (sized by --disk-mem, else by bytes; in --offload-dir,
+ * which must be given). NO_SPACE names the store and says to raise --disk-mem. */
+flexdiag_status flexdiag__tiers_store_alloc(flexdiag_runtime *rt, uint64_t bytes, const char *what,
+                                            flexdiag_store_extent *out);
 /* Free the tiers (models first). */
 void flexdiag__tiers_free(flexdiag_runtime *rt);
 

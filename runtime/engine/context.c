@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "offload/kv_disk.h"
 #include "runtime/engine/cpu_attn.h"
 #include "runtime/engine/engine.h"
 #include "runtime/tiers.h"
@@ -97,8 +98,9 @@ static flexdiag_status ctx_output(flexdiag_context *c) {
 }
 
 /* KV homes (kv_pct: GPU, CPU, disk percent of the micro-batches): the first micro-batches keep
- * their KV on the device, the rest in pinned host memory; s_host is the first host-homed
- * sequence (n_seq when none). */
+ * their KV on the device, the next in pinned host memory, the last on disk; s_host and s_disk
+ * are the first pinned- and disk-homed sequences (n_seq when none). Whole micro-batches: the
+ * device's share is rounded down, the disk's too unless the pinned share is 0. */
 static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
     uint32_t g = c->p.kv_pct[0], h = c->p.kv_pct[1], d = c->p.kv_pct[2];
     if (!g && !h && !d) g = 100;
@@ -107,13 +109,12 @@ static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
                              "KV homes %u,%u,%u (--kv G,C,D): three percentages of the "
                              "micro-batches on GPU, pinned CPU and disk that add up to 100",
                              g, h, d);
-    if (d)
-        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "KV homes %u,%u,%u: a disk KV home is not available yet; keep the "
-                             "KV on the GPU and in pinned host memory (--kv G,C,0)",
-                             g, h, d);
-    int64_t dev = (int64_t)c->n_mb * g / 100 * c->mb_seq;
+    int64_t n_dev = (int64_t)c->n_mb * g / 100;
+    int64_t n_disk = h ? (int64_t)c->n_mb * d / 100 : c->n_mb - n_dev;
+    int64_t dev = n_dev * c->mb_seq, disk = (c->n_mb - n_disk) * c->mb_seq;
     c->s_host = dev < c->n_seq ? (int32_t)dev : c->n_seq;
+    c->s_disk = disk < c->n_seq ? (int32_t)disk : c->n_seq;
+    if (c->s_disk < c->s_host) c->s_disk = c->s_host;
     return FLEXDIAG_OK;
 }
 
@@ -151,12 +152,24 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
 
 /* Pinned host bytes of the KV home of the host-homed micro-batches (0: none). */
 static size_t ctx_home_bytes(const flexdiag_context *c) {
-    return (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->n_seq - c->s_host) * c->seq_bytes;
+    return (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->s_disk - c->s_host) * c->seq_bytes;
 }
 
-/* Pinned host bytes the context takes: the KV home and the CPU attention's workspaces. */
+/* Pinned host bytes of the disk home's staging regions (0: no disk home). */
+static size_t ctx_disk_stage_bytes(const flexdiag_context *c) {
+    return c->s_disk < c->n_seq ? flexdiag__kv_disk_stage_bytes(c->mb_seq, c->seq_bytes) : 0;
+}
+
+/* Store bytes of the disk home (0: none). */
+static uint64_t ctx_disk_bytes(const flexdiag_context *c) {
+    int32_t n_mb = (c->n_seq - c->s_disk + c->mb_seq - 1) / c->mb_seq;
+    return n_mb ? flexdiag__kv_disk_bytes(c->m->cfg.lm.layers, n_mb, c->mb_seq, c->seq_bytes) : 0;
+}
+
+/* Pinned host bytes the context takes: the KV home, the disk home's staging and the CPU
+ * attention's workspaces, in that order. */
 static size_t ctx_host_bytes(const flexdiag_context *c) {
-    return ctx_home_bytes(c) + flexdiag__cpu_attn_host_bytes(c);
+    return ctx_home_bytes(c) + ctx_disk_stage_bytes(c) + flexdiag__cpu_attn_host_bytes(c);
 }
 
 flexdiag_status flexdiag__context_sizes(const flexdiag_model *m, const flexdiag_context_params *p,
@@ -274,7 +287,8 @@ static flexdiag_status sched_weights(flexdiag_context *c, size_t act, flexdiag_s
 }
 
 /* The context's scheduler: the weights' one, wrapped by the KV homes when the last
- * micro-batches keep their KV in pinned host memory (its home carved from the pool here). */
+ * micro-batches keep their KV in pinned host memory or on disk (the pinned home and the disk
+ * home's staging carved from the pool here, its extent from the store). */
 static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
     flexdiag_runtime *rt = c->m->rt;
     flexdiag_sched *inner = NULL;
@@ -293,9 +307,22 @@ static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
         return st;
     }
     memset(c->kv_host, 0, c->kv_host_bytes);
+    uint64_t disk = ctx_disk_bytes(c);
+    if (disk)
+        st = flexdiag__tiers_store_alloc(rt, disk,
+                                         "the KV home of a context's disk-homed micro-batches "
+                                         "(--kv G,C,D)",
+                                         &c->kv_disk);
+    if (st != FLEXDIAG_OK) {
+        flexdiag__sched_destroy(inner);
+        return st;
+    }
     flexdiag_sched_kv_params kp = {.k = rt->k, .device = rt->p.device, .compute = c->s,
                                    .n_layers = c->m->cfg.lm.layers, .n_seq = c->n_seq,
-                                   .s_host = c->s_host, .mb_seq = c->mb_seq,
+                                   .s_host = c->s_host, .s_disk = c->s_disk, .mb_seq = c->mb_seq,
+                                   .store = disk ? rt->store : NULL, .disk_off = c->kv_disk.off,
+                                   .disk_stage = disk ? (char *)c->kv_host + ctx_home_bytes(c)
+                                                      : NULL,
                                    .seq_bytes = c->seq_bytes, .heads = c->m->cfg.lm.kv_heads,
                                    .p_cap = c->p_cap, .span_rows = c->p_cap + c->pd.ring,
                                    .row_bytes = (size_t)c->m->cfg.lm.head_dim *
@@ -318,7 +345,9 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(host_alloc(c));
     FLEXDIAG_TRY(flexdiag__pd_start(&c->pd, rt->p.threads));
     FLEXDIAG_TRY(sched_open(c, act));
-    if (c->kv_host) FLEXDIAG_TRY(flexdiag__cpu_attn_open(c, (char *)c->kv_host + ctx_home_bytes(c)));
+    if (c->kv_host)
+        FLEXDIAG_TRY(flexdiag__cpu_attn_open(
+            c, (char *)c->kv_host + ctx_home_bytes(c) + ctx_disk_stage_bytes(c)));
     return upload_prefill_tables(c);
 }
 
@@ -330,6 +359,7 @@ void flexdiag__context_free(flexdiag_context *c) {
     flexdiag__cpu_attn_close(c); /* its jobs write the home and the workspaces */
     flexdiag__sched_destroy(c->sched); /* drains its copies into the block and home first */
     if (c->kv_host) flexdiag__host_pool_free(rt->pool, c->kv_host, c->kv_host_bytes);
+    if (c->kv_disk.bytes) flexdiag__store_free(rt->store, &c->kv_disk);
     if (c->s) k->stream_destroy(c->s); /* waits for the stream's work */
     flexdiag__arena_charge(&rt->arena, -(int64_t)c->stream_charge, "a context's stream");
     flexdiag__arena_free(&rt->arena, c->block, c->block_bytes);

@@ -74,7 +74,7 @@ static size_t ws_bytes(const flexdiag_context *c) {
 }
 
 static int32_t host_mbs(const flexdiag_context *c) {
-    return (c->n_seq - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    return (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq;
 }
 
 size_t flexdiag__cpu_attn_host_bytes(const flexdiag_context *c) {
@@ -83,10 +83,10 @@ size_t flexdiag__cpu_attn_host_bytes(const flexdiag_context *c) {
 
 flexdiag_status flexdiag__cpu_attn_allowed(const flexdiag_context *c) {
     if (!c->p.cpu_attention) return FLEXDIAG_OK;
-    if (c->s_host == c->n_seq)
+    if (c->s_host == c->s_disk)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "--cpu-attention attends the micro-batches whose KV lives in pinned "
-                             "host memory, and this block has none: give --kv G,C,0 with C > 0 "
+                             "host memory, and this block has none: give --kv G,C,D with C > 0 "
                              "(e.g. --kv 0,100,0)");
     if (!c->pd.shared_slots || c->pd.scored)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,

@@ -34,6 +34,7 @@
 #include "kernels/kernels.h"
 #include "offload/arena.h"
 #include "offload/sched.h"
+#include "offload/store.h"
 #include "policy/kv_policy.h"
 #include "runtime/engine/policy_driver.h"
 #include "runtime/model/model.h"
@@ -118,10 +119,14 @@ struct flexdiag_context {
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
     int32_t s_host;                  /* first sequence whose KV home is pinned host memory
                                         (n_seq: all on the device) */
+    int32_t s_disk;                  /* first sequence whose KV home is disk (n_seq: none);
+                                        [s_host, s_disk) are pinned-homed */
     size_t seq_bytes;                /* bytes of one sequence's K (or V) in one layer */
-    void *kv_host;                   /* (layers, 2, n_seq - s_host, seq_bytes) in the pinned
-                                        pool, NULL when every KV is on the device; the CPU
-                                        attention's workspaces follow it */
+    void *kv_host;                   /* (layers, 2, s_disk - s_host, seq_bytes) in the pinned
+                                        pool, NULL when every KV is on the device; the disk
+                                        home's staging and the CPU attention's workspaces
+                                        follow it */
+    flexdiag_store_extent kv_disk;   /* the disk home's extent of the store (bytes 0: none) */
     size_t kv_host_bytes;            /* its size, the workspaces included */
     struct flexdiag_cpu_attn *ca;    /* CPU attention of the host-homed micro-batches
                                         (cpu_attn.h), NULL without p.cpu_attention */

@@ -93,7 +93,7 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     io->mem.s0 = s0;
     io->mem.n_seq = nb;
     io->mem.rows_per_seq = t < 0 ? c->p_cap : 1;
-    io->mem.host_attend = t >= 0 && c->ca && s0 >= c->s_host;
+    io->mem.host_attend = t >= 0 && c->ca && s0 >= c->s_host && s0 < c->s_disk;
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
     io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
                                  io->mem.res_bytes);
@@ -239,20 +239,23 @@ static flexdiag_status decode_mb(const run_state *r, int32_t j, int32_t mb, int3
     return io_release(r, &io);
 }
 
-/* Layer j of every micro-batch at decode step t. Where the host attends (CPU attention), the
- * host-attended micro-batches' first halves are queued first, so the host starts on them while
- * the device runs the device-homed ones; then their second halves, in order, each waiting for
- * its job while the host works on the next. */
+/* Layer j of every micro-batch at decode step t. Where the host attends (CPU attention: the
+ * pinned-homed micro-batches [mb_host, mb_disk)), their first halves are queued first, so the
+ * host starts on them while the device runs the others; then their second halves, in order,
+ * each waiting for its job while the host works on the next. */
 static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t t) {
     const flexdiag_context *c = r->c;
     int32_t mb_host = c->ca ? c->s_host / c->mb_seq : r->n_mb;
-    for (int32_t mb = mb_host; mb < r->n_mb; mb++) {
+    int32_t mb_disk = c->ca ? mb_host + (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq : r->n_mb;
+    if (mb_disk > r->n_mb) mb_disk = r->n_mb;
+    for (int32_t mb = mb_host; mb < mb_disk; mb++) {
         int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
         FLEXDIAG_TRY(io_acquire(r, j, s0, nb, t, &r->held[mb]));
         FLEXDIAG_TRY(flexdiag__layer_decode_send(r, &r->held[mb]));
     }
-    for (int32_t mb = 0; mb < mb_host && mb < r->n_mb; mb++) FLEXDIAG_TRY(decode_mb(r, j, mb, t));
-    for (int32_t mb = mb_host; mb < r->n_mb; mb++) {
+    for (int32_t mb = 0; mb < r->n_mb; mb++)
+        if (mb < mb_host || mb >= mb_disk) FLEXDIAG_TRY(decode_mb(r, j, mb, t));
+    for (int32_t mb = mb_host; mb < mb_disk; mb++) {
         FLEXDIAG_TRY(flexdiag__layer_decode_finish(r, &r->held[mb]));
         FLEXDIAG_TRY(io_release(r, &r->held[mb]));
     }
