@@ -25,7 +25,7 @@ typedef struct run {
     int32_t per_img, vocab;
     char sched[16];
     uint64_t weights_bytes[3], h2d_bytes, disk_read_bytes, loads;
-    uint64_t kv_bytes[3], kv_h2d_bytes, kv_d2h_bytes;
+    uint64_t kv_bytes[3], kv_h2d_bytes, kv_d2h_bytes, kv_disk_read, kv_disk_write;
     uint64_t ca_d2h_bytes, ca_h2d_bytes, ca_kv_bytes; /* CPU attention */
 } run;
 
@@ -115,6 +115,8 @@ static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int 
     out->loads = oi.loads;
     out->kv_h2d_bytes = oi.kv_h2d_bytes;
     out->kv_d2h_bytes = oi.kv_d2h_bytes;
+    out->kv_disk_read = oi.kv_disk_read_bytes;
+    out->kv_disk_write = oi.kv_disk_write_bytes;
     assert_int_equal(oi.cpu_attention, kc->cpu_attention);
     out->ca_d2h_bytes = oi.cpu_attn_d2h_bytes;
     out->ca_h2d_bytes = oi.cpu_attn_h2d_bytes;
@@ -206,7 +208,9 @@ void to_run_placements(int device, const char *arch, int32_t batch, int32_t micr
 
 void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
                      const char *dir) {
-    static const uint32_t kv[][3] = {{50, 50, 0}, {0, 100, 0}};
+    /* half the micro-batches on the host, all of them, all on disk, one in each home */
+    static const uint32_t kv[][3] = {{50, 50, 0}, {0, 100, 0}, {0, 0, 100}, {34, 32, 34}};
+    enum { N_KV = sizeof kv / sizeof kv[0] };
     static const uint32_t wsplit[3] = {50, 50, 0}, wdev[3] = {100, 0, 0};
     uint64_t moved[FLEXDIAG_POLICY_DIAGONAL_SINK4 + 1] = {0}; /* KV H2D bytes, all on the host */
     for (int k = 0; k <= FLEXDIAG_POLICY_DIAGONAL_SINK4; k++) {
@@ -217,23 +221,31 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
         kv_case kc = {{100, 0, 0}, (flexdiag_policy_kind)k, 0, NULL};
         run_context_kv(m, batch, micro, 0, &kc, &ref);
         assert_true(ref.kv_bytes[1] == 0 && ref.kv_h2d_bytes == 0);
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < N_KV; i++) {
             char what[64];
             snprintf(what, sizeof what, "--kv %u,%u,%u, policy %s", kv[i][0], kv[i][1], kv[i][2],
                      flexdiag_policy_name((flexdiag_policy_kind)k));
             memcpy(kc.kv, kv[i], sizeof kc.kv);
             run r = {0};
-            run_context_kv(m, batch, micro, i == 1 && k == 0, &kc, &r);
+            run_context_kv(m, batch, micro, (i == 1 || i == 2) && k == 0, &kc, &r);
             assert_string_equal(r.sched, "kv-homes");
-            assert_true(r.kv_bytes[1] > 0 && r.kv_h2d_bytes > 0 && r.kv_d2h_bytes > 0);
+            assert_true(r.kv_h2d_bytes > 0 && r.kv_d2h_bytes > 0);
             /* only the written row goes back, where the policy writes the same slot in every
              * head (H2O and TOVA write back their resident rows) */
             if (k != FLEXDIAG_POLICY_H2O && k != FLEXDIAG_POLICY_TOVA)
                 assert_true(4 * r.kv_d2h_bytes < r.kv_h2d_bytes);
-            assert_true((r.kv_bytes[0] > 0) == (kv[i][0] > 0));
-            assert_int_equal(r.kv_bytes[0] + r.kv_bytes[1], ref.kv_bytes[0]);
+            for (int h = 0; h < 3; h++) /* every asked home holds KV, the others none */
+                if ((r.kv_bytes[h] > 0) != (kv[i][h] > 0))
+                    fail_msg("%s: %llu KV bytes in home %d", what,
+                             (unsigned long long)r.kv_bytes[h], h);
+            assert_int_equal(r.kv_bytes[0] + r.kv_bytes[1] + r.kv_bytes[2], ref.kv_bytes[0]);
+            /* a disk home reads and writes pages of the file, the others never touch it */
+            assert_true((r.kv_disk_read > 0 && r.kv_disk_write > 0) == (kv[i][2] > 0));
             same(&ref, &r, what);
             if (i == 1) moved[k] = r.kv_h2d_bytes;
+            if (i == 2 && r.kv_h2d_bytes != moved[k]) /* from disk, the same rows move */
+                fail_msg("%s: %llu KV bytes to the device, from the pinned home %llu", what,
+                         (unsigned long long)r.kv_h2d_bytes, (unsigned long long)moved[k]);
             run_free(&r);
         }
         flexdiag_model_destroy(m);
@@ -274,31 +286,35 @@ static double rel_l2(const float *a, const float *b, size_t n) {
 }
 
 void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol,
-                          int n_kinds) {
+                          int n_kinds, const char *dir) {
     static const flexdiag_policy_kind kinds[] = {FLEXDIAG_POLICY_DENSE, FLEXDIAG_POLICY_WINDOW,
                                                  FLEXDIAG_POLICY_STREAMING};
     static const uint32_t wdev[3] = {100, 0, 0};
-    const int32_t micro[] = {batch, batch / 2, 1, batch / 2}; /* 1, 2, all micro-batches */
-    const uint32_t homes[][3] = {{0, 100, 0}, {0, 100, 0}, {0, 100, 0}, {50, 50, 0}};
+    /* 1, 2, all micro-batches on the host; half on the device, half on disk */
+    const int32_t micro[] = {batch, batch / 2, 1, batch / 2, batch / 2};
+    const uint32_t homes[][3] = {{0, 100, 0}, {0, 100, 0}, {0, 100, 0}, {50, 50, 0}, {0, 50, 50}};
+    enum { N_HOMES = sizeof homes / sizeof homes[0] };
     for (int k = 0; k < n_kinds && k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
         flexdiag_runtime *rt;
         flexdiag_model *m;
-        open_model(device, arch, wdev, NULL, 64u << 20, &rt, &m);
+        open_model(device, arch, wdev, dir, 64u << 20, &rt, &m);
         run ref = {0};
         kv_case kc = {{100, 0, 0}, kinds[k], 0, NULL};
         run_context_kv(m, batch, 0, 0, &kc, &ref);
         kc.score = ref.tokens; /* every run scores the resident run's first image */
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < N_HOMES; i++) {
             char what[96];
-            snprintf(what, sizeof what, "--kv %u,%u,0 --cpu-attention, micro-batch %d, policy %s",
-                     homes[i][0], homes[i][1], micro[i], flexdiag_policy_name(kinds[k]));
+            snprintf(what, sizeof what, "--kv %u,%u,%u --cpu-attention, micro-batch %d, policy %s",
+                     homes[i][0], homes[i][1], homes[i][2], micro[i],
+                     flexdiag_policy_name(kinds[k]));
             memcpy(kc.kv, homes[i], sizeof kc.kv);
             kc.cpu_attention = 1;
             run r = {0};
             run_context_kv(m, batch, micro[i], i == 2, &kc, &r);
-            /* the decode steps move no KV: the prompt rows go home once, the host attends */
+            /* the decode steps move no pinned-homed KV: the prompt rows go home once, the host
+             * attends; the device attends a disk-homed micro-batch over its streamed rows */
             assert_true(r.ca_kv_bytes > 0 && r.ca_d2h_bytes > 0 && r.ca_h2d_bytes > 0);
-            assert_int_equal(r.kv_h2d_bytes, 0);
+            assert_true((r.kv_h2d_bytes > 0) == (homes[i][2] > 0));
             assert_true(r.kv_d2h_bytes > 0);
             size_t nl = (size_t)ref.per_img * (size_t)ref.vocab;
             double d = rel_l2(ref.logits, r.logits, nl);

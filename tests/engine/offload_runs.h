@@ -16,18 +16,21 @@
 void to_run_placements(int device, const char *arch, int32_t batch, int32_t micro,
                        const char *dir);
 /* KV homes: for every policy, the block's KV all on the device, then half the micro-batches and
- * all of them in pinned host memory (a run cancelled half way among them), and the KV on the
- * host with the weights split: the same tokens and logits as the all-device run. */
+ * all of them in pinned host memory, all on disk (the store in dir), one micro-batch in each
+ * home (cancelled runs among them), and the KV on the host with the weights split: the same
+ * tokens and logits as the all-device run, and the same KV bytes to the device from disk as
+ * from the pinned home. */
 void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
                      const char *dir);
 
 /* CPU attention (--kv with a CPU share, --cpu-attention) for the first n_kinds of dense, window
  * and streaming with
- * one, two and all-single-image micro-batches (a run cancelled half way among them) and with
- * half the block on the device: no KV moves to the device in the decode steps, and the image
+ * one, two and all-single-image micro-batches (a run cancelled half way among them), with
+ * half the block on the device, and with half on disk (the store in dir; the device attends
+ * that half over the rows it streams): no pinned-homed KV moves to the device in the decode steps, and the image
  * of the all-device run scores within tol relative L2 of its logits (tol 0: the tokens and
  * logits bit for bit, the CPU backend's host attention being its own). batch even, >= 2. */
 void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol,
-                          int n_kinds);
+                          int n_kinds, const char *dir);
 
 #endif /* FLEXDIAG_TEST_OFFLOAD_RUNS_H */

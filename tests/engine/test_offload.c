@@ -59,7 +59,7 @@ static void test_kv_homes_delayed_copies(void **state) {
  * CPU backend its attention is the engine's own, so tokens and logits are bit for bit. */
 static void test_cpu_attention(void **state) {
     (void)state;
-    to_run_cpu_attention(-1, "micro-janus", 4, 0.0, 3);
+    to_run_cpu_attention(-1, "micro-janus", 4, 0.0, 3, g_dir);
 }
 
 /* Dense with every copy and host job of the queues delayed: a missing event between the
@@ -67,7 +67,7 @@ static void test_cpu_attention(void **state) {
 static void test_cpu_attention_delayed_copies(void **state) {
     (void)state;
     setenv("FLEXDIAG_COPY_DELAY_US", "100", 1);
-    to_run_cpu_attention(-1, "micro-janus", 2, 0.0, 1);
+    to_run_cpu_attention(-1, "micro-janus", 2, 0.0, 1, g_dir);
     unsetenv("FLEXDIAG_COPY_DELAY_US");
 }
 

@@ -38,7 +38,7 @@ static void test_kv_homes_cuda(void **state) {
  * logits within 2e-2 relative L2 of the all-device run's (bf16 sums in another order). */
 static void test_cpu_attention_cuda(void **state) {
     (void)state;
-    to_run_cpu_attention(0, "tiny-janus", 4, 2e-2, 3);
+    to_run_cpu_attention(0, "tiny-janus", 4, 2e-2, 3, g_dir);
 }
 
 /* copy_h2d_2d_async then copy_d2h_2d_async through a device buffer of another pitch: the rows
