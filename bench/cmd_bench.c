@@ -364,7 +364,7 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
 /* One row: a context for the policy flags po, measured, printed (and appended to json, may be
  * NULL); *img_s gets its img/s. */
 static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
-                     const bench_ceilings *ce, const cli_policy_opts *po, cli_jsonl *json,
+                     bench_ceilings *ce, const cli_policy_opts *po, cli_jsonl *json,
                      double *img_s) {
     flexdiag_context *c = NULL;
     flexdiag_context_params cp;
@@ -385,6 +385,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
         flexdiag_context_destroy(c);
         return cli_fail("bench", st);
     }
+    (void)bench_offload_kv_disk_ceiling(c, ce); /* failure reported; the row goes on */
     row.steps = o->steps > 0 && o->steps < c->l_dec ? (int32_t)o->steps : c->l_dec;
     row.projected = row.steps < c->l_dec;
     int rc = measure(o, m, c, &row);

@@ -64,16 +64,16 @@ static int copy_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ce
     return 1;
 }
 
-/* O_DIRECT reads of the weights' own extent at the scheduler's request size, DISK_QD requests
- * in flight all the time: two batches of DISK_QD / 2, the next submitted as soon as one
- * completes (as the scheduler keeps layers' reads queued). */
-static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_ceilings *out) {
-    const flexdiag_weight_homes *h = m->w.homes;
-    uint64_t total = h->ext.span < DISK_MAX_BYTES ? h->ext.span : DISK_MAX_BYTES;
+/* O_DIRECT reads of a store extent (the weights' or a KV home's own) at the schedulers'
+ * request size, DISK_QD requests in flight all the time: two batches of DISK_QD / 2, the next
+ * submitted as soon as one completes (as the scheduler keeps layers' reads queued). */
+static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_store_extent *ext,
+                        bench_ceilings *out) {
+    uint64_t total = ext->span < DISK_MAX_BYTES ? ext->span : DISK_MAX_BYTES;
     size_t req = FLEXDIAG_SCHED_READ_CHUNK;
     const int half = DISK_QD / 2;
     total -= total % req;
-    if (total == 0) req = (size_t)h->ext.span, total = req;
+    if (total == 0) req = (size_t)ext->span, total = req;
     /* the buffers come from the pinned pool where it has room: registered with the store like
      * the scheduler's staging, so both read the same way */
     size_t bytes = (size_t)DISK_QD * req;
@@ -92,7 +92,7 @@ static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_model *m, bench_cei
         tk[b] = 0;
         int n = 0;
         for (; st == FLEXDIAG_OK && n < half && at < total; n++, at += req)
-            rq[b * half + n] = (flexdiag_store_req){FLEXDIAG_STORE_READ, h->ext.off + at, req,
+            rq[b * half + n] = (flexdiag_store_req){FLEXDIAG_STORE_READ, ext->off + at, req,
                                                     buf + (size_t)(b * half + n) * req};
         if (n) st = flexdiag__store_submit(rt->store, rq + b * half, n, &tk[b]);
     }
@@ -160,9 +160,14 @@ int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv
     memset(out, 0, sizeof *out);
     if (!m->w.homes && !kv_homes) return 0;
     int rc = copy_ceilings(rt, m, out);
-    if (m->w.homes && m->w.homes->store) rc |= disk_ceiling(rt, m, out);
+    if (m->w.homes && m->w.homes->store) rc |= disk_ceiling(rt, &m->w.homes->ext, out);
     if (cpu_attention) rc |= bench_host_read_rate(rt, &out->host_read);
     return rc;
+}
+
+int bench_offload_kv_disk_ceiling(const flexdiag_context *c, bench_ceilings *out) {
+    if (out->disk > 0 || !c->kv_disk.bytes) return 0;
+    return disk_ceiling(c->m->rt, &c->kv_disk, out);
 }
 
 /* ---- the row ---- */
@@ -182,6 +187,9 @@ void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_in
     }
     out->kv_h2d_step = (double)(after->kv_h2d_bytes - before->kv_h2d_bytes) / steps;
     out->kv_d2h_step = (double)(after->kv_d2h_bytes - before->kv_d2h_bytes) / steps;
+    out->kv_disk_step = (double)(after->kv_disk_read_bytes - before->kv_disk_read_bytes +
+                                 after->kv_disk_write_bytes - before->kv_disk_write_bytes) /
+                        steps;
     out->ca_kv_step = (double)(after->cpu_attn_kv_bytes - before->cpu_attn_kv_bytes) / steps;
     out->ca_s_step = (after->cpu_attn_s - before->cpu_attn_s) / steps;
     out->ca_rows_step = (double)(after->cpu_attn_d2h_bytes - before->cpu_attn_d2h_bytes +
@@ -191,11 +199,11 @@ void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_in
     if (step <= 0) return;
     double up = out->h2d_step + out->kv_h2d_step; /* weights and KV share the link */
     out->h2d_rate = up / step;
-    out->disk_rate = out->disk_step / step;
+    out->disk_rate = (out->disk_step + out->kv_disk_step) / step;
     double bound = compute_ms * 1e-3;
     if (ce->h2d > 0) bound = fmax(bound, up / ce->h2d);
     if (ce->d2h > 0) bound = fmax(bound, out->kv_d2h_step / ce->d2h);
-    if (ce->disk > 0) bound = fmax(bound, out->disk_step / ce->disk);
+    if (ce->disk > 0) bound = fmax(bound, (out->disk_step + out->kv_disk_step) / ce->disk);
     if (ce->host_read > 0) bound = fmax(bound, out->ca_kv_step / ce->host_read);
     out->overlap = bound > 0 ? step / bound : 0;
 }
@@ -210,10 +218,12 @@ void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
     if (!offloaded(o)) return;
     double all = (double)(o->weights_bytes[0] + o->weights_bytes[1] + o->weights_bytes[2]);
     if (o->kv_pct[0] != 100)
-        printf("  offload: KV homes %u/%u/%u %% of the micro-batches GPU/CPU/disk (%.2f / %.2f "
-               "GB); per decode step KV H2D %.3f GB, D2H %.3f GB\n",
+        printf("  offload: KV homes %u/%u/%u %% of the micro-batches GPU/CPU/disk (%.2f / %.2f / "
+               "%.2f GB); per decode step KV H2D %.3f GB, D2H %.3f GB, disk %.3f GB read and "
+               "written\n",
                o->kv_pct[0], o->kv_pct[1], o->kv_pct[2], o->kv_bytes[0] / 1e9,
-               o->kv_bytes[1] / 1e9, r->kv_h2d_step / 1e9, r->kv_d2h_step / 1e9);
+               o->kv_bytes[1] / 1e9, o->kv_bytes[2] / 1e9, r->kv_h2d_step / 1e9,
+               r->kv_d2h_step / 1e9, r->kv_disk_step / 1e9);
     if (o->weights_pct[0] != 100)
         printf("  offload: weights requested %u/%u/%u %% GPU/CPU/disk, realised %.2f/%.2f/%.2f %% "
                "(%.2f / %.2f / %.2f GB); pinned pool %.2f GB (%s); disk %.2f GB (%s%s%s)\n",
@@ -236,7 +246,8 @@ void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
            "%%), disk %.3f GB at %.2f GB/s (ceiling %.2f GB/s O_DIRECT, %.0f %%); compute %.2f "
            "ms; overlap efficiency %.3f\n",
            (r->h2d_step + r->kv_h2d_step) / 1e9, r->h2d_rate / 1e9, ce->h2d / 1e9,
-           ce->h2d > 0 ? 100 * r->h2d_rate / ce->h2d : 0, r->disk_step / 1e9, r->disk_rate / 1e9,
+           ce->h2d > 0 ? 100 * r->h2d_rate / ce->h2d : 0, (r->disk_step + r->kv_disk_step) / 1e9,
+           r->disk_rate / 1e9,
            ce->disk / 1e9, ce->disk > 0 ? 100 * r->disk_rate / ce->disk : 0, r->compute_ms,
            r->overlap);
     fflush(stdout);
@@ -249,13 +260,15 @@ void bench_offload_json(const bench_offload_row *r, const bench_ceilings *ce, ch
         return;
     }
     int k = snprintf(buf, n,
-             ",\"sched\":\"%s\",\"kv_req\":[%u,%u,%u],\"kv_bytes\":[%llu,%llu],"
-             "\"kv_h2d_step_bytes\":%.0f,\"kv_d2h_step_bytes\":%.0f,\"cpu_attention\":%s,"
+             ",\"sched\":\"%s\",\"kv_req\":[%u,%u,%u],\"kv_bytes\":[%llu,%llu,%llu],"
+             "\"kv_h2d_step_bytes\":%.0f,\"kv_d2h_step_bytes\":%.0f,"
+             "\"kv_disk_step_bytes\":%.0f,\"cpu_attention\":%s,"
              "\"cpu_attn_kv_step_bytes\":%.0f,\"cpu_attn_step_s\":%.6f,"
              "\"cpu_attn_rows_step_bytes\":%.0f,\"host_read_ceiling_gbps\":%.3f",
              o->scheduler, o->kv_pct[0], o->kv_pct[1], o->kv_pct[2],
              (unsigned long long)o->kv_bytes[0], (unsigned long long)o->kv_bytes[1],
-             r->kv_h2d_step, r->kv_d2h_step, o->cpu_attention ? "true" : "false", r->ca_kv_step,
+             (unsigned long long)o->kv_bytes[2], r->kv_h2d_step, r->kv_d2h_step, r->kv_disk_step,
+             o->cpu_attention ? "true" : "false", r->ca_kv_step,
              r->ca_s_step, r->ca_rows_step, ce->host_read / 1e9);
     if (k < 0 || (size_t)k >= n) return;
     buf += k;

@@ -4,7 +4,8 @@
  * process (pinned H2D and D2H copies on a copy stream, O_DIRECT reads of the store at the
  * scheduler's request size and queue depth), the placement requested and realised, bytes per
  * tier, transfer bytes per decode step, achieved rates, and the overlap efficiency
- * step time / max(compute, H2D bytes / H2D ceiling, disk bytes / disk ceiling).
+ * step time / max(compute, H2D bytes / H2D ceiling, disk bytes / disk ceiling); KV homes add
+ * their bytes per tier and per step (pinned and disk homes, CPU attention).
  */
 #ifndef FLEXDIAG_BENCH_OFFLOAD_REPORT_H
 #define FLEXDIAG_BENCH_OFFLOAD_REPORT_H
@@ -32,7 +33,8 @@ typedef struct bench_offload_row {
     double h2d_step, disk_step;        /* bytes per decode step */
     double h2d_rate, disk_rate;        /* achieved bytes/s over the decode steps */
     double kv_h2d_step, kv_d2h_step;   /* KV bytes per decode step to and from the host home
-                                          (the prefill's write-back spread over the steps) */
+                                          or the disk home's staging */
+    double kv_disk_step;               /* disk KV home bytes read + written per decode step */
     double compute_ms;                 /* a profiled step's op time (GEMM + attention + rest) */
     double overlap;                    /* step / max(compute, transfers at the ceilings) */
     double ca_kv_step, ca_s_step;      /* CPU attention: host KV bytes read and host seconds
@@ -45,12 +47,15 @@ typedef struct bench_offload_row {
  * device budget. 0, or 1 after a message. */
 int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv_homes,
                            int cpu_attention, bench_ceilings *out);
+/* The disk ceiling on context c's disk KV home when none was measured yet (a store made for
+ * the KV alone exists only once the context does). 0, or 1 after a message. */
+struct flexdiag_context;
+int bench_offload_kv_disk_ceiling(const struct flexdiag_context *c, bench_ceilings *out);
 /* Bytes/s the runtime's --threads read from host memory together: the best of three passes
  * summing 2 GiB (the CPU attention's bound). 0, or 1 after a message (*out 0). */
 int bench_host_read_rate(const flexdiag_runtime *rt, double *out);
-/* The row of context c from its offload counters before and after the timed run of n_steps
- * decode steps (decode_s seconds, prefill included in the counters: one layer pass) and the
- * profiled compute time per step. */
+/* The row of context c from its offload counters once the timed run's prefill is queued and
+ * after its n_steps decode steps (decode_s seconds) and the profiled compute time per step. */
 void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_info *before,
                             const flexdiag_offload_info *after, int32_t n_steps, double decode_s,
                             double compute_ms, const bench_ceilings *ce, bench_offload_row *out);

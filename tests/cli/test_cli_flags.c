@@ -152,7 +152,7 @@ static const flag_case bad_flags[] = {
     {SCORE "--weights a,b,c", "--weights a,b,c", NULL},
     {BENCH "--weights 1,2", "--weights 1,2", NULL},
     {GEN "--kv 50,60,0", "--kv 50,60,0", "add up to 100"},
-    {BENCH "--kv 0,0,100", "disk KV home is not available yet", "--kv G,C,0"},
+    {BENCH "--kv 0,0,100", "--kv 0,0,100 puts KV on disk", "--offload-dir"},
     {SCORE "--kv x", "--kv x", NULL},
     {SCORE "--policy diagonal --n-att 8 --n-r 2", "--n-att 8 exceeds --n-r 2", NULL},
     {SCORE "--policy tova", "needs a budget", NULL},
