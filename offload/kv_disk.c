@@ -14,6 +14,8 @@ typedef struct stage {
     char *buf;              /* K region, then V region */
     int32_t layer, mb;      /* what it holds (-1: nothing) */
     int32_t s, n;           /* its sequences, from the micro-batch's first */
+    int32_t lo, hi;         /* rows read into it (or being read: rd) */
+    flexdiag_store_ticket rd; /* a prefetch read in flight, 0 when none */
     int32_t w_lo, w_hi;     /* rows copied back into it and not yet written (w_lo == w_hi: none) */
     int loaded, stored;     /* events recorded and not yet waited for */
     flexdiag_event *out;    /* up stream: the copies out of it are done */
@@ -95,19 +97,36 @@ static int32_t page_runs(flexdiag_kv_disk *d, const stage *g, flexdiag_store_op 
     return m;
 }
 
-/* Submit the requests and wait for them. */
-static flexdiag_status run_reqs(flexdiag_kv_disk *d, int32_t m, uint64_t *count) {
+/* Requests per batch: within the store's limits (max_requests 4096 in flight). */
+#define BATCH 1024
+
+/* Submit the requests; the last batch's ticket goes to *tk (the earlier ones are waited for),
+ * or, tk NULL, every batch is waited for. */
+static flexdiag_status run_reqs(flexdiag_kv_disk *d, int32_t m, uint64_t *count,
+                                flexdiag_store_ticket *tk) {
     for (int32_t i = 0; i < m; i++) *count += d->reqs[i].len;
     double t0 = flexdiag__now();
-    for (int32_t at = 0; at < m;) { /* batches within the store's request limit */
-        int32_t nb = m - at < 1024 ? m - at : 1024;
-        flexdiag_store_ticket tk;
-        FLEXDIAG_TRY(flexdiag__store_submit(d->p.store, d->reqs + at, nb, &tk));
-        FLEXDIAG_TRY(flexdiag__store_wait(d->p.store, tk));
+    for (int32_t at = 0; at < m;) {
+        int32_t nb = m - at < BATCH ? m - at : BATCH;
+        flexdiag_store_ticket t;
+        FLEXDIAG_TRY(flexdiag__store_submit(d->p.store, d->reqs + at, nb, &t));
         at += nb;
+        if (tk && at == m) *tk = t;
+        else FLEXDIAG_TRY(flexdiag__store_wait(d->p.store, t));
     }
     d->stats.wait_s += flexdiag__now() - t0;
     return FLEXDIAG_OK;
+}
+
+/* Wait for g's prefetch read, if one is in flight. */
+static flexdiag_status read_wait(flexdiag_kv_disk *d, stage *g) {
+    if (!g->rd) return FLEXDIAG_OK;
+    double t0 = flexdiag__now();
+    flexdiag_status st = flexdiag__store_wait(d->p.store, g->rd);
+    d->stats.wait_s += flexdiag__now() - t0;
+    g->rd = 0;
+    if (st != FLEXDIAG_OK) g->layer = g->mb = -1;
+    return st;
 }
 
 /* Write g's pending rows to the file, once the copies into g are done. */
@@ -121,11 +140,13 @@ static flexdiag_status flush(flexdiag_kv_disk *d, stage *g) {
     if (g->w_lo >= g->w_hi) return FLEXDIAG_OK;
     int32_t m = page_runs(d, g, FLEXDIAG_STORE_WRITE, g->s, g->n, g->w_lo, g->w_hi);
     g->w_lo = g->w_hi = 0;
-    return run_reqs(d, m, &d->stats.write_bytes);
+    return run_reqs(d, m, &d->stats.write_bytes, NULL);
 }
 
-/* g may be refilled: the copies out of it are done and its rows are in the file. */
+/* g may be refilled: its read is done, the copies out of it are done and its rows are in the
+ * file. */
 static flexdiag_status drain(flexdiag_kv_disk *d, stage *g) {
+    FLEXDIAG_TRY(read_wait(d, g));
     if (g->loaded) {
         double t0 = flexdiag__now();
         FLEXDIAG_TRY(d->p.k->event_sync(g->out));
@@ -135,26 +156,61 @@ static flexdiag_status drain(flexdiag_kv_disk *d, stage *g) {
     return flush(d, g);
 }
 
-flexdiag_status flexdiag__kv_disk_get(flexdiag_kv_disk *d, int32_t j, int32_t mb, int32_t s,
-                                      int32_t n, int32_t lo, int32_t hi, char **k, char **v,
-                                      int *stage_out) {
-    FLEXDIAG_DASSERT(mb >= 0 && mb < d->p.n_mb && s >= 0 && s + n <= d->p.mb_seq && lo < hi);
+/* Take the next staging region for (j, mb, s, n) rows [lo, hi), after writing back what an
+ * earlier staging of the same region holds, and submit its read (*tk NULL: and wait). */
+static flexdiag_status fill(flexdiag_kv_disk *d, int32_t j, int32_t mb, int32_t s, int32_t n,
+                            int32_t lo, int32_t hi, flexdiag_store_ticket *tk, int *out) {
     for (int i = 0; i < FLEXDIAG_KV_DISK_STAGES; i++) /* earlier rows of these pages go first */
-        if (d->st[i].layer == j && d->st[i].mb == mb) FLEXDIAG_TRY(flush(d, &d->st[i]));
+        if (d->st[i].layer == j && d->st[i].mb == mb) FLEXDIAG_TRY(drain(d, &d->st[i]));
     int i = d->next;
     d->next = (i + 1) % FLEXDIAG_KV_DISK_STAGES;
     stage *g = &d->st[i];
     FLEXDIAG_TRY(drain(d, g));
-    g->layer = j, g->mb = mb, g->s = s, g->n = n;
+    *g = (stage){.buf = g->buf, .layer = j, .mb = mb, .s = s, .n = n, .lo = lo, .hi = hi,
+                 .out = g->out, .in = g->in};
     int32_t m = page_runs(d, g, FLEXDIAG_STORE_READ, s, n, lo, hi);
-    flexdiag_status st = run_reqs(d, m, &d->stats.read_bytes);
-    if (st != FLEXDIAG_OK) {
-        g->layer = g->mb = -1;
-        return st;
+    flexdiag_status st = run_reqs(d, m, &d->stats.read_bytes, tk);
+    if (st != FLEXDIAG_OK) g->layer = g->mb = -1;
+    *out = i;
+    return st;
+}
+
+flexdiag_status flexdiag__kv_disk_get(flexdiag_kv_disk *d, int32_t j, int32_t mb, int32_t s,
+                                      int32_t n, int32_t lo, int32_t hi, char **k, char **v,
+                                      int *stage_out) {
+    FLEXDIAG_DASSERT(mb >= 0 && mb < d->p.n_mb && s >= 0 && s + n <= d->p.mb_seq && lo < hi);
+    int i = -1;
+    for (int q = 0; q < FLEXDIAG_KV_DISK_STAGES && i < 0; q++) { /* a prefetch of these rows */
+        const stage *g = &d->st[q];
+        if (g->rd && g->layer == j && g->mb == mb && g->s == s && g->n == n && g->lo <= lo &&
+            hi <= g->hi)
+            i = q;
     }
+    if (i >= 0) {
+        FLEXDIAG_TRY(read_wait(d, &d->st[i]));
+        d->stats.prefetch_hits++;
+    } else {
+        FLEXDIAG_TRY(fill(d, j, mb, s, n, lo, hi, NULL, &i));
+    }
+    stage *g = &d->st[i];
     *k = g->buf + (size_t)s * d->p.seq_bytes;
     *v = g->buf + d->region + (size_t)s * d->p.seq_bytes;
     *stage_out = i;
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__kv_disk_prefetch(flexdiag_kv_disk *d, int32_t j, int32_t mb, int32_t s,
+                                           int32_t n, int32_t lo, int32_t hi) {
+    FLEXDIAG_DASSERT(mb >= 0 && mb < d->p.n_mb && s >= 0 && s + n <= d->p.mb_seq && lo < hi);
+    for (int q = 0; q < FLEXDIAG_KV_DISK_STAGES; q++) {
+        const stage *g = &d->st[q];
+        if (g->rd && g->layer == j && g->mb == mb) return FLEXDIAG_OK; /* already on its way */
+    }
+    flexdiag_store_ticket tk = 0;
+    int i;
+    FLEXDIAG_TRY(fill(d, j, mb, s, n, lo, hi, &tk, &i));
+    d->st[i].rd = tk;
+    if (!tk) d->st[i].layer = d->st[i].mb = -1; /* nothing to read: not a prefetch */
     return FLEXDIAG_OK;
 }
 
@@ -211,6 +267,7 @@ flexdiag_status flexdiag__kv_disk_destroy(flexdiag_kv_disk *d) {
     flexdiag_status st = FLEXDIAG_OK;
     for (int i = 0; i < FLEXDIAG_KV_DISK_STAGES; i++) { /* the copies end; the KV goes unwritten */
         stage *g = &d->st[i];
+        if (g->rd && st == FLEXDIAG_OK) st = read_wait(d, g);
         if (g->loaded && st == FLEXDIAG_OK) st = d->p.k->event_sync(g->out);
         if (g->stored && st == FLEXDIAG_OK) st = d->p.k->event_sync(g->in);
         d->p.k->event_destroy(d->st[i].out);

@@ -9,8 +9,8 @@
  * its K region, then its V region, so the scheduler's strided copies see the same layout as in
  * the pinned home.
  *
- * get() reads into a free staging region the pages holding rows [lo, hi) of every block of the
- * asked sequences (one request per run of adjacent pages: a dense step reads its blocks'
+ * get() takes the staging region a prefetch() of the same rows started, or reads into a free
+ * one the pages holding rows [lo, hi) of every block of the asked sequences (one request per run of adjacent pages: a dense step reads its blocks'
  * prompts and ring prefixes, not the empty rest of each ring), after writing back any earlier
  * staging of the same (layer, micro-batch), and waits for the read. put() marks rows [lo, hi) of
  * a staging region as written by the device-to-host copies queued on the down stream; the write
@@ -32,8 +32,9 @@
 #include "kernels/kernels.h"
 #include "offload/store.h"
 
-/* Staging regions of the disk home: one computing, one being written back, one spare. */
-#define FLEXDIAG_KV_DISK_STAGES 3
+/* Staging regions of the disk home: one the device reads, one being prefetched, two draining
+ * (copied back, then written). */
+#define FLEXDIAG_KV_DISK_STAGES 4
 
 typedef struct flexdiag_kv_disk_params {
     const flexdiag_kernels *k;
@@ -70,6 +71,10 @@ flexdiag_status flexdiag__kv_disk_destroy(flexdiag_kv_disk *d);
 flexdiag_status flexdiag__kv_disk_get(flexdiag_kv_disk *d, int32_t j, int32_t mb, int32_t s,
                                       int32_t n, int32_t lo, int32_t hi, char **k, char **v,
                                       int *stage);
+/* Start reading rows [lo, hi) of the blocks of (j, mb, s, n) into a staging region without
+ * waiting: the get() of those rows (or of a subset) that follows takes it. */
+flexdiag_status flexdiag__kv_disk_prefetch(flexdiag_kv_disk *d, int32_t j, int32_t mb, int32_t s,
+                                           int32_t n, int32_t lo, int32_t hi);
 /* Record on the up stream that the copies out of the staging region are queued (it is not
  * reused before they are done). */
 flexdiag_status flexdiag__kv_disk_loaded(flexdiag_kv_disk *d, int stage);
@@ -79,6 +84,7 @@ flexdiag_status flexdiag__kv_disk_put(flexdiag_kv_disk *d, int stage, int32_t lo
 
 typedef struct flexdiag_kv_disk_stats {
     uint64_t read_bytes, write_bytes; /* file bytes read and written */
+    uint64_t prefetch_hits;           /* get()s that found their rows prefetched */
     double wait_s;                    /* host seconds waiting for the disk or a staging region */
 } flexdiag_kv_disk_stats;
 

@@ -5,7 +5,8 @@
  *     the offset and ENOSPC, nothing left behind;
  *   - a read fails (EIO) during generation: the call returns IO naming the file and offset, and
  *     the same context then generates the resident run's tokens (the scheduler starts over);
- *   - every read comes back short, and EINTR / EAGAIN are answered: the resident run's tokens.
+ *   - every read comes back short, and EINTR / EAGAIN are answered: the resident run's tokens;
+ *   - the same for a context whose KV lives on disk, with a failed write as well.
  * Each case runs on io_uring (where the build has it) and on the thread-pool backend.
  */
 #include <errno.h>
@@ -138,10 +139,58 @@ static void read_fails_then_recovers(void) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* The KV of both micro-batches on disk (weights on the device): a read error and a write error
+ * during generation return IO / NO_SPACE naming the store file, and the same context then
+ * generates the resident run's tokens, also with every transfer short and EINTR answered. */
+static void kv_disk_faults(void) {
+    const uint32_t all[3] = {100, 0, 0};
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    assert_int_equal(open_model(all, &rt, &m), FLEXDIAG_OK);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = N_IMG;
+    cp.max_prompt_len = 32;
+    cp.micro_batch = 1;
+    cp.kv_pct[2] = 100;
+    flexdiag_context *c = NULL;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
+    int32_t *t = calloc(N_IMG * 64, 4);
+    const struct { int op, err; flexdiag_status want; const char *what; } f[] = {
+        {0, EIO, FLEXDIAG_ERR_IO, "EIO"}, {1, ENOSPC, FLEXDIAG_ERR_NO_SPACE, "ENOSPC"}};
+    for (int i = 0; i < 2; i++) {
+        fi_set(&(fi_rule){.kind = FI_ERR, .err = f[i].err, .op = f[i].op, .every = 7, .count = 1,
+                          .off = -1});
+        flexdiag_status st = gen(c, t);
+        int fired = fi_fired();
+        fi_clear();
+        const char *msg = flexdiag_last_error(NULL);
+        printf("  KV on disk, %s: %s\n", f[i].what, msg);
+        assert_int_equal(fired, 1);
+        assert_int_equal(st, f[i].want);
+        assert_non_null(strstr(msg, f[i].what));
+        assert_non_null(strstr(msg, g_dir));
+        assert_int_equal(gen(c, t), FLEXDIAG_OK); /* the same context, the disk healthy again */
+        assert_memory_equal(t, g_ref, (size_t)N_IMG * (size_t)g_per * 4);
+    }
+    fi_set(&(fi_rule){.kind = FI_SHORT, .op = -1, .every = 1, .count = -1, .off = -1});
+    fi_submit_eintr = 3;
+    memset(t, 0, (size_t)N_IMG * 64 * 4);
+    assert_int_equal(gen(c, t), FLEXDIAG_OK);
+    fi_clear();
+    fi_submit_eintr = 0;
+    assert_memory_equal(t, g_ref, (size_t)N_IMG * (size_t)g_per * 4);
+    free(t);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 static void test_faults_default_io(void **state) {
     (void)state;
     disk_fills_at_load();
     read_fails_then_recovers();
+    kv_disk_faults();
 }
 
 static void test_faults_threads(void **state) {
@@ -149,6 +198,7 @@ static void test_faults_threads(void **state) {
     setenv("FLEXDIAG_IO", "threads", 1);
     disk_fills_at_load();
     read_fails_then_recovers();
+    kv_disk_faults();
     unsetenv("FLEXDIAG_IO");
 }
 
