@@ -109,6 +109,23 @@ static void disk_fills_at_load(void) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* Every transfer of op (0 reads, -1 both) short and EINTR answered: c still generates the
+ * resident run's tokens into t; then t, c, m and rt are freed. */
+static void short_transfers_then_free(flexdiag_runtime *rt, flexdiag_model *m,
+                                      flexdiag_context *c, int32_t *t, int op) {
+    fi_set(&(fi_rule){.kind = FI_SHORT, .op = op, .every = 1, .count = -1, .off = -1});
+    fi_submit_eintr = 3;
+    memset(t, 0, (size_t)N_IMG * 64 * 4);
+    assert_int_equal(gen(c, t), FLEXDIAG_OK);
+    fi_clear();
+    fi_submit_eintr = 0;
+    assert_memory_equal(t, g_ref, (size_t)N_IMG * (size_t)g_per * 4);
+    free(t);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 static void read_fails_then_recovers(void) {
     const uint32_t pct[3] = {20, 30, 50};
     flexdiag_runtime *rt;
@@ -126,17 +143,7 @@ static void read_fails_then_recovers(void) {
     assert_non_null(strstr(msg, "offset"));
     assert_int_equal(gen(c, t), FLEXDIAG_OK); /* the same context, the disk healthy again */
     assert_memory_equal(t, g_ref, (size_t)N_IMG * (size_t)g_per * 4);
-    fi_set(&(fi_rule){.kind = FI_SHORT, .op = 0, .every = 1, .count = -1, .off = -1});
-    fi_submit_eintr = 3;
-    memset(t, 0, (size_t)N_IMG * 64 * 4);
-    assert_int_equal(gen(c, t), FLEXDIAG_OK);
-    fi_clear();
-    fi_submit_eintr = 0;
-    assert_memory_equal(t, g_ref, (size_t)N_IMG * (size_t)g_per * 4);
-    free(t);
-    flexdiag_context_destroy(c);
-    flexdiag_model_destroy(m);
-    flexdiag_runtime_destroy(rt);
+    short_transfers_then_free(rt, m, c, t, 0);
 }
 
 /* The KV of both micro-batches on disk (weights on the device): a read error and a write error
@@ -173,17 +180,7 @@ static void kv_disk_faults(void) {
         assert_int_equal(gen(c, t), FLEXDIAG_OK); /* the same context, the disk healthy again */
         assert_memory_equal(t, g_ref, (size_t)N_IMG * (size_t)g_per * 4);
     }
-    fi_set(&(fi_rule){.kind = FI_SHORT, .op = -1, .every = 1, .count = -1, .off = -1});
-    fi_submit_eintr = 3;
-    memset(t, 0, (size_t)N_IMG * 64 * 4);
-    assert_int_equal(gen(c, t), FLEXDIAG_OK);
-    fi_clear();
-    fi_submit_eintr = 0;
-    assert_memory_equal(t, g_ref, (size_t)N_IMG * (size_t)g_per * 4);
-    free(t);
-    flexdiag_context_destroy(c);
-    flexdiag_model_destroy(m);
-    flexdiag_runtime_destroy(rt);
+    short_transfers_then_free(rt, m, c, t, -1);
 }
 
 static void test_faults_default_io(void **state) {
