@@ -80,8 +80,8 @@ static void try_one(search *s, const cm_config *c) {
     s->v[s->n++] = k;
 }
 
-/* KV homes tried (the splits only with micro-batches). */
-static const uint32_t KV_HOMES[3][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}};
+/* KV homes tried (the splits only with micro-batches; the disk home with --offload-dir). */
+static const uint32_t KV_HOMES[4][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}, {0, 0, 100}};
 
 /* Ways of splitting the weights off the GPU between pinned CPU and disk: all on the CPU, and
  * with --offload-dir also all on disk and half and half. */
@@ -107,7 +107,7 @@ static int cpu_attention_ok(const search *s, const cm_config *c) {
  * (policy, batch, micro-batch). */
 static void try_placements(search *s, cm_config c) {
     int split = c.micro > 0 && c.micro < c.batch;
-    for (int kv = 0; kv < (split ? 3 : 1); kv++)
+    for (int kv = 0; kv < (split ? (s->o->mo.offload_dir ? 4 : 3) : 1); kv++)
         for (int64_t g = 100; g >= 0; g -= s->o->weight_step)
             for (int d = 0; d < (g < 100 ? disk_splits(s) : 1); d++) {
                 place(&c, kv, g, d);
@@ -288,10 +288,15 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
                                                                  : 0;
     if (cpu_mem) at += snprintf(buf + at, n - (size_t)at, " --cpu-mem %lluK",
                                 (unsigned long long)(cpu_mem >> 10));
-    if (c->wpct[2]) at += snprintf(buf + at, n - (size_t)at, " --offload-dir %s", o->mo.offload_dir);
-    if (c->wpct[2] && o->mo.disk_mem)
+    int disk = c->wpct[2] || c->kvpct[2];
+    if (disk) at += snprintf(buf + at, n - (size_t)at, " --offload-dir %s", o->mo.offload_dir);
+    /* a store sized by the weights alone has no room for a KV home beside them */
+    uint64_t disk_mem = o->mo.disk_mem ? o->mo.disk_mem
+                        : c->wpct[2] && c->kvpct[2] ? (k->mem.disk + (1u << 20) - 1) >> 20 << 20
+                                                    : 0;
+    if (disk && disk_mem)
         at += snprintf(buf + at, n - (size_t)at, " --disk-mem %lluK",
-                       (unsigned long long)(o->mo.disk_mem >> 10));
+                       (unsigned long long)(disk_mem >> 10));
     at += snprintf(buf + at, n - (size_t)at, " --prompt-len %d", c->prompt_len);
     if (c->gen_len) at += snprintf(buf + at, n - (size_t)at, " --gen-len %d", c->gen_len);
     if (c->policy.kind != FLEXDIAG_POLICY_DENSE)

@@ -138,15 +138,17 @@ flexdiag_status cm_resolve(const cm_model *cm, const cm_config *c, int32_t *l_de
     return FLEXDIAG_OK;
 }
 
-/* Micro-batches of c as the context cuts them: size in sequences, count, host-homed count
- * (kv_pct's GPU share rounded down to whole micro-batches, runtime/engine/context.c). */
+/* Micro-batches of c as the context cuts them: size in sequences, count, pinned-homed and
+ * disk-homed counts (flexdiag__kv_home_split, the context's own rounding). */
 static void micro_batches(const cm_config *c, int32_t rpi, int32_t *mb_seq, int32_t *n_mb,
-                          int32_t *host_mb) {
+                          int32_t *host_mb, int32_t *disk_mb) {
     int32_t mb_img = c->micro > 0 && c->micro < c->batch ? c->micro : c->batch;
     *mb_seq = mb_img * rpi;
     *n_mb = (c->batch + mb_img - 1) / mb_img;
-    uint32_t g = c->kvpct[0] + c->kvpct[1] + c->kvpct[2] ? c->kvpct[0] : 100;
-    *host_mb = *n_mb - (int32_t)((int64_t)*n_mb * g / 100);
+    int32_t n[3];
+    flexdiag__kv_home_split(*n_mb, c->kvpct, n);
+    *host_mb = n[1];
+    *disk_mb = n[2];
 }
 
 static uint64_t round4k(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
@@ -167,11 +169,13 @@ flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
     flexdiag_status st = flexdiag__context_sizes(&cm->m, &cp, &ctx, &host);
     cm->m.w.homes = NULL;
     FLEXDIAG_TRY(st);
+    uint64_t kv_disk = 0;
+    FLEXDIAG_TRY(flexdiag__context_disk_bytes(&cm->m, &cp, &kv_disk));
     uint64_t kv_home = host ? round4k(host) : 0;
     uint64_t stage = need[2] ? (uint64_t)FLEXDIAG_DISK_STAGE * flexdiag__wcut_disk_stride(&cut) : 0;
     out->gpu = need[0] + cm->vq_bytes + ctx;
     out->cpu = (need[1] ? round4k(need[1]) : 0) + stage + kv_home;
-    out->disk = need[2];
+    out->disk = need[2] + kv_disk;
     out->fits_gpu = out->gpu <= cm->avail;
     out->fits_cpu = !cpu_mem || out->cpu <= cpu_mem;
     return FLEXDIAG_OK;
@@ -213,7 +217,8 @@ typedef struct shape {
     double layer_params, head_params; /* weights (elements) */
     double dq, dkv, ab;               /* query and KV widths, activation bytes */
     double streamed, disk;            /* bytes per layer: H2D weights, disk weights */
-    int32_t l_dec, rpi, ring, mb_seq, n_mb, host_mb, rows;
+    int32_t l_dec, rpi, ring, mb_seq, n_mb, host_mb, disk_mb, rows;
+    int32_t kv_heads;
     flexdiag_kvp_params kp;
 } shape;
 
@@ -234,7 +239,8 @@ static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, shape *s
     s->streamed = (double)(cut.layer_bytes - cut.cut[0]);
     s->disk = (double)(cut.layer_bytes - cut.cut[1]);
     FLEXDIAG_TRY(cm_resolve(cm, c, &s->l_dec, &s->rpi, &s->kp, &s->ring));
-    micro_batches(c, s->rpi, &s->mb_seq, &s->n_mb, &s->host_mb);
+    micro_batches(c, s->rpi, &s->mb_seq, &s->n_mb, &s->host_mb, &s->disk_mb);
+    s->kv_heads = l->kv_heads;
     s->rows = c->batch * s->rpi;
     return FLEXDIAG_OK;
 }
@@ -262,15 +268,20 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     double mb = s->mb_seq;
     double kv_read = mb * (c->prompt_len + att) * row_b;
     double host = c->cpu_attention ? s->host_mb : 0; /* micro-batches the host attends */
+    double below = s->host_mb + s->disk_mb;           /* KV homed off the device */
     t4[0] = s->n_mb * gemm_s(p, mb, 2 * mb * s->layer_params) +
             (s->n_mb - host) * (p->hbm > 0 ? 2 * kv_read / p->hbm : 0);
-    double kv_in = (s->host_mb - host) * mb * (c->prompt_len + att) * row_b; /* attended rows */
-    double kv_out = (s->host_mb - host) * mb * (evict_any ? res : 1) * row_b;
+    double kv_in = (below - host) * mb * (c->prompt_len + att) * row_b; /* attended rows */
+    double kv_out = (below - host) * mb * (evict_any ? res : 1) * row_b;
     double up = host * mb * s->dq * s->ab, down = host * mb * (s->dq + 2 * s->dkv) * s->ab;
-    double per = fmax(s->host_mb, 1);
+    double per = fmax(below, 1);
     t4[1] = copy_s(p, 0, s->streamed, s->streamed) + copy_s(p, 0, kv_in + up, (kv_in + up) / per);
     t4[2] = copy_s(p, 1, kv_out + down, (kv_out + down) / per);
-    t4[3] = s->disk > 0 ? (p->disk > 0 ? s->disk / p->disk : INFINITY) : 0;
+    /* the disk KV home reads every touched row (the resident ones) and writes a 4 KiB page per
+     * (sequence, KV head) block for the written row (offload/kv_disk.c) */
+    double kv_disk = s->disk_mb * mb * ((c->prompt_len + res) * row_b +
+                                        (evict_any ? res * row_b : 2.0 * s->kv_heads * 4096));
+    t4[3] = s->disk + kv_disk > 0 ? (p->disk > 0 ? (s->disk + kv_disk) / p->disk : INFINITY) : 0;
     t4[4] = host > 0 ? (p->host_read > 0 ? host * kv_read / p->host_read : INFINITY) : 0;
     if (strcmp(p->backend, "cuda") != 0) { /* no device beside the host: the same cores */
         t4[0] += t4[4];
@@ -286,9 +297,11 @@ static double prefill_layer(const cm_config *c, const cm_profile *p, const shape
     t4[0] = s->n_mb * (gemm_s(p, fmin(tok, 4096), 2 * tok * s->layer_params) +
                        gemm_s(p, fmin(tok, 4096), 2 * s->mb_seq * lp * lp * s->dq));
     t4[1] = copy_s(p, 0, s->streamed, s->streamed);
-    double kv_out = s->host_mb * (double)s->mb_seq * lp * 2 * s->dkv * s->ab;
-    t4[2] = copy_s(p, 1, kv_out, kv_out / fmax(s->host_mb, 1));
-    t4[3] = s->disk > 0 ? (p->disk > 0 ? s->disk / p->disk : INFINITY) : 0;
+    double below = s->host_mb + s->disk_mb;
+    double kv_out = below * (double)s->mb_seq * lp * 2 * s->dkv * s->ab;
+    t4[2] = copy_s(p, 1, kv_out, kv_out / fmax(below, 1));
+    double kv_disk = 2 * s->disk_mb * (double)s->mb_seq * lp * 2 * s->dkv * s->ab; /* read, write */
+    t4[3] = s->disk + kv_disk > 0 ? (p->disk > 0 ? (s->disk + kv_disk) / p->disk : INFINITY) : 0;
     return layer_max(t4);
 }
 

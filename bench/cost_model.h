@@ -57,7 +57,7 @@ typedef struct cm_model {
 /* One candidate configuration. */
 typedef struct cm_config {
     uint32_t wpct[3];              /* --weights G,C,D */
-    uint32_t kvpct[3];             /* --kv G,C,0 */
+    uint32_t kvpct[3];             /* --kv G,C,D */
     int32_t batch, micro;          /* images per block, per micro-batch (0 = batch) */
     int32_t prompt_len;            /* tokens of the conditional prompt */
     int32_t gen_len;               /* text models: new tokens (0: images) */
@@ -69,7 +69,7 @@ typedef struct cm_config {
 typedef struct cm_memory {
     uint64_t gpu;      /* device bytes: weights on the device + decoder + context */
     uint64_t cpu;      /* pinned bytes: host part of the weights + disk staging + KV home */
-    uint64_t disk;     /* store bytes of the weights' disk part */
+    uint64_t disk;     /* store bytes: the weights' disk part and the disk KV home */
     int fits_gpu;      /* gpu <= what the runtime had available */
     int fits_cpu;      /* cpu <= --cpu-mem (1 when no --cpu-mem was given) */
 } cm_memory;

@@ -97,24 +97,30 @@ static flexdiag_status ctx_output(flexdiag_context *c) {
     return FLEXDIAG_OK;
 }
 
-/* KV homes (kv_pct: GPU, CPU, disk percent of the micro-batches): the first micro-batches keep
- * their KV on the device, the next in pinned host memory, the last on disk; s_host and s_disk
- * are the first pinned- and disk-homed sequences (n_seq when none). Whole micro-batches: the
- * device's share is rounded down, the disk's too unless the pinned share is 0. */
+void flexdiag__kv_home_split(int32_t n_mb, const uint32_t pct[3], int32_t out[3]) {
+    uint32_t g = pct[0] + pct[1] + pct[2] ? pct[0] : 100;
+    out[0] = (int32_t)((int64_t)n_mb * g / 100);
+    out[2] = pct[1] ? (int32_t)((int64_t)n_mb * pct[2] / 100) : n_mb - out[0];
+    out[1] = n_mb - out[0] - out[2];
+}
+
+/* KV homes (kv_pct: GPU, CPU, disk percent of the micro-batches, flexdiag__kv_home_split): the
+ * first micro-batches keep their KV on the device, the next in pinned host memory, the last on
+ * disk; s_host and s_disk are the first pinned- and disk-homed sequences (n_seq when none). */
 static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
-    uint32_t g = c->p.kv_pct[0], h = c->p.kv_pct[1], d = c->p.kv_pct[2];
+    const uint32_t *k = c->p.kv_pct;
+    uint32_t g = k[0], h = k[1], d = k[2];
     if (!g && !h && !d) g = 100;
     if (g > 100 || h > 100 || d > 100 || g + h + d != 100)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "KV homes %u,%u,%u (--kv G,C,D): three percentages of the "
                              "micro-batches on GPU, pinned CPU and disk that add up to 100",
                              g, h, d);
-    int64_t n_dev = (int64_t)c->n_mb * g / 100;
-    int64_t n_disk = h ? (int64_t)c->n_mb * d / 100 : c->n_mb - n_dev;
-    int64_t dev = n_dev * c->mb_seq, disk = (c->n_mb - n_disk) * c->mb_seq;
+    int32_t n[3];
+    flexdiag__kv_home_split(c->n_mb, k, n);
+    int64_t dev = (int64_t)n[0] * c->mb_seq, disk = (int64_t)(n[0] + n[1]) * c->mb_seq;
     c->s_host = dev < c->n_seq ? (int32_t)dev : c->n_seq;
     c->s_disk = disk < c->n_seq ? (int32_t)disk : c->n_seq;
-    if (c->s_disk < c->s_host) c->s_disk = c->s_host;
     return FLEXDIAG_OK;
 }
 
@@ -182,6 +188,17 @@ flexdiag_status flexdiag__context_sizes(const flexdiag_model *m, const flexdiag_
     const flexdiag_kernels *k = m->rt->k;
     *dev = ctx_layout(&c, (size_t)k->act_bytes, NULL) + k->stream_bytes;
     if (host) *host = ctx_host_bytes(&c);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__context_disk_bytes(const flexdiag_model *m,
+                                             const flexdiag_context_params *p, uint64_t *out) {
+    flexdiag_context c;
+    memset(&c, 0, sizeof c);
+    c.m = (flexdiag_model *)m;
+    c.p = *p;
+    FLEXDIAG_TRY(ctx_geometry(&c));
+    *out = ctx_disk_bytes(&c);
     return FLEXDIAG_OK;
 }
 

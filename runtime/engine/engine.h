@@ -195,6 +195,14 @@ flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_
 /* The same, and (host may be NULL) the pinned host bytes of its KV home (kv_pct). */
 flexdiag_status flexdiag__context_sizes(const flexdiag_model *m, const flexdiag_context_params *p,
                                         size_t *dev, size_t *host);
+/* Store bytes of the disk KV home of a context with these params (0: none), what its creation
+ * carves from the runtime's store. */
+flexdiag_status flexdiag__context_disk_bytes(const flexdiag_model *m,
+                                             const flexdiag_context_params *p, uint64_t *out);
+/* Micro-batches of n_mb homed on the GPU, in pinned memory and on disk (out[0..2]) for KV homes
+ * pct (percent; all 0: on the GPU): the GPU's and the disk's shares rounded down to whole
+ * micro-batches, the disk's being the rest when the pinned share is 0. pct sums to 100. */
+void flexdiag__kv_home_split(int32_t n_mb, const uint32_t pct[3], int32_t out[3]);
 /* Pinned host bytes a new context's KV home may take: the pool's largest free run, --cpu-mem
  * before the pool exists, unlimited without either (the pool is then sized by that need). */
 uint64_t flexdiag__context_host_avail(const flexdiag_model *m);

@@ -294,32 +294,37 @@ static void test_cpu_attention(void **state) {
     assert_int_equal(rc, 0);
 }
 
-/* --offload-dir adds disk placements (all of the off-GPU weights on disk, or half), with the
- * flags that reproduce them; without a disk rate in the profile they cannot be ranked. */
+/* --offload-dir adds disk placements (all of the off-GPU weights on disk, or half; the KV of
+ * every micro-batch on disk), with the flags that reproduce them; without a disk rate in the
+ * profile they cannot be ranked. */
 static void test_disk_tier(void **state) {
     (void)state;
     int rc = tu_system("cd '%s' && mkdir -p store && '%s' profile --cpu --threads 2 "
                        "--offload-dir store --out pd.json >/dev/null 2>pd.err && '%s' search "
                        "--cpu --threads 2 --arch tiny-janus --random-weights --gpu-mem 64M "
-                       "--offload-dir store --profile pd.json --max-batch 2 --top 200 --json "
+                       "--offload-dir store --profile pd.json --max-batch 2 --top 1000 --json "
                        ">d.out 2>d.err", g_dir, g_bench, g_bench);
     assert_int_equal(rc, 0);
     char *out = read_output("d.out");
-    int disk = 0, half = 0;
+    int disk = 0, half = 0, kv_disk = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         json_t *r = json_loads(line, 0, NULL);
         const json_t *w = json_object_get(r, "weights");
         json_int_t d = json_integer_value(json_array_get(w, 2));
         json_int_t c = json_integer_value(json_array_get(w, 1));
-        if (d > 0) {
-            disk++;
-            half += c > 0;
-            assert_non_null(strstr(json_string_value(json_object_get(r, "flags")),
-                                   "--offload-dir store"));
+        json_int_t kd = json_integer_value(json_array_get(json_object_get(r, "kv"), 2));
+        const char *flags = json_string_value(json_object_get(r, "flags"));
+        if (d > 0 || kd > 0) assert_non_null(strstr(flags, "--offload-dir store"));
+        disk += d > 0;
+        half += d > 0 && c > 0;
+        if (kd > 0) { /* the disk KV home, sized on the store with the weights' disk part */
+            kv_disk++;
+            assert_non_null(strstr(flags, "--kv 0,0,100"));
+            if (d > 0) assert_non_null(strstr(flags, "--disk-mem"));
         }
         json_decref(r);
     }
-    assert_true(disk > 0 && half > 0);
+    assert_true(disk > 0 && half > 0 && kv_disk > 0);
     free(out);
     rc = tu_system("cd '%s' && '%s' search --cpu --arch tiny-janus --random-weights "
                    "--gpu-mem 64M --profile p.json --disk-mem 1G >g.out 2>g.err", g_dir, g_bench);
