@@ -19,9 +19,9 @@ void to_run_placements(int device, const char *arch, int32_t batch, int32_t micr
  * all of them in pinned host memory, all on disk (the store in dir), one micro-batch in each
  * home (cancelled runs among them), and the KV on the host with the weights split: the same
  * tokens and logits as the all-device run, and the same KV bytes to the device from disk as
- * from the pinned home. */
+ * from the pinned home. quick: only all on the host and one micro-batch in each home. */
 void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
-                     const char *dir);
+                     const char *dir, int quick);
 
 /* CPU attention (--kv with a CPU share, --cpu-attention) for the first n_kinds of dense, window
  * and streaming with

@@ -4,9 +4,7 @@
  * temporary folder. Every placement gives the resident run's tokens and logits bit for bit
  * (offload_runs.h), also with every copy delayed (FLEXDIAG_COPY_DELAY_US: a missing event
  * dependency shows up as wrong tokens) and on the thread-pool disk backend; budgets too small
- * are refused naming the flag and the bytes. KV homes in pinned host memory, with the device
- * or the host (CPU attention) attending them, give the same bits too; CPU attention without a
- * host home, or for a policy with device-side state, is refused with a message.
+ * are refused naming the flag and the bytes. KV homes: test_kv_homes.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,105 +38,11 @@ static void test_placements_chameleon(void **state) {
     to_run_placements(-1, "micro-lumina", 6, 2, g_dir);
 }
 
-/* KV homes on the host (sched_kv.c) for every policy, three micro-batches of two images. */
-static void test_kv_homes(void **state) {
-    (void)state;
-    to_run_kv_homes(-1, "micro-janus", 6, 2, g_dir);
-}
 
-/* The same with every copy delayed: a missing event between the copy streams and the compute
- * shows up as wrong tokens. */
-static void test_kv_homes_delayed_copies(void **state) {
-    (void)state;
-    setenv("FLEXDIAG_COPY_DELAY_US", "100", 1);
-    to_run_kv_homes(-1, "micro-janus", 3, 1, g_dir); /* odd count: the buffers shift */
-    unsetenv("FLEXDIAG_COPY_DELAY_US");
-}
 
-/* CPU attention: the host attends the host-homed micro-batches over their KV in place; on the
- * CPU backend its attention is the engine's own, so tokens and logits are bit for bit. */
-static void test_cpu_attention(void **state) {
-    (void)state;
-    to_run_cpu_attention(-1, "micro-janus", 4, 0.0, 3, g_dir);
-}
 
-/* Dense with every copy and host job of the queues delayed: a missing event between the
- * compute stream and the host jobs shows up as wrong tokens. */
-static void test_cpu_attention_delayed_copies(void **state) {
-    (void)state;
-    setenv("FLEXDIAG_COPY_DELAY_US", "100", 1);
-    to_run_cpu_attention(-1, "micro-janus", 2, 0.0, 1, g_dir);
-    unsetenv("FLEXDIAG_COPY_DELAY_US");
-}
 
-/* CPU attention is refused, naming what to change, without a host KV home and for a policy
- * whose attention updates per-sequence state on the device. */
-static void test_cpu_attention_refused(void **state) {
-    (void)state;
-    flexdiag_runtime_params rp;
-    flexdiag_runtime_params_init(&rp);
-    rp.device = -1;
-    flexdiag_runtime *rt = NULL;
-    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
-    flexdiag_model_params mp;
-    flexdiag_model_params_init(&mp);
-    mp.arch = "micro-janus";
-    flexdiag_model *m = NULL;
-    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
-    flexdiag_context_params cp;
-    flexdiag_context_params_init(&cp);
-    cp.max_images = 2;
-    cp.max_prompt_len = 32;
-    cp.cpu_attention = true;
-    flexdiag_context *c = NULL;
-    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "--kv"));
-    cp.kv_pct[1] = 100;
-    cp.policy.kind = FLEXDIAG_POLICY_DIAGONAL;
-    cp.policy.sparsity = 0.75;
-    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_UNSUPPORTED);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "diagonal"));
-    cp.policy.kind = FLEXDIAG_POLICY_WINDOW;
-    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
-    flexdiag_context_destroy(c);
-    flexdiag_model_destroy(m);
-    flexdiag_runtime_destroy(rt);
-}
 
-/* --batch auto with KV homes: the largest batch whose host KV fits --cpu-mem runs, one more is
- * refused naming --cpu-mem (the same sizing function decides both). */
-static void test_kv_budget(void **state) {
-    (void)state;
-    flexdiag_runtime_params rp;
-    flexdiag_runtime_params_init(&rp);
-    rp.device = -1;
-    rp.gpu_mem = 256u << 20;
-    rp.cpu_mem = 2u << 20;
-    flexdiag_runtime *rt = NULL;
-    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
-    flexdiag_model_params mp;
-    flexdiag_model_params_init(&mp);
-    mp.arch = "micro-janus";
-    flexdiag_model *m = NULL;
-    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
-    flexdiag_context_params cp;
-    flexdiag_context_params_init(&cp);
-    cp.max_prompt_len = 32;
-    cp.micro_batch = 1;
-    cp.kv_pct[1] = 100;
-    int32_t n = 0;
-    assert_int_equal(flexdiag_context_max_images(m, &cp, &n), FLEXDIAG_OK);
-    assert_true(n >= 1 && n < 1000); /* bounded by the 2 MiB pool, not the 256 MiB device */
-    flexdiag_context *c = NULL;
-    cp.max_images = n;
-    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
-    flexdiag_context_destroy(c);
-    cp.max_images = n + 1;
-    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_OOM_PINNED);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "--cpu-mem"));
-    flexdiag_model_destroy(m);
-    flexdiag_runtime_destroy(rt);
-}
 
 static void test_placements_delayed_copies(void **state) {
     (void)state;
@@ -198,12 +102,6 @@ int main(void) {
         cmocka_unit_test(test_placements_opt),
         cmocka_unit_test(test_placements_chameleon),
         cmocka_unit_test(test_placements_delayed_copies),
-        cmocka_unit_test(test_kv_homes),
-        cmocka_unit_test(test_kv_homes_delayed_copies),
-        cmocka_unit_test(test_cpu_attention),
-        cmocka_unit_test(test_cpu_attention_delayed_copies),
-        cmocka_unit_test(test_cpu_attention_refused),
-        cmocka_unit_test(test_kv_budget),
         cmocka_unit_test(test_budgets_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

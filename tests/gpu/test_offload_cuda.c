@@ -31,7 +31,7 @@ static void test_placements_cuda(void **state) {
 
 static void test_kv_homes_cuda(void **state) {
     (void)state;
-    to_run_kv_homes(0, "tiny-janus", 4, 1, g_dir);
+    to_run_kv_homes(0, "tiny-janus", 4, 1, g_dir, 0);
 }
 
 /* CPU attention: the host's bf16 attention (kernels/cpu/host_attn.c) in place of the device's;
