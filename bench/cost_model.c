@@ -170,7 +170,7 @@ flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
     cm->m.w.homes = NULL;
     FLEXDIAG_TRY(st);
     uint64_t kv_disk = 0;
-    FLEXDIAG_TRY(flexdiag__context_disk_bytes(&cm->m, &cp, &kv_disk));
+    if (c->kvpct[2]) FLEXDIAG_TRY(flexdiag__context_disk_bytes(&cm->m, &cp, &kv_disk));
     uint64_t kv_home = host ? round4k(host) : 0;
     uint64_t stage = need[2] ? (uint64_t)FLEXDIAG_DISK_STAGE * flexdiag__wcut_disk_stride(&cut) : 0;
     out->gpu = need[0] + cm->vq_bytes + ctx;
