@@ -179,6 +179,8 @@ static flexdiag_status prefetch_next(kvsched *t, const flexdiag_sched_io *io) {
     int32_t n_dmb = (p->n_seq - p->s_disk + p->mb_seq - 1) / p->mb_seq;
     int32_t mb = (io->s0 - p->s_disk) / p->mb_seq + 1, j = io->layer;
     if (mb == n_dmb) mb = 0, j = (j + 1) % p->n_layers;
+    if (j == io->layer && mb == (io->s0 - p->s_disk) / p->mb_seq)
+        return FLEXDIAG_OK; /* one layer, one disk micro-batch: it is its own next */
     int32_t s0 = p->s_disk + mb * p->mb_seq, lo, hi;
     int32_t n = p->n_seq - s0 < p->mb_seq ? p->n_seq - s0 : p->mb_seq;
     touched(t, io, &lo, &hi);
