@@ -171,22 +171,30 @@ static void touched(const kvsched *t, const flexdiag_sched_io *io, int32_t *lo, 
     *hi = a < e ? e : 0;
 }
 
-/* In a decode step, start reading the disk-homed (layer, micro-batch) the engine asks for after
- * io: the next disk micro-batch of the layer, else the first of the next layer (of the next
- * step after the last layer), with one ring row more than io touches (the next step's). */
+/* Start reading the disk-homed rows the engine asks for after io. In a decode step: the next
+ * disk micro-batch of the layer, else the first of the next layer (of the next step after the
+ * last layer), with one ring row more than io touches (the next step's). In the prefill: the
+ * next chunk of the layer, else the first disk chunk of the next layer, its prompt rows (up to
+ * the capacity). Not when that is io's own (layer, micro-batch): its pages would be read
+ * before io's rows are written back. */
 static flexdiag_status prefetch_next(kvsched *t, const flexdiag_sched_io *io) {
     const flexdiag_sched_kv_params *p = &t->p;
-    int32_t n_dmb = (p->n_seq - p->s_disk + p->mb_seq - 1) / p->mb_seq;
-    int32_t mb = (io->s0 - p->s_disk) / p->mb_seq + 1, j = io->layer;
-    if (mb == n_dmb) mb = 0, j = (j + 1) % p->n_layers;
-    if (j == io->layer && mb == (io->s0 - p->s_disk) / p->mb_seq)
-        return FLEXDIAG_OK; /* one layer, one disk micro-batch: it is its own next */
-    int32_t s0 = p->s_disk + mb * p->mb_seq, lo, hi;
-    int32_t n = p->n_seq - s0 < p->mb_seq ? p->n_seq - s0 : p->mb_seq;
+    int decode = io->rows_per_seq == 1;
+    int32_t j = io->layer, cur = (io->s0 - p->s_disk) / p->mb_seq;
+    int32_t s0 = decode ? p->s_disk + (cur + 1) * p->mb_seq : io->s0 + io->n_seq;
+    if (s0 >= p->n_seq) { /* past the last disk micro-batch: the next layer's first */
+        if (!decode && j + 1 == p->n_layers) return FLEXDIAG_OK; /* the decode comes next */
+        s0 = p->s_disk, j = (j + 1) % p->n_layers;
+    }
+    int32_t mb = (s0 - p->s_disk) / p->mb_seq, first = p->s_disk + mb * p->mb_seq;
+    if (j == io->layer && mb == cur) return FLEXDIAG_OK;
+    int32_t end = first + p->mb_seq < p->n_seq ? first + p->mb_seq : p->n_seq;
+    int32_t n = decode ? end - first : (io->n_seq < end - s0 ? io->n_seq : end - s0);
+    int32_t lo, hi;
     touched(t, io, &lo, &hi);
     if (hi <= lo) return FLEXDIAG_OK;
-    hi = hi + 1 < p->span_rows ? hi + 1 : p->span_rows;
-    return flexdiag__kv_disk_prefetch(t->disk, j, mb, 0, n, lo, hi);
+    hi = decode ? (hi + 1 < p->span_rows ? hi + 1 : p->span_rows) : p->p_cap;
+    return flexdiag__kv_disk_prefetch(t->disk, j, mb, s0 - first, n, lo, hi);
 }
 
 /* Point b at the host copy of io's spans: the pinned home, or a staging region of the disk
@@ -226,7 +234,7 @@ static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     FLEXDIAG_TRY(locate_home(t, b, io));
     FLEXDIAG_TRY(load(t, b, io));
     if (b->stage >= 0) FLEXDIAG_TRY(flexdiag__kv_disk_loaded(t->disk, b->stage));
-    if (b->stage >= 0 && io->rows_per_seq == 1) FLEXDIAG_TRY(prefetch_next(t, io));
+    if (b->stage >= 0) FLEXDIAG_TRY(prefetch_next(t, io));
     io->k = b->dev;
     io->v = b->dev + (size_t)t->p.mb_seq * t->p.seq_bytes;
     return FLEXDIAG_OK;

@@ -18,17 +18,24 @@
 
 #define N_IMG 5
 
-static void open_builtin(int threads, flexdiag_runtime **rt, flexdiag_model **m) {
+/* micro-janus on the CPU, the store (if any) in offload_dir (NULL: none). */
+static void open_builtin_in(int threads, const char *offload_dir, flexdiag_runtime **rt,
+                            flexdiag_model **m) {
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
     rp.device = -1;
     rp.threads = threads;
+    rp.offload_dir = offload_dir;
     assert_int_equal(flexdiag_runtime_create(&rp, rt), FLEXDIAG_OK);
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
     mp.arch = "micro-janus";
     mp.seed = 7;
     assert_int_equal(flexdiag_model_load(*rt, NULL, &mp, m), FLEXDIAG_OK);
+}
+
+static void open_builtin(int threads, flexdiag_runtime **rt, flexdiag_model **m) {
+    open_builtin_in(threads, NULL, rt, m);
 }
 
 /* Generate N_IMG images (prompts "p0".."p2", 2 images each -> 6, first N_IMG kept). */
@@ -281,21 +288,24 @@ static void test_device_policy(void **state) {
 }
 
 /* Prefill in chunks (one sequence, three sequences with a remainder) gives the logits of one
- * whole-batch prefill, bit for bit. */
+ * whole-batch prefill, bit for bit; also with the block's KV on disk, where chunks of one
+ * micro-batch share file pages (offload/kv_disk.c). */
 static void test_prefill_chunks(void **state) {
     (void)state;
     flexdiag_runtime *rt;
     flexdiag_model *m;
-    open_builtin(2, &rt, &m);
+    char *dir = tu_tempdir("prefill-chunks");
+    open_builtin_in(2, dir, &rt, &m);
     float *ref = NULL;
-    const int32_t caps[3] = {0, 16, 48}; /* p_cap 16: all 4 sequences, 1, 3 per chunk */
-    const int32_t want_seq[3] = {4, 1, 3};
-    for (int i = 0; i < 3; i++) {
+    const int32_t caps[5] = {0, 16, 48, 16, 48}; /* p_cap 16: all 4 sequences, 1, 3 per chunk */
+    const int32_t want_seq[5] = {4, 1, 3, 1, 2}; /* a home below: chunks divide the micro-batch */
+    for (int i = 0; i < 5; i++) {
         flexdiag_context *c = calloc(1, sizeof *c);
         c->m = m;
         flexdiag_context_params_init(&c->p);
         c->p.max_images = 2;
         c->p.max_prompt_len = 16;
+        if (i >= 3) c->p.kv_pct[2] = 100; /* one micro-batch, on disk */
         c->pf_tokens = caps[i];
         assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
         assert_int_equal(c->pf_seq, want_seq[i]);
@@ -318,6 +328,8 @@ static void test_prefill_chunks(void **state) {
     free(ref);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
+    tu_rmtree(dir);
+    free(dir);
 }
 
 /* With sparsity 0 (N_att = L_dec) every policy's teacher-forced logits equal dense bit for bit. */
