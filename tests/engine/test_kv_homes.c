@@ -54,20 +54,33 @@ static void test_cpu_attention_delayed_copies(void **state) {
     unsetenv("FLEXDIAG_COPY_DELAY_US");
 }
 
+/* micro-janus on the CPU backend with the runtime's tier budgets gpu_mem, cpu_mem, disk_mem and
+ * store folder dir (0 / NULL: none). */
+static void open_micro(uint64_t gpu_mem, uint64_t cpu_mem, uint64_t disk_mem, const char *dir,
+                       flexdiag_runtime **rt, flexdiag_model **m) {
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    rp.gpu_mem = gpu_mem;
+    rp.cpu_mem = cpu_mem;
+    rp.disk_mem = disk_mem;
+    rp.offload_dir = dir;
+    *rt = NULL;
+    assert_int_equal(flexdiag_runtime_create(&rp, rt), FLEXDIAG_OK);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    *m = NULL;
+    assert_int_equal(flexdiag_model_load(*rt, NULL, &mp, m), FLEXDIAG_OK);
+}
+
 /* CPU attention is refused, naming what to change, without a host KV home and for a policy
  * whose attention updates per-sequence state on the device. */
 static void test_cpu_attention_refused(void **state) {
     (void)state;
-    flexdiag_runtime_params rp;
-    flexdiag_runtime_params_init(&rp);
-    rp.device = -1;
-    flexdiag_runtime *rt = NULL;
-    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
-    flexdiag_model_params mp;
-    flexdiag_model_params_init(&mp);
-    mp.arch = "micro-janus";
-    flexdiag_model *m = NULL;
-    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_micro(0, 0, 0, NULL, &rt, &m);
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
     cp.max_images = 2;
@@ -92,18 +105,9 @@ static void test_cpu_attention_refused(void **state) {
  * refused naming --cpu-mem (the same sizing function decides both). */
 static void test_kv_budget(void **state) {
     (void)state;
-    flexdiag_runtime_params rp;
-    flexdiag_runtime_params_init(&rp);
-    rp.device = -1;
-    rp.gpu_mem = 256u << 20;
-    rp.cpu_mem = 2u << 20;
-    flexdiag_runtime *rt = NULL;
-    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
-    flexdiag_model_params mp;
-    flexdiag_model_params_init(&mp);
-    mp.arch = "micro-janus";
-    flexdiag_model *m = NULL;
-    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_micro(256u << 20, 2u << 20, 0, NULL, &rt, &m);
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
     cp.max_prompt_len = 32;
@@ -128,18 +132,9 @@ static void test_kv_budget(void **state) {
 static void test_kv_disk_refused(void **state) {
     (void)state;
     for (int i = 0; i < 2; i++) {
-        flexdiag_runtime_params rp;
-        flexdiag_runtime_params_init(&rp);
-        rp.device = -1;
-        rp.offload_dir = i ? g_dir : NULL;
-        rp.disk_mem = i ? 8192 : 0;
-        flexdiag_runtime *rt = NULL;
-        assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
-        flexdiag_model_params mp;
-        flexdiag_model_params_init(&mp);
-        mp.arch = "micro-janus";
-        flexdiag_model *m = NULL;
-        assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+        flexdiag_runtime *rt;
+        flexdiag_model *m;
+        open_micro(0, 0, i ? 8192 : 0, i ? g_dir : NULL, &rt, &m);
         flexdiag_context_params cp;
         flexdiag_context_params_init(&cp);
         cp.max_images = 2;
