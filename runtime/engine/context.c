@@ -314,18 +314,14 @@ static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
         c->sched = inner;
         return FLEXDIAG_OK;
     }
-    c->kv_host_bytes = ctx_host_bytes(c); /* the home, then the CPU attention's workspaces */
+    c->kv_host_bytes = ctx_host_bytes(c); /* the home, the disk staging, the workspaces */
     flexdiag_status st = flexdiag__tiers_pool_alloc(rt, c->kv_host_bytes,
                                                     "the KV home of a context's host-homed "
                                                     "micro-batches (--kv, --cpu-attention)",
                                                     &c->kv_host);
-    if (st != FLEXDIAG_OK) {
-        flexdiag__sched_destroy(inner);
-        return st;
-    }
-    memset(c->kv_host, 0, c->kv_host_bytes);
+    if (st == FLEXDIAG_OK) memset(c->kv_host, 0, c->kv_host_bytes);
     uint64_t disk = ctx_disk_bytes(c);
-    if (disk)
+    if (st == FLEXDIAG_OK && disk)
         st = flexdiag__tiers_store_alloc(rt, disk,
                                          "the KV home of a context's disk-homed micro-batches "
                                          "(--kv G,C,D)",
