@@ -385,7 +385,8 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
         flexdiag_context_destroy(c);
         return cli_fail("bench", st);
     }
-    (void)bench_offload_kv_disk_ceiling(c, ce); /* failure reported; the row goes on */
+    (void)bench_offload_kv_disk_ceiling(c, ce); /* failures reported; the row goes on */
+    (void)bench_offload_kv_home_read(c, ce);
     row.steps = o->steps > 0 && o->steps < c->l_dec ? (int32_t)o->steps : c->l_dec;
     row.projected = row.steps < c->l_dec;
     int rc = measure(o, m, c, &row);

@@ -3,6 +3,7 @@
  * (offload_report.h).
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,43 +116,63 @@ static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_store_extent *ext,
 #define HOST_READ_TASK ((size_t)4 << 20)
 
 typedef struct read_job {
-    const float *buf;
-    float *sums; /* one per task: keeps the reads alive */
+    const uint32_t *buf;
+    uint32_t *sums; /* one per task: keeps the reads alive */
 } read_job;
 
+/* Integer sums: any bytes (a KV home's bf16 pairs read as floats would hit denormals). */
 static void read_task(void *ctx, int64_t t, void *scratch) {
     (void)scratch;
     const read_job *j = ctx;
-    const float *p = j->buf + (size_t)t * (HOST_READ_TASK / sizeof(float));
-    float part[16] = {0};
-    for (size_t i = 0; i < HOST_READ_TASK / sizeof(float); i += 16)
+    const uint32_t *p = j->buf + (size_t)t * (HOST_READ_TASK / sizeof(uint32_t));
+    uint32_t part[16] = {0};
+    for (size_t i = 0; i < HOST_READ_TASK / sizeof(uint32_t); i += 16)
         for (int l = 0; l < 16; l++) part[l] += p[i + l];
-    float s = 0;
+    uint32_t s = 0;
     for (int l = 0; l < 16; l++) s += part[l];
     j->sums[t] = s;
 }
 
-int bench_host_read_rate(const flexdiag_runtime *rt, double *out) {
-    int64_t n_tasks = (int64_t)(HOST_READ_BYTES / HOST_READ_TASK);
-    float *buf = malloc(HOST_READ_BYTES), *sums = calloc((size_t)n_tasks, sizeof *sums);
+/* Bytes/s of the best of `passes` passes of the pool's threads summing [buf, buf + bytes). */
+static flexdiag_status read_rate(const flexdiag_runtime *rt, const void *buf, size_t bytes,
+                                 int passes, double *out) {
+    int64_t n_tasks = (int64_t)(bytes / HOST_READ_TASK);
+    uint32_t *sums = calloc((size_t)n_tasks + 1, sizeof *sums);
     flexdiag_pool *pool = NULL;
-    flexdiag_status st = buf && sums ? flexdiag__pool_create(rt->p.threads, &pool)
-                                     : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
-    if (st == FLEXDIAG_OK) memset(buf, 1, HOST_READ_BYTES);
+    flexdiag_status st = sums ? flexdiag__pool_create(rt->p.threads, &pool)
+                              : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
     read_job j = {buf, sums};
     double best = 0;
-    for (int pass = 0; st == FLEXDIAG_OK && pass < 3; pass++) {
+    for (int pass = 0; st == FLEXDIAG_OK && pass < passes; pass++) {
         double t0 = flexdiag__now();
         st = flexdiag__pool_parallel_for(pool, n_tasks, 0, read_task, &j);
         double s = flexdiag__now() - t0;
-        if (s > 0 && HOST_READ_BYTES / s > best) best = HOST_READ_BYTES / s;
+        if (s > 0 && (double)n_tasks * HOST_READ_TASK / s > best)
+            best = (double)n_tasks * HOST_READ_TASK / s;
     }
     flexdiag__pool_destroy(pool);
-    free(buf);
     free(sums);
     *out = st == FLEXDIAG_OK ? best : 0;
+    return st;
+}
+
+int bench_host_read_rate(const flexdiag_runtime *rt, double *out) {
+    void *buf = malloc(HOST_READ_BYTES);
+    flexdiag_status st = buf ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
+    if (st == FLEXDIAG_OK) memset(buf, 1, HOST_READ_BYTES);
+    if (st == FLEXDIAG_OK) st = read_rate(rt, buf, HOST_READ_BYTES, 3, out);
+    free(buf);
     if (st == FLEXDIAG_OK) return 0;
+    *out = 0;
     fprintf(stderr, "flexdiag bench: host read rate not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
+int bench_offload_kv_home_read(const flexdiag_context *c, bench_ceilings *out) {
+    if (!c->ca || !c->kv_host) return 0;
+    size_t bytes = (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->s_disk - c->s_host) * c->seq_bytes;
+    if (read_rate(c->m->rt, c->kv_host, bytes, 2, &out->home_read) == FLEXDIAG_OK) return 0;
+    fprintf(stderr, "flexdiag bench: KV home read rate not measured: %s\n", flexdiag__err_msg());
     return 1;
 }
 
@@ -237,11 +258,12 @@ void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
                o->disk_note ? o->disk_note : "");
     if (o->cpu_attention)
         printf("  offload: CPU attention per decode step: host KV read %.3f GB in %.2f ms of host "
-               "time (%.1f GB/s; host read ceiling %.1f GB/s: bound %.2f ms), q/k/v rows and "
-               "outputs %.1f MB over the link\n",
+               "time (%.1f GB/s; host read ceiling %.1f GB/s: bound %.2f ms; the KV home itself "
+               "read at %.1f GB/s: bound %.2f ms), q/k/v rows and outputs %.1f MB over the link\n",
                r->ca_kv_step / 1e9, r->ca_s_step * 1e3,
                r->ca_s_step > 0 ? r->ca_kv_step / r->ca_s_step / 1e9 : 0, ce->host_read / 1e9,
-               ce->host_read > 0 ? r->ca_kv_step / ce->host_read * 1e3 : 0, r->ca_rows_step / 1e6);
+               ce->host_read > 0 ? r->ca_kv_step / ce->host_read * 1e3 : 0, ce->home_read / 1e9,
+               ce->home_read > 0 ? r->ca_kv_step / ce->home_read * 1e3 : 0, r->ca_rows_step / 1e6);
     printf("  offload: per decode step H2D %.3f GB at %.1f GB/s (ceiling %.1f GB/s pinned, %.0f "
            "%%), disk %.3f GB at %.2f GB/s (ceiling %.2f GB/s O_DIRECT, %.0f %%); compute %.2f "
            "ms; overlap efficiency %.3f\n",
@@ -264,12 +286,13 @@ void bench_offload_json(const bench_offload_row *r, const bench_ceilings *ce, ch
              "\"kv_h2d_step_bytes\":%.0f,\"kv_d2h_step_bytes\":%.0f,"
              "\"kv_disk_step_bytes\":%.0f,\"cpu_attention\":%s,"
              "\"cpu_attn_kv_step_bytes\":%.0f,\"cpu_attn_step_s\":%.6f,"
-             "\"cpu_attn_rows_step_bytes\":%.0f,\"host_read_ceiling_gbps\":%.3f",
+             "\"cpu_attn_rows_step_bytes\":%.0f,\"host_read_ceiling_gbps\":%.3f,"
+             "\"kv_home_read_gbps\":%.3f",
              o->scheduler, o->kv_pct[0], o->kv_pct[1], o->kv_pct[2],
              (unsigned long long)o->kv_bytes[0], (unsigned long long)o->kv_bytes[1],
              (unsigned long long)o->kv_bytes[2], r->kv_h2d_step, r->kv_d2h_step, r->kv_disk_step,
              o->cpu_attention ? "true" : "false", r->ca_kv_step,
-             r->ca_s_step, r->ca_rows_step, ce->host_read / 1e9);
+             r->ca_s_step, r->ca_rows_step, ce->host_read / 1e9, ce->home_read / 1e9);
     if (k < 0 || (size_t)k >= n) return;
     buf += k;
     n -= (size_t)k;

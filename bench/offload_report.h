@@ -26,6 +26,8 @@ typedef struct bench_ceilings {
     int disk_qd;     /* requests in flight */
     double host_read; /* bytes/s, host memory read by all the runtime's threads (a bound of
                          the CPU attention), 0: not measured */
+    double home_read; /* bytes/s, the same threads reading the context's pinned KV home itself
+                         (tens of GB: its page walks included), 0: not measured */
 } bench_ceilings;
 
 typedef struct bench_offload_row {
@@ -51,6 +53,10 @@ int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv
  * the KV alone exists only once the context does). 0, or 1 after a message. */
 struct flexdiag_context;
 int bench_offload_kv_disk_ceiling(const struct flexdiag_context *c, bench_ceilings *out);
+/* The rate at which the runtime's threads read context c's pinned KV home (the K and V spans
+ * of its host-homed micro-batches) with CPU attention on: the best of two passes. 0, or 1
+ * after a message. */
+int bench_offload_kv_home_read(const struct flexdiag_context *c, bench_ceilings *out);
 /* Bytes/s the runtime's --threads read from host memory together: the best of three passes
  * summing 2 GiB (the CPU attention's bound). 0, or 1 after a message (*out 0). */
 int bench_host_read_rate(const flexdiag_runtime *rt, double *out);

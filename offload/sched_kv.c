@@ -21,9 +21,10 @@
  * a decode step the prompt rows and the resident prefix of the ring come in (every policy fills
  * its ring in slot order, policy/kv_policy.h), and only the written row goes back (the whole
  * resident prefix where the policy picks a row per head); a prefill chunk loads nothing and
- * stores its prompt rows. Each range is one strided copy over every (sequence, KV head) block;
- * where the prompt fills its capacity the prompt rows and the ring prefix adjoin and go as one
- * (a copy of narrow rows, the ring's first steps, runs far below the link rate).
+ * stores its prompt rows. Each range is one strided copy over every (sequence, KV head) block
+ * (on CUDA the device gathers the rows out of the mapped pinned home: the copy engine's 2-D
+ * copies lose 40 % of their rate beside the decode's GEMMs, kernels/cuda/slot_rows.cu); where
+ * the prompt fills its capacity the prompt rows and the ring prefix adjoin and go as one.
  * A sparse policy (Diagonal, ALISA: fewer rows attended than resident, io->kv_slots) brings
  * only the ring rows its slot lists name: the backend's copy_h2d_slots_async gathers them (on
  * CUDA one kernel reading the pinned home over the bus, the lists never leaving the device),

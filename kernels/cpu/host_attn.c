@@ -9,8 +9,12 @@
  * task per (sequence, KV head): it rotates the g query heads of its group and its key head
  * (RoPE in fp32 from cos/sin computed once per sequence, one rounding to bf16, as the CUDA
  * kv_append), writes the new K and V row into the host cache, then attends prompt rows and
- * ring slots with an online softmax over CHUNK-row chunks: each K and V row is widened to fp32
- * once and serves all g queries (the scheme of fast_attn.c), the output rounded to bf16 once.
+ * ring slots with an online softmax over CHUNK-row chunks. The chunk's keys are widened to fp32
+ * as they are read, four at a time so that their dot products are independent chains (each
+ * with the 8 fixed partial sums of flexdiag__cpu_dot); its values are summed into 32 output
+ * columns held in registers across the chunk's rows. The output is rounded to bf16 once. The
+ * KV is read once per task from memory (again from L1 for the other queries of a group): at
+ * Janus shapes the task streams 512 bytes per row against about 60 vector operations.
  * Tasks own disjoint outputs and compute them in a fixed order: results do not depend on the
  * thread count.
  */
@@ -56,10 +60,9 @@ static void rope_head(uint16_t *x, const float *cs, int32_t d_h) {
     }
 }
 
-/* Scratch floats of a task with group g: q, acc (g, d_h), K/V chunk (CHUNK, d_h), z (g, CHUNK),
- * m, l (g). */
+/* Scratch floats of a task with group g: q, acc (g, d_h), z (g, CHUNK), m, l (g). */
 static size_t task_floats(int32_t g, int32_t d_h) {
-    return 2 * (size_t)g * d_h + (size_t)CHUNK * d_h + (size_t)g * CHUNK + 2 * (size_t)g;
+    return 2 * (size_t)g * d_h + (size_t)g * CHUNK + 2 * (size_t)g;
 }
 
 /* Append the new K/V row of (sequence s, KV head kh) and rotate its queries; returns the cache
@@ -82,6 +85,118 @@ static int64_t append_row(const bf16_job *jb, int64_t s, int32_t kh) {
     return blk;
 }
 
+/* Eight lanes of fp32 (GCC/Clang vector extensions: one AVX register, two SSE ones, or the
+ * target's equivalent) and eight bf16 values widened into them. The helpers are always inlined,
+ * so the calling convention of a 32-byte vector on a target without AVX (-Wpsabi) never
+ * applies. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+ALWAYS_INLINE v8f load8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+ALWAYS_INLINE void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+ALWAYS_INLINE v8f widen8(const uint16_t *p) {
+    v8h h;
+    memcpy(&h, p, sizeof h);
+    v8u u = __builtin_convertvector(h, v8u) << 16;
+    v8f f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The 8 partial sums of a dot product into one value, in flexdiag__cpu_dot's order. */
+ALWAYS_INLINE float sum8(v8f p) {
+    float s = 0.0f;
+    for (int l = 0; l < 8; l++) s += p[l];
+    return s;
+}
+
+/* z[i·CHUNK + c] = scale · q_i · K row c of the chunk (rows at kc + off[c]), for the g queries:
+ * KEYS keys at a time so that their sums are independent chains, each key's sum the 8 fixed
+ * partial sums of flexdiag__cpu_dot (d_h a multiple of 8), the keys widened as they are read. */
+#define KEYS 4
+ALWAYS_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float scale,
+                                 const uint16_t *kc, const int64_t *off, int64_t nc, float *z) {
+    for (int32_t i = 0; i < g; i++) {
+        const float *qi = q + (int64_t)i * d_h;
+        int64_t c = 0;
+        for (; c + KEYS <= nc; c += KEYS) {
+            v8f p[KEYS];
+            for (int r = 0; r < KEYS; r++) p[r] = (v8f){0};
+            for (int32_t e = 0; e < d_h; e += 8) {
+                v8f qv = load8(qi + e);
+                for (int r = 0; r < KEYS; r++) p[r] += qv * widen8(kc + off[c + r] + e);
+            }
+            for (int r = 0; r < KEYS; r++) z[i * CHUNK + c + r] = scale * sum8(p[r]);
+        }
+        for (; c < nc; c++) {
+            v8f p = {0};
+            for (int32_t e = 0; e < d_h; e += 8) p += load8(qi + e) * widen8(kc + off[c] + e);
+            z[i * CHUNK + c] = scale * sum8(p);
+        }
+    }
+}
+
+/* acc_i += Σ_c p_ic · V row c for the g queries, 32 columns (then 8) at a time held in
+ * registers over the chunk's rows (each element still sums its rows in order c = 0, 1, ...). */
+ALWAYS_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const float *z,
+                                 const uint16_t *vc, const int64_t *off, int64_t nc) {
+    int32_t wide = d_h - d_h % 32;
+    for (int32_t i = 0; i < g; i++) {
+        for (int32_t e = 0; e < wide; e += 32) {
+            float *ai = acc + (int64_t)i * d_h + e;
+            v8f a0 = load8(ai), a1 = load8(ai + 8), a2 = load8(ai + 16), a3 = load8(ai + 24);
+            for (int64_t c = 0; c < nc; c++) {
+                const uint16_t *vr = vc + off[c] + e;
+                float p = z[i * CHUNK + c];
+                a0 += p * widen8(vr), a1 += p * widen8(vr + 8);
+                a2 += p * widen8(vr + 16), a3 += p * widen8(vr + 24);
+            }
+            store8(ai, a0), store8(ai + 8, a1), store8(ai + 16, a2), store8(ai + 24, a3);
+        }
+        for (int32_t e = wide; e < d_h; e += 8) {
+            float *ai = acc + (int64_t)i * d_h + e;
+            v8f a0 = load8(ai);
+            for (int64_t c = 0; c < nc; c++) a0 += z[i * CHUNK + c] * widen8(vc + off[c] + e);
+            store8(ai, a0);
+        }
+    }
+}
+
+/* The cache offsets (elements) of rows [j0, j0 + CHUNK) ∩ [0, n) of a (sequence, KV head)
+ * block: prompt rows, then the ring slots of its list; returns how many. */
+static int64_t chunk_offsets(const flexdiag_attn_args *a, const int32_t *slots, int64_t n_prompt,
+                             int64_t n, int64_t j0, int64_t *off) {
+    int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK;
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t j = j0 + c;
+        off[c] = (j < n_prompt ? j : a->p_cap + slots[j - n_prompt]) * a->d_h;
+    }
+    return nc;
+}
+
+/* Ask for the K and V rows of the next chunk while this one computes: the hardware prefetchers
+ * follow one sequential stream well but not a task's two (K and V), so the loads would wait
+ * on the memory's latency one line at a time. */
+ALWAYS_INLINE void prefetch_rows(const uint16_t *kc, const uint16_t *vc, const int64_t *off,
+                                 int64_t nc, int32_t d_h) {
+    for (int64_t c = 0; c < nc; c++)
+        for (int32_t e = 0; e < d_h; e += 32) { /* 64-byte lines of bf16 */
+            __builtin_prefetch(kc + off[c] + e);
+            __builtin_prefetch(vc + off[c] + e);
+        }
+}
+
 /* x86-64: the task is also compiled for AVX2 and picked at load time (an ifunc). The dot
  * products keep their 8 fixed partial sums and nothing is contracted into FMAs, so both
  * versions give the same bits. */
@@ -99,32 +214,25 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     int32_t kh = (int32_t)(t % a->h_kv), g = a->h_q / a->h_kv, d_h = a->d_h;
     int64_t blk = append_row(jb, s, kh);
     const uint16_t *kc = (const uint16_t *)jb->h->k + blk, *vc = (const uint16_t *)jb->h->v + blk;
-    float *q = scratch, *acc = q + (int64_t)g * d_h, *kv = acc + (int64_t)g * d_h;
-    float *z = kv + (int64_t)CHUNK * d_h, *m = z + (int64_t)g * CHUNK, *l = m + g;
+    float *q = scratch, *acc = q + (int64_t)g * d_h, *z = acc + (int64_t)g * d_h;
+    float *m = z + (int64_t)g * CHUNK, *l = m + g;
     widen(q, (const uint16_t *)jb->h->qkv + s * jb->width + (int64_t)kh * g * d_h, g * d_h);
     memset(acc, 0, (size_t)g * d_h * sizeof(float));
     for (int32_t i = 0; i < g; i++) m[i] = -INFINITY, l[i] = 0.0f;
     int64_t li = a->shared_slots ? 0 : t;
     const int32_t *slots = a->slots ? a->slots + li * a->max_slots : NULL;
     int64_t n_prompt = a->lp[s], n = n_prompt + a->n_slots[li];
-    for (int64_t j0 = 0; j0 < n; j0 += CHUNK) {
-        int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK, off[CHUNK];
-        for (int64_t c = 0; c < nc; c++) {
-            int64_t j = j0 + c;
-            off[c] = (j < n_prompt ? j : a->p_cap + slots[j - n_prompt]) * d_h;
-            widen(kv + c * d_h, kc + off[c], d_h);
+    int64_t offs[2][CHUNK];
+    chunk_offsets(a, slots, n_prompt, n, 0, offs[0]);
+    for (int64_t j0 = 0, x = 0; j0 < n; j0 += CHUNK, x ^= 1) {
+        int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK, *off = offs[x];
+        if (j0 + CHUNK < n) {
+            int64_t nn = chunk_offsets(a, slots, n_prompt, n, j0 + CHUNK, offs[x ^ 1]);
+            prefetch_rows(kc, vc, offs[x ^ 1], nn, d_h);
         }
-        for (int64_t c = 0; c < nc; c++)
-            for (int32_t i = 0; i < g; i++)
-                z[i * CHUNK + c] = a->scale * flexdiag__cpu_dot(q + (int64_t)i * d_h, kv + c * d_h, d_h);
+        chunk_logits(q, g, d_h, a->scale, kc, off, nc, z);
         flexdiag__cpu_softmax_chunk(z, CHUNK, nc, m, l, acc, g, d_h);
-        for (int64_t c = 0; c < nc; c++) widen(kv + c * d_h, vc + off[c], d_h);
-        for (int64_t c = 0; c < nc; c++)
-            for (int32_t i = 0; i < g; i++) {
-                float p = z[i * CHUNK + c], *ai = acc + (int64_t)i * d_h;
-                const float *vr = kv + c * d_h;
-                for (int32_t e = 0; e < d_h; e++) ai[e] += p * vr[e];
-            }
+        chunk_values(acc, g, d_h, z, vc, off, nc);
     }
     uint16_t *out = (uint16_t *)jb->h->out + (s * a->h_q + (int64_t)kh * g) * d_h;
     for (int32_t i = 0; i < g; i++) {
@@ -137,10 +245,11 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
 /* What the bf16 path needs beyond the attention checks: rows inside the block, RoPE scratch. */
 static flexdiag_status check_bf16(const flexdiag_host_attn *h) {
     const flexdiag_attn_args *a = &h->a;
-    if (a->d_h > MAX_DH || (a->pos && (a->d_h % 2 || !(a->rope_theta > 0.0f) || !h->cs)))
+    if (a->d_h > MAX_DH || a->d_h % 8 || (a->pos && (!(a->rope_theta > 0.0f) || !h->cs)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "host attn_decode: d_h = %d, rope_theta = %g, cs %s: need d_h <= %d "
-                             "and, with positions, an even d_h, theta > 0 and the cs scratch",
+                             "host attn_decode: d_h = %d, rope_theta = %g, cs %s: need a d_h that "
+                             "is a multiple of 8 up to %d and, with positions, theta > 0 and the "
+                             "cs scratch",
                              a->d_h, (double)a->rope_theta, h->cs ? "set" : "NULL", MAX_DH);
     if (a->logits_out || a->lse_out || a->probs_out || a->diag_lag)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,

@@ -13,7 +13,8 @@
  * event.cu (events), convert.cu, gather.cu (embed + gather_rows: both are row gathers),
  * pos_embed.cu, rmsnorm.cu, layernorm.cu, qk_norm.cu, swiglu.cu, gelu.cu, relu.cu, matmul.cu
  * (cuBLASLt / cuBLAS), cfg.cu, sample.cu,
- * diag_policy.cu (device Diagonal policy), conv2d.cu and vq_ops.cu (VQ image decoder). RoPE is
+ * diag_policy.cu (device Diagonal policy), slot_rows.cu (copies the device reads out of pinned
+ * host memory), conv2d.cu and vq_ops.cu (VQ image decoder). RoPE is
  * fused into kv_append (attn.cuh).
  */
 #ifndef FLEXDIAG_CUDA_OPS_CUH
@@ -77,6 +78,11 @@ flexdiag_op_copy flexdiag__cuda_copy_d2h;
 /* Device to host, ordered on s, no host sync (copy_d2h_async). */
 flexdiag_op_copy flexdiag__cuda_copy_d2h_async;
 flexdiag_op_copy_2d flexdiag__cuda_copy_h2d_2d;
+/* The strided rows of a host -> device 2-D copy gathered by a kernel reading mapped pinned src
+ * (slot_rows.cu); 0 when src is not mapped pinned memory or a size is not a multiple of 16
+ * bytes (the caller then uses the copy engine), 1 once queued on s. */
+int flexdiag__cuda_gather_2d(void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t rows, flexdiag_stream *s);
 flexdiag_op_copy_2d flexdiag__cuda_copy_d2h_2d;
 /* Attended ring rows out of mapped pinned host memory (slot_rows.cu). */
 flexdiag_op_copy_h2d_slots flexdiag__cuda_copy_slots;

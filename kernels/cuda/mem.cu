@@ -270,6 +270,11 @@ static flexdiag_status copy_2d(void *dst, size_t dpitch, const void *src, size_t
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "cuda 2-D copy of %zu rows of %zu bytes: %s", rows, width,
                              !dst || !src ? "a pointer is NULL" : "a pitch is below the width");
+    if (kind == cudaMemcpyHostToDevice &&
+        flexdiag__cuda_gather_2d(dst, dpitch, src, spitch, width, rows, s)) {
+        FLEXDIAG_CUDA_LAUNCH_CHECK(flexdiag__cuda_st(s));
+        return FLEXDIAG_OK;
+    }
     FLEXDIAG_CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, kind,
                                         flexdiag__cuda_st(s)));
     return FLEXDIAG_OK;
