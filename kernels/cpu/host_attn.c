@@ -10,11 +10,11 @@
  * (RoPE in fp32 from cos/sin computed once per sequence, one rounding to bf16, as the CUDA
  * kv_append), writes the new K and V row into the host cache, then attends prompt rows and
  * ring slots with an online softmax over CHUNK-row chunks. The chunk's keys are widened to fp32
- * as they are read, four at a time so that their dot products are independent chains (each
- * with the 8 fixed partial sums of flexdiag__cpu_dot); its values are summed into 32 output
- * columns held in registers across the chunk's rows. The output is rounded to bf16 once. The
- * KV is read once per task from memory (again from L1 for the other queries of a group): at
- * Janus shapes the task streams 512 bytes per row against about 60 vector operations.
+ * as they are read (one interleave with zeros per 8 values, in the lane order below), four at
+ * a time so that their dot products are independent chains of 8 partial sums; its values are
+ * summed into 32 output columns held in registers across the chunk's rows; the next chunk's
+ * rows are prefetched. The output is rounded to bf16 once. The KV is read once per task from
+ * memory (again from L1 for the other queries of a group).
  * Tasks own disjoint outputs and compute them in a fixed order: results do not depend on the
  * thread count.
  */
@@ -33,10 +33,6 @@ typedef struct bf16_job {
     int64_t width; /* qkv row: (h_q + 2 h_kv) d_h */
     int64_t block; /* cache rows per (sequence, KV head): p_cap + ring */
 } bf16_job;
-
-static void widen(float *dst, const uint16_t *src, int32_t n) {
-    for (int32_t i = 0; i < n; i++) dst[i] = flexdiag__bf16_to_f32(src[i]);
-}
 
 /* Task s: the RoPE cos/sin pairs of sequence s into cs (n_seq, d_h): cos then sin per pair. */
 static void angles_task(void *ctx, int64_t s, void *scratch) {
@@ -86,16 +82,31 @@ static int64_t append_row(const bf16_job *jb, int64_t s, int32_t kh) {
 }
 
 /* Eight lanes of fp32 (GCC/Clang vector extensions: one AVX register, two SSE ones, or the
- * target's equivalent) and eight bf16 values widened into them. The helpers are always inlined,
- * so the calling convention of a 32-byte vector on a target without AVX (-Wpsabi) never
- * applies. */
-#if defined(__GNUC__) && !defined(__clang__)
+ * target's equivalent). The helpers are always inlined, so the calling convention of a 32-byte
+ * vector on a target without AVX (-Wpsabi) never applies. */
+#if defined(__clang__)
+#if __has_warning("-Wpsabi")
+#pragma clang diagnostic ignored "-Wpsabi"
+#endif
+#elif defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 typedef float v8f __attribute__((vector_size(32)));
-typedef uint16_t v8h __attribute__((vector_size(16)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+/* Lane order: sixteen bf16 widen to fp32 by interleaving them with zeros, which AVX2 does per
+ * 128-bit half (vpunpcklwd / vpunpckhwd): the first vector holds elements 0-3 and 8-11, the
+ * second 4-7 and 12-15. q and the output accumulators are kept in that order within each
+ * 16-element block (PERM16[i]: the element at position i), so K and V rows are used as read. */
+static const int8_t PERM16[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+
+/* Lanes of a and b picked by index (0-15 a's, 16-31 b's): GCC before 12 spells it differently. */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define PICK16(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define PICK16(a, b, ...) __builtin_shuffle(a, b, (v16h){__VA_ARGS__})
+#endif
 
 ALWAYS_INLINE v8f load8(const float *p) {
     v8f v;
@@ -105,52 +116,62 @@ ALWAYS_INLINE v8f load8(const float *p) {
 
 ALWAYS_INLINE void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
 
-ALWAYS_INLINE v8f widen8(const uint16_t *p) {
-    v8h h;
-    memcpy(&h, p, sizeof h);
-    v8u u = __builtin_convertvector(h, v8u) << 16;
-    v8f f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+/* The 16 bf16 at p as fp32 in lane order: *lo positions 0-7, *hi positions 8-15. */
+ALWAYS_INLINE void widen16(const uint16_t *p, v8f *lo, v8f *hi) {
+    v16h x, z = {0};
+    memcpy(&x, p, sizeof x);
+    v16h l = PICK16(z, x, 0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27);
+    v16h h = PICK16(z, x, 4, 20, 5, 21, 6, 22, 7, 23, 12, 28, 13, 29, 14, 30, 15, 31);
+    memcpy(lo, &l, sizeof l);
+    memcpy(hi, &h, sizeof h);
 }
 
-/* The 8 partial sums of a dot product into one value, in flexdiag__cpu_dot's order. */
+/* The 8 partial sums of a dot product into one value, in a fixed order. */
 ALWAYS_INLINE float sum8(v8f p) {
     float s = 0.0f;
     for (int l = 0; l < 8; l++) s += p[l];
     return s;
 }
 
-/* z[i·CHUNK + c] = scale · q_i · K row c of the chunk (rows at kc + off[c]), for the g queries:
- * KEYS keys at a time so that their sums are independent chains, each key's sum the 8 fixed
- * partial sums of flexdiag__cpu_dot (d_h a multiple of 8), the keys widened as they are read. */
+/* z[i·CHUNK + c] = scale · q_i · K row c of the chunk (rows at kc + off[c]), for the g queries
+ * (q in lane order): KEYS keys at a time so that their sums are independent chains, each key's
+ * sum 8 partial sums over the lane-ordered products, the keys widened as they are read. */
 #define KEYS 4
 ALWAYS_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float scale,
-                                 const uint16_t *kc, const int64_t *off, int64_t nc, float *z) {
+                                const uint16_t *kc, const int64_t *off, int64_t nc, float *z) {
     for (int32_t i = 0; i < g; i++) {
         const float *qi = q + (int64_t)i * d_h;
         int64_t c = 0;
         for (; c + KEYS <= nc; c += KEYS) {
-            v8f p[KEYS];
+            v8f p[KEYS], lo, hi;
             for (int r = 0; r < KEYS; r++) p[r] = (v8f){0};
-            for (int32_t e = 0; e < d_h; e += 8) {
-                v8f qv = load8(qi + e);
-                for (int r = 0; r < KEYS; r++) p[r] += qv * widen8(kc + off[c + r] + e);
+            for (int32_t e = 0; e < d_h; e += 16) {
+                v8f q0 = load8(qi + e), q1 = load8(qi + e + 8);
+                for (int r = 0; r < KEYS; r++) {
+                    widen16(kc + off[c + r] + e, &lo, &hi);
+                    p[r] += q0 * lo;
+                    p[r] += q1 * hi;
+                }
             }
             for (int r = 0; r < KEYS; r++) z[i * CHUNK + c + r] = scale * sum8(p[r]);
         }
         for (; c < nc; c++) {
-            v8f p = {0};
-            for (int32_t e = 0; e < d_h; e += 8) p += load8(qi + e) * widen8(kc + off[c] + e);
+            v8f p = {0}, lo, hi;
+            for (int32_t e = 0; e < d_h; e += 16) {
+                widen16(kc + off[c] + e, &lo, &hi);
+                p += load8(qi + e) * lo;
+                p += load8(qi + e + 8) * hi;
+            }
             z[i * CHUNK + c] = scale * sum8(p);
         }
     }
 }
 
-/* acc_i += Σ_c p_ic · V row c for the g queries, 32 columns (then 8) at a time held in
- * registers over the chunk's rows (each element still sums its rows in order c = 0, 1, ...). */
+/* acc_i += Σ_c p_ic · V row c for the g queries (acc in lane order), 32 columns (then 16) at a
+ * time held in registers over the chunk's rows (each element sums its rows in order c = 0, 1,
+ * ...). */
 ALWAYS_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const float *z,
-                                 const uint16_t *vc, const int64_t *off, int64_t nc) {
+                                const uint16_t *vc, const int64_t *off, int64_t nc) {
     int32_t wide = d_h - d_h % 32;
     for (int32_t i = 0; i < g; i++) {
         for (int32_t e = 0; e < wide; e += 32) {
@@ -159,18 +180,29 @@ ALWAYS_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const float 
             for (int64_t c = 0; c < nc; c++) {
                 const uint16_t *vr = vc + off[c] + e;
                 float p = z[i * CHUNK + c];
-                a0 += p * widen8(vr), a1 += p * widen8(vr + 8);
-                a2 += p * widen8(vr + 16), a3 += p * widen8(vr + 24);
+                v8f l0, h0, l1, h1;
+                widen16(vr, &l0, &h0);
+                widen16(vr + 16, &l1, &h1);
+                a0 += p * l0, a1 += p * h0, a2 += p * l1, a3 += p * h1;
             }
             store8(ai, a0), store8(ai + 8, a1), store8(ai + 16, a2), store8(ai + 24, a3);
         }
-        for (int32_t e = wide; e < d_h; e += 8) {
-            float *ai = acc + (int64_t)i * d_h + e;
-            v8f a0 = load8(ai);
-            for (int64_t c = 0; c < nc; c++) a0 += z[i * CHUNK + c] * widen8(vc + off[c] + e);
-            store8(ai, a0);
+        if (wide < d_h) { /* one 16-element block left */
+            float *ai = acc + (int64_t)i * d_h + wide;
+            v8f a0 = load8(ai), a1 = load8(ai + 8), lo, hi;
+            for (int64_t c = 0; c < nc; c++) {
+                widen16(vc + off[c] + wide, &lo, &hi);
+                a0 += z[i * CHUNK + c] * lo, a1 += z[i * CHUNK + c] * hi;
+            }
+            store8(ai, a0), store8(ai + 8, a1);
         }
     }
+}
+
+/* n bf16 at src (n a multiple of 16) into dst as fp32 in lane order. */
+static void widen_ordered(float *dst, const uint16_t *src, int32_t n) {
+    for (int32_t b = 0; b < n; b += 16)
+        for (int i = 0; i < 16; i++) dst[b + i] = flexdiag__bf16_to_f32(src[b + PERM16[i]]);
 }
 
 /* The cache offsets (elements) of rows [j0, j0 + CHUNK) ∩ [0, n) of a (sequence, KV head)
@@ -216,7 +248,7 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     const uint16_t *kc = (const uint16_t *)jb->h->k + blk, *vc = (const uint16_t *)jb->h->v + blk;
     float *q = scratch, *acc = q + (int64_t)g * d_h, *z = acc + (int64_t)g * d_h;
     float *m = z + (int64_t)g * CHUNK, *l = m + g;
-    widen(q, (const uint16_t *)jb->h->qkv + s * jb->width + (int64_t)kh * g * d_h, g * d_h);
+    widen_ordered(q, (const uint16_t *)jb->h->qkv + s * jb->width + (int64_t)kh * g * d_h, g * d_h);
     memset(acc, 0, (size_t)g * d_h * sizeof(float));
     for (int32_t i = 0; i < g; i++) m[i] = -INFINITY, l[i] = 0.0f;
     int64_t li = a->shared_slots ? 0 : t;
@@ -237,18 +269,19 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     uint16_t *out = (uint16_t *)jb->h->out + (s * a->h_q + (int64_t)kh * g) * d_h;
     for (int32_t i = 0; i < g; i++) {
         float inv = n > 0 ? 1.0f / l[i] : 0.0f;
-        for (int32_t e = 0; e < d_h; e++)
-            out[(int64_t)i * d_h + e] = flexdiag__f32_to_bf16(acc[(int64_t)i * d_h + e] * inv);
+        for (int32_t e = 0; e < d_h; e++) /* from lane order */
+            out[(int64_t)i * d_h + (e & ~15) + PERM16[e & 15]] =
+                flexdiag__f32_to_bf16(acc[(int64_t)i * d_h + e] * inv);
     }
 }
 
 /* What the bf16 path needs beyond the attention checks: rows inside the block, RoPE scratch. */
 static flexdiag_status check_bf16(const flexdiag_host_attn *h) {
     const flexdiag_attn_args *a = &h->a;
-    if (a->d_h > MAX_DH || a->d_h % 8 || (a->pos && (!(a->rope_theta > 0.0f) || !h->cs)))
+    if (a->d_h > MAX_DH || a->d_h % 16 || (a->pos && (!(a->rope_theta > 0.0f) || !h->cs)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "host attn_decode: d_h = %d, rope_theta = %g, cs %s: need a d_h that "
-                             "is a multiple of 8 up to %d and, with positions, theta > 0 and the "
+                             "is a multiple of 16 up to %d and, with positions, theta > 0 and the "
                              "cs scratch",
                              a->d_h, (double)a->rope_theta, h->cs ? "set" : "NULL", MAX_DH);
     if (a->logits_out || a->lse_out || a->probs_out || a->diag_lag)

@@ -91,7 +91,8 @@ static flexdiag_status sum_once(void *arg) {
     return flexdiag__cpu_parallel_for(r->cpu, r->sum_tasks, 0, sum_task, &r->sj);
 }
 
-static int spread(run *r, int homes) {
+static int spread(run *r, int homes, int32_t *n_slots) {
+    *n_slots = 338 - PCAP; /* the list 0, 1, ... set by main covers it */
     size_t cache = (size_t)NSEQ_SPREAD * HKV * (PCAP + RING) * DH * 2, all = cache * (size_t)homes;
     char *kc = mmap(NULL, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     char *vc = mmap(NULL, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -163,7 +164,7 @@ int main(int argc, char **argv) {
         munmap(vc, cache);
     }
     int homes = argc > 3 ? atoi(argv[3]) : 0;
-    if (homes > 0 && NSEQ == NSEQ_SPREAD && spread(&r, homes)) return 1;
+    if (homes > 0 && NSEQ == NSEQ_SPREAD && spread(&r, homes, n_slots)) return 1;
     k->stream_destroy(r.cpu);
     return 0;
 }
