@@ -4,8 +4,9 @@
  *
  * Through the runtime's op table, as the engine moves and computes: pinned H2D and D2H copies
  * on a copy stream at four transfer sizes, the device copy rate (bytes read + written), bf16
- * GEMM rates for six row counts n of (n, k) x (k, 4k), and with --offload-dir the store's
- * O_DIRECT read rate at the scheduler's request size and queue depth. On the CPU backend the
+ * GEMM rates for six row counts n of (n, k) x (k, 4k), the host memory read rate and the CPU
+ * attention kernel's, and with --offload-dir the store's O_DIRECT read rate at the scheduler's
+ * request size and queue depth. On the CPU backend the
  * "device" is host memory, so every rate is the CPU's. Buffers come from the device budget.
  * Progress goes to stderr, the file path to stdout.
  */
@@ -238,9 +239,11 @@ static int profile(const prof_opts *o) {
     double t0 = flexdiag__now();
     int rc = measure_copies(rt, &p) || measure_gemms(rt, &p);
     if (!rc) {
-        progress("host memory read", 0, 1);
+        progress("host memory read", 0, 2);
         rc = bench_host_read_rate(rt, &p.host_read);
-        if (!rc) progress("host memory read", 1, 1);
+        if (!rc) progress("host memory read", 1, 2);
+        if (!rc) rc = bench_host_attn_rate(rt, &p.host_attn);
+        if (!rc) progress("host memory read", 2, 2);
     }
     if (!rc && o->offload_dir) rc = measure_disk(o->offload_dir, &p);
     flexdiag_runtime_destroy(rt);
@@ -253,9 +256,10 @@ static int profile(const prof_opts *o) {
     if (!rc) rc = cm_profile_write(&p, path);
     if (rc) return 1;
     fprintf(stderr, "flexdiag profile: %s (%s) measured in %.1f s: H2D %.2f GB/s, copy %.1f "
-            "GB/s, GEMM %.1f GFLOP/s at %g rows, host read %.1f GB/s%s\n", p.device, p.backend,
-            flexdiag__now() - t0, p.h2d[CM_COPY_SIZES - 1] / 1e9, p.hbm / 1e9,
-            p.gemm[CM_GEMM_ROWS - 1] / 1e9, p.gemm_rows[CM_GEMM_ROWS - 1], p.host_read / 1e9,
+            "GB/s, GEMM %.1f GFLOP/s at %g rows, host read %.1f GB/s, CPU attention %.1f GB/s%s\n",
+            p.device, p.backend, flexdiag__now() - t0, p.h2d[CM_COPY_SIZES - 1] / 1e9,
+            p.hbm / 1e9, p.gemm[CM_GEMM_ROWS - 1] / 1e9, p.gemm_rows[CM_GEMM_ROWS - 1],
+            p.host_read / 1e9, p.host_attn / 1e9,
             o->offload_dir ? "" : "; no disk rate (no --offload-dir)");
     printf("%s\n", path);
     return 0;

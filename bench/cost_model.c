@@ -282,7 +282,8 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     double kv_disk = s->disk_mb * mb * ((c->prompt_len + res) * row_b +
                                         (evict_any ? res * row_b : 2.0 * s->kv_heads * 4096));
     t4[3] = s->disk + kv_disk > 0 ? (p->disk > 0 ? (s->disk + kv_disk) / p->disk : INFINITY) : 0;
-    t4[4] = host > 0 ? (p->host_read > 0 ? host * kv_read / p->host_read : INFINITY) : 0;
+    double host_rate = p->host_attn > 0 ? p->host_attn : p->host_read;
+    t4[4] = host > 0 ? (host_rate > 0 ? host * kv_read / host_rate : INFINITY) : 0;
     if (strcmp(p->backend, "cuda") != 0) { /* no device beside the host: the same cores */
         t4[0] += t4[4];
         t4[4] = 0;
@@ -370,7 +371,8 @@ static int make_parent(const char *path) {
 }
 
 int cm_profile_write(const cm_profile *p, const char *path) {
-    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:o,s:o,s:I,s:f,s:i,s:f,s:f}", "version", 1,
+    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:o,s:o,s:I,s:f,s:i,s:f,s:f,s:f}",
+                          "version", 1,
                           "device", p->device, "backend", p->backend, "copy_bytes",
                           num_array(p->copy_bytes, CM_COPY_SIZES), "h2d_Bps",
                           num_array(p->h2d, CM_COPY_SIZES), "d2h_Bps",
@@ -378,7 +380,8 @@ int cm_profile_write(const cm_profile *p, const char *path) {
                           num_array(p->gemm_rows, CM_GEMM_ROWS), "gemm_flops",
                           num_array(p->gemm, CM_GEMM_ROWS), "gemm_k", (json_int_t)p->gemm_k,
                           "disk_Bps", p->disk, "disk_qd", p->disk_qd, "disk_req_bytes",
-                          p->disk_req, "host_read_Bps", p->host_read);
+                          p->disk_req, "host_read_Bps", p->host_read, "host_attn_Bps",
+                          p->host_attn);
     int rc = !o || make_parent(path) || json_dump_file(o, path, JSON_INDENT(2));
     json_decref(o);
     if (rc) fprintf(stderr, "flexdiag profile: cannot write %s: %s\n", path, strerror(errno));
@@ -415,6 +418,7 @@ static const char *profile_invalid(const cm_profile *p) {
     if (!(isfinite(p->hbm) && p->hbm > 0)) return "hbm_Bps";
     if (p->gemm_k < 1) return "gemm_k";
     if (!(isfinite(p->host_read) && p->host_read >= 0)) return "host_read_Bps";
+    if (!(isfinite(p->host_attn) && p->host_attn >= 0)) return "host_attn_Bps";
     if (!(isfinite(p->disk) && p->disk >= 0) || p->disk_qd < 0 ||
         !(isfinite(p->disk_req) && p->disk_req >= 0))
         return "disk_Bps, disk_qd or disk_req_bytes";
@@ -441,8 +445,10 @@ int cm_profile_read(const char *cmd, const char *path, const char *device, cm_pr
               read_array(json_object_get(o, "gemm_rows"), p->gemm_rows, CM_GEMM_ROWS) ||
               read_array(json_object_get(o, "gemm_flops"), p->gemm, CM_GEMM_ROWS);
     const json_t *hr = json_object_get(o, "host_read_Bps"); /* optional: newer profiles */
-    if (hr && !json_is_number(hr)) bad = 1;
+    const json_t *ha = json_object_get(o, "host_attn_Bps");
+    if ((hr && !json_is_number(hr)) || (ha && !json_is_number(ha))) bad = 1;
     if (hr && !bad) p->host_read = json_number_value(hr);
+    if (ha && !bad) p->host_attn = json_number_value(ha);
     if (!bad) {
         snprintf(p->device, sizeof p->device, "%s", dev);
         snprintf(p->backend, sizeof p->backend, "%s", be);

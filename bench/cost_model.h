@@ -41,8 +41,11 @@ typedef struct cm_profile {
     double disk;                         /* O_DIRECT reads at disk_qd x disk_req */
     int disk_qd;                         /* requests in flight */
     double disk_req;                     /* bytes per request */
-    double host_read;                    /* host memory read by all threads (CPU attention);
-                                            0 in profiles written before it was measured */
+    double host_read;                    /* host memory read by all threads (CPU attention's
+                                            bound); 0 in profiles written before it was measured */
+    double host_attn;                    /* KV bytes/s the CPU attention kernel reads with all
+                                            threads (the model's CPU attention term; 0 in older
+                                            profiles: host_read is used) */
 } cm_profile;
 
 /* A model without its weights: the config and the placement cut the context sizing reads, on

@@ -176,6 +176,58 @@ int bench_offload_kv_home_read(const flexdiag_context *c, bench_ceilings *out) {
     return 1;
 }
 
+/* ---- the CPU attention kernel's rate (the cost model's CPU attention term) ---- */
+
+#define HA_SEQ 16     /* sequences of one micro-batch home */
+#define HA_HEADS 32   /* KV heads (Janus-Pro-7B's) */
+#define HA_DH 128
+#define HA_PROMPT 50
+#define HA_RING 288   /* every row attended: 338 per (sequence, head) */
+#define HA_BYTES ((size_t)512 << 20) /* KV of the homes visited in turn: past the last-level cache */
+
+int bench_host_attn_rate(const flexdiag_runtime *rt, double *out) {
+    *out = 0;
+    const int act = rt->k->act_bytes;
+    const size_t rows = HA_PROMPT + HA_RING, home = (size_t)HA_SEQ * HA_HEADS * rows * HA_DH * act;
+    const int homes = (int)(HA_BYTES / (2 * home)); /* 12 of bf16, 6 of fp32 */
+    char *kv = malloc(2 * (size_t)homes * home);
+    void *qkv = calloc((size_t)HA_SEQ * 3 * HA_HEADS * HA_DH, (size_t)act);
+    void *att = calloc((size_t)HA_SEQ * HA_HEADS * HA_DH, (size_t)act);
+    float *cs = calloc((size_t)HA_SEQ * HA_DH, sizeof *cs);
+    int32_t lp[HA_SEQ], pos[HA_SEQ], wrow[HA_SEQ * HA_HEADS], slots[HA_RING], n_slots = HA_RING;
+    flexdiag_stream *cpu = NULL;
+    flexdiag_status st = kv && qkv && att && cs ? FLEXDIAG_OK
+                                                : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
+    if (st == FLEXDIAG_OK) st = flexdiag__kernels_cpu()->stream_create(-1, rt->p.threads, &cpu);
+    if (st == FLEXDIAG_OK) memset(kv, 0x3c, 2 * (size_t)homes * home); /* bf16 0.0115 / fp32 0.0115 */
+    for (int i = 0; i < HA_SEQ; i++) lp[i] = HA_PROMPT, pos[i] = HA_PROMPT + HA_RING;
+    for (int i = 0; i < HA_SEQ * HA_HEADS; i++) wrow[i] = HA_PROMPT + HA_RING - 1;
+    for (int i = 0; i < HA_RING; i++) slots[i] = i;
+    flexdiag_host_attn h = {
+        .out = att, .qkv = qkv, .rows = wrow, .cs = cs, .act_bytes = act,
+        .a = {.n_seq = HA_SEQ, .h_q = HA_HEADS, .h_kv = HA_HEADS, .d_h = HA_DH,
+              .p_cap = HA_PROMPT, .ring = HA_RING, .scale = 0.088f, .lp = lp, .slots = slots,
+              .n_slots = &n_slots, .max_slots = HA_RING, .shared_slots = 1, .pos = pos,
+              .rope_theta = 10000.0f}};
+    double t0 = 0;
+    for (int i = 0; st == FLEXDIAG_OK && i < 2 * homes; i++) { /* the second pass is timed */
+        if (i == homes) t0 = flexdiag__now();
+        h.k = kv + (size_t)(i % homes) * 2 * home;
+        h.v = (char *)h.k + home;
+        st = flexdiag__host_attn_decode(&h, cpu);
+    }
+    double s = flexdiag__now() - t0;
+    if (cpu) flexdiag__kernels_cpu()->stream_destroy(cpu);
+    free(kv);
+    free(qkv);
+    free(att);
+    free(cs);
+    if (st == FLEXDIAG_OK && s > 0) *out = 2.0 * homes * (double)home / s;
+    if (st == FLEXDIAG_OK) return 0;
+    fprintf(stderr, "flexdiag profile: CPU attention rate not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
 int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv_homes,
                            int cpu_attention, bench_ceilings *out) {
     memset(out, 0, sizeof *out);

@@ -57,6 +57,11 @@ int bench_offload_kv_disk_ceiling(const struct flexdiag_context *c, bench_ceilin
  * of its host-homed micro-batches) with CPU attention on: the best of two passes. 0, or 1
  * after a message. */
 int bench_offload_kv_home_read(const struct flexdiag_context *c, bench_ceilings *out);
+/* Bytes/s of KV the CPU attention kernel (kernels.h flexdiag__host_attn_decode, in the
+ * runtime's activation type, its --threads) reads at Janus-Pro-7B shapes: 16 sequences x 32
+ * heads x 338 rows, micro-batch homes in turn (512 MiB of KV: 12 of bf16, 6 of fp32), the
+ * second pass timed. 0, or 1 after a message (*out 0). */
+int bench_host_attn_rate(const flexdiag_runtime *rt, double *out);
 /* Bytes/s the runtime's --threads read from host memory together: the best of three passes
  * summing 2 GiB (the CPU attention's bound). 0, or 1 after a message (*out 0). */
 int bench_host_read_rate(const flexdiag_runtime *rt, double *out);
