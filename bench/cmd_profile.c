@@ -3,7 +3,7 @@
  * writes the rates as JSON (cost_model.h cm_profile; docs/search.md §1).
  *
  * Through the runtime's op table, as the engine moves and computes: pinned H2D and D2H copies
- * on a copy stream at four transfer sizes, the device copy rate (bytes read + written), bf16
+ * on a copy stream at four transfer sizes and a KV home's strided load, the device copy rate (bytes read + written), bf16
  * GEMM rates for six row counts n of (n, k) x (k, 4k), the host memory read rate and the CPU
  * attention kernel's, and with --offload-dir the store's O_DIRECT read rate at the scheduler's
  * request size and queue depth. On the CPU backend the
@@ -68,6 +68,24 @@ static double time_copy(const flexdiag_kernels *k, flexdiag_stream *s, void *dev
     return (flexdiag__now() - t0) / REPS;
 }
 
+/* Bytes/s of a KV home's load (offload/sched_kv.c): copy_h2d_2d_async of 66 rows of 256 bytes
+ * out of every 626-row (sequence, KV head) block in a top-byte pinned buffer (Janus-Pro-7B
+ * shapes early in an image), -1 on failure. On CUDA the device gathers these rows itself. */
+static double time_kv_load(const flexdiag_kernels *k, flexdiag_stream *s, void *dev, void *host,
+                           size_t top) {
+    const size_t width = 66 * 256, pitch = 626 * 256, rows = top / pitch;
+    double t0 = 0;
+    for (int i = 0; i <= REPS; i++) {
+        if (i == 1 && k->stream_sync(s) != FLEXDIAG_OK) return -1;
+        if (i == 1) t0 = flexdiag__now();
+        if (k->copy_h2d_2d_async(dev, pitch, host, pitch, width, rows, s) != FLEXDIAG_OK)
+            return -1;
+    }
+    if (k->stream_sync(s) != FLEXDIAG_OK) return -1;
+    double t = (flexdiag__now() - t0) / REPS;
+    return t > 0 ? (double)(width * rows) / t : -1;
+}
+
 static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
     const flexdiag_kernels *k = rt->k;
     int gpu = k->act_bytes == 2;
@@ -90,6 +108,8 @@ static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
         p->d2h[i] = d > 0 ? (double)sizes[i] / d : 0;
     }
     if (st == FLEXDIAG_OK) progress("pinned H2D / D2H", CM_COPY_SIZES, CM_COPY_SIZES);
+    double kv = st == FLEXDIAG_OK ? time_kv_load(k, cs, dev, host, top) : -1;
+    p->kv_h2d = kv > 0 ? kv : 0;
     double t = st == FLEXDIAG_OK ? time_copy(k, rt->s, dev, dev2, NULL, top, 2) : -1;
     p->hbm = t > 0 ? 2.0 * (double)top / t : 0;
     if (cs) k->stream_destroy(cs);
@@ -256,8 +276,9 @@ static int profile(const prof_opts *o) {
     if (!rc) rc = cm_profile_write(&p, path);
     if (rc) return 1;
     fprintf(stderr, "flexdiag profile: %s (%s) measured in %.1f s: H2D %.2f GB/s, copy %.1f "
-            "GB/s, GEMM %.1f GFLOP/s at %g rows, host read %.1f GB/s, CPU attention %.1f GB/s%s\n",
-            p.device, p.backend, flexdiag__now() - t0, p.h2d[CM_COPY_SIZES - 1] / 1e9,
+            "GB/s, KV load %.2f GB/s, GEMM %.1f GFLOP/s at %g rows, host read %.1f GB/s, CPU "
+            "attention %.1f GB/s%s\n",
+            p.device, p.backend, flexdiag__now() - t0, p.h2d[CM_COPY_SIZES - 1] / 1e9, p.kv_h2d / 1e9,
             p.hbm / 1e9, p.gemm[CM_GEMM_ROWS - 1] / 1e9, p.gemm_rows[CM_GEMM_ROWS - 1],
             p.host_read / 1e9, p.host_attn / 1e9,
             o->offload_dir ? "" : "; no disk rate (no --offload-dir)");

@@ -275,7 +275,8 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     double kv_out = (below - host) * mb * (evict_any ? res : 1) * row_b;
     double up = host * mb * s->dq * s->ab, down = host * mb * (s->dq + 2 * s->dkv) * s->ab;
     double per = fmax(below, 1);
-    t4[1] = copy_s(p, 0, s->streamed, s->streamed) + copy_s(p, 0, kv_in + up, (kv_in + up) / per);
+    t4[1] = copy_s(p, 0, s->streamed, s->streamed) + copy_s(p, 0, up, up / per) +
+            (p->kv_h2d > 0 ? kv_in / p->kv_h2d : copy_s(p, 0, kv_in, kv_in / per));
     t4[2] = copy_s(p, 1, kv_out + down, (kv_out + down) / per);
     /* the disk KV home reads every touched row (the resident ones) and writes a 4 KiB page per
      * (sequence, KV head) block for the written row (offload/kv_disk.c) */
@@ -371,12 +372,13 @@ static int make_parent(const char *path) {
 }
 
 int cm_profile_write(const cm_profile *p, const char *path) {
-    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:o,s:o,s:I,s:f,s:i,s:f,s:f,s:f}",
+    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:f,s:o,s:o,s:I,s:f,s:i,s:f,s:f,s:f}",
                           "version", 1,
                           "device", p->device, "backend", p->backend, "copy_bytes",
                           num_array(p->copy_bytes, CM_COPY_SIZES), "h2d_Bps",
                           num_array(p->h2d, CM_COPY_SIZES), "d2h_Bps",
-                          num_array(p->d2h, CM_COPY_SIZES), "hbm_Bps", p->hbm, "gemm_rows",
+                          num_array(p->d2h, CM_COPY_SIZES), "kv_h2d_Bps", p->kv_h2d, "hbm_Bps",
+                          p->hbm, "gemm_rows",
                           num_array(p->gemm_rows, CM_GEMM_ROWS), "gemm_flops",
                           num_array(p->gemm, CM_GEMM_ROWS), "gemm_k", (json_int_t)p->gemm_k,
                           "disk_Bps", p->disk, "disk_qd", p->disk_qd, "disk_req_bytes",
@@ -419,6 +421,7 @@ static const char *profile_invalid(const cm_profile *p) {
     if (p->gemm_k < 1) return "gemm_k";
     if (!(isfinite(p->host_read) && p->host_read >= 0)) return "host_read_Bps";
     if (!(isfinite(p->host_attn) && p->host_attn >= 0)) return "host_attn_Bps";
+    if (!(isfinite(p->kv_h2d) && p->kv_h2d >= 0)) return "kv_h2d_Bps";
     if (!(isfinite(p->disk) && p->disk >= 0) || p->disk_qd < 0 ||
         !(isfinite(p->disk_req) && p->disk_req >= 0))
         return "disk_Bps, disk_qd or disk_req_bytes";
@@ -445,8 +448,10 @@ int cm_profile_read(const char *cmd, const char *path, const char *device, cm_pr
               read_array(json_object_get(o, "gemm_rows"), p->gemm_rows, CM_GEMM_ROWS) ||
               read_array(json_object_get(o, "gemm_flops"), p->gemm, CM_GEMM_ROWS);
     const json_t *hr = json_object_get(o, "host_read_Bps"); /* optional: newer profiles */
-    const json_t *ha = json_object_get(o, "host_attn_Bps");
-    if ((hr && !json_is_number(hr)) || (ha && !json_is_number(ha))) bad = 1;
+    const json_t *ha = json_object_get(o, "host_attn_Bps"), *kh = json_object_get(o, "kv_h2d_Bps");
+    if ((hr && !json_is_number(hr)) || (ha && !json_is_number(ha)) || (kh && !json_is_number(kh)))
+        bad = 1;
+    if (kh && !bad) p->kv_h2d = json_number_value(kh);
     if (hr && !bad) p->host_read = json_number_value(hr);
     if (ha && !bad) p->host_attn = json_number_value(ha);
     if (!bad) {

@@ -34,6 +34,8 @@ typedef struct cm_profile {
     double copy_bytes[CM_COPY_SIZES];    /* bytes per transfer of each H2D / D2H sample */
     double h2d[CM_COPY_SIZES];           /* pinned host -> device on a copy stream */
     double d2h[CM_COPY_SIZES];           /* device -> pinned host on a copy stream */
+    double kv_h2d;                       /* a KV home's strided load (copy_h2d_2d_async of
+                                            256-byte rows); 0 in older profiles: the H2D rate */
     double hbm;                          /* device copy, bytes read + written per second */
     double gemm_rows[CM_GEMM_ROWS];      /* rows n of each GEMM sample (n, k) x (k, 4k) */
     double gemm[CM_GEMM_ROWS];           /* its FLOP/s */

@@ -294,9 +294,9 @@ static void test_cpu_attention(void **state) {
     assert_int_equal(rc, 0);
 }
 
-/* pred_step_ms of the CPU-attention row (batch 8 in micro-batches of 4, weights on the device,
- * KV on pinned CPU) that `search` ranks with profile prof. */
-static double cpu_attention_step(const char *prof) {
+/* pred_step_ms of the row (batch 8 in micro-batches of 4, weights on the device, KV on pinned
+ * CPU, with or without CPU attention) that `search` ranks with profile prof. */
+static double kv_row_step(const char *prof, int cpu_attention) {
     int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
                        "--random-weights --gpu-mem 256M --profile %s --max-batch 8 "
                        "--policies dense --top 1000 --json >cs.out 2>cs.err", g_dir, g_bench, prof);
@@ -306,7 +306,7 @@ static double cpu_attention_step(const char *prof) {
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         json_t *r = json_loads(line, 0, NULL);
         const json_t *w = json_object_get(r, "weights"), *kv = json_object_get(r, "kv");
-        if (json_is_true(json_object_get(r, "cpu_attention")) &&
+        if (json_is_true(json_object_get(r, "cpu_attention")) == cpu_attention &&
             json_integer_value(json_object_get(r, "batch")) == 8 &&
             json_integer_value(json_object_get(r, "micro_batch")) == 4 &&
             json_integer_value(json_array_get(w, 0)) == 100 &&
@@ -319,23 +319,29 @@ static double cpu_attention_step(const char *prof) {
     return ms;
 }
 
-/* The profile holds the CPU attention kernel's own rate (host_attn_Bps), and the model's CPU
- * attention term follows it: the same row predicts a longer step with a profile whose kernel
- * rate is a thousandth of the measured one. */
-static void test_cpu_attention_rate(void **state) {
-    (void)state;
+/* A copy of p.json with field scaled by f, as name. */
+static void scaled_profile(const char *field, double f, const char *name) {
     char path[4096];
     snprintf(path, sizeof path, "%s/p.json", g_dir);
     json_t *p = json_load_file(path, 0, NULL);
     assert_non_null(p);
-    double rate = json_real_value(json_object_get(p, "host_attn_Bps"));
-    assert_true(rate > 0);
-    json_object_set_new(p, "host_attn_Bps", json_real(rate / 1000));
-    snprintf(path, sizeof path, "%s/pslow.json", g_dir);
+    double v = json_real_value(json_object_get(p, field));
+    assert_true(v > 0);
+    json_object_set_new(p, field, json_real(v * f));
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
     assert_int_equal(json_dump_file(p, path, 0), 0);
     json_decref(p);
-    double fast = cpu_attention_step("p.json"), slow = cpu_attention_step("pslow.json");
-    assert_true(slow > 10 * fast);
+}
+
+/* The profile holds the CPU attention kernel's own rate (host_attn_Bps) and a KV home's strided
+ * load rate (kv_h2d_Bps), and the model follows them: with either a thousandth of the measured
+ * one, the row that depends on it predicts a longer step. */
+static void test_kv_rates(void **state) {
+    (void)state;
+    scaled_profile("host_attn_Bps", 1e-3, "pslow_attn.json");
+    scaled_profile("kv_h2d_Bps", 1e-3, "pslow_kv.json");
+    assert_true(kv_row_step("pslow_attn.json", 1) > 10 * kv_row_step("p.json", 1));
+    assert_true(kv_row_step("pslow_kv.json", 0) > 10 * kv_row_step("p.json", 0));
 }
 
 /* --offload-dir adds disk placements (all of the off-GPU weights on disk, or half; the KV of
@@ -412,7 +418,7 @@ int main(void) {
         cmocka_unit_test(test_largest_batch),
         cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_cpu_attention),
-        cmocka_unit_test(test_cpu_attention_rate),
+        cmocka_unit_test(test_kv_rates),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmtree(g_dir);
