@@ -102,6 +102,16 @@ typedef struct flexdiag_attn_args {
     int16_t *diag_lag;
     int32_t diag_a, diag_base;
     const int32_t *diag_next;
+    /* decode only: shared prompt KV (optional). With prefix set, sequence s reads its lp[s]
+     * prompt rows from prefix block prefix[s] (0 <= prefix[s] < n_pre) of k_pre / v_pre, laid
+     * out (n_pre, h_kv, pre_cap, d_h) like a cache of prompt-only blocks, and the op's k / v
+     * hold ring-only blocks: p_cap must be 0 and lp[s] <= pre_cap. Sequences with the same
+     * prompt row (the CFG rows of every image of one prompt, the unconditional rows of a block)
+     * then keep one copy of it. kv_append and attn_prefill ignore these fields (the prompt rows
+     * are written and attended through a prompt-only view: k = k_pre, ring 0). */
+    const int32_t *prefix;
+    const void *k_pre, *v_pre;
+    int32_t n_pre, pre_cap;
 } flexdiag_attn_args;
 
 /* ======== op types: each op's signature and contract, declared once ========

@@ -32,6 +32,7 @@
 /* The keys of one (sequence, KV head) in attention order: prompt rows, then ring slots. */
 typedef struct key_list {
     const float *k, *v;   /* cache block: (p_cap + ring, d_h) */
+    const float *kp, *vp; /* where its prompt rows start: the block, or its shared prefix block */
     int64_t n_prompt;     /* prompt rows 0..n_prompt-1 first */
     const int32_t *slots; /* then ring rows p_cap + slots[j] */
     int64_t n_slots;      /* entries of slots */
@@ -57,9 +58,10 @@ typedef struct attn_job {
 
 /* ---- inner loops ---- */
 
-static int64_t key_off(const key_list *r, int64_t j) {
-    int64_t row = j < r->n_prompt ? j : r->p_cap + r->slots[j - r->n_prompt];
-    return row * r->d_h;
+/* K (kv 0) or V (kv 1) row of the j-th key of r. */
+static const float *key_row(const key_list *r, int64_t j, int kv) {
+    if (j < r->n_prompt) return (kv ? r->vp : r->kp) + j * r->d_h;
+    return (kv ? r->v : r->k) + ((int64_t)r->p_cap + r->slots[j - r->n_prompt]) * r->d_h;
 }
 
 /*
@@ -80,7 +82,7 @@ static void attend_group(const float *q, int32_t nq, const key_list *r, float sc
         int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK;
         /* logits of the chunk for every query head */
         for (int64_t c = 0; c < nc; c++) {
-            const float *kr = r->k + key_off(r, j0 + c);
+            const float *kr = key_row(r, j0 + c, 0);
             for (int32_t h = 0; h < nq; h++)
                 z[h * CHUNK + c] = scale * flexdiag__cpu_dot(q + (int64_t)h * d_h, kr, d_h);
         }
@@ -92,7 +94,7 @@ static void attend_group(const float *q, int32_t nq, const key_list *r, float sc
         flexdiag__cpu_softmax_chunk(z, CHUNK, nc, m, l, acc, nq, d_h);
         /* each V row once, into all accumulators */
         for (int64_t c = 0; c < nc; c++) {
-            const float *vr = r->v + key_off(r, j0 + c);
+            const float *vr = key_row(r, j0 + c, 1);
             for (int32_t h = 0; h < nq; h++) {
                 float p = z[h * CHUNK + c], *ah = acc + (int64_t)h * d_h;
                 for (int32_t i = 0; i < d_h; i++) ah[i] += p * vr[i];
@@ -112,11 +114,16 @@ static size_t group_scratch(int32_t nq, int32_t d_h) {
     return ((size_t)nq * d_h + (size_t)nq * CHUNK + 2 * (size_t)nq) * sizeof(float);
 }
 
-/* The key list of (sequence s, KV head h) with no keys selected yet. */
-static key_list block_keys(const attn_job *jb, int64_t s, int32_t h) {
+/* The key list of (sequence s, KV head h) with no keys selected yet; its prompt rows in its
+ * block, or with a->prefix (decode) in its shared prefix block. */
+static key_list block_keys(const attn_job *jb, int64_t s, int32_t h, int decode) {
     const flexdiag_attn_args *a = jb->a;
     int64_t off = (s * a->h_kv + h) * ((int64_t)a->p_cap + a->ring) * a->d_h;
-    key_list r = {jb->k + off, jb->v + off, 0, NULL, 0, a->p_cap, a->d_h};
+    key_list r = {jb->k + off, jb->v + off, jb->k + off, jb->v + off, 0, NULL, 0, a->p_cap, a->d_h};
+    if (decode && a->prefix) {
+        int64_t po = ((int64_t)a->prefix[s] * a->h_kv + h) * a->pre_cap * a->d_h;
+        r.kp = (const float *)a->k_pre + po, r.vp = (const float *)a->v_pre + po;
+    }
     return r;
 }
 
@@ -136,7 +143,7 @@ static void decode_task(void *ctx, int64_t t, void *scratch) {
     int64_t s = t / a->h_kv;
     int32_t h = (int32_t)(t % a->h_kv), g = a->h_q / a->h_kv;
     int64_t hq0 = s * a->h_q + (int64_t)h * g; /* first (sequence, query head) of the group */
-    key_list r = block_keys(jb, s, h);
+    key_list r = block_keys(jb, s, h, 1);
     r.n_prompt = a->lp[s];
     int64_t li = a->shared_slots ? 0 : t; /* this (sequence, KV head)'s slot list */
     r.slots = a->slots ? a->slots + li * a->max_slots : NULL;
@@ -170,7 +177,7 @@ static void prefill_task(void *ctx, int64_t t, void *scratch) {
     const flexdiag_attn_args *a = jb->a;
     int64_t s = t / a->h_q, out_w = (int64_t)a->h_q * a->d_h;
     int32_t hq = (int32_t)(t % a->h_q);
-    key_list r = block_keys(jb, s, hq / (a->h_q / a->h_kv));
+    key_list r = block_keys(jb, s, hq / (a->h_q / a->h_kv), 0);
     for (int64_t row = 0; row < a->p_cap; row++) {
         float *o = jb->out + (s * a->p_cap + row) * out_w + (int64_t)hq * a->d_h;
         if (row >= a->lp[s]) {

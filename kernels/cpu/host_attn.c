@@ -284,10 +284,11 @@ static flexdiag_status check_bf16(const flexdiag_host_attn *h) {
                              "is a multiple of 16 up to %d and, with positions, theta > 0 and the "
                              "cs scratch",
                              a->d_h, (double)a->rope_theta, h->cs ? "set" : "NULL", MAX_DH);
-    if (a->logits_out || a->lse_out || a->probs_out || a->diag_lag)
+    if (a->logits_out || a->lse_out || a->probs_out || a->diag_lag || a->prefix)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "host attn_decode: no score outputs or Diagonal update on bf16 data "
-                             "(position-only policies)");
+                             "host attn_decode: no score outputs, Diagonal update or shared "
+                             "prompt rows on bf16 data (position-only policies, per-sequence "
+                             "prompt rows)");
     int64_t block = (int64_t)a->p_cap + a->ring;
     for (int64_t i = 0; i < (int64_t)a->n_seq * a->h_kv; i++)
         if (!h->rows || h->rows[i] < 0 || h->rows[i] >= block)

@@ -29,6 +29,7 @@
 /* The keys one query head attends, in attention order. */
 typedef struct key_rows {
     const float *k, *v;   /* cache block of (sequence, KV head): (p_cap + ring, d_h) */
+    const float *kp, *vp; /* where its prompt rows start: the block, or its shared prefix block */
     int64_t n_prompt;     /* prompt rows 0..n_prompt-1 come first */
     const int32_t *slots; /* then ring rows p_cap + slots[j] */
     int64_t n_slots;      /* entries of slots */
@@ -119,6 +120,24 @@ static flexdiag_status check_diag(const char *op, const flexdiag_attn_args *a) {
     return FLEXDIAG_OK;
 }
 
+/* Shared prompt KV (prefix set): the prompt-only store, p_cap 0, every prefix index in range. */
+static flexdiag_status check_prefix(const char *op, const flexdiag_attn_args *a) {
+    if (!a->prefix) return FLEXDIAG_OK;
+    if (!a->k_pre || !a->v_pre || a->p_cap != 0 || a->n_pre < 1 || a->pre_cap < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: prefix is set with k_pre %s, v_pre %s, p_cap = %d, n_pre = "
+                             "%d, pre_cap = %d: shared prompt rows need both stores, ring-only "
+                             "blocks (p_cap 0), n_pre >= 1 and pre_cap >= 0",
+                             op, a->k_pre ? "set" : "NULL", a->v_pre ? "set" : "NULL", a->p_cap,
+                             a->n_pre, a->pre_cap);
+    for (int32_t s = 0; s < a->n_seq; s++)
+        if (a->prefix[s] < 0 || a->prefix[s] >= a->n_pre)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu %s: prefix[%d] = %d outside [0, n_pre = %d)", op, s,
+                                 a->prefix[s], a->n_pre);
+    return FLEXDIAG_OK;
+}
+
 flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const void *qkv,
                                          const void *k, const void *v, const flexdiag_attn_args *a,
                                          int decode) {
@@ -130,12 +149,13 @@ flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const 
     if (!(isfinite(a->scale)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: scale = %g is not finite", op,
                              (double)a->scale);
+    int32_t cap = decode && a->prefix ? a->pre_cap : a->p_cap;
     for (int32_t s = 0; s < a->n_seq; s++)
-        if (a->lp[s] < 0 || a->lp[s] > a->p_cap)
-            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                                 "cpu %s: lp[%d] = %d outside [0, p_cap = %d]", op, s, a->lp[s],
-                                 a->p_cap);
+        if (a->lp[s] < 0 || a->lp[s] > cap)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: lp[%d] = %d outside [0, %s = %d]",
+                                 op, s, a->lp[s], decode && a->prefix ? "pre_cap" : "p_cap", cap);
     if (!decode) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(check_prefix(op, a));
     FLEXDIAG_TRY(check_slots(op, a));
     return check_diag(op, a);
 }
@@ -194,15 +214,15 @@ flexdiag_status flexdiag__cpu_ref_kv_append(void *k, void *v, void *qkv, const i
 
 /* ---- attention ---- */
 
-/* Cache row offset (elements) of the j-th attended key. */
-static int64_t key_off(const key_rows *r, int64_t j) {
-    int64_t row = j < r->n_prompt ? j : r->p_cap + r->slots[j - r->n_prompt];
-    return row * r->d_h;
+/* K (kv 0) or V (kv 1) row of the j-th attended key. */
+static const float *key_row(const key_rows *r, int64_t j, int kv) {
+    if (j < r->n_prompt) return (kv ? r->vp : r->kp) + j * r->d_h;
+    return (kv ? r->v : r->k) + ((int64_t)r->p_cap + r->slots[j - r->n_prompt]) * r->d_h;
 }
 
 /* z = scale·(q·k) of the j-th attended key. */
 static float key_logit(const float *q, const key_rows *r, int64_t j, float scale) {
-    const float *kr = r->k + key_off(r, j);
+    const float *kr = key_row(r, j, 0);
     float acc = 0.0f;
     for (int32_t i = 0; i < r->d_h; i++) acc += q[i] * kr[i];
     return scale * acc;
@@ -218,7 +238,7 @@ static float attend(const float *q, const key_rows *r, float scale, float *out, 
     memset(out, 0, (size_t)r->d_h * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
         float p = expf(key_logit(q, r, j, scale) - m) / l;
-        const float *vr = r->v + key_off(r, j);
+        const float *vr = key_row(r, j, 1);
         for (int32_t i = 0; i < r->d_h; i++) out[i] += p * vr[i];
     }
     if (logits)
@@ -227,11 +247,18 @@ static float attend(const float *q, const key_rows *r, float scale, float *out, 
     return n > 0 ? m + logf(l) : -INFINITY;
 }
 
-/* The key_rows of (sequence s, KV head h) with every ring row unset. */
+/* The key_rows of (sequence s, KV head h) with every ring row unset; its prompt rows in its
+ * block, or with a->prefix (decode) in its shared prefix block. */
 static key_rows block_rows(const flexdiag_attn_args *a, const void *k, const void *v, int64_t s,
-                           int32_t h) {
+                           int32_t h, int decode) {
     int64_t off = (s * a->h_kv + h) * ((int64_t)a->p_cap + a->ring) * a->d_h;
-    key_rows r = {(const float *)k + off, (const float *)v + off, 0, NULL, 0, a->p_cap, a->d_h};
+    key_rows r = {(const float *)k + off, (const float *)v + off, NULL, NULL, 0, NULL, 0,
+                  a->p_cap, a->d_h};
+    r.kp = r.k, r.vp = r.v;
+    if (decode && a->prefix) {
+        int64_t po = ((int64_t)a->prefix[s] * a->h_kv + h) * a->pre_cap * a->d_h;
+        r.kp = (const float *)a->k_pre + po, r.vp = (const float *)a->v_pre + po;
+    }
     return r;
 }
 
@@ -251,7 +278,7 @@ flexdiag_status flexdiag__cpu_ref_attn_prefill(void *out, const void *qkv, const
                 continue;
             }
             for (int32_t hq = 0; hq < a->h_q; hq++) {
-                key_rows kr = block_rows(a, k, v, sq, hq / g);
+                key_rows kr = block_rows(a, k, v, sq, hq / g, 0);
                 kr.n_prompt = r + 1;
                 const float *q = (const float *)qkv + row * width + (int64_t)hq * d_h;
                 attend(q, &kr, a->scale, o + (int64_t)hq * d_h, NULL);
@@ -267,7 +294,7 @@ static void decode_group(float *out, const float *qkv, const void *k, const void
     int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
     int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h, hq0 = sq * a->h_q + (int64_t)h * g;
     int64_t li = a->shared_slots ? 0 : sq * a->h_kv + h; /* this group's slot list */
-    key_rows kr = block_rows(a, k, v, sq, h);
+    key_rows kr = block_rows(a, k, v, sq, h, 1);
     kr.n_prompt = a->lp[sq];
     kr.slots = a->slots ? a->slots + li * a->max_slots : NULL;
     kr.n_slots = a->n_slots[li];

@@ -5,7 +5,9 @@
  *
  * One CTA per (sequence, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
  * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
- * (contiguous), j >= lp ring rows p_cap + slots[s][h][j - lp] (token-granular gather; one
+ * (contiguous: in the block, or with shared prompt KV in the sequence's prefix block of the
+ * prompt-only store, which the sequences of one prompt read through L2), j >= lp ring rows
+ * p_cap + slots[s][h][j - lp] (token-granular gather; one
  * list for all (s, h) when shared_slots), the CTA's slots staged in shared memory first (short
  * lists excepted) so key loads never wait on a slot load. A row of d_h bf16 is split over
  * L = d_h / 8 lanes
@@ -80,6 +82,9 @@ typedef struct decode_params {
     const int32_t *diag_next;     /* device int32: the new lag */
     float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l,
                                      Diagonal's partial (score, entry) in the first head's pad */
+    const int32_t *prefix;        /* (n_seq) shared prompt block of each sequence, or NULL */
+    const uint4 *kpre, *vpre;     /* the prompt-only stores (n_pre, h_kv, pre_cap, d_h) */
+    int32_t n_pre, pre_cap;
 } decode_params;
 
 /* ---- small device helpers ---- */
@@ -147,6 +152,7 @@ template <int G> struct dec_state {
 /* The keys of one CTA: cache block of its (sequence, KV head), offset to the lane's 16 bytes. */
 struct dec_keys {
     const uint4 *kb, *vb; /* K / V row 0 of the block, + the lane's chunk */
+    const uint4 *kp, *vp; /* K / V prompt row 0: the block's, or its shared prefix block's */
     const int32_t *sl;    /* slot list of the block, indexed by list entry - lp */
     float *lg;            /* logits_out of the first query head, or NULL */
     float *pg;            /* probs_out of the first query head (logits until the epilogue) */
@@ -172,16 +178,18 @@ static __device__ __forceinline__ void dec_fetch(dec_chunk<U> &c, const dec_keys
     for (int u = 0; u < U; u++) {
         const int j = j0 + u * NG + grp;
         int32_t row = j;
+        const uint4 *kb = k.kp, *vb = k.vp;
         c.ok[u] = j < k.je;
         if (c.ok[u] && j >= k.lp) {
             const int32_t slot = k.sl[j - k.lp];
             c.ok[u] = (uint32_t)slot < (uint32_t)p.ring;
             row = p.p_cap + slot;
+            kb = k.kb, vb = k.vb;
         }
         c.kr[u] = c.vr[u] = make_uint4(0, 0, 0, 0);
         if (c.ok[u]) {
-            c.kr[u] = __ldg(k.kb + (int64_t)row * L);
-            c.vr[u] = __ldg(k.vb + (int64_t)row * L);
+            c.kr[u] = __ldg(kb + (int64_t)row * L);
+            c.vr[u] = __ldg(vb + (int64_t)row * L);
         }
     }
 }
@@ -408,15 +416,21 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 
     /* key list: lp prompt rows, then ns ring slots (clamped: file comment); this CTA's part */
     dec_keys k;
-    k.lp = min(max(__ldg(p.lp + s), 0), p.p_cap);
+    k.lp = min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
     const int64_t li = p.shared ? 0 : bh; /* slot list of this (sequence, KV head) */
     k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0);
     const int per = (k.n + p.splits - 1) / p.splits;
     k.jb = min(k.n, (int)blockIdx.z * per);
     k.je = min(k.n, k.jb + per);
     const int64_t blk = (int64_t)bh * (p.p_cap + p.ring) * L + sub;
-    k.kb = kc + blk;
-    k.vb = vc + blk;
+    k.kb = k.kp = kc + blk;
+    k.vb = k.vp = vc + blk;
+    if (p.prefix) { /* a prefix index out of range is clamped: its rows stay in the store */
+        const int64_t pid = min(max(__ldg(p.prefix + s), 0), p.n_pre - 1);
+        const int64_t pre = (pid * p.h_kv + h) * p.pre_cap * L + sub;
+        k.kp = p.kpre + pre;
+        k.vp = p.vpre + pre;
+    }
     k.sl = p.slots + li * p.max_slots;
     const int s0 = max(k.jb - k.lp, 0), ns = max(k.je - k.lp, 0) - s0;
     if (!SHORT && ns > 0 && ns <= DEC_SMEM_SLOTS) {
@@ -566,8 +580,11 @@ static void decode_launch_g(int G, dim3 grid, cudaStream_t st, void *out, const 
 
 /* CTAs per key list: 1 unless the grid leaves multiprocessors idle (fewer than two CTAs each)
  * and the lists are long enough to share; limited by the stream's workspace. */
+/* Prompt rows a sequence may attend: its block's, or with shared prompt KV its prefix block's. */
+static int32_t prompt_cap(const flexdiag_attn_args *a) { return a->prefix ? a->pre_cap : a->p_cap; }
+
 static int decode_splits(const flexdiag_attn_args *a, const flexdiag_stream *s, int64_t ctas) {
-    const int64_t keys = (int64_t)a->p_cap + a->max_slots, want = 2 * (int64_t)s->sm_count;
+    const int64_t keys = (int64_t)prompt_cap(a) + a->max_slots, want = 2 * (int64_t)s->sm_count;
     if (ctas >= want || keys < 2 * DEC_SPLIT_KEYS) return 1;
     int64_t splits = (want + ctas - 1) / ctas;
     if (splits > keys / DEC_SPLIT_KEYS) splits = keys / DEC_SPLIT_KEYS;
@@ -590,10 +607,18 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "attn_decode: max_slots = %d needs >= 0 and, when > 0, the slots "
                              "and n_slots arrays", (int)a->max_slots);
-    const int64_t n_rows = (int64_t)a->n_seq * a->h_q; /* query head rows */
-    if (n_rows > INT32_MAX || (int64_t)a->p_cap + a->max_slots > INT32_MAX)
+    if (a->prefix && (!a->k_pre || !a->v_pre || a->p_cap != 0 || a->n_pre < 1 || a->pre_cap < 0))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "attn_decode: n_seq·h_q = %lld or p_cap + max_slots exceeds 2^31 - 1",
+                             "attn_decode: prefix is set with k_pre %s, v_pre %s, p_cap = %d, "
+                             "n_pre = %d, pre_cap = %d: shared prompt rows need both stores, "
+                             "ring-only blocks (p_cap 0), n_pre >= 1 and pre_cap >= 0",
+                             a->k_pre ? "set" : "NULL", a->v_pre ? "set" : "NULL", (int)a->p_cap,
+                             (int)a->n_pre, (int)a->pre_cap);
+    const int64_t n_rows = (int64_t)a->n_seq * a->h_q; /* query head rows */
+    if (n_rows > INT32_MAX || (int64_t)prompt_cap(a) + a->max_slots > INT32_MAX)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "attn_decode: n_seq·h_q = %lld or the prompt rows + max_slots exceed "
+                             "2^31 - 1",
                              (long long)n_rows);
     const int g = a->h_q / a->h_kv;
     const int G = g > 4 ? DEC_MAX_G : g > 2 ? 4 : g; /* 1, 2, 4 or 8: the smallest >= g */
@@ -616,9 +641,10 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
     decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, splits, a->scale,
                        a->lp, a->slots, a->n_slots, a->shared_slots ? 1 : 0, a->logits_out,
                        a->lse_out, a->probs_out, a->diag_lag, a->diag_a, a->diag_base,
-                       a->diag_next, (float *)s->workspace};
+                       a->diag_next, (float *)s->workspace, a->prefix,
+                       (const uint4 *)a->k_pre, (const uint4 *)a->v_pre, a->n_pre, a->pre_cap};
     const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
-    const int64_t keys = ((int64_t)a->p_cap + a->max_slots + splits - 1) / splits;
+    const int64_t keys = ((int64_t)prompt_cap(a) + a->max_slots + splits - 1) / splits;
     switch (a->d_h) {
     case 16: decode_launch_g<16>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
     case 32: decode_launch_g<32>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
