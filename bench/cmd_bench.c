@@ -41,7 +41,7 @@ typedef struct tp_opts {
     cli_model_opts mo;
     cli_policy_opts po;
     const char *batch, *json, *policies, *sparsities;
-    int64_t micro, prompt_len, steps, profile_steps, gen_len;
+    int64_t micro, prompt_len, steps, profile_steps, gen_len, per_prompt;
 } tp_opts;
 
 typedef struct roofline {
@@ -167,13 +167,13 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
 
 /* ---- one run ---- */
 
-/* Synthetic prompts: BOS, random ids, then <begin_of_image> (Janus), or the end of turn, the
- * image start and the size token twice (Lumina-mGPT images). */
-static int32_t *make_prompt(const flexdiag_context *c, int32_t len) {
+/* Synthetic prompt g: BOS, random ids (stream g), then <begin_of_image> (Janus), or the end of
+ * turn, the image start and the size token twice (Lumina-mGPT images). */
+static int32_t *make_prompt(const flexdiag_context *c, int32_t len, int32_t g) {
     const flexdiag_model_config *m = &c->m->cfg;
     int32_t *p = malloc((size_t)len * 4);
     for (int32_t i = 0; p && i < len; i++)
-        p[i] = (int32_t)(flexdiag__rng64(42, 0, (uint64_t)i) % (uint64_t)m->lm.vocab);
+        p[i] = (int32_t)(flexdiag__rng64(42, (uint64_t)g, (uint64_t)i) % (uint64_t)m->lm.vocab);
     if (p && m->bos_id >= 0) p[0] = m->bos_id;
     if (p && c->row_len && len >= 5) {
         const int32_t tail[4] = {m->eot_id, m->boi_id, m->size_id, m->size_id};
@@ -210,15 +210,17 @@ static bool on_progress(int phase, uint64_t done, uint64_t total, void *user) {
     return true;
 }
 
-static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int32_t lp,
-                                 int32_t batch, int32_t steps, double *split, int32_t split_from,
-                                 const char *what, flexdiag_offload_info *pf_end) {
+/* The synthetic block: image i draws prompt i / per (one prompt for all when per is 1). */
+static flexdiag_status run_block(flexdiag_context *c, int32_t *const *prompt, int32_t per,
+                                 int32_t lp, int32_t batch, int32_t steps, double *split,
+                                 int32_t split_from, const char *what,
+                                 flexdiag_offload_info *pf_end) {
     double t0 = flexdiag__now();
     progress_state ps = {.what = what, .t0 = t0, .last = t0, .c = c, .pf_end = pf_end};
     const int32_t **pp = malloc((size_t)batch * sizeof *pp);
     int32_t *pl = malloc((size_t)batch * 4), *tok = malloc((size_t)batch * (size_t)steps * 4);
     for (int32_t i = 0; pp && pl && i < batch; i++) {
-        pp[i] = prompt;
+        pp[i] = prompt[per > 1 ? i / per : 0];
         pl[i] = lp;
     }
     flexdiag_block b = {.n_img = batch, .prompt = pp, .prompt_len = pl, .n_steps = steps,
@@ -235,15 +237,20 @@ static flexdiag_status run_block(flexdiag_context *c, const int32_t *prompt, int
 }
 
 static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_row *row) {
-    int32_t lp = (int32_t)o->prompt_len, steps = row->steps;
-    int32_t *prompt = make_prompt(c, lp);
+    int32_t lp = (int32_t)o->prompt_len, steps = row->steps, per = (int32_t)o->per_prompt;
+    int32_t n_p = per > 1 ? (row->batch + per - 1) / per : 1;
+    int32_t **prompt = calloc((size_t)n_p, sizeof *prompt);
+    flexdiag_status st = prompt ? FLEXDIAG_OK : FLEXDIAG_ERR_OOM_HOST;
+    for (int32_t g = 0; st == FLEXDIAG_OK && g < n_p; g++)
+        if (!(prompt[g] = make_prompt(c, lp, g))) st = FLEXDIAG_ERR_OOM_HOST;
     /* untimed warm-up (prefill + 2 steps): GEMM plans tuned, the step graph recorded */
-    flexdiag_status st =
-        run_block(c, prompt, lp, row->batch, steps < 3 ? steps : 3, NULL, 0, "warm-up", NULL);
+    if (st == FLEXDIAG_OK)
+        st = run_block(c, prompt, per, lp, row->batch, steps < 3 ? steps : 3, NULL, 0,
+                       "warm-up", NULL);
     row->oi[0] = row->oi[1] = (flexdiag_offload_info){.struct_size = sizeof row->oi[0]};
     if (st == FLEXDIAG_OK) st = flexdiag_context_offload(c, &row->oi[0]);
     if (st == FLEXDIAG_OK) /* oi[0] is taken again once the timed run's prefill is queued */
-        st = run_block(c, prompt, lp, row->batch, steps, NULL, 0, "timed run", &row->oi[0]);
+        st = run_block(c, prompt, per, lp, row->batch, steps, NULL, 0, "timed run", &row->oi[0]);
     if (st == FLEXDIAG_OK) st = flexdiag_context_offload(c, &row->oi[1]);
     row->prefill_s = c->stats.prefill_s;
     row->decode_s = c->stats.decode_s;
@@ -253,7 +260,9 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     int32_t mid = (steps - 1) / 2, prof = (int32_t)o->profile_steps;
     if (prof > steps - 1 - mid) prof = steps - 1 - mid;
     if (st == FLEXDIAG_OK && prof > 0)
-        st = run_block(c, prompt, lp, row->batch, mid + prof + 1, split, mid, "profile", NULL);
+        st = run_block(c, prompt, per, lp, row->batch, mid + prof + 1, split, mid, "profile",
+                       NULL);
+    for (int32_t g = 0; prompt && g < n_p; g++) free(prompt[g]);
     free(prompt);
     if (st != FLEXDIAG_OK) return cli_fail("bench", st);
     double rows = (double)row->batch * c->rows_per_img, dec_steps = steps - 1;
@@ -372,6 +381,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     cp.max_prompt_len = (int32_t)o->prompt_len;
     if (o->gen_len > 0) cp.max_new_tokens = (int32_t)o->gen_len;
     cp.text = o->gen_len > 0; /* Lumina-mGPT: text tokens instead of an image */
+    cp.images_per_prompt = (int32_t)o->per_prompt;
     cli_kv_homes("bench", &o->mo, &cp);
     if (cli_policy_params("bench", po, &cp.policy)) return 2;
     int32_t batch = cli_batch("bench", o->batch, m, &cp);
@@ -528,13 +538,16 @@ int flexdiag_cmd_bench(int argc, char **argv) {
         argv++;
     }
     tp_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .batch = "16", .prompt_len = 50,
-                 .profile_steps = 8};
+                 .profile_steps = 8, .per_prompt = 1};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
         {"--batch", CLI_STR, &o.batch, "images per block, or 'auto' (largest that fits)"},
         {"--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: batch)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)"},
+        {"--images-per-prompt", CLI_INT, &o.per_prompt,
+         "images of each synthetic prompt; > 1: distinct prompts per group of N images, their "
+         "KV prompt rows shared (default 1: one prompt, nothing shared)"},
         {"--steps", CLI_INT, &o.steps, "tokens per image to run (default all; fewer = projected)"},
         {"--gen-len", CLI_INT, &o.gen_len,
          "text models (and Lumina-mGPT as one): new tokens per sequence (default 128; images "
@@ -550,6 +563,7 @@ int flexdiag_cmd_bench(int argc, char **argv) {
     const cli_int_range r[] = {
         {"--micro-batch", o.micro, 0, INT32_MAX, "0 = the whole batch"},
         {"--prompt-len", o.prompt_len, 2, INT32_MAX, NULL},
+        {"--images-per-prompt", o.per_prompt, 1, INT32_MAX, NULL},
         {"--steps", o.steps, 0, INT32_MAX, "0 = all tokens of an image"},
         {"--gen-len", o.gen_len, 0, 1 << 20, "0 = the default"},
         {"--profile-steps", o.profile_steps, 0, INT32_MAX, NULL},

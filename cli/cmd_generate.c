@@ -257,6 +257,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->max_prompt_len = (int32_t)r->o->max_prompt_len;
     if (r->o->max_new_tokens > 0) cp->max_new_tokens = (int32_t)r->o->max_new_tokens;
     cp->text = r->o->max_new_tokens > 0; /* Lumina-mGPT continues text instead of drawing */
+    cp->images_per_prompt = (int32_t)r->o->per_prompt; /* one copy of each prompt's KV rows */
     cli_kv_homes(CMD, &r->o->mo, cp);
 }
 

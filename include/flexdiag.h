@@ -50,7 +50,7 @@ extern "C" {
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
  * 6: flexdiag_device_count. 7: context_params cpu_attention. 8: disk KV homes (kv_pct[2]),
  * offload_info kv_disk_*. */
-#define FLEXDIAG_API_VERSION 8u
+#define FLEXDIAG_API_VERSION 9u
 
 /* ---- enums ---- */
 
@@ -168,6 +168,17 @@ typedef struct flexdiag_context_params {
                                       attention output comes up, the KV never moves. Needs
                                       kv_pct[1] > 0 and a position-only policy (dense, window,
                                       streaming); FLEXDIAG_ERR_UNSUPPORTED otherwise. */
+    /* since API version 9 */
+    int32_t images_per_prompt;     /* images of one prompt a block holds side by side (a
+                                      request's images_per_prompt); > 1 lets sequences with
+                                      the same prompt row (the conditional rows of one
+                                      prompt's images, identical unconditional rows) share one
+                                      copy of its KV and run its prefill once: the context holds
+                                      rows-per-image x (ceil(max_images / images_per_prompt) +
+                                      1) prompt rows instead of one per sequence. A block with
+                                      more distinct prompt rows is refused. 0 or 1: no sharing.
+                                      Sharing applies when every micro-batch's KV is on the
+                                      device (kv_pct[0] = 100). */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {

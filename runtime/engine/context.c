@@ -49,6 +49,9 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
         off += al(bytes);                                                                          \
     } while (0)
     TAKE(kv, (size_t)l->layers * 2 * (size_t)c->s_host * c->seq_bytes);
+    if (c->n_pre) TAKE(kv_pre, (size_t)l->layers * 2 * (size_t)c->n_pre * c->pre_bytes);
+    if (c->n_pre) TAKE(lp_pre, (size_t)c->n_pre * 4);
+    if (c->n_pre) TAKE(prefix, S * 4);
     if (c->s_host < c->n_seq) TAKE(kv_stage, flexdiag__sched_kv_staging_bytes(c->mb_seq, c->seq_bytes));
     if (c->m->w.homes)
         TAKE(wslots, WEIGHT_SLOTS * flexdiag__sched_tiered_slot_bytes(c->m->w.homes));
@@ -124,6 +127,18 @@ static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
     return FLEXDIAG_OK;
 }
 
+/* Shared prompt rows (params images_per_prompt > 1, every KV on the device): a block of
+ * max_images images holds at most ceil(max_images / images_per_prompt) + 1 prompts side by
+ * side (its first and last may be partial), each with rows_per_img distinct prompt rows. None
+ * when that is no fewer than the sequences. */
+static void ctx_shared_prompts(flexdiag_context *c) {
+    int32_t ipp = c->p.images_per_prompt; /* 0 from an older caller's shorter params */
+    int64_t n = ipp > 1 ? ((int64_t)c->n_img + ipp - 1) / ipp + 1 : c->n_img;
+    n *= c->rows_per_img;
+    c->n_pre = ipp > 1 && c->s_host == c->n_seq && n < c->n_seq ? (int32_t)n : 0;
+    c->blk_p = c->n_pre ? 0 : c->p_cap;
+}
+
 /* Fill the geometry fields of c from its params (no allocation). */
 static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
@@ -149,10 +164,12 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->pf_seq = pf_cap < 1 ? 1 : pf_cap < c->mb_seq ? pf_cap : c->mb_seq;
     FLEXDIAG_TRY(ctx_kv_homes(c));
     while (c->s_host < c->n_seq && c->mb_seq % c->pf_seq) c->pf_seq--; /* no chunk straddles */
+    ctx_shared_prompts(c);
     FLEXDIAG_TRY(flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
-                                    l->kv_heads, c->n_seq, c->p_cap, c->l_dec, c->host_policy));
-    c->seq_bytes = (size_t)l->kv_heads * (size_t)(c->p_cap + c->pd.ring) * (size_t)l->head_dim *
-                   (size_t)c->m->rt->k->act_bytes;
+                                    l->kv_heads, c->n_seq, c->blk_p, c->l_dec, c->host_policy));
+    size_t row = (size_t)l->kv_heads * (size_t)l->head_dim * (size_t)c->m->rt->k->act_bytes;
+    c->seq_bytes = row * (size_t)(c->blk_p + c->pd.ring);
+    c->pre_bytes = row * (size_t)c->p_cap;
     return flexdiag__cpu_attn_allowed(c);
 }
 

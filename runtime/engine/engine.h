@@ -74,8 +74,12 @@ struct flexdiag_model {
 /* Device buffers of a context, carved from one block (context.c ctx_layout); the KV policy's
  * own buffers follow them in the same block (policy_driver.h flexdiag_pd_bufs). */
 typedef struct flexdiag_ctx_bufs {
-    void *kv;          /* (layers, 2, s_host, h_kv, p_cap + ring, d_h) act: K then V per layer,
+    void *kv;          /* (layers, 2, s_host, h_kv, blk_p + ring, d_h) act: K then V per layer,
                           the sequences whose KV home is the device */
+    void *kv_pre;      /* (layers, 2, n_pre, h_kv, p_cap, d_h) act: the shared prompt rows
+                          (n_pre > 0), K then V per layer; NULL otherwise */
+    int32_t *lp_pre;   /* (n_pre) prompt length of each shared prompt row */
+    int32_t *prefix;   /* (n_seq) the shared prompt row of each sequence */
     void *kv_stage;    /* staging of the host-homed micro-batches (offload/sched.h
                           flexdiag__sched_kv_staging_bytes); NULL when every KV is here */
     void *wslots;      /* (WEIGHT_SLOTS, slot bytes) device weight slots of a split model */
@@ -117,6 +121,11 @@ struct flexdiag_context {
                                         scratch holds pf_seq·p_cap tokens, not the batch's */
     int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
+    int32_t n_pre;                   /* shared prompt rows the context holds (0: each
+                                        sequence keeps its own in its KV block) */
+    int32_t blk_p;                   /* prompt rows in each sequence's KV block: p_cap, or 0
+                                        when the prompt rows are shared (n_pre > 0) */
+    size_t pre_bytes;                /* bytes of one shared prompt row's K (or V) in a layer */
     int32_t s_host;                  /* first sequence whose KV home is pinned host memory
                                         (n_seq: all on the device) */
     int32_t s_disk;                  /* first sequence whose KV home is disk (n_seq: none);

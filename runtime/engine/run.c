@@ -57,13 +57,18 @@ static void kv_rows(const run_state *r, int32_t s0, int32_t nb, int32_t t,
     int32_t w = flexdiag__kvp_write_slot(&c->pd.kp, t);
     int32_t res = (int32_t)flexdiag__kvp_resident_rows(&c->pd.kp, t);
     int32_t att = t + 1 < a->max_slots ? t + 1 : a->max_slots;
-    *m = (flexdiag_sched_io){.kv_prompt = lp, .kv_ring = res, .kv_w0 = c->p_cap + w,
+    *m = (flexdiag_sched_io){.kv_prompt = lp, .kv_ring = res, .kv_w0 = c->blk_p + w,
                              .kv_wn = w >= 0 ? 1 : -1};
     if (att >= res || a->shared_slots) return;
     m->kv_slots = a->slots;
     m->kv_n_slots = a->n_slots;
     m->kv_max_slots = a->max_slots;
     m->kv_attend = att;
+}
+
+/* Layer j's K (kv 0) or V (kv 1) store of the shared prompt rows. */
+static void *shared_rows(const flexdiag_context *c, int32_t j, int kv) {
+    return (char *)c->b.kv_pre + ((size_t)j * 2 + (size_t)kv) * (size_t)c->n_pre * c->pre_bytes;
 }
 
 /* The I/O object of layer j for sequences [s0, s0 + nb): the layer's attention arguments
@@ -84,9 +89,14 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     if (t < 0) {
         io->a.pos = rope ? c->b.pos_pf : NULL;
         io->rows = c->b.rows_pf;
+        if (c->n_pre) io->a.ring = 0, io->a.lp = c->b.lp_pre + s0; /* prompt-only blocks */
     } else {
         io->a.pos = rope ? c->b.pos + s0 : NULL;
+        io->a.p_cap = c->blk_p;
         io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd, t), &io->a);
+        if (c->n_pre)
+            io->a.prefix = c->b.prefix + s0, io->a.k_pre = shared_rows(c, j, 0),
+            io->a.v_pre = shared_rows(c, j, 1), io->a.n_pre = c->n_pre, io->a.pre_cap = c->p_cap;
     }
     kv_rows(r, s0, nb, t, &io->a, &io->mem);
     io->mem.layer = j;
@@ -95,6 +105,10 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     io->mem.rows_per_seq = t < 0 ? c->p_cap : 1;
     io->mem.host_attend = t >= 0 && c->ca && s0 >= c->s_host && s0 < c->s_disk;
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
+    if (t < 0 && c->n_pre) { /* the prefill of shared prompt rows s0.. writes their store */
+        io->mem.k = (char *)shared_rows(c, j, 0) + (size_t)s0 * c->pre_bytes;
+        io->mem.v = (char *)shared_rows(c, j, 1) + (size_t)s0 * c->pre_bytes;
+    }
     io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
                                  io->mem.res_bytes);
     return FLEXDIAG_OK;
@@ -121,12 +135,43 @@ static int32_t uncond_row(const flexdiag_model_config *m, const int32_t *cond, i
     return n;
 }
 
-/* Host prompt table (n_seq, p_cap) with the uncond rows, uploaded with lp and gathers. */
+/* Shared prompt rows: the distinct rows of ids (n_seq rows of p_cap, lengths r->lp) moved to
+ * the front of ids in order of first use, prefix[s] the one sequence s reads, their lengths in
+ * lp_pre; returns how many (r->n_pf), or -1 when the context holds fewer (message set). */
+static int32_t share_rows(run_state *r, int32_t *ids, int32_t *prefix, int32_t *lp_pre) {
+    const flexdiag_context *c = r->c;
+    size_t row = (size_t)c->p_cap * 4;
+    int32_t n = 0;
+    for (int32_t s = 0; s < r->n_seq; s++) {
+        int32_t u = 0;
+        while (u < n && !(lp_pre[u] == r->lp[s] &&
+                          !memcmp(ids + (size_t)u * c->p_cap, ids + (size_t)s * c->p_cap, row)))
+            u++;
+        if (u == n && n == c->n_pre) {
+            flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                          "the block's images have more distinct prompt rows than the %d the "
+                          "context shares (images_per_prompt %d): give the images of one prompt "
+                          "side by side, or a smaller images_per_prompt",
+                          c->n_pre, c->p.images_per_prompt);
+            return -1;
+        }
+        if (u == n) {
+            memmove(ids + (size_t)n * c->p_cap, ids + (size_t)s * c->p_cap, row);
+            lp_pre[n++] = r->lp[s];
+        }
+        prefix[s] = u;
+    }
+    return n;
+}
+
+/* Host prompt table (n_seq, p_cap) with the uncond rows, uploaded with lp and gathers (with
+ * shared prompt rows: the distinct rows, their lengths and each sequence's). */
 static flexdiag_status upload_prompts(run_state *r) {
     flexdiag_context *c = r->c;
     const flexdiag_block *b = r->b;
-    size_t cells = (size_t)r->n_seq * (size_t)c->p_cap;
-    int32_t *ids = calloc(cells, 4), *last = malloc((size_t)r->n_seq * 4);
+    size_t cells = (size_t)r->n_seq * (size_t)c->p_cap, S = (size_t)r->n_seq;
+    int32_t *ids = calloc(cells, 4), *last = malloc(S * 4 * 3), *prefix = last + S;
+    int32_t *lp_pre = prefix + S;
     if (!ids || !last) {
         free(ids);
         free(last);
@@ -138,12 +183,19 @@ static flexdiag_status upload_prompts(run_state *r) {
             int32_t s = i * c->rows_per_img + q, *row = ids + (size_t)s * (size_t)c->p_cap;
             if (q == 0) memcpy(row, b->prompt[i], (size_t)n * 4);
             r->lp[s] = q == 0 ? n : uncond_row(&c->m->cfg, b->prompt[i], n, row);
-            last[s] = s * c->p_cap + r->lp[s] - 1;
         }
     }
-    flexdiag_status st = r->k->copy_h2d(c->b.ids_in, ids, cells * 4, r->s);
-    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.lp, r->lp, (size_t)r->n_seq * 4, r->s);
-    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.last, last, (size_t)r->n_seq * 4, r->s);
+    r->n_pf = c->n_pre ? share_rows(r, ids, prefix, lp_pre) : r->n_seq;
+    flexdiag_status st = r->n_pf < 0 ? FLEXDIAG_ERR_INVALID_ARG : FLEXDIAG_OK;
+    for (int32_t s = 0; st == FLEXDIAG_OK && s < r->n_seq; s++) /* prefill row of its last id */
+        last[s] = (c->n_pre ? prefix[s] : s) * c->p_cap + r->lp[s] - 1;
+    if (st == FLEXDIAG_OK)
+        st = r->k->copy_h2d(c->b.ids_in, ids, (size_t)r->n_pf * (size_t)c->p_cap * 4, r->s);
+    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.lp, r->lp, S * 4, r->s);
+    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.last, last, S * 4, r->s);
+    if (st == FLEXDIAG_OK && c->n_pre) st = r->k->copy_h2d(c->b.prefix, prefix, S * 4, r->s);
+    if (st == FLEXDIAG_OK && c->n_pre)
+        st = r->k->copy_h2d(c->b.lp_pre, lp_pre, (size_t)r->n_pf * 4, r->s);
     if (st == FLEXDIAG_OK) st = r->k->stream_sync(r->s);
     free(ids);
     free(last);
@@ -194,7 +246,7 @@ static flexdiag_status validate_block(const flexdiag_context *c, const flexdiag_
 /* Layer j of the prompts of prefill chunk ch (sequences ch·pf_seq ..). */
 static flexdiag_status prefill_chunk(const run_state *r, int32_t j, int32_t ch) {
     const flexdiag_context *c = r->c;
-    int32_t s0 = ch * c->pf_seq, nb = r->n_seq - s0 < c->pf_seq ? r->n_seq - s0 : c->pf_seq;
+    int32_t s0 = ch * c->pf_seq, nb = r->n_pf - s0 < c->pf_seq ? r->n_pf - s0 : c->pf_seq;
     flexdiag_layer_io io;
     FLEXDIAG_TRY(io_acquire(r, j, s0, nb, -1, &io));
     FLEXDIAG_TRY(flexdiag__layer_prefill(r, &io));
@@ -205,11 +257,11 @@ static flexdiag_status run_prefill(run_state *r) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     FLEXDIAG_TRY(upload_prompts(r));
-    FLEXDIAG_TRY(r->k->embed(c->b.x, c->m->w.embed, c->b.ids_in, (int64_t)r->n_seq * c->p_cap,
+    FLEXDIAG_TRY(r->k->embed(c->b.x, c->m->w.embed, c->b.ids_in, (int64_t)r->n_pf * c->p_cap,
                              l->hidden, 1, r->s));
-    int32_t chunks = (r->n_seq + c->pf_seq - 1) / c->pf_seq;
+    int32_t chunks = (r->n_pf + c->pf_seq - 1) / c->pf_seq;
     for (int32_t ch = 0; l->pos_rows && ch < chunks; ch++) { /* prompt row i: position i */
-        int32_t s0 = ch * c->pf_seq, nb = r->n_seq - s0 < c->pf_seq ? r->n_seq - s0 : c->pf_seq;
+        int32_t s0 = ch * c->pf_seq, nb = r->n_pf - s0 < c->pf_seq ? r->n_pf - s0 : c->pf_seq;
         FLEXDIAG_TRY(flexdiag__add_positions(
             r, (char *)c->b.x + (size_t)s0 * (size_t)c->p_cap * (size_t)l->hidden * r->act,
             c->b.pos_pf, (int64_t)nb * c->p_cap));
@@ -380,10 +432,11 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
     c->stats.tokens_generated += (uint64_t)r.n_seq * (uint64_t)b->n_steps;
     c->stats.evictions = flexdiag__pd_evictions(&c->pd);
     const flexdiag_lm_config *l = &c->m->cfg.lm;
-    c->stats.kv_bytes_per_seq = (uint64_t)l->layers * 2 * (uint64_t)l->kv_heads *
-                                (uint64_t)l->head_dim * r.act *
-                                (uint64_t)(r.lp[0] +
-                                           flexdiag__kvp_resident_rows(&c->pd.kp, c->l_dec - 1));
+    /* the prompt rows of sequence 0, or with shared prompt rows its share of them */
+    double prompt = c->n_pre && r.n_pf > 0 ? (double)r.lp[0] * r.n_pf / r.n_seq : r.lp[0];
+    c->stats.kv_bytes_per_seq =
+        (uint64_t)((double)l->layers * 2 * l->kv_heads * l->head_dim * (double)r.act *
+                   (prompt + (double)flexdiag__kvp_resident_rows(&c->pd.kp, c->l_dec - 1)));
     free(r.lp);
     free(r.held);
     return st;

@@ -28,6 +28,8 @@ typedef struct run_state {
     int32_t n_seq;          /* sequences in this run */
     int32_t n_mb;           /* micro-batches in this run */
     int32_t *lp;            /* host copy of prompt lengths (n_seq) */
+    int32_t n_pf;           /* sequences the prefill runs: n_seq, or the distinct prompt rows
+                               when the context shares them (c->n_pre > 0) */
     size_t act;             /* act_bytes */
     double *split;          /* profiling accumulators (block's split) or NULL */
     struct flexdiag_layer_io *held; /* (n_mb) I/O of the host-attended micro-batches between

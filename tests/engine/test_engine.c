@@ -13,6 +13,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "base/core.h"
 #include "runtime/engine/engine.h"
 #include "util.h"
 
@@ -332,6 +333,82 @@ static void test_prefill_chunks(void **state) {
     free(dir);
 }
 
+/* Teacher-forced logits of 7 images (prompts A x3, B x3, C x1 side by side, B shorter) with
+ * policy kind, micro-batches of micro images, images_per_prompt ipp; *n_pre the context's
+ * shared prompt rows. */
+static float *shared_run(flexdiag_model *m, flexdiag_policy_kind kind, int micro, int ipp,
+                         int32_t *n_pre) {
+    flexdiag_context *c = calloc(1, sizeof *c);
+    c->m = m;
+    flexdiag_context_params_init(&c->p);
+    c->p.max_images = 7;
+    c->p.max_prompt_len = 16;
+    c->p.policy.kind = kind;
+    c->p.policy.n_att = 9;
+    c->p.policy.n_r = 20;
+    c->p.micro_batch = micro;
+    c->p.images_per_prompt = ipp;
+    assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
+    *n_pre = c->n_pre;
+    int32_t a[6] = {256, 259, 'a', 'b', 260, 261}, bb[4] = {256, 259, 'z', 261};
+    int32_t cc[6] = {256, 259, 'q', 'r', 260, 261};
+    const int32_t *pp[7] = {a, a, a, bb, bb, bb, cc};
+    int32_t np[7] = {6, 6, 6, 4, 4, 4, 6}, forced[7 * 64], tok[7 * 64];
+    for (int i = 0; i < 7 * 64; i++) forced[i] = (i * 37 + 11) % 256;
+    float *logits = malloc((size_t)7 * 64 * 256 * 4);
+    flexdiag_block b = {.n_img = 7, .prompt = pp, .prompt_len = np, .n_steps = 64,
+                        .forced = forced, .cfg_weight = 5.0f, .tokens = tok, .logits = logits,
+                        .sp = {1.0f, 0, 1.0f, 0}};
+    assert_int_equal(flexdiag__engine_run(c, &b), FLEXDIAG_OK);
+    /* seven prompts of seven lengths (so seven unconditional rows too): more prompt rows than
+     * the context shares */
+    if (*n_pre) {
+        int32_t d[7][10];
+        const int32_t *dp[7];
+        int32_t dn[7];
+        for (int i = 0; i < 7; i++) {
+            for (int k = 0; k < 10; k++) d[i][k] = k == 0 ? 256 : 'a' + k;
+            dn[i] = 3 + i;
+            d[i][dn[i] - 1] = 261;
+            dp[i] = d[i];
+        }
+        b.prompt = dp, b.prompt_len = dn;
+        flexdiag__err_clear();
+        assert_int_equal(flexdiag__engine_run(c, &b), FLEXDIAG_ERR_INVALID_ARG);
+        assert_non_null(strstr(flexdiag__err_msg(), "images_per_prompt 3"));
+        flexdiag__err_clear();
+    }
+    flexdiag_context_destroy(c);
+    return logits;
+}
+
+/* Shared prompt KV (images_per_prompt 3: one copy of each distinct prompt row, its prefill run
+ * once) gives the logits of every sequence keeping its own prompt rows, bit for bit: dense,
+ * window, Diagonal and H2O, in one micro-batch and in micro-batches of 2 images (a prompt's
+ * images straddle them), prompts of two lengths and a prompt with one image. A block with
+ * more distinct prompt rows than the context shares is refused naming images_per_prompt. */
+static void test_shared_prompts(void **state) {
+    (void)state;
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_builtin(2, &rt, &m);
+    const flexdiag_policy_kind kinds[4] = {FLEXDIAG_POLICY_DENSE, FLEXDIAG_POLICY_WINDOW,
+                                           FLEXDIAG_POLICY_DIAGONAL, FLEXDIAG_POLICY_H2O};
+    for (int i = 0; i < 4; i++)
+        for (int micro = 0; micro <= 2; micro += 2) {
+            int32_t n0 = -1, n1 = -1;
+            float *own = shared_run(m, kinds[i], micro, 0, &n0);
+            float *shared = shared_run(m, kinds[i], micro, 3, &n1);
+            assert_int_equal(n0, 0);
+            assert_int_equal(n1, 8); /* 2 rows x (ceil(7 / 3) + 1) prompts */
+            assert_memory_equal(own, shared, (size_t)7 * 64 * 256 * 4);
+            free(own);
+            free(shared);
+        }
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 /* With sparsity 0 (N_att = L_dec) every policy's teacher-forced logits equal dense bit for bit. */
 static void test_sparsity0_is_dense(void **state) {
     (void)state;
@@ -456,6 +533,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_device_policy),
         cmocka_unit_test(test_prefill_chunks),
+        cmocka_unit_test(test_shared_prompts),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_sparsity0_is_dense),
         cmocka_unit_test(test_cli_generate),
