@@ -165,6 +165,19 @@ int tu_cuda_stream(const char *name, flexdiag_stream **s) {
     return 0;
 }
 
+void tu_on_table(int which, void (*check)(const flexdiag_kernels *k)) {
+    const flexdiag_kernels *k = which == 0   ? flexdiag__kernels_cpu_ref()
+                                : which == 1 ? flexdiag__kernels_cpu()
+                                             : flexdiag__kernels_cuda();
+    size_t fb = 0, tb = 0;
+    if (which == 2 && (!k || k->mem_info(&fb, &tb) != FLEXDIAG_OK || tb == 0)) {
+        flexdiag__err_clear();
+        fprintf(stderr, "no CUDA device: the CUDA half is checked on GPU hosts\n");
+        return;
+    }
+    check(k);
+}
+
 uint64_t tu_grid_fnv1a64(const struct json_t *grid, size_t *count) {
     uint64_t h = 0xcbf29ce484222325ull;
     *count = 0;

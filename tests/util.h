@@ -43,6 +43,11 @@ void *tu_read_file(const char *path, size_t *n);
  * from main() (77 = skip, with the reason on stderr; 1 = the device failed). */
 struct flexdiag_stream;
 int tu_cuda_stream(const char *name, struct flexdiag_stream **s);
+/* check(k) on the CPU reference table (which 0), the CPU fast table (1) or CUDA (2: only when
+ * a device is visible; otherwise a note on stderr and nothing run). For tests that hold every
+ * backend to the same result. */
+struct flexdiag_kernels;
+void tu_on_table(int which, void (*check)(const struct flexdiag_kernels *k));
 /* Run a shell command, return its exit status (-1 on failure to run). */
 int tu_system(const char *fmt, ...);
 

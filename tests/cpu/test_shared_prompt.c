@@ -122,24 +122,17 @@ static void check(const flexdiag_kernels *k) {
 
 static void test_cpu_ref(void **state) {
     (void)state;
-    check(flexdiag__kernels_cpu_ref());
+    tu_on_table(0, check);
 }
 
 static void test_cpu_fast(void **state) {
     (void)state;
-    check(flexdiag__kernels_cpu());
+    tu_on_table(1, check);
 }
 
 static void test_cuda(void **state) {
     (void)state;
-    const flexdiag_kernels *k = flexdiag__kernels_cuda();
-    size_t fb = 0, tb = 0;
-    if (!k || k->mem_info(&fb, &tb) != FLEXDIAG_OK || tb == 0) {
-        flexdiag__err_clear();
-        fprintf(stderr, "no CUDA device: the CUDA half is checked on GPU hosts\n");
-        return;
-    }
-    check(k);
+    tu_on_table(2, check);
 }
 
 /* A prefix index outside [0, n_pre), prompt rows left in the ring-only blocks (p_cap != 0) or
