@@ -71,6 +71,15 @@ static void *shared_rows(const flexdiag_context *c, int32_t j, int kv) {
     return (char *)c->b.kv_pre + ((size_t)j * 2 + (size_t)kv) * (size_t)c->n_pre * c->pre_bytes;
 }
 
+/* Decode attention of sequences s0.. of layer j over the shared prompt rows. */
+static void shared_args(const flexdiag_context *c, int32_t j, int32_t s0, flexdiag_attn_args *a) {
+    a->prefix = c->b.prefix + s0;
+    a->k_pre = shared_rows(c, j, 0);
+    a->v_pre = shared_rows(c, j, 1);
+    a->n_pre = c->n_pre;
+    a->pre_cap = c->p_cap;
+}
+
 /* The I/O object of layer j for sequences [s0, s0 + nb): the layer's attention arguments
  * (decode steps (t >= 0) add the policy driver's rows and slot lists, prefill (t < 0) the
  * prompt rows and positions), then the scheduler's addresses for rows_per_seq activation rows
@@ -94,9 +103,7 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
         io->a.pos = rope ? c->b.pos + s0 : NULL;
         io->a.p_cap = c->blk_p;
         io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd, t), &io->a);
-        if (c->n_pre)
-            io->a.prefix = c->b.prefix + s0, io->a.k_pre = shared_rows(c, j, 0),
-            io->a.v_pre = shared_rows(c, j, 1), io->a.n_pre = c->n_pre, io->a.pre_cap = c->p_cap;
+        if (c->n_pre) shared_args(c, j, s0, &io->a);
     }
     kv_rows(r, s0, nb, t, &io->a, &io->mem);
     io->mem.layer = j;
