@@ -228,20 +228,30 @@ static void test_bad_input(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
-/* Teacher-forced run of micro-janus under policy kind with the host state machines (host = 1)
- * or the device-policy ops, in micro-batches of micro images (0: one); returns logits and
- * fills *plan (caller frees). */
-static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host, int micro,
-                         int32_t **plan) {
+/* An unallocated context of m for n_img images, prompts up to 16 tokens, policy kind with
+ * N_att 9 and N_r 20, micro-batches of micro images; the caller adds its own params and
+ * allocates it. */
+static flexdiag_context *policy_ctx(flexdiag_model *m, flexdiag_policy_kind kind, int32_t n_img,
+                                    int micro) {
     flexdiag_context *c = calloc(1, sizeof *c);
+    assert_non_null(c);
     c->m = m;
     flexdiag_context_params_init(&c->p);
-    c->p.max_images = 2;
+    c->p.max_images = n_img;
     c->p.max_prompt_len = 16;
     c->p.policy.kind = kind;
     c->p.policy.n_att = 9;
     c->p.policy.n_r = 20;
     c->p.micro_batch = micro;
+    return c;
+}
+
+/* Teacher-forced run of micro-janus under policy kind with the host state machines (host = 1)
+ * or the device-policy ops, in micro-batches of micro images (0: one); returns logits and
+ * fills *plan (caller frees). */
+static float *policy_run(flexdiag_model *m, flexdiag_policy_kind kind, int host, int micro,
+                         int32_t **plan) {
+    flexdiag_context *c = policy_ctx(m, kind, 2, micro);
     c->host_policy = host;
     assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
     assert_int_equal(flexdiag__pd_on_device(&c->pd), !host);
@@ -338,15 +348,7 @@ static void test_prefill_chunks(void **state) {
  * shared prompt rows. */
 static float *shared_run(flexdiag_model *m, flexdiag_policy_kind kind, int micro, int ipp,
                          int32_t *n_pre) {
-    flexdiag_context *c = calloc(1, sizeof *c);
-    c->m = m;
-    flexdiag_context_params_init(&c->p);
-    c->p.max_images = 7;
-    c->p.max_prompt_len = 16;
-    c->p.policy.kind = kind;
-    c->p.policy.n_att = 9;
-    c->p.policy.n_r = 20;
-    c->p.micro_batch = micro;
+    flexdiag_context *c = policy_ctx(m, kind, 7, micro);
     c->p.images_per_prompt = ipp;
     assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
     *n_pre = c->n_pre;
