@@ -156,9 +156,12 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
         att += a;
     }
     att /= steps > 0 ? steps : 1;
-    /* attended rows summed over the sequences: a Lumina unconditional row's prompt is 3 ids */
+    /* attended rows summed over the sequences: a Lumina unconditional row's prompt is 3 ids;
+     * shared prompt KV is read once per distinct prompt row (the cascade), but each sequence
+     * still scores it */
     double att_rows = (c->row_len ? row->batch * (lp + 3.0) : rows * lp) + rows * att;
-    double kv_read = l->layers * att_rows * 2 * dkv * ab;
+    double read_rows = c->n_pre && c->n_pf > 0 ? (double)c->n_pf * lp + rows * att : att_rows;
+    double kv_read = l->layers * read_rows * 2 * dkv * ab;
     double kv_write = rows * l->layers * 2 * dkv * ab;
     row->step_bytes = wbytes + kv_read + kv_write;
     row->step_flops = 2 * rows * (layer_params * l->layers + head_params) +

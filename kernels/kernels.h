@@ -112,7 +112,29 @@ typedef struct flexdiag_attn_args {
     const int32_t *prefix;
     const void *k_pre, *v_pre;
     int32_t n_pre, pre_cap;
+    /* decode with prefix, optional: the cascade plan (flexdiag__cascade_plan). casc_seq
+     * (n_seq) lists the sequences grouped by prefix block, casc_tile (n_casc_tiles, 3) the
+     * groups cut into tiles {prefix block, first entry of casc_seq, sequences} of at most
+     * FLEXDIAG_CASCADE_ROWS query rows, then padding tiles of 0 sequences. A backend may then
+     * attend each prefix block once per tile (CUDA does when the prompts are shared by two
+     * sequences or more on average); the CPU backends ignore it. n_casc_tiles depends on the
+     * shapes only (flexdiag__cascade_tiles), so a recorded graph replays any block's plan. */
+    const int32_t *casc_seq, *casc_tile;
+    int32_t n_casc_tiles;
 } flexdiag_attn_args;
+
+/* Query rows (sequences x h_q / h_kv) of one cascade tile. */
+#define FLEXDIAG_CASCADE_ROWS 16
+
+/* Tiles a cascade plan of n_seq sequences over n_pre prefix blocks holds (every grouping fits
+ * it), with g = h_q / h_kv query heads per KV head; 0 when g > FLEXDIAG_CASCADE_ROWS (no
+ * cascade). */
+int32_t flexdiag__cascade_tiles(int32_t n_seq, int32_t n_pre, int32_t g);
+
+/* The cascade plan of prefix[0..n_seq) (host memory, values clamped to [0, n_pre)): seq
+ * (n_seq) and tile (flexdiag__cascade_tiles(...) x 3), padding included. */
+void flexdiag__cascade_plan(const int32_t *prefix, int32_t n_seq, int32_t n_pre, int32_t g,
+                            int32_t *seq, int32_t *tile);
 
 /* ======== op types: each op's signature and contract, declared once ========
  * The table below holds pointers to these types, and the backends declare their implementations

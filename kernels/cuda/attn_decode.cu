@@ -22,6 +22,12 @@
  * known, turns them into expf(logit - lse) in place (same CTA, after a barrier).
  * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
  * (acc, m, l) to the stream's workspace (stream-ordered scratch), merged by a second kernel.
+ * Cascade (shared prompt KV with the caller's plan, prompts read by >= 2 sequences on
+ * average): a first kernel attends each prompt-only block once per tile of the query rows
+ * that share it (its K / V in shared memory, one key per lane) and leaves each row's
+ * (acc, m, l) in the workspace; the
+ * decode kernel then walks the ring keys only and folds that partial into its result by the
+ * log-sum-exp rule, so the prompt rows are read once per group instead of once per sequence.
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
  * and a slot outside the ring masks its key (logit -inf, no load), so bad metadata never
  * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
@@ -85,6 +91,11 @@ typedef struct decode_params {
     const int32_t *prefix;        /* (n_seq) shared prompt block of each sequence, or NULL */
     const uint4 *kpre, *vpre;     /* the prompt-only stores (n_pre, h_kv, pre_cap, d_h) */
     int32_t n_pre, pre_cap;
+    int32_t n_seq;
+    const int32_t *casc_seq, *casc_tile; /* the cascade plan (kernels.h): every sequence in
+                                            one tile, or its prompt part is undefined */
+    float *pre_part;              /* cascade: (n_seq·h_q, DEC_PART(d_h)) prompt partials acc|m|l,
+                                     the decode kernel then skips the prompt keys; or NULL */
 } decode_params;
 
 /* ---- small device helpers ---- */
@@ -325,6 +336,19 @@ static __device__ __forceinline__ void dec_merge_warp(dec_state<G> &st) {
     }
 }
 
+/* Fold a partial (acc | m | l, DEC_PART(D) floats: the cascade's prompt part) into the state
+ * (o = output elements 8c..8c+7, mx, lsum) by the log-sum-exp rule. */
+template <int D>
+static __device__ __forceinline__ void dec_fold(const float *pp, int c, float o[8], float &mx,
+                                                float &lsum) {
+    const float mp = pp[D], mn = fmaxf(mx, mp);
+    const float a = exp_shift(mx, mn), b = exp_shift(mp, mn);
+    lsum = lsum * a + pp[D + 1] * b;
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] = fmaf(pp[c * 8 + e], b, o[e] * a);
+    mx = mn;
+}
+
 /* Final (acc, m, l) of query head row sq (= s·h_q + hq), 8 elements from chunk c: bf16 output
  * and lse, or (split-K) the unnormalised partial of split z. */
 template <int D>
@@ -416,7 +440,7 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 
     /* key list: lp prompt rows, then ns ring slots (clamped: file comment); this CTA's part */
     dec_keys k;
-    k.lp = min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
+    k.lp = p.pre_part ? 0 : min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
     const int64_t li = p.shared ? 0 : bh; /* slot list of this (sequence, KV head) */
     k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0);
     const int per = (k.n + p.splits - 1) / p.splits;
@@ -483,6 +507,8 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = fmaf(sm_acc[w][i][c * 8 + e], f, o[e]);
         }
+        if (p.pre_part && p.splits == 1)
+            dec_fold<D>(p.pre_part + (sq0 + i) * DEC_PART(D), c, o, mx, lsum);
         dec_write<D>(out, p, sq0 + i, c, o, mx, lsum);
         if (POL && c == 0) sm_lse[i] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
     }
@@ -505,13 +531,16 @@ static __global__ void __launch_bounds__(32)
 attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
     const int64_t sq = blockIdx.x;
     const float *pp = p.part + sq * p.splits * DEC_PART(D);
-    float mx = -INFINITY, lsum = 0.0f;
+    /* the cascade's prompt partial is one more split */
+    const float *pre = p.pre_part ? p.pre_part + sq * DEC_PART(D) : nullptr;
+    float mx = pre ? pre[D] : -INFINITY, lsum = 0.0f;
     for (int z = 0; z < p.splits; z++) mx = fmaxf(mx, pp[z * DEC_PART(D) + D]);
+    if (pre) lsum = pre[D + 1] * exp_shift(pre[D], mx);
     for (int z = 0; z < p.splits; z++)
         lsum += pp[z * DEC_PART(D) + D + 1] * exp_shift(pp[z * DEC_PART(D) + D], mx);
     const float inv = lsum == 0.0f ? 0.0f : __frcp_rn(lsum);
     for (int e = (int)threadIdx.x; e < D; e += 32) {
-        float o = 0.0f;
+        float o = pre ? pre[e] * exp_shift(pre[D], mx) : 0.0f;
         for (int z = 0; z < p.splits; z++)
             o = fmaf(pp[z * DEC_PART(D) + e], exp_shift(pp[z * DEC_PART(D) + D], mx), o);
         out[sq * D + e] = __float2bfloat16_rn(o * inv);
@@ -534,6 +563,121 @@ attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
             amin_fold(am, pp[z * DEC_PART(D) + D + 2], __float_as_int(pp[z * DEC_PART(D) + D + 3]),
                       dl);
         if (am.e >= 0) dl[am.e] = (int16_t)__ldg(p.diag_next);
+    }
+}
+
+/* ---- cascade: the shared prompt rows, once per group ---- */
+
+/* Query head rows per prefix CTA (4 per warp) and prompt keys per shared-memory chunk (one per
+ * lane). */
+#define PFX_ROWS FLEXDIAG_CASCADE_ROWS
+#define PFX_KEYS 32
+
+/* One CTA per (cascade tile, KV head): the tile's prefix block's prompt keys go through
+ * shared memory in chunks of PFX_KEYS (K rows padded by one word, so the lanes' rows sit in
+ * distinct banks), each warp scores its query rows' keys (lane = key), folds them into the
+ * rows' online softmax and leaves (acc, m, l) in p.pre_part. Padding tiles return at once. */
+template <int D>
+static __global__ void __launch_bounds__(DEC_THREADS)
+attn_prefix_kernel(const uint4 *__restrict__ qkv, decode_params p) {
+    constexpr int L = D / 8, KW = D / 2 + 1, DL = (D + 31) / 32, RW = PFX_ROWS / DEC_WARPS;
+    __shared__ uint32_t sk[PFX_KEYS * KW];
+    __shared__ __align__(16) __nv_bfloat16 sv[PFX_KEYS * D];
+    __shared__ float sq[PFX_ROWS][D];
+    __shared__ int32_t srow[PFX_ROWS], slp[PFX_ROWS];
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int32_t *tl = p.casc_tile + 3 * (int64_t)blockIdx.x;
+    const int pid = min(max(__ldg(tl), 0), p.n_pre - 1), first = __ldg(tl + 1);
+    const int n = min(max(__ldg(tl + 2), 0) * p.g, PFX_ROWS), h = (int)blockIdx.y;
+    if (n == 0) return;
+    if ((int)threadIdx.x < n) {
+        const int r = (int)threadIdx.x;
+        const int s = min(max(__ldg(p.casc_seq + min(max(first + r / p.g, 0), p.n_seq - 1)), 0),
+                          p.n_seq - 1);
+        srow[r] = s * p.h_q + h * p.g + r % p.g;
+        slp[r] = min(max(__ldg(p.lp + s), 0), p.pre_cap);
+    }
+    __syncthreads();
+    const int64_t qkv_w = (int64_t)(p.h_q + 2 * p.h_kv) * L;
+    int lmax = 0;
+    for (int r = 0; r < n; r++) lmax = max(lmax, slp[r]);
+    for (int t = (int)threadIdx.x; t < n * L; t += DEC_THREADS) {
+        const int r = t / L, c = t - r * L, s = srow[r] / p.h_q, hq = srow[r] - s * p.h_q;
+        float f[8];
+        bf16x8_to_f32(__ldg(qkv + s * qkv_w + (int64_t)hq * L + c), f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) sq[r][c * 8 + e] = f[e] * p.scale;
+    }
+    float m[RW], l[RW], acc[RW][DL];
+#pragma unroll
+    for (int rr = 0; rr < RW; rr++) {
+        m[rr] = -INFINITY;
+        l[rr] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DL; k++) acc[rr][k] = 0.0f;
+    }
+    const int64_t blk = ((int64_t)pid * p.h_kv + h) * p.pre_cap * L;
+    for (int j0 = 0; j0 < lmax; j0 += PFX_KEYS) {
+        __syncthreads(); /* the previous chunk is consumed (and sq written, first time) */
+        for (int t = (int)threadIdx.x; t < PFX_KEYS * L; t += DEC_THREADS) {
+            const int j = t / L, c = t - j * L;
+            uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
+            if (j0 + j < lmax) {
+                kw = __ldg(p.kpre + blk + (int64_t)(j0 + j) * L + c);
+                vw = __ldg(p.vpre + blk + (int64_t)(j0 + j) * L + c);
+            }
+            uint32_t *kr = sk + j * KW + c * 4;
+            kr[0] = kw.x, kr[1] = kw.y, kr[2] = kw.z, kr[3] = kw.w;
+            reinterpret_cast<uint4 *>(sv)[j * L + c] = vw;
+        }
+        __syncthreads();
+        const int nk = min(PFX_KEYS, lmax - j0);
+#pragma unroll
+        for (int rr = 0; rr < RW; rr++) {
+            const int r = warp * RW + rr;
+            if (r >= n) break; /* warp-uniform */
+            float z = 0.0f;
+#pragma unroll 8
+            for (int w = 0; w < D / 2; w++) {
+                const uint32_t kw = sk[lane * KW + w];
+                z = fmaf(sq[r][2 * w], __uint_as_float(kw << 16), z);
+                z = fmaf(sq[r][2 * w + 1], __uint_as_float(kw & 0xffff0000u), z);
+            }
+            if (j0 + lane >= slp[r]) z = -INFINITY;
+            float cm = z;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+            const float mn = fmaxf(m[rr], cm), corr = exp_shift(m[rr], mn);
+            const float pz = z == -INFINITY ? 0.0f : exp_shift(z, mn);
+            float ps = pz;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[rr] = l[rr] * corr + ps;
+#pragma unroll
+            for (int k = 0; k < DL; k++) acc[rr][k] *= corr;
+            for (int j = 0; j < nk; j++) {
+                const float pj = __shfl_sync(0xffffffffu, pz, j);
+#pragma unroll
+                for (int k = 0; k < DL; k++) {
+                    const int d = lane + 32 * k;
+                    if (d < D) acc[rr][k] = fmaf(pj, __bfloat162float(sv[j * D + d]), acc[rr][k]);
+                }
+            }
+            m[rr] = mn;
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RW; rr++) {
+        const int r = warp * RW + rr;
+        if (r >= n) break;
+        float *dst = p.pre_part + (int64_t)srow[r] * DEC_PART(D);
+#pragma unroll
+        for (int k = 0; k < DL; k++)
+            if (lane + 32 * k < D) dst[lane + 32 * k] = acc[rr][k];
+        if (lane == 0) {
+            dst[D] = m[rr];
+            dst[D + 1] = l[rr];
+        }
     }
 }
 
@@ -578,20 +722,43 @@ static void decode_launch_g(int G, dim3 grid, cudaStream_t st, void *out, const 
     }
 }
 
-/* CTAs per key list: 1 unless the grid leaves multiprocessors idle (fewer than two CTAs each)
- * and the lists are long enough to share; limited by the stream's workspace. */
 /* Prompt rows a sequence may attend: its block's, or with shared prompt KV its prefix block's. */
 static int32_t prompt_cap(const flexdiag_attn_args *a) { return a->prefix ? a->pre_cap : a->p_cap; }
 
-static int decode_splits(const flexdiag_attn_args *a, const flexdiag_stream *s, int64_t ctas) {
-    const int64_t keys = (int64_t)prompt_cap(a) + a->max_slots, want = 2 * (int64_t)s->sm_count;
+/* Workspace bytes of one partial per query head row (split-K, cascade). */
+static size_t part_bytes(const flexdiag_attn_args *a, int64_t per_row) {
+    return (size_t)a->n_seq * (size_t)a->h_q * (size_t)per_row * DEC_PART(a->d_h) * sizeof(float);
+}
+
+/* Cascade when the prompts are shared by two sequences or more on average (n_pre bounds the
+ * distinct prompts) and the stream's workspace holds the partials: the prompt-only store is
+ * then read once per group of rows. */
+static bool decode_cascade(const flexdiag_attn_args *a, const flexdiag_stream *s) {
+    return a->prefix && a->casc_seq && a->casc_tile && a->pre_cap > 0 &&
+           a->n_casc_tiles == flexdiag__cascade_tiles(a->n_seq, a->n_pre, a->h_q / a->h_kv) &&
+           a->n_casc_tiles > 0 && a->n_seq >= 2 * (int64_t)a->n_pre && s->workspace &&
+           flexdiag__round256(part_bytes(a, 1)) <= s->workspace_bytes;
+}
+
+/* CTAs per key list (keys: the longest list): 1 unless the grid leaves multiprocessors idle
+ * (fewer than two CTAs each) and the lists are long enough to share; limited by the
+ * workspace left (avail bytes). */
+static int decode_splits(const flexdiag_attn_args *a, const flexdiag_stream *s, int64_t ctas,
+                         int64_t keys, size_t avail) {
+    const int64_t want = 2 * (int64_t)s->sm_count;
     if (ctas >= want || keys < 2 * DEC_SPLIT_KEYS) return 1;
     int64_t splits = (want + ctas - 1) / ctas;
     if (splits > keys / DEC_SPLIT_KEYS) splits = keys / DEC_SPLIT_KEYS;
     if (splits > DEC_MAX_SPLITS) splits = DEC_MAX_SPLITS;
-    const int64_t bytes = (int64_t)a->n_seq * a->h_q * splits * DEC_PART(a->d_h) * 4;
-    if (!s->workspace || bytes > (int64_t)s->workspace_bytes) return 1;
+    if (!s->workspace || part_bytes(a, splits) > avail) return 1;
     return (int)splits;
+}
+
+template <int D>
+static void prefix_launch(const flexdiag_attn_args *a, cudaStream_t st, const void *qkv,
+                          const decode_params &p) {
+    const dim3 grid((unsigned)a->n_casc_tiles, (unsigned)a->h_kv);
+    attn_prefix_kernel<D><<<grid, DEC_THREADS, 0, st>>>((const uint4 *)qkv, p);
 }
 
 /* out (n_seq, h_q·d_h) bf16; qkv (n_seq, (h_q + 2·h_kv)·d_h) bf16; k, v caches (kernels.h);
@@ -637,19 +804,37 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
                              DEC_MAX_G, (int)a->shared_slots, (int)a->diag_a, (int)a->diag_base,
                              g);
     const int64_t ctas = (int64_t)a->n_seq * a->h_kv * chunks;
-    const int splits = decode_splits(a, s, ctas);
+    /* workspace: the cascade's prompt partials first, then the split-K partials */
+    const bool cascade = decode_cascade(a, s);
+    const size_t pre = cascade ? flexdiag__round256(part_bytes(a, 1)) : 0;
+    const int64_t list = (cascade ? 0 : (int64_t)prompt_cap(a)) + a->max_slots;
+    const int splits = decode_splits(a, s, ctas, list, s->workspace_bytes - pre);
     decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, splits, a->scale,
                        a->lp, a->slots, a->n_slots, a->shared_slots ? 1 : 0, a->logits_out,
                        a->lse_out, a->probs_out, a->diag_lag, a->diag_a, a->diag_base,
-                       a->diag_next, (float *)s->workspace, a->prefix,
-                       (const uint4 *)a->k_pre, (const uint4 *)a->v_pre, a->n_pre, a->pre_cap};
+                       a->diag_next, (float *)((char *)s->workspace + pre), a->prefix,
+                       (const uint4 *)a->k_pre, (const uint4 *)a->v_pre, a->n_pre, a->pre_cap,
+                       a->n_seq, a->casc_seq, a->casc_tile,
+                       cascade ? (float *)s->workspace : nullptr};
     const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
-    const int64_t keys = ((int64_t)prompt_cap(a) + a->max_slots + splits - 1) / splits;
+    const int64_t keys = (list + splits - 1) / splits;
     switch (a->d_h) {
-    case 16: decode_launch_g<16>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
-    case 32: decode_launch_g<32>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
-    case 64: decode_launch_g<64>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
-    default: decode_launch_g<128>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
+    case 16:
+        if (cascade) prefix_launch<16>(a, s->stream, qkv, p);
+        decode_launch_g<16>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
+        break;
+    case 32:
+        if (cascade) prefix_launch<32>(a, s->stream, qkv, p);
+        decode_launch_g<32>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
+        break;
+    case 64:
+        if (cascade) prefix_launch<64>(a, s->stream, qkv, p);
+        decode_launch_g<64>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
+        break;
+    default:
+        if (cascade) prefix_launch<128>(a, s->stream, qkv, p);
+        decode_launch_g<128>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
+        break;
     }
     FLEXDIAG_CUDA_LAUNCH_CHECK(s->stream);
     return FLEXDIAG_OK;

@@ -32,6 +32,11 @@ static size_t al(size_t x) { return (x + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN;
 
 /* Assign buffer pointers inside base (when non-NULL) and return the total size: the engine's
  * buffers, then the policy driver's. */
+int32_t flexdiag__casc_tiles(const flexdiag_context *c, int32_t nb) {
+    const flexdiag_lm_config *l = &c->m->cfg.lm;
+    return c->n_pre ? flexdiag__cascade_tiles(nb, c->n_pre, l->heads / l->kv_heads) : 0;
+}
+
 static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
@@ -52,6 +57,9 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     if (c->n_pre) TAKE(kv_pre, (size_t)l->layers * 2 * (size_t)c->n_pre * c->pre_bytes);
     if (c->n_pre) TAKE(lp_pre, (size_t)c->n_pre * 4);
     if (c->n_pre) TAKE(prefix, S * 4);
+    if (c->n_pre) TAKE(casc_seq, S * 4);
+    if (c->n_pre)
+        TAKE(casc_tile, (size_t)c->n_mb * (size_t)flexdiag__casc_tiles(c, c->mb_seq) * 12);
     if (c->s_host < c->n_seq) TAKE(kv_stage, flexdiag__sched_kv_staging_bytes(c->mb_seq, c->seq_bytes));
     if (c->m->w.homes)
         TAKE(wslots, WEIGHT_SLOTS * flexdiag__sched_tiered_slot_bytes(c->m->w.homes));

@@ -80,6 +80,8 @@ typedef struct flexdiag_ctx_bufs {
                           (n_pre > 0), K then V per layer; NULL otherwise */
     int32_t *lp_pre;   /* (n_pre) prompt length of each shared prompt row */
     int32_t *prefix;   /* (n_seq) the shared prompt row of each sequence */
+    int32_t *casc_seq; /* (n_seq) and (n_mb, casc_tiles, 3): each micro-batch's cascade plan */
+    int32_t *casc_tile; /* (kernels.h flexdiag__cascade_plan; micro-batch indices) */
     void *kv_stage;    /* staging of the host-homed micro-batches (offload/sched.h
                           flexdiag__sched_kv_staging_bytes); NULL when every KV is here */
     void *wslots;      /* (WEIGHT_SLOTS, slot bytes) device weight slots of a split model */
@@ -123,6 +125,8 @@ struct flexdiag_context {
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
     int32_t n_pre;                   /* shared prompt rows the context holds (0: each
                                         sequence keeps its own in its KV block) */
+    int32_t n_pf;                    /* distinct prompt rows of the last block (n_pre > 0),
+                                        the rows its prefill ran; its sequences otherwise */
     int32_t blk_p;                   /* prompt rows in each sequence's KV block: p_cap, or 0
                                         when the prompt rows are shared (n_pre > 0) */
     size_t pre_bytes;                /* bytes of one shared prompt row's K (or V) in a layer */
@@ -219,6 +223,9 @@ uint64_t flexdiag__context_host_avail(const flexdiag_model *m);
  * bytes and the host bytes its KV home may take; 0 when not even one image fits. */
 int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_params *p,
                               uint64_t avail);
+/* Tiles of the cascade plan of a micro-batch of nb sequences over c's shared prompt rows
+ * (kernels.h flexdiag__cascade_tiles; 0 without shared prompt rows). */
+int32_t flexdiag__casc_tiles(const flexdiag_context *c, int32_t nb);
 /* The CPU attention's counters into the offload report (cpu_attn.c; zero without it). */
 void flexdiag__cpu_attn_stats(const flexdiag_context *c, flexdiag_offload_info *out);
 /* Size, allocate and carve c's buffers from c->m and c->p (c->host_policy may be preset). */

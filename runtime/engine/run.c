@@ -78,6 +78,10 @@ static void shared_args(const flexdiag_context *c, int32_t j, int32_t s0, flexdi
     a->v_pre = shared_rows(c, j, 1);
     a->n_pre = c->n_pre;
     a->pre_cap = c->p_cap;
+    a->casc_seq = c->b.casc_seq + s0;
+    a->casc_tile =
+        c->b.casc_tile + (size_t)(s0 / c->mb_seq) * 3 * flexdiag__casc_tiles(c, c->mb_seq);
+    a->n_casc_tiles = flexdiag__casc_tiles(c, a->n_seq);
 }
 
 /* The I/O object of layer j for sequences [s0, s0 + nb): the layer's attention arguments
@@ -171,6 +175,29 @@ static int32_t share_rows(run_state *r, int32_t *ids, int32_t *prefix, int32_t *
     return n;
 }
 
+/* Each micro-batch's cascade plan of the shared prompt rows (prefix: the block's). */
+static flexdiag_status upload_cascade(run_state *r, const int32_t *prefix) {
+    flexdiag_context *c = r->c;
+    const flexdiag_lm_config *l = &c->m->cfg.lm;
+    int32_t cap = flexdiag__casc_tiles(c, c->mb_seq), g = l->heads / l->kv_heads;
+    int32_t *seq = malloc((size_t)r->n_seq * 4), *tile = calloc((size_t)c->n_mb * cap * 3 + 3, 4);
+    flexdiag_status st = seq && tile ? FLEXDIAG_OK
+                                     : flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                                                     "prompts: no host memory");
+    for (int32_t s0 = 0; st == FLEXDIAG_OK && s0 < r->n_seq; s0 += c->mb_seq) {
+        int32_t nb = r->n_seq - s0 < c->mb_seq ? r->n_seq - s0 : c->mb_seq;
+        flexdiag__cascade_plan(prefix + s0, nb, c->n_pre, g, seq + s0,
+                               tile + (size_t)(s0 / c->mb_seq) * 3 * cap);
+    }
+    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.casc_seq, seq, (size_t)r->n_seq * 4, r->s);
+    if (st == FLEXDIAG_OK && cap > 0)
+        st = r->k->copy_h2d(c->b.casc_tile, tile, (size_t)c->n_mb * cap * 12, r->s);
+    if (st == FLEXDIAG_OK) st = r->k->stream_sync(r->s); /* the host arrays are freed */
+    free(seq);
+    free(tile);
+    return st;
+}
+
 /* Host prompt table (n_seq, p_cap) with the uncond rows, uploaded with lp and gathers (with
  * shared prompt rows: the distinct rows, their lengths and each sequence's). */
 static flexdiag_status upload_prompts(run_state *r) {
@@ -201,6 +228,7 @@ static flexdiag_status upload_prompts(run_state *r) {
     if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.lp, r->lp, S * 4, r->s);
     if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.last, last, S * 4, r->s);
     if (st == FLEXDIAG_OK && c->n_pre) st = r->k->copy_h2d(c->b.prefix, prefix, S * 4, r->s);
+    if (st == FLEXDIAG_OK && c->n_pre) st = upload_cascade(r, prefix);
     if (st == FLEXDIAG_OK && c->n_pre)
         st = r->k->copy_h2d(c->b.lp_pre, lp_pre, (size_t)r->n_pf * 4, r->s);
     if (st == FLEXDIAG_OK) st = r->k->stream_sync(r->s);
@@ -441,6 +469,7 @@ flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     /* the prompt rows of sequence 0, or with shared prompt rows its share of them */
     double prompt = c->n_pre && r.n_pf > 0 ? (double)r.lp[0] * r.n_pf / r.n_seq : r.lp[0];
+    c->n_pf = r.n_pf;
     c->stats.kv_bytes_per_seq =
         (uint64_t)((double)l->layers * 2 * l->kv_heads * l->head_dim * (double)r.act *
                    (prompt + (double)flexdiag__kvp_resident_rows(&c->pd.kp, c->l_dec - 1)));

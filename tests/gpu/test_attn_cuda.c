@@ -260,7 +260,7 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, pb->c.p_cap, c->ring,
                             1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
                             pb->max_slots, NULL, NULL, c->shared, NULL, 0.0f, NULL, NULL, 0, 0,
-                            NULL, NULL, NULL, NULL, 0, 0};
+                            NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, 0};
     pb->a = a;
 }
 
@@ -791,7 +791,7 @@ static void test_bad_args(void **state) {
     dbuf_up(&ints, zeros);
     void *p = buf.p;
     flexdiag_attn_args ok = {2, 4, 2, 16, 4, 4, 0.25f, ints.p, ints.p, ints.p, 4, NULL, NULL, 0,
-                             NULL, 0.0f, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0};
+                             NULL, 0.0f, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, 0};
     flexdiag_attn_args a = ok;
     flexdiag__err_clear();
 
