@@ -62,7 +62,20 @@ typedef struct search {
     cand *v;
     int n;
     int text; /* rank by tok/s */
+    uint64_t cpu_limit; /* pinned host bytes a configuration may take: --cpu-mem, or
+                           HOST_SHARE of this machine's memory */
 } search;
+
+/* Without --cpu-mem, the share of the host's physical memory a configuration may pin (the
+ * rest stays for the process, the page cache and the OS): on the 128 GiB H200 host the search
+ * otherwise offered 322 GB KV homes that the measured runs could not pin. */
+#define HOST_SHARE 0.75
+
+static uint64_t host_limit(const search_opts *o) {
+    if (o->mo.cpu_mem) return o->mo.cpu_mem;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)(HOST_SHARE * (double)pages * (double)page) : 0;
+}
 
 /* Sparsities tried for a sparse policy (those <= --max-sparsity). */
 static const double SPARSITIES[] = {0.5, 0.75, 0.9, 0.95, 0.98};
@@ -72,7 +85,7 @@ static const double SPARSITIES[] = {0.5, 0.75, 0.9, 0.95, 0.98};
 static void try_one(search *s, const cm_config *c) {
     if (s->n >= MAX_CANDS) return;
     cand k = {.c = *c};
-    if (cm_memory_of(&s->cm, c, s->o->mo.cpu_mem, &k.mem) != FLEXDIAG_OK) return;
+    if (cm_memory_of(&s->cm, c, s->cpu_limit, &k.mem) != FLEXDIAG_OK) return;
     if (!k.mem.fits_gpu || !k.mem.fits_cpu) return;
     if (s->o->mo.disk_mem && k.mem.disk > s->o->mo.disk_mem) return;
     if (cm_predict(&s->cm, c, &s->prof, &k.t) != FLEXDIAG_OK || !(k.t.img_s > 0)) return;
@@ -122,7 +135,7 @@ static void try_placements(search *s, cm_config c) {
 /* Whether c fits both budgets by the runtime's own sizing. */
 static int fits(search *s, const cm_config *c) {
     cm_memory m;
-    return cm_memory_of(&s->cm, c, s->o->mo.cpu_mem, &m) == FLEXDIAG_OK && m.fits_gpu &&
+    return cm_memory_of(&s->cm, c, s->cpu_limit, &m) == FLEXDIAG_OK && m.fits_gpu &&
            m.fits_cpu && (!s->o->mo.disk_mem || m.disk <= s->o->mo.disk_mem);
 }
 
@@ -434,7 +447,7 @@ static int open_runtime(const search_opts *o, flexdiag_runtime **rt) {
 
 /* The search itself; cands: see report. */
 static int search_run(const search_opts *o, FILE *cands) {
-    search s = {.o = o};
+    search s = {.o = o, .cpu_limit = host_limit(o)};
     if (o->min_fidelity > 0 && measure_fidelity(&s)) return 1;
     flexdiag_runtime *rt = NULL;
     int rc = open_runtime(o, &rt);
@@ -453,9 +466,10 @@ static int search_run(const search_opts *o, FILE *cands) {
     if (!rc) rc = enumerate(&s);
     if (!rc) qsort(s.v, (size_t)s.n, sizeof *s.v, cand_cmp);
     if (!rc && s.n == 0)
-        fprintf(stderr, "flexdiag search: no configuration fits --gpu-mem %.3f GiB%s (raise it, "
-                "or lower --prompt-len)\n", (double)s.cm.avail / (1 << 30),
-                o->mo.cpu_mem ? " and --cpu-mem" : "");
+        fprintf(stderr, "flexdiag search: no configuration fits --gpu-mem %.3f GiB and %.3f GiB "
+                "of pinned host memory (%s; raise them, or lower --prompt-len)\n",
+                (double)s.cm.avail / (1 << 30), (double)s.cpu_limit / (1 << 30),
+                o->mo.cpu_mem ? "--cpu-mem" : "three quarters of this machine's memory");
     if (!rc && s.n) report(&s, cands);
     free(s.v);
     flexdiag_runtime_destroy(rt);

@@ -76,7 +76,7 @@ typedef struct cm_memory {
     uint64_t cpu;      /* pinned bytes: host part of the weights + disk staging + KV home */
     uint64_t disk;     /* store bytes: the weights' disk part and the disk KV home */
     int fits_gpu;      /* gpu <= what the runtime had available */
-    int fits_cpu;      /* cpu <= --cpu-mem (1 when no --cpu-mem was given) */
+    int fits_cpu;      /* cpu <= the host limit (1 when none was given) */
 } cm_memory;
 
 /* Predicted time of a configuration. */
@@ -98,7 +98,7 @@ flexdiag_status cm_model_init(cm_model *cm, flexdiag_runtime *rt, const char *di
  * resolved policy (n_att, n_r) and ring rows. Returns INVALID_ARG with the library's message. */
 flexdiag_status cm_resolve(const cm_model *cm, const cm_config *c, int32_t *l_dec,
                            int32_t *rows_per_img, flexdiag_kvp_params *kp, int32_t *ring);
-/* Memory of c; cpu_mem is --cpu-mem (0: none given). */
+/* Memory of c; cpu_mem is the host limit (search: --cpu-mem or a share of the RAM; 0: none). */
 flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
                              cm_memory *out);
 /* Predicted time of c on profile p. */

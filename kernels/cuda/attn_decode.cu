@@ -22,8 +22,8 @@
  * known, turns them into expf(logit - lse) in place (same CTA, after a barrier).
  * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
  * (acc, m, l) to the stream's workspace (stream-ordered scratch), merged by a second kernel.
- * Cascade (shared prompt KV with the caller's plan, prompts read by >= 2 sequences on
- * average): a first kernel attends each prompt-only block once per tile of the query rows
+ * Cascade (opt-in, FLEXDIAG_CASCADE=1; shared prompt KV with the caller's plan, prompts read
+ * by >= 2 sequences on average): a first kernel attends each prompt-only block once per tile of the query rows
  * that share it (its K / V in shared memory, one key per lane) and leaves each row's
  * (acc, m, l) in the workspace; the
  * decode kernel then walks the ring keys only and folds that partial into its result by the
@@ -730,11 +730,15 @@ static size_t part_bytes(const flexdiag_attn_args *a, int64_t per_row) {
     return (size_t)a->n_seq * (size_t)a->h_q * (size_t)per_row * DEC_PART(a->d_h) * sizeof(float);
 }
 
-/* Cascade when the prompts are shared by two sequences or more on average (n_pre bounds the
- * distinct prompts) and the stream's workspace holds the partials: the prompt-only store is
- * then read once per group of rows. */
+/* Cascade when FLEXDIAG_CASCADE=1, the caller gave a plan, the prompts are shared by two
+ * sequences or more on average (n_pre bounds the distinct prompts) and the stream's workspace
+ * holds the partials: the prompt-only store is then read once per group of rows. Off by
+ * default: on the H200 at Janus-Pro-7B shapes (bench/RESULTS.md, session 13) it made the
+ * decode step 2-6 % slower, the prompt rows of a prompt's sequences being L2 hits already and
+ * the short ring-only lists as latency-bound as the longer ones. */
 static bool decode_cascade(const flexdiag_attn_args *a, const flexdiag_stream *s) {
-    return a->prefix && a->casc_seq && a->casc_tile && a->pre_cap > 0 &&
+    const char *env = getenv("FLEXDIAG_CASCADE");
+    return env && !strcmp(env, "1") && a->prefix && a->casc_seq && a->casc_tile && a->pre_cap > 0 &&
            a->n_casc_tiles == flexdiag__cascade_tiles(a->n_seq, a->n_pre, a->h_q / a->h_kv) &&
            a->n_casc_tiles > 0 && a->n_seq >= 2 * (int64_t)a->n_pre && s->workspace &&
            flexdiag__round256(part_bytes(a, 1)) <= s->workspace_bytes;

@@ -5,9 +5,10 @@
  * bit-identical on the CPU reference and fast tables (the same keys in the same order, only
  * their addresses differ). Sequences of one prefix with
  * different prompt lengths, an empty prompt, an empty slot list, per-(sequence, head) lists;
- * outputs, ring logits, lse and the probability epilogue compared. CUDA attends prompts shared
- * by two sequences or more as a cascade (a different summation order): it is compared within
- * tolerances, on the small case and on Janus-Pro-7B-like shapes. Bad prefix arguments are
+ * outputs, ring logits, lse and the probability epilogue compared, bit for bit also on CUDA.
+ * With FLEXDIAG_CASCADE=1 CUDA attends prompts shared by two sequences or more as a cascade (a
+ * different summation order): compared within tolerances, on the small case and on
+ * Janus-Pro-7B-like shapes. Bad prefix arguments are
  * refused.
  */
 #include <setjmp.h>
@@ -178,7 +179,9 @@ static float *run(const flexdiag_kernels *k, const host_case *c, int shared) {
 
 static void compare(const flexdiag_kernels *k, const shape *h, const float *a, const float *b) {
     size_t NO = n_out(h), NL = n_lg(h), NE = n_lse(h);
-    if (strcmp(k->name, "cuda") != 0) { /* the same keys in the same order: bit for bit */
+    const char *casc = getenv("FLEXDIAG_CASCADE");
+    if (strcmp(k->name, "cuda") != 0 || !casc || strcmp(casc, "1") != 0) {
+        /* the same keys in the same order: bit for bit */
         assert_memory_equal(a, b, (NO + 2 * NL + NE) * 4);
         return;
     }
@@ -214,9 +217,13 @@ static void test_cpu_fast(void **state) {
     tu_on_table(1, check);
 }
 
+/* CUDA: the plain path (bit for bit, as on the CPU) and the cascade (FLEXDIAG_CASCADE=1). */
 static void test_cuda(void **state) {
     (void)state;
     tu_on_table(2, check);
+    setenv("FLEXDIAG_CASCADE", "1", 1);
+    tu_on_table(2, check);
+    unsetenv("FLEXDIAG_CASCADE");
 }
 
 /* Janus-Pro-7B-like shapes on CUDA: d_h 128, prompts of up to 50 rows (two shared-memory key
@@ -232,7 +239,9 @@ static void check_large(const flexdiag_kernels *k) {
 
 static void test_cuda_cascade(void **state) {
     (void)state;
+    setenv("FLEXDIAG_CASCADE", "1", 1);
     tu_on_table(2, check_large);
+    unsetenv("FLEXDIAG_CASCADE");
 }
 
 /* The plan: every sequence once, grouped by prefix in index order; tiles of at most
