@@ -36,7 +36,7 @@ typedef struct search_opts {
     cli_model_opts mo;
     const char *policies, *profile;
     double max_sparsity, min_fidelity;
-    int64_t prompt_len, gen_len, max_batch, weight_step, top, measure;
+    int64_t prompt_len, gen_len, max_batch, weight_step, top, measure, per_prompt;
     int json;
 } search_opts;
 
@@ -160,7 +160,7 @@ static void try_largest(search *s, cm_config c, int div) {
  * division, the largest batch that fits (the batch `--batch auto` would run). */
 static void try_batches(search *s, const flexdiag_policy_params *pol) {
     cm_config c = {.prompt_len = (int32_t)s->o->prompt_len, .gen_len = (int32_t)s->o->gen_len,
-                   .policy = *pol};
+                   .policy = *pol, .images_per_prompt = (int32_t)s->o->per_prompt};
     for (int64_t b = 1; b <= s->o->max_batch; b *= 2)
         for (int div = 1; div <= 4 && b / div >= 1; div *= 2) {
             c.batch = (int32_t)b;
@@ -295,6 +295,8 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
         at += snprintf(buf + at, n - (size_t)at, " --kv %u,%u,%u", c->kvpct[0], c->kvpct[1],
                        c->kvpct[2]);
     if (c->cpu_attention) at += snprintf(buf + at, n - (size_t)at, " --cpu-attention");
+    if (c->images_per_prompt > 1)
+        at += snprintf(buf + at, n - (size_t)at, " --images-per-prompt %d", c->images_per_prompt);
     /* a pool sized by the weights alone has no room for a KV home beside them */
     uint64_t cpu_mem = o->mo.cpu_mem ? o->mo.cpu_mem
                        : c->wpct[0] != 100 && c->kvpct[0] != 100 ? (k->mem.cpu + (1u << 20) - 1) >> 20 << 20
@@ -529,6 +531,7 @@ static int check_flags(const search_opts *o) {
         {"--prompt-len", o->prompt_len, 2, INT32_MAX, NULL},
         {"--gen-len", o->gen_len, 0, 1 << 20, "0 = images, or 128 tokens for a text model"},
         {"--max-batch", o->max_batch, 1, 1 << 16, NULL},
+        {"--images-per-prompt", o->per_prompt, 1, INT32_MAX, NULL},
         {"--weight-step", o->weight_step, 1, 100, "percent of the layer weights"},
         {"--top", o->top, 1, MAX_TOP, NULL},
         {"--measure", o->measure, 0, 1000, NULL},
@@ -549,7 +552,7 @@ static int check_flags(const search_opts *o) {
 
 int flexdiag_cmd_search(int argc, char **argv) {
     search_opts o = {.mo.seed = 1, .policies = "dense", .max_sparsity = 0.9, .prompt_len = 50,
-                     .max_batch = 1024, .weight_step = 10, .top = 5};
+                     .max_batch = 1024, .weight_step = 10, .top = 5, .per_prompt = 1};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         {"--prompt-len", CLI_INT, &o.prompt_len, "prompt tokens (default 50)"},
@@ -561,6 +564,8 @@ int flexdiag_cmd_search(int argc, char **argv) {
          "quality floor: top-1 agreement with dense (bench fidelity on --model) a sparse policy "
          "must reach"},
         {"--max-batch", CLI_INT, &o.max_batch, "largest batch tried, powers of two (default 1024)"},
+        {"--images-per-prompt", CLI_INT, &o.per_prompt,
+         "images per prompt of the job (default 1): with more, sizes the shared prompt KV"},
         {"--weight-step", CLI_INT, &o.weight_step, "GPU share step of --weights in percent (10)"},
         {"--top", CLI_INT, &o.top, "candidates printed (default 5)"},
         {"--profile", CLI_STR, &o.profile, "profile file (default: flexdiag profile's)"},

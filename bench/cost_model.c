@@ -123,6 +123,7 @@ static void context_params(const cm_config *c, flexdiag_context_params *cp) {
     memcpy(cp->kv_pct, c->kvpct, sizeof cp->kv_pct);
     cp->policy = c->policy;
     cp->cpu_attention = c->cpu_attention != 0;
+    if (c->images_per_prompt > 1) cp->images_per_prompt = c->images_per_prompt;
 }
 
 flexdiag_status cm_resolve(const cm_model *cm, const cm_config *c, int32_t *l_dec,

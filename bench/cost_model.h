@@ -68,6 +68,8 @@ typedef struct cm_config {
     int32_t gen_len;               /* text models: new tokens (0: images) */
     flexdiag_policy_params policy; /* the KV policy */
     int cpu_attention;             /* --cpu-attention: the host attends the host-homed KV */
+    int32_t images_per_prompt;     /* --images-per-prompt: images sharing a prompt's KV rows
+                                      (0 or 1: none) */
 } cm_config;
 
 /* Memory of a configuration per tier, and whether it fits. */

@@ -64,6 +64,7 @@ static int really_fits(uint64_t gpu_mem, uint64_t cpu_mem, const cm_config *c) {
         memcpy(cp.kv_pct, c->kvpct, sizeof cp.kv_pct);
         cp.policy = c->policy;
         cp.cpu_attention = c->cpu_attention;
+        if (c->images_per_prompt > 1) cp.images_per_prompt = c->images_per_prompt;
         ok = flexdiag_context_create(m, &cp, &ctx) == FLEXDIAG_OK;
     }
     flexdiag_context_destroy(ctx);
@@ -88,11 +89,33 @@ static int model_fits(const char *arch, uint64_t gpu_mem, const cm_config *c, ui
     return mem.fits_gpu;
 }
 
+/* The model's device bytes for c are exact: a budget leaving exactly them creates c's context,
+ * 4 KiB less fails, and the model agrees both times (w, k: split weights, a KV home). */
+static void check_verdict(const cm_config *c, int w, int k) {
+    const uint64_t big = (uint64_t)1 << 30;
+    uint64_t gpu, cpu, avail, g2, c2, a2;
+    model_fits("micro-janus", big, c, &gpu, &cpu, &avail);
+    uint64_t exact = big - (avail - gpu); /* leaves exactly gpu available */
+    /* a KV home beside split weights needs --cpu-mem (search adds it) */
+    uint64_t cpu_mem = w && k ? (cpu + (1u << 20) - 1) >> 20 << 20 : 0;
+    assert_true(model_fits("micro-janus", exact, c, &g2, &c2, &a2));
+    assert_int_equal(a2, g2);
+    if (!really_fits(exact, cpu_mem, c))
+        fail_msg("weights %u,%u,%u batch %d micro %d kv %u ipp %d: the model fits %llu bytes, "
+                 "creation failed: %s", c->wpct[0], c->wpct[1], c->wpct[2], c->batch, c->micro,
+                 c->kvpct[0], c->images_per_prompt, (unsigned long long)gpu,
+                 flexdiag_last_error(NULL));
+    assert_false(model_fits("micro-janus", exact - 4096, c, &g2, &c2, &a2));
+    if (really_fits(exact - 4096, cpu_mem, c))
+        fail_msg("weights %u,%u,%u batch %d micro %d kv %u ipp %d: created with 4 KiB less than "
+                 "the model's %llu bytes", c->wpct[0], c->wpct[1], c->wpct[2], c->batch,
+                 c->micro, c->kvpct[0], c->images_per_prompt, (unsigned long long)gpu);
+}
+
 static void test_verdicts(void **state) {
     (void)state;
     static const uint32_t wp[3][3] = {{100, 0, 0}, {50, 50, 0}, {0, 100, 0}};
     static const uint32_t kv[2][3] = {{100, 0, 0}, {50, 50, 0}};
-    const uint64_t big = (uint64_t)1 << 30;
     int checked = 0;
     for (int w = 0; w < 3; w++)
         for (int32_t b = 1; b <= 8; b *= 2)
@@ -106,27 +129,25 @@ static void test_verdicts(void **state) {
                         memcpy(c.kvpct, kv[k], sizeof c.kvpct);
                         flexdiag_policy_params_init(&c.policy);
                         if (pol == 1) c.policy.kind = FLEXDIAG_POLICY_DIAGONAL, c.policy.sparsity = 0.75;
-                        uint64_t gpu, cpu, avail, g2, c2, a2;
-                        model_fits("micro-janus", big, &c, &gpu, &cpu, &avail);
-                        uint64_t exact = big - (avail - gpu); /* leaves exactly gpu available */
-                        /* a KV home beside split weights needs --cpu-mem (search adds it) */
-                        uint64_t cpu_mem = w && k ? (cpu + (1u << 20) - 1) >> 20 << 20 : 0;
-                        assert_true(model_fits("micro-janus", exact, &c, &g2, &c2, &a2));
-                        assert_int_equal(a2, g2);
-                        if (!really_fits(exact, cpu_mem, &c))
-                            fail_msg("weights %u,%u,%u batch %d micro %d kv %u: the model fits "
-                                     "%llu bytes, creation failed: %s", c.wpct[0], c.wpct[1],
-                                     c.wpct[2], c.batch, c.micro, c.kvpct[0],
-                                     (unsigned long long)gpu, flexdiag_last_error(NULL));
-                        assert_false(model_fits("micro-janus", exact - 4096, &c, &g2, &c2, &a2));
-                        if (really_fits(exact - 4096, cpu_mem, &c))
-                            fail_msg("weights %u,%u,%u batch %d micro %d kv %u: created with "
-                                     "4 KiB less than the model's %llu bytes", c.wpct[0],
-                                     c.wpct[1], c.wpct[2], c.batch, c.micro, c.kvpct[0],
-                                     (unsigned long long)gpu);
+                        check_verdict(&c, w, k);
                         checked++;
                     }
     assert_true(checked >= 40);
+    /* shared prompt KV (--images-per-prompt): its prompt store and ring-only blocks, dense and
+     * Diagonal, with and without micro-batches */
+    for (int pol = 0; pol < 2; pol++)
+        for (int split = 0; split < 2; split++) {
+            cm_config c = {.batch = 8, .micro = split ? 4 : 0, .prompt_len = 20,
+                           .wpct = {100, 0, 0}, .kvpct = {100, 0, 0}, .images_per_prompt = 4};
+            flexdiag_policy_params_init(&c.policy);
+            if (pol == 1) c.policy.kind = FLEXDIAG_POLICY_DIAGONAL, c.policy.sparsity = 0.75;
+            check_verdict(&c, 0, 0);
+            uint64_t shared, unshared, cpu, avail;
+            model_fits("micro-janus", (uint64_t)1 << 30, &c, &shared, &cpu, &avail);
+            c.images_per_prompt = 1;
+            model_fits("micro-janus", (uint64_t)1 << 30, &c, &unshared, &cpu, &avail);
+            assert_true(shared < unshared); /* one copy of each prompt's rows */
+        }
 }
 
 /* The contents of file name in this run's folder (the output of a command run there). */
