@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -281,6 +282,31 @@ static void test_min_fidelity(void **state) {
     free(model);
 }
 
+/* Without --cpu-mem the search keeps every configuration within three quarters of this
+ * machine's memory: Janus-Pro-7B at 12G (its weights split) would otherwise offer KV homes of
+ * hundreds of GB (466 GiB here with --cpu-mem 1000G), which no run could pin. */
+static void test_host_limit(void **state) {
+    (void)state;
+    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch janus-pro-7b "
+                       "--random-weights --gpu-mem 12G --profile p.json --policies dense,diagonal "
+                       "--max-sparsity 0.95 --top 1000 --json >hl.out 2>hl.err", g_dir, g_bench);
+    assert_int_equal(rc, 0);
+    double limit = 0.75 * (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    char *out = read_output("hl.out");
+    int rows = 0, homes = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), rows++) {
+        json_t *r = json_loads(line, 0, NULL);
+        assert_non_null(r);
+        double cpu = (double)json_integer_value(json_object_get(r, "cpu_bytes"));
+        if (cpu > limit) fail_msg("candidate %d pins %.0f bytes, over %.0f", rows + 1, cpu, limit);
+        homes += json_integer_value(json_array_get(json_object_get(r, "kv"), 1)) > 0;
+        json_decref(r);
+    }
+    free(out);
+    assert_true(rows > 0);
+    assert_true(homes > 0); /* host KV homes were offered, within the limit */
+}
+
 /* With a host read rate in the profile the search offers CPU attention for the host KV homes of
  * dense (never for Diagonal, whose state lives next to the device's attention), with flags
  * that `bench` runs. */
@@ -439,6 +465,7 @@ int main(void) {
         cmocka_unit_test(test_min_fidelity),
         cmocka_unit_test(test_largest_batch),
         cmocka_unit_test(test_disk_tier),
+        cmocka_unit_test(test_host_limit),
         cmocka_unit_test(test_cpu_attention),
         cmocka_unit_test(test_kv_rates),
     };
