@@ -157,8 +157,8 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
     }
     att /= steps > 0 ? steps : 1;
     /* attended rows summed over the sequences: a Lumina unconditional row's prompt is 3 ids;
-     * shared prompt KV is read once per distinct prompt row (the cascade), but each sequence
-     * still scores it */
+     * the bound reads shared prompt KV once per distinct prompt row (what a cascade would),
+     * while each sequence still scores it */
     double att_rows = (c->row_len ? row->batch * (lp + 3.0) : rows * lp) + rows * att;
     double read_rows = c->n_pre && c->n_pf > 0 ? (double)c->n_pf * lp + rows * att : att_rows;
     double kv_read = l->layers * read_rows * 2 * dkv * ab;

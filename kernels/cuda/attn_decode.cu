@@ -23,11 +23,11 @@
  * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
  * (acc, m, l) to the stream's workspace (stream-ordered scratch), merged by a second kernel.
  * Cascade (opt-in, FLEXDIAG_CASCADE=1; shared prompt KV with the caller's plan, prompts read
- * by >= 2 sequences on average): a first kernel attends each prompt-only block once per tile of the query rows
- * that share it (its K / V in shared memory, one key per lane) and leaves each row's
- * (acc, m, l) in the workspace; the
- * decode kernel then walks the ring keys only and folds that partial into its result by the
- * log-sum-exp rule, so the prompt rows are read once per group instead of once per sequence.
+ * by >= 2 sequences on average): a first kernel attends each prompt-only block once per tile
+ * of the query rows that share it (its K / V in shared memory, one key per lane) and leaves
+ * each row's (acc, m, l) in the workspace; the decode kernel then walks the ring keys only and
+ * folds that partial into its result by the log-sum-exp rule, so the prompt rows are read once
+ * per group instead of once per sequence.
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
  * and a slot outside the ring masks its key (logit -inf, no load), so bad metadata never
  * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
@@ -738,7 +738,8 @@ static size_t part_bytes(const flexdiag_attn_args *a, int64_t per_row) {
  * the short ring-only lists as latency-bound as the longer ones. */
 static bool decode_cascade(const flexdiag_attn_args *a, const flexdiag_stream *s) {
     const char *env = getenv("FLEXDIAG_CASCADE");
-    return env && !strcmp(env, "1") && a->prefix && a->casc_seq && a->casc_tile && a->pre_cap > 0 &&
+    return env && !strcmp(env, "1") && a->prefix && a->casc_seq && a->casc_tile &&
+           a->pre_cap > 0 &&
            a->n_casc_tiles == flexdiag__cascade_tiles(a->n_seq, a->n_pre, a->h_q / a->h_kv) &&
            a->n_casc_tiles > 0 && a->n_seq >= 2 * (int64_t)a->n_pre && s->workspace &&
            flexdiag__round256(part_bytes(a, 1)) <= s->workspace_bytes;
@@ -758,11 +759,17 @@ static int decode_splits(const flexdiag_attn_args *a, const flexdiag_stream *s, 
     return (int)splits;
 }
 
+/* The calls of head size D: the cascade's prompt kernel first (when p.pre_part is set), then
+ * the decode kernel (+ merge). */
 template <int D>
-static void prefix_launch(const flexdiag_attn_args *a, cudaStream_t st, const void *qkv,
-                          const decode_params &p) {
-    const dim3 grid((unsigned)a->n_casc_tiles, (unsigned)a->h_kv);
-    attn_prefix_kernel<D><<<grid, DEC_THREADS, 0, st>>>((const uint4 *)qkv, p);
+static void decode_launch_d(const flexdiag_attn_args *a, int G, dim3 grid, cudaStream_t st,
+                            void *out, const void *qkv, const void *k, const void *v,
+                            const decode_params &p, int64_t n_rows, int64_t keys) {
+    if (p.pre_part) {
+        const dim3 pg((unsigned)a->n_casc_tiles, (unsigned)a->h_kv);
+        attn_prefix_kernel<D><<<pg, DEC_THREADS, 0, st>>>((const uint4 *)qkv, p);
+    }
+    decode_launch_g<D>(G, grid, st, out, qkv, k, v, p, n_rows, keys);
 }
 
 /* out (n_seq, h_q·d_h) bf16; qkv (n_seq, (h_q + 2·h_kv)·d_h) bf16; k, v caches (kernels.h);
@@ -823,22 +830,10 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
     const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
     const int64_t keys = (list + splits - 1) / splits;
     switch (a->d_h) {
-    case 16:
-        if (cascade) prefix_launch<16>(a, s->stream, qkv, p);
-        decode_launch_g<16>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
-        break;
-    case 32:
-        if (cascade) prefix_launch<32>(a, s->stream, qkv, p);
-        decode_launch_g<32>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
-        break;
-    case 64:
-        if (cascade) prefix_launch<64>(a, s->stream, qkv, p);
-        decode_launch_g<64>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
-        break;
-    default:
-        if (cascade) prefix_launch<128>(a, s->stream, qkv, p);
-        decode_launch_g<128>(G, grid, s->stream, out, qkv, k, v, p, n_rows, keys);
-        break;
+    case 16: decode_launch_d<16>(a, G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
+    case 32: decode_launch_d<32>(a, G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
+    case 64: decode_launch_d<64>(a, G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
+    default: decode_launch_d<128>(a, G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;
     }
     FLEXDIAG_CUDA_LAUNCH_CHECK(s->stream);
     return FLEXDIAG_OK;

@@ -30,13 +30,13 @@
 
 static size_t al(size_t x) { return (x + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN; }
 
-/* Assign buffer pointers inside base (when non-NULL) and return the total size: the engine's
- * buffers, then the policy driver's. */
 int32_t flexdiag__casc_tiles(const flexdiag_context *c, int32_t nb) {
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     return c->n_pre ? flexdiag__cascade_tiles(nb, c->n_pre, l->heads / l->kv_heads) : 0;
 }
 
+/* Assign buffer pointers inside base (when non-NULL) and return the total size: the engine's
+ * buffers, then the policy driver's. */
 static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
