@@ -5,8 +5,9 @@
  * Through the runtime's op table, as the engine moves and computes: pinned H2D and D2H copies
  * on a copy stream at four transfer sizes and a KV home's strided load, the device copy rate (bytes read + written), bf16
  * GEMM rates for six row counts n of (n, k) x (k, 4k), the host memory read rate and the CPU
- * attention kernel's, and with --offload-dir the store's O_DIRECT read rate at the scheduler's
- * request size and queue depth. On the CPU backend the
+ * attention kernel's, the time of one small op (launched directly and replayed from a launch
+ * graph: what the engine's norms, activations and KV appends cost beyond their bytes), and with
+ * --offload-dir the store's O_DIRECT read rate at the scheduler's request size and queue depth. On the CPU backend the
  * "device" is host memory, so every rate is the CPU's. Buffers come from the device budget.
  * Progress goes to stderr, the file path to stdout.
  */
@@ -192,6 +193,57 @@ static int measure_gemms(flexdiag_runtime *rt, cm_profile *p) {
     return 1;
 }
 
+/* ---- small ops ---- */
+
+#define OP_CHAIN 64 /* small ops per timed chain */
+
+/* Seconds per op of a chain of OP_CHAIN swiglu ops over one 1024-wide row on rt's stream,
+ * replayed from a launch graph (graph 1; the backend has graphs) or launched one by one. */
+static double time_op_chain(flexdiag_runtime *rt, void *out, const void *gu, int graph) {
+    const flexdiag_kernels *k = rt->k;
+    void *g = NULL;
+    if (graph) {
+        flexdiag_status st = k->graph_begin(rt->s);
+        for (int i = 0; st == FLEXDIAG_OK && i < OP_CHAIN; i++)
+            st = k->swiglu(out, gu, 1, 1024, rt->s);
+        flexdiag_status st2 = k->graph_end(rt->s, &g);
+        if (st != FLEXDIAG_OK || st2 != FLEXDIAG_OK) {
+            if (g) k->graph_destroy(g);
+            return -1;
+        }
+    }
+    double t0 = 0;
+    flexdiag_status st = FLEXDIAG_OK;
+    for (int i = 0; st == FLEXDIAG_OK && i <= REPS; i++) {
+        if (i == 1 && (st = k->stream_sync(rt->s)) != FLEXDIAG_OK) break;
+        if (i == 1) t0 = flexdiag__now();
+        if (graph) st = k->graph_launch(g, rt->s);
+        for (int j = 0; !graph && st == FLEXDIAG_OK && j < OP_CHAIN; j++)
+            st = k->swiglu(out, gu, 1, 1024, rt->s);
+    }
+    if (st == FLEXDIAG_OK) st = k->stream_sync(rt->s);
+    if (g) k->graph_destroy(g);
+    return st == FLEXDIAG_OK ? (flexdiag__now() - t0) / (REPS * OP_CHAIN) : -1;
+}
+
+static int measure_ops(flexdiag_runtime *rt, cm_profile *p) {
+    const flexdiag_kernels *k = rt->k;
+    size_t ab = (size_t)k->act_bytes;
+    void *gu = NULL, *out = NULL;
+    flexdiag_status st = flexdiag__arena_alloc(&rt->arena, 2048 * ab, "the profile's small ops", &gu);
+    if (st == FLEXDIAG_OK) st = flexdiag__arena_alloc(&rt->arena, 1024 * ab, "the profile's small ops", &out);
+    if (st == FLEXDIAG_OK) st = fill_act(rt, gu, 2048);
+    double e = st == FLEXDIAG_OK ? time_op_chain(rt, out, gu, 0) : -1;
+    double g = e > 0 && k->graph_begin ? time_op_chain(rt, out, gu, 1) : -1;
+    flexdiag__arena_free(&rt->arena, gu, 2048 * ab);
+    flexdiag__arena_free(&rt->arena, out, 1024 * ab);
+    p->op_eager = e > 0 ? e : 0;
+    p->op_graph = g > 0 ? g : p->op_eager; /* no graphs: the engine launches op by op */
+    if (e > 0) return 0;
+    fprintf(stderr, "flexdiag profile: small-op time not measured: %s\n", flexdiag__err_msg());
+    return 1;
+}
+
 /* ---- disk ---- */
 
 /* Submit and wait one batch of n requests of op over [at, at + n·req) through buf. */
@@ -257,7 +309,7 @@ static int profile(const prof_opts *o) {
     bench_device_name(rt, p.device, sizeof p.device);
     snprintf(p.backend, sizeof p.backend, "%s", rt->k->name);
     double t0 = flexdiag__now();
-    int rc = measure_copies(rt, &p) || measure_gemms(rt, &p);
+    int rc = measure_copies(rt, &p) || measure_gemms(rt, &p) || measure_ops(rt, &p);
     if (!rc) {
         progress("host memory read", 0, 2);
         rc = bench_host_read_rate(rt, &p.host_read);
@@ -276,10 +328,11 @@ static int profile(const prof_opts *o) {
     if (!rc) rc = cm_profile_write(&p, path);
     if (rc) return 1;
     fprintf(stderr, "flexdiag profile: %s (%s) measured in %.1f s: H2D %.2f GB/s, copy %.1f "
-            "GB/s, KV load %.2f GB/s, GEMM %.1f GFLOP/s at %g rows, host read %.1f GB/s, CPU "
-            "attention %.1f GB/s%s\n",
-            p.device, p.backend, flexdiag__now() - t0, p.h2d[CM_COPY_SIZES - 1] / 1e9, p.kv_h2d / 1e9,
-            p.hbm / 1e9, p.gemm[CM_GEMM_ROWS - 1] / 1e9, p.gemm_rows[CM_GEMM_ROWS - 1],
+            "GB/s, KV load %.2f GB/s, GEMM %.1f GFLOP/s at %g rows, small op %.2f us (%.2f us "
+            "from a graph), host read %.1f GB/s, CPU attention %.1f GB/s%s\n",
+            p.device, p.backend, flexdiag__now() - t0, p.h2d[CM_COPY_SIZES - 1] / 1e9,
+            p.hbm / 1e9, p.kv_h2d / 1e9, p.gemm[CM_GEMM_ROWS - 1] / 1e9,
+            p.gemm_rows[CM_GEMM_ROWS - 1], 1e6 * p.op_eager, 1e6 * p.op_graph,
             p.host_read / 1e9, p.host_attn / 1e9,
             o->offload_dir ? "" : "; no disk rate (no --offload-dir)");
     printf("%s\n", path);

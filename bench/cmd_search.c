@@ -36,7 +36,7 @@ typedef struct search_opts {
     cli_model_opts mo;
     const char *policies, *profile;
     double max_sparsity, min_fidelity;
-    int64_t prompt_len, gen_len, max_batch, weight_step, top, measure, per_prompt;
+    int64_t prompt_len, gen_len, max_batch, weight_step, top, measure, per_prompt, steps;
     int json;
 } search_opts;
 
@@ -45,6 +45,8 @@ typedef struct cand {
     cm_memory mem;
     cm_time t;
     double rate; /* img/s (images) or tok/s (text): the ranking key */
+    double proj;   /* img/s over --steps tokens as the bench projects it (no --steps: t.img_s) */
+    int32_t steps; /* --steps (0: whole images) */
 } cand;
 
 /* Top-1 agreement with dense of one (policy, sparsity), from `bench fidelity --model`. */
@@ -90,6 +92,12 @@ static void try_one(search *s, const cm_config *c) {
     if (s->o->mo.disk_mem && k.mem.disk > s->o->mo.disk_mem) return;
     if (cm_predict(&s->cm, c, &s->prof, &k.t) != FLEXDIAG_OK || !(k.t.img_s > 0)) return;
     k.rate = s->text ? k.t.tok_s : k.t.img_s;
+    k.proj = k.t.img_s;
+    cm_config w = *c;
+    w.steps = (int32_t)s->o->steps;
+    cm_time tw;
+    if (w.steps && cm_predict(&s->cm, &w, &s->prof, &tw) == FLEXDIAG_OK) k.proj = tw.img_s;
+    k.steps = w.steps;
     s->v[s->n++] = k;
 }
 
@@ -346,7 +354,7 @@ static void print_json(FILE *out, int i, const cand *k, const char *flags, doubl
     const cm_config *c = &k->c;
     json_t *o = json_pack(
         "{s:i,s:s,s:f,s:i,s:i,s:[i,i,i],s:[i,i,i],s:b,s:i,s:f,s:f,s:f,s:f,s:f,s:s,s:I,s:I,s:I,"
-        "s:s}",
+        "s:s,s:f,s:I}",
         "rank", i + 1, "policy", flexdiag_policy_name(c->policy.kind), "sparsity",
         c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0.0 : c->policy.sparsity, "batch", c->batch,
         "micro_batch", c->micro ? c->micro : c->batch, "weights", c->wpct[0], c->wpct[1],
@@ -355,7 +363,8 @@ static void print_json(FILE *out, int i, const cand *k, const char *flags, doubl
         "pred_img_per_s", k->t.img_s, "pred_tok_per_s", k->t.tok_s, "pred_step_ms",
         1e3 * k->t.step_s, "pred_prefill_s", k->t.prefill_s, "measured_img_per_s", measured,
         "bound", k->t.bound, "gpu_bytes", (json_int_t)k->mem.gpu, "cpu_bytes",
-        (json_int_t)k->mem.cpu, "disk_bytes", (json_int_t)k->mem.disk, "flags", flags);
+        (json_int_t)k->mem.cpu, "disk_bytes", (json_int_t)k->mem.disk, "flags", flags,
+        "pred_measured_img_per_s", k->proj, "measure_steps", (json_int_t)k->steps);
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (line) fprintf(out, "%s\n", line);
     free(line);
@@ -364,17 +373,20 @@ static void print_json(FILE *out, int i, const cand *k, const char *flags, doubl
 
 /* ---- --measure ---- */
 
-/* img/s of `flexdiag-bench bench <flags>` (this executable) read from its --json row; -1 after
- * a message when the run failed. The child's table goes to stderr. */
-static double measure_one(const char *flags) {
+/* img/s of `flexdiag-bench bench <flags>` (this executable) read from its --json row, run over
+ * `steps` tokens per image when > 0 (the bench projects the whole image), without the bench's
+ * profiling pass (its GEMM / attention split is not what the search compares); -1 after a
+ * message when the run failed. The child's table goes to stderr. */
+static double measure_one(const char *flags, int64_t steps) {
     char tmp[] = "/tmp/flexdiag-search-XXXXXX";
     int fd = mkstemp(tmp);
     if (fd < 0) return -1;
     close(fd);
     unlink(tmp);
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'/proc/%ld/exe' %s --json '%s' 1>&2", (long)getpid(),
-             flags + strlen("flexdiag "), tmp);
+    char cmd[8192], win[64] = "";
+    if (steps > 0) snprintf(win, sizeof win, " --steps %lld", (long long)steps);
+    snprintf(cmd, sizeof cmd, "'/proc/%ld/exe' %s%s --profile-steps 0 --json '%s' 1>&2",
+             (long)getpid(), flags + strlen("flexdiag "), win, tmp);
     int rc = system(cmd);
     json_t *row = rc == 0 ? json_load_file(tmp, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
     unlink(tmp);
@@ -416,13 +428,17 @@ static int measure_cands(const search_opts *o, FILE *in) {
     free(line);
     for (int i = 0; i < n; i++) {
         const char *flags = json_string_value(json_object_get(c[i], "flags"));
-        double m = i < o->measure && flags ? measure_one(flags) : 0;
+        double m = i < o->measure && flags ? measure_one(flags, o->steps) : 0;
         json_object_set_new(c[i], "measured_img_per_s", json_real(m));
     }
+    char win[96] = "";
+    if (o->steps > 0)
+        snprintf(win, sizeof win, " (projected from %lld tokens)", (long long)o->steps);
     if (!o->json && n)
-        printf("\n| # | predicted img/s | measured img/s | measured / predicted |\n|---|---|---|---|\n");
+        printf("\n| # | predicted img/s%s | measured img/s%s | measured / predicted |\n"
+               "|---|---|---|---|\n", win, win);
     for (int i = 0; i < n; i++) {
-        double p = json_number_value(json_object_get(c[i], "pred_img_per_s"));
+        double p = json_number_value(json_object_get(c[i], "pred_measured_img_per_s"));
         double m = json_number_value(json_object_get(c[i], "measured_img_per_s"));
         char *s = o->json ? json_dumps(c[i], JSON_COMPACT) : NULL;
         if (s) printf("%s\n", s);
@@ -535,6 +551,7 @@ static int check_flags(const search_opts *o) {
         {"--weight-step", o->weight_step, 1, 100, "percent of the layer weights"},
         {"--top", o->top, 1, MAX_TOP, NULL},
         {"--measure", o->measure, 0, 1000, NULL},
+        {"--steps", o->steps, 0, INT32_MAX, "0 = whole images"},
         {"--threads", o->mo.threads, 0, 1024, "0 = all cores"},
     };
     if (o->min_fidelity > 0 && !o->mo.model) {
@@ -570,6 +587,10 @@ int flexdiag_cmd_search(int argc, char **argv) {
         {"--top", CLI_INT, &o.top, "candidates printed (default 5)"},
         {"--profile", CLI_STR, &o.profile, "profile file (default: flexdiag profile's)"},
         {"--measure", CLI_INT, &o.measure, "run the top K through flexdiag bench (default 0)"},
+        {"--steps", CLI_INT, &o.steps,
+         "--measure: tokens per image the measured runs take and the predictions beside them "
+         "average over, as `bench --steps` projects (default all; the ranking stays on whole "
+         "images)"},
         {"--json", CLI_FLAG, &o.json, "one JSON object per candidate on stdout"},
     };
     int rc = cli_parse("search", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));

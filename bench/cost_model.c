@@ -218,12 +218,15 @@ typedef struct shape {
     double layer_params, head_params; /* weights (elements) */
     double dq, dkv, ab;               /* query and KV widths, activation bytes */
     double streamed, disk;            /* bytes per layer: H2D weights, disk weights */
+    double ew_bytes;                  /* bytes the small ops read and write per row and layer */
+    double ops_s;                     /* seconds of a layer's small ops, per micro-batch */
     int32_t l_dec, rpi, ring, mb_seq, n_mb, host_mb, disk_mb, rows;
     int32_t kv_heads;
     flexdiag_kvp_params kp;
 } shape;
 
-static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, shape *s) {
+static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, const cm_profile *p,
+                                shape *s) {
     const flexdiag_model_config *m = &cm->m.cfg;
     const flexdiag_lm_config *l = &m->lm;
     double d = l->hidden;
@@ -235,6 +238,18 @@ static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, shape *s
                          ? (double)m->head_dim_mid * (d + m->image_vocab) + m->aligner_depth * d * d
                          : (double)(m->arch == FLEXDIAG_ARCH_CHAMELEON && !c->gen_len
                                         ? m->image_vocab : l->vocab) * d;
+    /* The small ops of a layer (runtime/engine/layer.c): two norms, Chameleon's q/k norm,
+     * kv_append (RoPE in it), the decode attention launch and the activation; their bytes per
+     * row: each norm reads and writes d, q/k/v are read and the K/V row and rotated q written,
+     * attention reads q and writes its output, SwiGLU reads 2 ffn and writes ffn (ReLU 2 ffn).
+     * The residual adds are the GEMMs' accumulation. A configuration the resident scheduler
+     * runs (everything on the device) replays a recorded step graph; the rest launch op by op. */
+    double qkv = s->dq + 2 * s->dkv;
+    int ops = 5 + (l->qk_rows > 0);
+    s->ew_bytes = (4 * d + 2 * qkv + 2 * s->dq + (l->relu_mlp ? 2 : 3) * (double)l->ffn +
+                   (l->qk_rows > 0 ? 2 * qkv : 0)) * s->ab;
+    int resident = c->wpct[0] == 100 && c->kvpct[0] == 100;
+    s->ops_s = ops * (resident ? p->op_graph : p->op_eager);
     flexdiag_wcut cut;
     FLEXDIAG_TRY(flexdiag__weights_plan(m, c->wpct, NULL, &cut));
     s->streamed = (double)(cut.layer_bytes - cut.cut[0]);
@@ -270,8 +285,10 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     double kv_read = mb * (c->prompt_len + att) * row_b;
     double host = c->cpu_attention ? s->host_mb : 0; /* micro-batches the host attends */
     double below = s->host_mb + s->disk_mb;           /* KV homed off the device */
-    t4[0] = s->n_mb * gemm_s(p, mb, 2 * mb * s->layer_params) +
-            (s->n_mb - host) * (p->hbm > 0 ? 2 * kv_read / p->hbm : 0);
+    /* attention reads the attended rows once; hbm counts bytes read + written per second */
+    t4[0] = s->n_mb * (gemm_s(p, mb, 2 * mb * s->layer_params) + s->ops_s +
+                       (p->hbm > 0 ? mb * s->ew_bytes / p->hbm : 0)) +
+            (s->n_mb - host) * (p->hbm > 0 ? kv_read / p->hbm : 0);
     double kv_in = (below - host) * mb * (c->prompt_len + att) * row_b; /* attended rows */
     double kv_out = (below - host) * mb * (evict_any ? res : 1) * row_b;
     double up = host * mb * s->dq * s->ab, down = host * mb * (s->dq + 2 * s->dkv) * s->ab;
@@ -298,7 +315,8 @@ static double prefill_layer(const cm_config *c, const cm_profile *p, const shape
     double tok = (double)s->mb_seq * c->prompt_len, lp = c->prompt_len;
     double t4[CM_RES] = {0};
     t4[0] = s->n_mb * (gemm_s(p, fmin(tok, 4096), 2 * tok * s->layer_params) +
-                       gemm_s(p, fmin(tok, 4096), 2 * s->mb_seq * lp * lp * s->dq));
+                       gemm_s(p, fmin(tok, 4096), 2 * s->mb_seq * lp * lp * s->dq) + s->ops_s +
+                       (p->hbm > 0 ? tok * s->ew_bytes / p->hbm : 0));
     t4[1] = copy_s(p, 0, s->streamed, s->streamed);
     double below = s->host_mb + s->disk_mb;
     double kv_out = below * (double)s->mb_seq * lp * 2 * s->dkv * s->ab;
@@ -312,9 +330,10 @@ flexdiag_status cm_predict(const cm_model *cm, const cm_config *c, const cm_prof
                            cm_time *out) {
     memset(out, 0, sizeof *out);
     shape s;
-    FLEXDIAG_TRY(shape_of(cm, c, &s));
+    FLEXDIAG_TRY(shape_of(cm, c, p, &s));
     double L = cm->m.cfg.lm.layers, sum = 0, acc[CM_RES] = {0};
-    int32_t n = s.l_dec > 1 ? s.l_dec - 1 : 1;
+    int32_t run = c->steps > 0 && c->steps < s.l_dec ? c->steps : s.l_dec; /* bench --steps */
+    int32_t n = run > 1 ? run - 1 : 1;
     for (int32_t t = 0; t < n; t++) {
         double t4[CM_RES];
         decode_layer(c, p, &s, t, t4);
@@ -373,7 +392,8 @@ static int make_parent(const char *path) {
 }
 
 int cm_profile_write(const cm_profile *p, const char *path) {
-    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:f,s:o,s:o,s:I,s:f,s:i,s:f,s:f,s:f}",
+    json_t *o = json_pack("{s:i,s:s,s:s,s:o,s:o,s:o,s:f,s:f,s:o,s:o,s:I,s:f,s:i,s:f,s:f,s:f,s:f,"
+                          "s:f}",
                           "version", 1,
                           "device", p->device, "backend", p->backend, "copy_bytes",
                           num_array(p->copy_bytes, CM_COPY_SIZES), "h2d_Bps",
@@ -384,7 +404,7 @@ int cm_profile_write(const cm_profile *p, const char *path) {
                           num_array(p->gemm, CM_GEMM_ROWS), "gemm_k", (json_int_t)p->gemm_k,
                           "disk_Bps", p->disk, "disk_qd", p->disk_qd, "disk_req_bytes",
                           p->disk_req, "host_read_Bps", p->host_read, "host_attn_Bps",
-                          p->host_attn);
+                          p->host_attn, "op_eager_s", p->op_eager, "op_graph_s", p->op_graph);
     int rc = !o || make_parent(path) || json_dump_file(o, path, JSON_INDENT(2));
     json_decref(o);
     if (rc) fprintf(stderr, "flexdiag profile: cannot write %s: %s\n", path, strerror(errno));
@@ -423,6 +443,8 @@ static const char *profile_invalid(const cm_profile *p) {
     if (!(isfinite(p->host_read) && p->host_read >= 0)) return "host_read_Bps";
     if (!(isfinite(p->host_attn) && p->host_attn >= 0)) return "host_attn_Bps";
     if (!(isfinite(p->kv_h2d) && p->kv_h2d >= 0)) return "kv_h2d_Bps";
+    if (!(isfinite(p->op_eager) && p->op_eager >= 0 && p->op_eager < 1)) return "op_eager_s";
+    if (!(isfinite(p->op_graph) && p->op_graph >= 0 && p->op_graph < 1)) return "op_graph_s";
     if (!(isfinite(p->disk) && p->disk >= 0) || p->disk_qd < 0 ||
         !(isfinite(p->disk_req) && p->disk_req >= 0))
         return "disk_Bps, disk_qd or disk_req_bytes";
@@ -448,13 +470,16 @@ int cm_profile_read(const char *cmd, const char *path, const char *device, cm_pr
               read_array(json_object_get(o, "d2h_Bps"), p->d2h, CM_COPY_SIZES) ||
               read_array(json_object_get(o, "gemm_rows"), p->gemm_rows, CM_GEMM_ROWS) ||
               read_array(json_object_get(o, "gemm_flops"), p->gemm, CM_GEMM_ROWS);
-    const json_t *hr = json_object_get(o, "host_read_Bps"); /* optional: newer profiles */
-    const json_t *ha = json_object_get(o, "host_attn_Bps"), *kh = json_object_get(o, "kv_h2d_Bps");
-    if ((hr && !json_is_number(hr)) || (ha && !json_is_number(ha)) || (kh && !json_is_number(kh)))
-        bad = 1;
-    if (kh && !bad) p->kv_h2d = json_number_value(kh);
-    if (hr && !bad) p->host_read = json_number_value(hr);
-    if (ha && !bad) p->host_attn = json_number_value(ha);
+    /* optional: fields newer profiles add (0 when absent) */
+    const char *const opt_name[] = {"host_read_Bps", "host_attn_Bps", "kv_h2d_Bps", "op_eager_s",
+                                    "op_graph_s"};
+    double *const opt_val[] = {&p->host_read, &p->host_attn, &p->kv_h2d, &p->op_eager,
+                               &p->op_graph};
+    for (int i = 0; i < (int)(sizeof opt_val / sizeof opt_val[0]); i++) {
+        const json_t *v = json_object_get(o, opt_name[i]);
+        if (v && !json_is_number(v)) bad = 1;
+        else if (v && !bad) *opt_val[i] = json_number_value(v);
+    }
     if (!bad) {
         snprintf(p->device, sizeof p->device, "%s", dev);
         snprintf(p->backend, sizeof p->backend, "%s", be);

@@ -48,6 +48,9 @@ typedef struct cm_profile {
     double host_attn;                    /* KV bytes/s the CPU attention kernel reads with all
                                             threads (the model's CPU attention term; 0 in older
                                             profiles: host_read is used) */
+    double op_eager, op_graph;           /* seconds per small op launched one by one and
+                                            replayed from a launch graph (0 in older profiles:
+                                            no per-op term) */
 } cm_profile;
 
 /* A model without its weights: the config and the placement cut the context sizing reads, on
@@ -70,6 +73,8 @@ typedef struct cm_config {
     int cpu_attention;             /* --cpu-attention: the host attends the host-homed KV */
     int32_t images_per_prompt;     /* --images-per-prompt: images sharing a prompt's KV rows
                                       (0 or 1: none) */
+    int32_t steps;                 /* tokens the prediction averages the decode step over, as
+                                      `bench --steps` projects (0: the whole image) */
 } cm_config;
 
 /* Memory of a configuration per tier, and whether it fits. */

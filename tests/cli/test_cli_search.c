@@ -16,6 +16,7 @@
  * the pinned bytes), its flags run.
  */
 #include <jansson.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -342,8 +343,9 @@ static void test_cpu_attention(void **state) {
 }
 
 /* pred_step_ms of the row (batch 8 in micro-batches of 4, weights on the device, KV on pinned
- * CPU, with or without CPU attention) that `search` ranks with profile prof. */
-static double kv_row_step(const char *prof, int cpu_attention) {
+ * CPU, with or without CPU attention; or, home 0, batch 8 with everything on the device) that
+ * `search` ranks with profile prof. */
+static double row_step(const char *prof, int home, int cpu_attention) {
     int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
                        "--random-weights --gpu-mem 256M --profile %s --max-batch 8 "
                        "--policies dense --top 1000 --json >cs.out 2>cs.err", g_dir, g_bench, prof);
@@ -355,9 +357,9 @@ static double kv_row_step(const char *prof, int cpu_attention) {
         const json_t *w = json_object_get(r, "weights"), *kv = json_object_get(r, "kv");
         if (json_is_true(json_object_get(r, "cpu_attention")) == cpu_attention &&
             json_integer_value(json_object_get(r, "batch")) == 8 &&
-            json_integer_value(json_object_get(r, "micro_batch")) == 4 &&
+            json_integer_value(json_object_get(r, "micro_batch")) == (home ? 4 : 8) &&
             json_integer_value(json_array_get(w, 0)) == 100 &&
-            json_integer_value(json_array_get(kv, 1)) == 100)
+            json_integer_value(json_array_get(kv, home)) == 100)
             ms = json_real_value(json_object_get(r, "pred_step_ms"));
         json_decref(r);
     }
@@ -388,8 +390,49 @@ static void test_kv_rates(void **state) {
     (void)state;
     scaled_profile("host_attn_Bps", 1e-6, "pslow_attn.json");
     scaled_profile("kv_h2d_Bps", 1e-6, "pslow_kv.json");
-    assert_true(kv_row_step("pslow_attn.json", 1) > 10 * kv_row_step("p.json", 1));
-    assert_true(kv_row_step("pslow_kv.json", 0) > 10 * kv_row_step("p.json", 0));
+    assert_true(row_step("pslow_attn.json", 1, 1) > 10 * row_step("p.json", 1, 1));
+    assert_true(row_step("pslow_kv.json", 1, 0) > 10 * row_step("p.json", 1, 0));
+}
+
+/* The profile times one small op launched by itself (op_eager_s) and replayed from a launch
+ * graph (op_graph_s); a configuration with everything on the device replays the engine's step
+ * graph, one with a KV home launches op by op, and each row follows its own figure (a thousand
+ * times the measured one outweighs the rest of the step). */
+static void test_op_rates(void **state) {
+    (void)state;
+    scaled_profile("op_graph_s", 1e3, "pslow_graph.json");
+    scaled_profile("op_eager_s", 1e3, "pslow_eager.json");
+    double res = row_step("p.json", 0, 0), home = row_step("p.json", 1, 0);
+    assert_true(row_step("pslow_graph.json", 0, 0) > 10 * res);
+    assert_true(fabs(row_step("pslow_graph.json", 1, 0) - home) <= 1e-9 * home);
+    assert_true(row_step("pslow_eager.json", 1, 0) > 10 * home);
+    assert_true(fabs(row_step("pslow_eager.json", 0, 0) - res) <= 1e-9 * res);
+}
+
+/* --measure with --steps N: the measured runs take N tokens per image (the bench projects the
+ * whole image and says so) and the prediction beside them averages the same N tokens, which
+ * for dense (attention growing with the image) is a faster projection than the whole image's;
+ * the ranking stays on whole images. */
+static void test_measure_steps(void **state) {
+    (void)state;
+    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
+                       "--random-weights --gpu-mem 256M --profile p.json --policies dense "
+                       "--max-batch 4 --top 1 --measure 1 --steps 3 --json >ms.out 2>ms.err",
+                       g_dir, g_bench);
+    assert_int_equal(rc, 0);
+    char *out = read_output("ms.out");
+    json_t *r = json_loads(out, JSON_DISABLE_EOF_CHECK, NULL);
+    assert_non_null(r);
+    assert_int_equal(json_integer_value(json_object_get(r, "measure_steps")), 3);
+    double whole = json_real_value(json_object_get(r, "pred_img_per_s"));
+    double proj = json_real_value(json_object_get(r, "pred_measured_img_per_s"));
+    assert_true(whole > 0 && proj > whole);
+    assert_true(json_real_value(json_object_get(r, "measured_img_per_s")) > 0);
+    json_decref(r);
+    free(out);
+    char *err = read_output("ms.err");
+    assert_non_null(strstr(err, "(proj.)")); /* the bench's row: 3 of the image's tokens */
+    free(err);
 }
 
 /* --offload-dir adds disk placements (all of the off-GPU weights on disk, or half; the KV of
@@ -468,6 +511,8 @@ int main(void) {
         cmocka_unit_test(test_host_limit),
         cmocka_unit_test(test_cpu_attention),
         cmocka_unit_test(test_kv_rates),
+        cmocka_unit_test(test_op_rates),
+        cmocka_unit_test(test_measure_steps),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tu_rmtree(g_dir);

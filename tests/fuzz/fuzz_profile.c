@@ -8,7 +8,8 @@
  *   - a failure returns 1 (or 2 for another device's profile, which parsed), leaves the profile
  *     zeroed (1) and prints one line naming the file;
  *   - a success prints nothing and gives a profile the cost model can divide by: every rate
- *     finite and > 0, sample sizes increasing, disk figures >= 0, and the device the file names.
+ *     finite and > 0, sample sizes increasing, disk figures and the optional rates (host read,
+ *     CPU attention, KV load, small-op seconds under 1) >= 0, and the device the file names.
  *
  * The same entry point is replayed over tests/fuzz/corpus/profile by replay.c in the 'format'
  * suite.
@@ -40,6 +41,11 @@ static void check_usable(const cm_profile *p, const char *out) {
     }
     FUZZ_CHECK(isfinite(p->hbm) && p->hbm > 0 && p->gemm_k >= 1, "hbm or gemm_k");
     FUZZ_CHECK(isfinite(p->disk) && p->disk >= 0 && p->disk_qd >= 0 && p->disk_req >= 0, "disk");
+    /* optional fields: absent reads as 0 (no term), present ones finite and >= 0 */
+    const double opt[] = {p->host_read, p->host_attn, p->kv_h2d, p->op_eager, p->op_graph};
+    for (int i = 0; i < (int)(sizeof opt / sizeof opt[0]); i++)
+        FUZZ_CHECK(isfinite(opt[i]) && opt[i] >= 0, "optional rate");
+    FUZZ_CHECK(p->op_eager < 1 && p->op_graph < 1, "small-op seconds");
 }
 
 static void check_failure(int rc, const cm_profile *p, const char *out) {
