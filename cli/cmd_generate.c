@@ -4,7 +4,8 @@
  * Runs through the public API only (runtime -> model -> context -> flexdiag_generate), so the
  * CLI exercises what embedders get. Without --model the builtin tiny-janus model (seeded random
  * weights, noise images) runs anywhere. Image i of the job is sample i % N of prompt i / N.
- * Images are generated block by block: one flexdiag_generate call per --batch images with
+ * Images are generated block by block: one flexdiag_generate call per --batch images (auto, the
+ * default with a device budget: the largest block that fits, evened over the job) with
  * first_image = the block's first index; sampling is keyed by (seed, image index, step), so
  * the images do not depend on --batch. After each block: decode (flexdiag_decode_images, a few
  * images at a time), convert to uint8 and hand each image to gen_out.c (PNG, results.jsonl,
@@ -261,13 +262,19 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cli_kv_homes(CMD, &r->o->mo, cp);
 }
 
-/* Images per block: --batch N, or auto (the largest context that fits the budget), at most
- * the job's image count. */
 /* Without --batch: the largest block that fits the device budget (auto), or 16 images on the
  * CPU engine, which has no budget unless --gpu-mem gives one. */
 static const char *default_batch(flexdiag_runtime *rt) {
     uint64_t budget = 0;
     return flexdiag_runtime_budget(rt, &budget) == FLEXDIAG_OK && budget ? "auto" : "16";
+}
+
+/* An auto block of at most b images for a job of total: the job in as few blocks as b allows,
+ * of equal size (512 images under a limit of 467 run as 2 x 256, not 467 and a slow 45). */
+static int32_t balanced_block(int32_t b, int64_t total) {
+    if (b >= total) return (int32_t)total;
+    int64_t blocks = (total + b - 1) / b;
+    return (int32_t)((total + blocks - 1) / blocks);
 }
 
 static int pick_batch(gen_run *r, flexdiag_runtime *rt, const flexdiag_policy_params *pp) {
@@ -277,6 +284,7 @@ static int pick_batch(gen_run *r, flexdiag_runtime *rt, const flexdiag_policy_pa
     int32_t b = cli_batch(CMD, batch, r->m, &cp);
     if (b < 1) return 2;
     r->batch = (int32_t)(b < r->total ? b : r->total);
+    if (!strcmp(batch, "auto")) r->batch = balanced_block(b, r->total);
     if (!strcmp(batch, "auto") && !r->quiet)
         fprintf(stderr, "flexdiag " CMD ": %s: %d image(s) fit the budget; blocks of %d\n",
                 r->o->batch ? "--batch auto" : "no --batch (the largest block that fits)", b,

@@ -556,7 +556,8 @@ static void test_flags_unique(void **state) {
 }
 
 /* generate without --batch: the largest block that fits when there is a device budget
- * (--gpu-mem here), 16 images on the CPU engine without one. */
+ * (--gpu-mem here), evened over a job that needs more than one, and 16 images on the CPU
+ * engine without a budget. */
 static void test_default_batch(void **state) {
     (void)state;
     assert_int_equal(run("generate --cpu --arch micro-janus --gpu-mem 64M --images-per-prompt 40 "
@@ -570,6 +571,19 @@ static void test_default_batch(void **state) {
                                   "budget; blocks of %u", &fit, &block),
                      2);
     assert_true(fit > 16 && block == 40); /* more than the CPU default, capped by the job */
+    free(err);
+    /* a job larger than the largest block runs in as few blocks, of equal size */
+    assert_int_equal(run("generate --cpu --arch micro-janus --gpu-mem 20M --images-per-prompt 30 "
+                         "--out o2"),
+                     0);
+    err = read_in_dir("err.txt");
+    line = strstr(err, "no --batch (the largest block that fits): ");
+    assert_non_null(line);
+    assert_int_equal(sscanf(line, "no --batch (the largest block that fits): %u image(s) fit the "
+                                  "budget; blocks of %u", &fit, &block),
+                     2);
+    unsigned blocks = (30 + fit - 1) / fit;
+    assert_true(fit >= 15 && fit < 30 && block <= fit && block == (30 + blocks - 1) / blocks);
     free(err);
     assert_int_equal(run("generate --cpu --arch micro-janus --images-per-prompt 20 --out o"), 0);
     err = read_in_dir("err.txt");
