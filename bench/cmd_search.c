@@ -305,10 +305,10 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
     if (c->cpu_attention) at += snprintf(buf + at, n - (size_t)at, " --cpu-attention");
     if (c->images_per_prompt > 1)
         at += snprintf(buf + at, n - (size_t)at, " --images-per-prompt %d", c->images_per_prompt);
-    /* a pool sized by the weights alone has no room for a KV home beside them */
-    uint64_t cpu_mem = o->mo.cpu_mem ? o->mo.cpu_mem
-                       : c->wpct[0] != 100 && c->kvpct[0] != 100 ? (k->mem.cpu + (1u << 20) - 1) >> 20 << 20
-                                                                 : 0;
+    /* a KV home needs a pool (one sized by the weights alone has no room for it beside them):
+     * the configuration's own pinned bytes, not the whole --cpu-mem budget, which the run
+     * would pin in full (minutes for 100 GB on a host whose memory grows as it is touched) */
+    uint64_t cpu_mem = c->kvpct[0] != 100 ? (k->mem.cpu + (1u << 20) - 1) >> 20 << 20 : 0;
     if (cpu_mem) at += snprintf(buf + at, n - (size_t)at, " --cpu-mem %lluK",
                                 (unsigned long long)(cpu_mem >> 10));
     int disk = c->wpct[2] || c->kvpct[2];
