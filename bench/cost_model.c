@@ -261,7 +261,7 @@ static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, const cm
     return FLEXDIAG_OK;
 }
 
-#define CM_RES 5 /* resources of a layer: compute, H2D, D2H, disk, host attention */
+#define CM_RES 6 /* resources of a layer: compute, H2D, D2H, disk, host attention, host memory */
 
 /* Seconds of one layer's resources; returns the layer's time (their max). */
 static double layer_max(const double t[CM_RES]) {
@@ -303,9 +303,14 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     t4[3] = s->disk + kv_disk > 0 ? (p->disk > 0 ? (s->disk + kv_disk) / p->disk : INFINITY) : 0;
     double host_rate = p->host_attn > 0 ? p->host_attn : p->host_read;
     t4[4] = host > 0 ? (host_rate > 0 ? host * kv_read / host_rate : INFINITY) : 0;
+    /* host memory: the copies read and write it while the host attention reads the KV home,
+     * and together they are bound by its bandwidth (OPT-30B on an H100 host: the weights
+     * streamed at 49 GB/s beside 74 GB/s of CPU attention, not at the 55 GB/s link) */
+    double host_bytes = s->streamed + up + kv_in + kv_out + down + host * kv_read;
+    t4[5] = p->host_read > 0 ? host_bytes / p->host_read : 0;
     if (strcmp(p->backend, "cuda") != 0) { /* no device beside the host: the same cores */
         t4[0] += t4[4];
-        t4[4] = 0;
+        t4[4] = t4[5] = 0;
     }
 }
 
@@ -343,7 +348,8 @@ flexdiag_status cm_predict(const cm_model *cm, const cm_config *c, const cm_prof
     double head = gemm_s(p, s.rows, 2.0 * s.rows * s.head_params);
     out->step_s = L * sum / n + head;
     out->prefill_s = L * prefill_layer(c, p, &s) + head;
-    static const char *const names[CM_RES] = {"compute", "h2d", "d2h", "disk", "cpu"};
+    static const char *const names[CM_RES] = {"compute", "h2d", "d2h", "disk", "cpu",
+                                              "host memory"};
     int big = 0;
     for (int i = 0; i < CM_RES; i++) {
         out->layer_ms[i] = 1e3 * acc[i] / n;

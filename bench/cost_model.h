@@ -7,8 +7,8 @@
  * flexdiag__weights_plan, of a context from flexdiag__context_bytes over a model shell (the
  * config and the placement's cut, no weights loaded), against what a runtime created with the
  * same --gpu-mem has available. Time is an overlap model of the tiered scheduler: per layer
- * max(compute, H2D, D2H, disk, host attention), weights streamed one layer ahead on a copy
- * stream.
+ * max(compute, H2D, D2H, disk, host attention, host memory), weights streamed one layer ahead
+ * on a copy stream, the copies and the CPU attention sharing the host's memory bandwidth.
  */
 #ifndef FLEXDIAG_BENCH_COST_MODEL_H
 #define FLEXDIAG_BENCH_COST_MODEL_H
@@ -92,9 +92,10 @@ typedef struct cm_time {
     double step_s;         /* mean decode step */
     double img_s;          /* images (or sequences) per second over a whole block */
     double tok_s;          /* generated tokens per second over a whole block */
-    double layer_ms[5];    /* mean decode step, one layer: compute, H2D, D2H, disk, host
-                              attention */
-    const char *bound;     /* the largest: "compute", "h2d", "d2h", "disk", "cpu" */
+    double layer_ms[6];    /* mean decode step, one layer: compute, H2D, D2H, disk, host
+                              attention, host memory */
+    const char *bound;     /* the largest: "compute", "h2d", "d2h", "disk", "cpu",
+                              "host memory" */
 } cm_time;
 
 /* The shell of model dir (NULL: builtin arch) on rt, with rt's available device bytes and the

@@ -394,6 +394,30 @@ static void test_kv_rates(void **state) {
     assert_true(row_step("pslow_kv.json", 1, 0) > 10 * row_step("p.json", 1, 0));
 }
 
+/* With a device beside the host, the copies and the CPU attention share the host's memory:
+ * a profile (made a CUDA one) whose host read rate is a millionth of the measured one predicts
+ * a longer step for the KV-home rows, with and without CPU attention, and leaves the resident
+ * row alone. On the CPU backend the same cores do everything and the term is not charged. */
+static void test_host_memory(void **state) {
+    (void)state;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/p.json", g_dir);
+    json_t *p = json_load_file(path, 0, NULL);
+    assert_non_null(p);
+    json_object_set_new(p, "backend", json_string("cuda"));
+    snprintf(path, sizeof path, "%s/pcuda.json", g_dir);
+    assert_int_equal(json_dump_file(p, path, 0), 0);
+    double hr = json_real_value(json_object_get(p, "host_read_Bps"));
+    json_object_set_new(p, "host_read_Bps", json_real(hr * 1e-6));
+    snprintf(path, sizeof path, "%s/pcuda_slow.json", g_dir);
+    assert_int_equal(json_dump_file(p, path, 0), 0);
+    json_decref(p);
+    assert_true(row_step("pcuda_slow.json", 1, 1) > 10 * row_step("pcuda.json", 1, 1));
+    assert_true(row_step("pcuda_slow.json", 1, 0) > 10 * row_step("pcuda.json", 1, 0));
+    double res = row_step("pcuda.json", 0, 0);
+    assert_true(fabs(row_step("pcuda_slow.json", 0, 0) - res) <= 1e-9 * res);
+}
+
 /* The profile times one small op launched by itself (op_eager_s) and replayed from a launch
  * graph (op_graph_s); a configuration with everything on the device replays the engine's step
  * graph, one with a KV home launches op by op, and each row follows its own figure (a thousand
@@ -512,6 +536,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_attention),
         cmocka_unit_test(test_kv_rates),
         cmocka_unit_test(test_op_rates),
+        cmocka_unit_test(test_host_memory),
         cmocka_unit_test(test_measure_steps),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
