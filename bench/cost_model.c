@@ -261,8 +261,6 @@ static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, const cm
     return FLEXDIAG_OK;
 }
 
-#define CM_RES 6 /* resources of a layer: compute, H2D, D2H, disk, host attention, host memory */
-
 /* Seconds of one layer's resources; returns the layer's time (their max). */
 static double layer_max(const double t[CM_RES]) {
     double m = 0;

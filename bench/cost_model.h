@@ -26,6 +26,8 @@
 
 #define CM_COPY_SIZES 4 /* transfer sizes a profile measures */
 #define CM_GEMM_ROWS 6  /* GEMM row classes a profile measures */
+#define CM_RES 6        /* resources of a layer: compute, H2D, D2H, disk, host attention,
+                           host memory */
 
 /* A machine's measured rates (bytes/s, FLOP/s); 0 = not measured. */
 typedef struct cm_profile {
@@ -92,7 +94,7 @@ typedef struct cm_time {
     double step_s;         /* mean decode step */
     double img_s;          /* images (or sequences) per second over a whole block */
     double tok_s;          /* generated tokens per second over a whole block */
-    double layer_ms[6];    /* mean decode step, one layer: compute, H2D, D2H, disk, host
+    double layer_ms[CM_RES]; /* mean decode step, one layer: compute, H2D, D2H, disk, host
                               attention, host memory */
     const char *bound;     /* the largest: "compute", "h2d", "d2h", "disk", "cpu",
                               "host memory" */
