@@ -7,12 +7,13 @@
  * Images are generated block by block: one flexdiag_generate call per --batch images (auto, the
  * default with a device budget: the largest block that fits, evened over the job) with
  * first_image = the block's first index; sampling is keyed by (seed, image index, step), so
- * the images do not depend on --batch. After each block: decode (flexdiag_decode_images, a few
- * images at a time), convert to uint8 and hand each image to gen_out.c (PNG, results.jsonl,
- * tokens.json in the layout of --layout); prompts.c reads --prompt / --prompts.
+ * the images do not depend on --batch. Each block's tokens go to the output thread
+ * (gen_writer.h: decode, PNGs, results.jsonl, tokens.json in the layout of --layout) while the
+ * next block generates; prompts.c reads --prompt / --prompts.
  * SIGINT/SIGTERM set a flag and cancel the context (an atomic store: async-signal-safe); the
- * block in flight is dropped, completed files stay, exit code 128 + signal (130 for SIGINT).
- * block_s in results.jsonl is the wall time of the block's generate + decode calls.
+ * block in generation is dropped, the one the output thread holds is completed, completed files
+ * stay, exit code 128 + signal (130 for SIGINT). block_s in results.jsonl is the wall time of the
+ * block's generate + decode calls.
  * Scale-out and resume: the images to make (all, or those a --resume did not find complete) are
  * cut into chunks that mpi_job.h hands out to the processes of an MPI job one at a time: a
  * chunk is --batch images (the smallest of the ranks'), rounded up to whole prompts for DPG so
@@ -39,13 +40,13 @@
 #include "cli/gen_merge.h"
 #include "cli/gen_out.h"
 #include "cli/gen_progress.h"
+#include "cli/gen_writer.h"
 #include "cli/image_out.h"
 #include "cli/mpi_job.h"
 #include "cli/prompts.h"
 
 #define CMD "generate"
 #define DEFAULT_PROMPT "a red apple on a wooden table"
-#define DECODE_CHUNK 4 /* images per decode call: bounds the float pixel scratch */
 
 typedef struct gen_opts {
     cli_model_opts mo;
@@ -103,16 +104,18 @@ static void signals_restore(const struct sigaction old[2]) {
 /* ---- generation ---- */
 
 typedef struct progress_state {
-    double t0, last; /* start and last print (seconds) */
-    uint64_t rows;   /* sequences per step: images x rows per image (2 with CFG, 1 without) */
+    double t0, last;       /* start and last print (seconds) */
+    uint64_t rows;         /* sequences per step: images x rows per image (2 with CFG, 1 without) */
     int quiet;
+    const gen_writer *out; /* the output thread: its failure stops the block too */
 } progress_state;
 
 /* Per decode step: a rate line at most once a second; false (cancel) once a signal came, which
- * also covers a signal that landed before flexdiag_generate reset the cancel flag. */
+ * also covers a signal that landed before flexdiag_generate reset the cancel flag, or once the
+ * output thread failed. */
 static bool on_progress(int phase, uint64_t done, uint64_t total, void *user) {
     progress_state *p = user;
-    if (g_signal) return false;
+    if (g_signal || gen_writer_failed(p->out)) return false;
     double now = cli_now();
     if (p->quiet || phase != 1 || (now - p->last < 1.0 && done != total)) return true;
     p->last = now;
@@ -129,8 +132,10 @@ typedef struct gen_run {
     flexdiag_request rq;   /* sampling fields fixed; prompts/first_image set per block */
     const char **texts;    /* (batch) prompt of each image of the block */
     int32_t *tokens;       /* (batch, per_image) ids of the block */
-    float *pix;            /* (DECODE_CHUNK, H, W, 3) decoder output */
-    uint8_t *rgb;          /* (batch, H, W, 3) pixels of the block */
+    gen_writer *out;       /* the output thread (owns w while it runs) */
+    int threads;           /* its PNG threads: --threads, or this process's cores */
+    int64_t made;          /* images this process generated */
+    double t0, end_s;      /* when the job's first block started; when its files were written */
     int64_t total;         /* images in the job */
     int32_t batch;         /* images per block */
     int32_t rows_per_img;  /* sequences each image runs: 2 with CFG (Janus), 1 without */
@@ -150,30 +155,9 @@ typedef struct gen_run {
     double finish_s;       /* seconds from the job's start to running out of chunks */
 } gen_run;
 
-static int decode_block(gen_run *r, int32_t n) {
-    size_t px = (size_t)r->w.img_h * (size_t)r->w.img_w * 3;
-    for (int32_t i0 = 0; i0 < n; i0 += DECODE_CHUNK) {
-        int32_t m = n - i0 < DECODE_CHUNK ? n - i0 : DECODE_CHUNK;
-        flexdiag_status st = flexdiag_decode_images(
-            r->m, r->tokens + (size_t)i0 * (size_t)r->w.per_image, m, r->pix);
-        if (st != FLEXDIAG_OK) return cli_fail(CMD, st);
-        flexdiag__pixels_to_u8(r->pix, (int64_t)((size_t)m * px), r->rgb + (size_t)i0 * px);
-    }
-    return 0;
-}
-
-/* A text model's continuation of job item g (row i of the block) on stdout: the prompt, then
- * the text up to the first EOS. */
-static void print_text(const gen_run *r, int64_t g, int32_t i) {
-    size_t len = 0;
-    int32_t n = 0;
-    char *text = gen_out_text(&r->w, r->tokens + (size_t)i * (size_t)r->w.per_image, &n, &len);
-    if (text) printf("[%lld] %s%s\n", (long long)g, r->texts[i], text);
-    free(text);
-}
-
-/* Generate, decode and write images [first, first + n): 0, 1 after a message, -1 when a
- * signal cancelled the block (nothing of it is written). */
+/* Generate images [first, first + n) and hand them to the output thread: 0, 1 after a message
+ * (the output thread's failure included), -1 when a signal cancelled the block (nothing of it is
+ * written). */
 static int run_block(gen_run *r, int64_t first, int32_t n) {
     int64_t per = r->o->per_prompt;
     for (int32_t i = 0; i < n; i++) r->texts[i] = r->w.ps->p[(first + i) / per].text;
@@ -185,6 +169,7 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     r->prog.t0 = r->prog.last = t0;
     flexdiag_status st = flexdiag_generate(r->c, &r->rq, &out);
     if (st == FLEXDIAG_ERR_CANCELLED && g_signal) return -1;
+    if (st == FLEXDIAG_ERR_CANCELLED && gen_writer_failed(r->out)) return gen_writer_wait(r->out);
     if (st != FLEXDIAG_OK) return cli_fail(CMD, st);
     flexdiag_stats s;
     flexdiag_context_stats(r->c, &s);
@@ -193,26 +178,27 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     r->sum.tokens_generated += s.tokens_generated;
     r->sum.kv_bytes_per_seq = s.kv_bytes_per_seq;
     r->sum.peak_device_bytes = s.peak_device_bytes;
-    int rc = r->w.img_h ? decode_block(r, n) : 0;
-    gen_block b = {.first = first, .n = n, .tokens = r->tokens,
-                   .rgb = r->w.img_h ? r->rgb : NULL, .seconds = cli_now() - t0};
-    for (int32_t i = 0; !rc && i < n; i++) rc = gen_out_emit(&r->w, &b, i);
-    for (int32_t i = 0; !rc && r->w.text_model && i < n; i++) print_text(r, b.first + i, i);
-    return rc;
+    r->made += n;
+    return gen_writer_put(r->out, first, n, r->tokens, cli_now() - t0);
 }
 
-/* Images [first, first + n) in blocks of --batch: 0, -1 after a signal, or an exit code. */
+/* Images [first, first + n) in blocks of --batch, all written when it returns: 0, -1 after a
+ * signal, or an exit code. */
 static int run_range(gen_run *r, int64_t first, int64_t n) {
-    for (int64_t b = first; b < first + n; b += r->batch) {
-        if (g_signal) return -1;
+    int rc = 0;
+    for (int64_t b = first; !rc && b < first + n; b += r->batch) {
+        if (g_signal) {
+            rc = -1;
+            break;
+        }
         int32_t m = (int32_t)(first + n - b < r->batch ? first + n - b : r->batch);
         double t0 = cli_now();
-        int rc = run_block(r, b, m);
-        if (rc) return rc;
-        if (r->world->size == 1)
-            gen_progress_block(&r->jp, r->w.images_done + r->w.pending, m, cli_now() - t0);
+        if (!r->t0) r->t0 = t0;
+        rc = run_block(r, b, m);
+        if (!rc && r->world->size == 1) gen_progress_block(&r->jp, r->made, m, cli_now() - t0);
     }
-    return 0;
+    int wrc = gen_writer_wait(r->out);
+    return rc ? rc : wrc;
 }
 
 /* Take chunks until none is left; a failure or a signal here stops every rank after its
@@ -334,27 +320,28 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
                 r->w.text_model ? " (with the text)" : "");
     size_t px = (size_t)r->w.img_h * (size_t)r->w.img_w * 3, b = (size_t)r->batch;
     r->tokens = malloc(b * (size_t)r->w.per_image * sizeof *r->tokens);
-    r->pix = malloc((px ? DECODE_CHUNK * px : 1) * sizeof *r->pix);
-    r->rgb = malloc(px ? b * px : 1);
     r->w.dpg_cells = malloc(px ? (size_t)o->per_prompt * px : 1);
-    if (!r->tokens || !r->pix || !r->rgb || !r->w.dpg_cells)
+    if (!r->tokens || !r->w.dpg_cells)
         return fail(1, "no host memory for a block of %d images (lower --batch)", r->batch);
     return common_fields(&r->w, r->o, r->c);
 }
 
+/* The job's two rates: generation alone (prefill + decode steps) and end to end (from the first
+ * block's start until the last file is written, image decoding and PNGs included). */
 static void summary(const gen_run *r) {
     const flexdiag_stats *s = &r->sum;
-    double total = s->prefill_s + s->decode_s;
+    double total = s->prefill_s + s->decode_s, wall = r->t0 ? r->end_s - r->t0 : 0;
     fprintf(stderr,
             "generated %lld image(s) x %d tokens in %.2f s (prefill %.2f s, decode %.2f s): "
             "%.1f tok/s, %.3f img/s; KV %.2f MiB/sequence (policy %s); peak device %.2f GiB; "
-            "%lld PNG(s), results.jsonl and tokens.json in %s\n",
+            "%lld PNG(s), results.jsonl and tokens.json in %s; end to end %.2f s, %.3f img/s\n",
             (long long)r->w.images_done, r->w.per_image, total, s->prefill_s, s->decode_s,
             total > 0 ? (double)s->tokens_generated / total : 0.0,
             total > 0 ? (double)r->w.images_done / total : 0.0,
             (double)s->kv_bytes_per_seq / (1 << 20),
             json_string_value(json_object_get(r->w.common, "policy")),
-            (double)s->peak_device_bytes / (1 << 30), (long long)r->w.pngs, r->o->out);
+            (double)s->peak_device_bytes / (1 << 30), (long long)r->w.pngs, r->o->out, wall,
+            wall > 0 ? (double)r->w.images_done / wall : 0.0);
 }
 
 /* ---- the job's processes ---- */
@@ -404,6 +391,8 @@ static int open_model(gen_run *r, const flexdiag_policy_params *pp, flexdiag_run
     if (r->world->mpi && !mo.cpu) mo.device = rank_device(r->world);
     if (r->world->local_size > 1 && mo.cpu && mo.threads == 0)
         mo.threads = cpu_share(r->world->local_size);
+    r->threads = (int)(mo.threads ? mo.threads
+                                  : cpu_share(r->world->local_size > 1 ? r->world->local_size : 1));
     int rc = cli_open_model(CMD, &mo, rt, &r->m);
     if (!rc) rc = pick_batch(r, *rt, pp);
     return job_agree(r->world, rc);
@@ -484,6 +473,7 @@ static int run_job(gen_run *r) {
     r->jp.t0 = cli_now();
     job_dispatch_start(r->world, r->n_chunks, gen_progress_report, &r->jp);
     int rc = run_chunks(r);
+    r->end_s = cli_now();
     job_dispatch_end();
     return rc;
 }
@@ -530,12 +520,17 @@ static int generate_job(gen_run *r, const flexdiag_policy_params *pp) {
     r->texts = calloc((size_t)r->batch, sizeof *r->texts);
     r->prog.quiet = r->quiet || r->world->size > 1;
     int rc = r->texts ? prepare(r, pp) : fail(1, "out of host memory");
+    if (!rc) rc = gen_writer_open(&r->out, &r->w, r->m, r->batch, r->threads);
+    r->prog.out = r->out;
     rc = job_agree(r->world, rc);
     if (!rc) rc = open_records(r);
     if (!rc) rc = plan_chunks(r);
     int started = !rc;
     if (started) rc = run_job(r);
     signals_forget_context();
+    gen_writer_close(r->out);
+    r->out = NULL;
+    r->prog.out = NULL;
     flexdiag_context_destroy(r->c);
     r->c = NULL;
     int rc2 = gen_out_tokens_close(&r->w);
@@ -648,8 +643,6 @@ int flexdiag_cmd_generate(int argc, char **argv) {
     free(r.w.dpg_cells);
     free(r.texts);
     free(r.tokens);
-    free(r.pix);
-    free(r.rgb);
     free(r.done);
     free(r.chunk_first);
     free(r.chunk_len);

@@ -7,7 +7,10 @@
  * it for that image (a failed tokens record removes the PNG; a failed results line undoes the
  * tokens record and removes the PNG). The first failure stops the job with one line naming the
  * file, so results.jsonl, tokens.json and the PNGs always describe the same images, and
- * fileio.c keeps each of them whole (no partial line, record or PNG).
+ * fileio.c keeps each of them whole (no partial line, record or PNG). A block of plain or
+ * GenEval images is written the same way with its PNGs encoded and written on several threads
+ * (an image's encoding costs as much as a few decode steps of a large batch), then the records
+ * of the images before the first failed PNG in one commit; the PNGs after it are removed.
  * tokens.json grows in "tokens.json.tmp.<pid>" (always a complete file, see fileio.c) and is
  * renamed at the end, after an interrupt or a failure too: memory stays O(block) and the file is
  * never seen half-written (rejected: keeping every token until the end, GBs for large prompt
@@ -27,6 +30,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -279,24 +284,39 @@ static int queue_image(gen_out *w, const gen_block *b, int32_t i, const char *fi
 /* Write the pending images: their PNG (rel, pw x ph pixels; none when rgb is NULL), their
  * tokens.json records, their results.jsonl lines. On a failure, take back what was written for
  * them and stop. */
+/* Write the pending images' tokens.json records and results.jsonl lines (their pngs PNG files
+ * are in place); a failure takes back the tokens records. */
+static flexdiag_status commit_records(gen_out *w, int64_t pngs) {
+    flexdiag_status st = cli_stream_append(&w->tokens, w->pend_tokens, w->pend_tokens_len);
+    if (st != FLEXDIAG_OK) return st;
+    st = cli_jsonl_append(&w->results, w->pend_results, w->pend_results_len);
+    if (st != FLEXDIAG_OK) {
+        cli_stream_undo(&w->tokens);
+        return st;
+    }
+    w->images_done += w->pending;
+    w->pngs += pngs;
+    w->pending = 0;
+    w->pend_tokens_len = w->pend_results_len = 0;
+    return FLEXDIAG_OK;
+}
+
+/* Forget the pending records (after a failure that takes their images back). */
+static void drop_pending(gen_out *w) {
+    w->pending = 0;
+    w->pend_tokens_len = w->pend_results_len = 0;
+}
+
+/* Write the pending images: their PNG (rel, pw x ph pixels; none when rgb is NULL), their
+ * tokens.json records, their results.jsonl lines. On a failure, take back what was written for
+ * them and stop. */
 static int commit(gen_out *w, const char *rel, const uint8_t *rgb, int pw, int ph) {
     char png[8400];
     if (rgb) snprintf(png, sizeof png, "%s/%s", w->dir, rel);
     flexdiag_status st = rgb ? flexdiag__png_write_rgb(png, rgb, pw, ph) : FLEXDIAG_OK;
     int png_made = rgb && st == FLEXDIAG_OK;
-    if (st == FLEXDIAG_OK)
-        st = cli_stream_append(&w->tokens, w->pend_tokens, w->pend_tokens_len);
-    int tokens_made = st == FLEXDIAG_OK;
-    if (st == FLEXDIAG_OK)
-        st = cli_jsonl_append(&w->results, w->pend_results, w->pend_results_len);
-    if (st == FLEXDIAG_OK) {
-        w->images_done += w->pending;
-        w->pngs += rgb != NULL;
-        w->pending = 0;
-        w->pend_tokens_len = w->pend_results_len = 0;
-        return 0;
-    }
-    if (tokens_made) cli_stream_undo(&w->tokens);
+    if (st == FLEXDIAG_OK) st = commit_records(w, rgb != NULL);
+    if (st == FLEXDIAG_OK) return 0;
     int left = png_made && unlink(png) != 0;
     return stop(w, left ? png : NULL, errno);
 }
@@ -308,25 +328,27 @@ void gen_out_image_rel(const gen_out *w, int64_t g, char *rel, size_t cap) {
     else snprintf(rel, cap, "%lld/%lld.png", p, k);
 }
 
-/* Folder of prompt p's samples (plain, geneval) and, with meta, GenEval's metadata.jsonl. */
-static int prompt_folder(const gen_out *w, int64_t p, int meta) {
+/* Folder of prompt p's samples (plain, geneval) and, with meta, GenEval's metadata.jsonl; a
+ * failure's message is cli_io_error's. */
+static flexdiag_status prompt_folder(const gen_out *w, int64_t p, int meta) {
     char dir[4200], path[4300];
     const char *fmt = w->layout == CLI_LAYOUT_GENEVAL ? "%s/%05lld/samples" : "%s/%lld";
     snprintf(dir, sizeof dir, fmt, w->dir, (long long)p);
     if (cli_mkdirs(dir))
-        return fail(1, "--out: cannot create folder '%s': %s", dir, strerror(errno));
-    if (w->layout != CLI_LAYOUT_GENEVAL || !meta) return 0;
+        return cli_io_fail(FLEXDIAG_ERR_IO, "--out: cannot create folder '%s': %s", dir,
+                           strerror(errno));
+    if (w->layout != CLI_LAYOUT_GENEVAL || !meta) return FLEXDIAG_OK;
     snprintf(path, sizeof path, "%s/%05lld/metadata.jsonl", w->dir, (long long)p);
     const char *text = w->ps->p[p].meta;
     size_t n = strlen(text);
     char *line = malloc(n + 2);
-    if (!line) return fail(1, "out of host memory");
+    if (!line) return cli_io_fail(FLEXDIAG_ERR_OOM_HOST, "%s: out of host memory", path);
     memcpy(line, text, n);
     line[n] = '\n';
     cli_part part = {line, n + 1};
     flexdiag_status st = cli_write_atomic(path, &part, 1);
     free(line);
-    return st == FLEXDIAG_OK ? 0 : stop(w, NULL, 0);
+    return st;
 }
 
 /* After prompt p's first image failed: remove its folder (geneval: with metadata.jsonl) when
@@ -361,20 +383,164 @@ static int dpg_commit(gen_out *w, const char *rel) {
     return rc;
 }
 
-int gen_out_emit(gen_out *w, const gen_block *b, int32_t i) {
-    int64_t g = b->first + i, per = w->per_prompt, k = g % per;
+/* Image i of block b one at a time: DPG (its prompt's grid, committed with the prompt's last
+ * sample) and images without pixels. */
+static int emit_one(gen_out *w, const gen_block *b, int32_t i) {
+    int64_t g = b->first + i, k = g % w->per_prompt;
     size_t px = (size_t)w->img_h * (size_t)w->img_w * 3;
     char rel[4200];
     if (b->rgb) gen_out_image_rel(w, g, rel, sizeof rel);
     if (queue_image(w, b, i, b->rgb ? rel : NULL)) return fail(1, "out of host memory");
     if (!b->rgb) return commit(w, NULL, NULL, 0, 0);
-    if (w->layout == CLI_LAYOUT_DPG) {
-        memcpy(w->dpg_cells + (size_t)k * px, b->rgb + (size_t)i * px, px);
-        return k == per - 1 ? dpg_commit(w, rel) : 0;
+    memcpy(w->dpg_cells + (size_t)k * px, b->rgb + (size_t)i * px, px);
+    return k == w->per_prompt - 1 ? dpg_commit(w, rel) : 0;
+}
+
+/* ---- a block's PNGs, written in parallel ---- */
+
+typedef struct png_job {
+    const gen_out *w;
+    const gen_block *b;
+    int32_t n;               /* images [0, n) of b */
+    atomic_int next;         /* next image to take */
+    atomic_int first_fail;   /* lowest image whose write failed (n: none); later ones are skipped */
+    flexdiag_status *st;     /* (n) each image's write; FLEXDIAG_ERR_CANCELLED: skipped */
+    char **msg;              /* (n) message of a failed write, malloc'ed */
+} png_job;
+
+static void png_path(const gen_out *w, int64_t g, char *path, size_t cap) {
+    char rel[4200];
+    gen_out_image_rel(w, g, rel, sizeof rel);
+    snprintf(path, cap, "%s/%s", w->dir, rel);
+}
+
+static void *png_worker(void *arg) {
+    png_job *j = arg;
+    size_t px = (size_t)j->w->img_h * (size_t)j->w->img_w * 3;
+    for (int32_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        if (i > atomic_load(&j->first_fail)) {
+            j->st[i] = FLEXDIAG_ERR_CANCELLED;
+            continue;
+        }
+        char path[8400];
+        png_path(j->w, j->b->first + i, path, sizeof path);
+        j->st[i] = flexdiag__png_write_rgb(path, j->b->rgb + (size_t)i * px, j->w->img_w,
+                                           j->w->img_h);
+        if (j->st[i] == FLEXDIAG_OK) continue;
+        j->msg[i] = strdup(cli_io_error());
+        int f = atomic_load(&j->first_fail);
+        while (i < f && !atomic_compare_exchange_weak(&j->first_fail, &f, i)) {}
     }
-    /* a block that starts inside a prompt (another rank's, or resumed) makes its folder too */
-    int rc = k == 0 || i == 0 ? prompt_folder(w, g / per, k == 0) : 0;
-    if (!rc) rc = commit(w, rel, b->rgb + (size_t)i * px, w->img_w, w->img_h);
-    if (rc && k == 0) prompt_folder_undo(w, g / per);
+    return NULL;
+}
+
+/* Run the job on up to threads threads, this one among them. */
+static void write_pngs(png_job *j, int threads) {
+    enum { MAX_THREADS = 64 };
+    pthread_t t[MAX_THREADS];
+    int want = threads < j->n ? threads : j->n, made = 0;
+    if (want > MAX_THREADS) want = MAX_THREADS;
+    for (int k = 1; k < want; k++) made += pthread_create(&t[made], NULL, png_worker, j) == 0;
+    png_worker(j);
+    for (int k = 0; k < made; k++) pthread_join(t[k], NULL);
+}
+
+/* Remove the PNGs of images [i0, i1) that the job wrote; the first that cannot be removed is
+ * kept in left (errno *e). */
+static void unlink_pngs(const png_job *j, int32_t i0, int32_t i1, char *left, size_t cap, int *e) {
+    for (int32_t i = i0; i < i1; i++) {
+        char path[8400];
+        if (j->st[i] != FLEXDIAG_OK) continue;
+        png_path(j->w, j->b->first + i, path, sizeof path);
+        if (unlink(path) == 0 || left[0]) continue;
+        *e = errno;
+        snprintf(left, cap, "%s", path);
+    }
+}
+
+/* Remove the folders of the prompts whose first image is among images [i0, i1) of b and that
+ * hold nothing else. */
+static void undo_folders(const gen_out *w, const gen_block *b, int32_t i0, int32_t i1) {
+    for (int32_t i = i0; i < i1; i++)
+        if ((b->first + i) % w->per_prompt == 0) prompt_folder_undo(w, (b->first + i) / w->per_prompt);
+}
+
+/* Make the prompt folders of b's images in order: the images [0, returned) have theirs; at a
+ * failure the message is cli_io_error's. */
+static int32_t make_folders(const gen_out *w, const gen_block *b) {
+    for (int32_t i = 0; i < b->n; i++) {
+        int64_t g = b->first + i, k = g % w->per_prompt;
+        /* a block that starts inside a prompt (another rank's, or resumed) makes its folder too */
+        if ((k == 0 || i == 0) && prompt_folder(w, g / w->per_prompt, k == 0) != FLEXDIAG_OK)
+            return i;
+    }
+    return b->n;
+}
+
+/* Queue and commit the records of images [0, e) of b, whose PNGs are written; a failure takes
+ * the PNGs back (left, *err as unlink_pngs). */
+static flexdiag_status commit_written(gen_out *w, const png_job *j, int32_t e, char *left,
+                                      size_t cap, int *err) {
+    flexdiag_status st = FLEXDIAG_OK;
+    for (int32_t i = 0; st == FLEXDIAG_OK && i < e; i++) {
+        char rel[4200];
+        gen_out_image_rel(w, j->b->first + i, rel, sizeof rel);
+        if (queue_image(w, j->b, i, rel)) st = cli_io_fail(FLEXDIAG_ERR_OOM_HOST, "out of host memory");
+    }
+    if (st == FLEXDIAG_OK) st = commit_records(w, e);
+    if (st == FLEXDIAG_OK) return st;
+    drop_pending(w);
+    unlink_pngs(j, 0, e, left, cap, err);
+    return st;
+}
+
+/* The block's PNGs on threads threads, then the records of the images before the first failure
+ * (folder or PNG) in one commit; what the failure leaves is taken back. */
+static int emit_pngs(gen_out *w, const gen_block *b, int threads) {
+    png_job j = {.w = w, .b = b};
+    int32_t made = make_folders(w, b);
+    j.n = made;
+    char *why = made < b->n ? strdup(cli_io_error()) : NULL, left[8400] = "";
+    atomic_init(&j.next, 0);
+    atomic_init(&j.first_fail, j.n);
+    j.st = calloc((size_t)b->n + 1, sizeof *j.st);
+    j.msg = calloc((size_t)b->n + 1, sizeof *j.msg);
+    int e = 0, rc = 0;
+    if (!j.st || !j.msg) {
+        free(why);
+        why = strdup("out of host memory");
+        j.n = 0;
+    }
+    write_pngs(&j, threads);
+    int32_t ok = 0;
+    while (ok < j.n && j.st[ok] == FLEXDIAG_OK) ok++;
+    if (ok < j.n) {
+        free(why);
+        why = j.msg[ok] ? strdup(j.msg[ok]) : NULL;
+        unlink_pngs(&j, ok + 1, j.n, left, sizeof left, &e);
+    }
+    int32_t failed_at = ok; /* the first image not committed */
+    if (ok && commit_written(w, &j, ok, left, sizeof left, &e) != FLEXDIAG_OK) {
+        failed_at = 0;
+        rc = 1;
+    } else if (ok < b->n) {
+        (void)cli_io_fail(FLEXDIAG_ERR_IO, "%s", why ? why : "out of host memory");
+        rc = 1;
+    }
+    if (rc) {
+        undo_folders(w, b, failed_at, made < b->n ? made + 1 : b->n);
+        rc = stop(w, left[0] ? left : NULL, e);
+    }
+    for (int32_t i = 0; j.msg && i < j.n; i++) free(j.msg[i]);
+    free(j.msg);
+    free(j.st);
+    free(why);
+    return rc;
+}
+
+int gen_out_emit_block(gen_out *w, const gen_block *b, int threads) {
+    if (b->rgb && w->layout != CLI_LAYOUT_DPG) return emit_pngs(w, b, threads);
+    int rc = 0;
+    for (int32_t i = 0; !rc && i < b->n; i++) rc = emit_one(w, b, i);
     return rc;
 }

@@ -71,8 +71,11 @@ int gen_out_open(gen_out *w);
 int gen_out_reset(const gen_out *w);
 /* Start tokens.json (in its temp file); needs per_image. */
 int gen_out_tokens_open(gen_out *w);
-/* All outputs of image i of block b. */
-int gen_out_emit(gen_out *w, const gen_block *b, int32_t i);
+/* All outputs of block b's images, in image order: the PNGs of a block (plain and GenEval
+ * layouts) are encoded and written on up to threads threads, then the records of the images
+ * before the first failure are committed together; DPG grids and records without pixels go
+ * one image at a time. */
+int gen_out_emit_block(gen_out *w, const gen_block *b, int threads);
 /* Complete tokens.json with the images written so far, rename it into place and close
  * results.jsonl (if tokens.json cannot be completed, its temp file is kept and named). */
 int gen_out_tokens_close(gen_out *w);

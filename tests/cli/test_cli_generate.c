@@ -247,16 +247,17 @@ static void test_plain(void **state) {
     free(tmp);
 }
 
-/* Blocks of 1 and 3 images (3 crosses the prompt boundary and leaves a short last block) and
- * --batch auto: same PNG bytes and token hashes. */
+/* Blocks of 1 and 3 images (3 crosses the prompt boundary and leaves a short last block; its
+ * PNGs are written on 3 threads) and --batch auto: same PNG bytes and token hashes. */
 static void test_batch_invariance(void **state) {
     (void)state;
     char *tmp = tu_tempdir("cli-batch");
     write_text(tmp, "p.txt", "a red apple\n\nblue car on a road\n");
     static const int batches[] = {1, 3};
     for (int b = 0; b < 2; b++)
-        assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 2 --batch %d --out b%d",
-                             batches[b], batches[b]),
+        assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 2 --batch %d --threads %d "
+                                  "--out b%d",
+                             batches[b], batches[b], batches[b]),
                          0);
     /* --batch auto under a budget: whatever it picks, the same images */
     assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 2 --batch auto --gpu-mem 64M "

@@ -297,6 +297,13 @@ static void test_generate_png(void **state) {
         {"rename:EXDEV:path=.png", 1, "0/0.png", "Invalid cross-device link", 0, 0, 0},
     };
     run_gen_cases(cases, sizeof cases / sizeof cases[0], PLAIN, NULL, NULL);
+    /* one block whose PNGs are written on 3 threads: whichever write fails, the images before
+     * it are committed and every PNG after it is taken back */
+    static const gen_case parallel[] = {
+        {"write:EIO:nth=2:path=.png", 1, ".png", EIO_TEXT, 0, 1, 0},
+    };
+    run_gen_cases(parallel, 1, "--prompt x --images-per-prompt 3 --batch 3 --threads 3 --out o",
+                  NULL, NULL);
 }
 
 static void test_generate_results(void **state) {
