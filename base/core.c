@@ -133,6 +133,26 @@ float flexdiag__f16_to_f32(uint16_t h) {
     return f;
 }
 
+uint16_t flexdiag__f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up round to Inf */
+    if (a < 0x38800000u) {                                   /* below 2^-14: subnormal */
+        float v;
+        memcpy(&v, &a, 4);
+        v *= 16777216.0f; /* in units of 2^-24, exact */
+        uint32_t m = (uint32_t)v;
+        float frac = v - (float)m;
+        if (frac > 0.5f || (frac == 0.5f && (m & 1u))) m++;
+        return (uint16_t)(sign | m); /* m = 1024 is the smallest normal, correctly encoded */
+    }
+    uint32_t r = a - 0x38000000u + 0xfffu + ((a >> 13) & 1u); /* rebias 127 -> 15, round */
+    return (uint16_t)(sign | (r >> 13));
+}
+
 double flexdiag__now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

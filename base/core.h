@@ -100,6 +100,9 @@ static inline FLEXDIAG_HD uint16_t flexdiag__f32_to_bf16(float f) {
 
 /* IEEE half to float (subnormals, Inf, NaN handled). */
 float flexdiag__f16_to_f32(uint16_t h);
+/* Float to IEEE half, round to nearest even (subnormals; beyond the half range: Inf; NaN stays
+ * NaN). */
+uint16_t flexdiag__f32_to_f16(float f);
 
 /* ---- checked arithmetic ---- */
 

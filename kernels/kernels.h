@@ -292,6 +292,18 @@ typedef flexdiag_status flexdiag_op_matmul(void *out, const void *x, const uint1
 /* out (n, f) act = silu(gu[:, :f]) ⊙ gu[:, f:]; gu (n, 2f) act */
 typedef flexdiag_status flexdiag_op_swiglu(void *out, const void *gu, int64_t n, int64_t f,
                                            flexdiag_stream *s);
+/* Layer weights in 4-bit groups (--compress-weights 4bit): a packed row of cols bf16 values
+ * (cols a multiple of FLEXDIAG_WQ4_GROUP) is cols/2 code bytes (value 2i in the low nibble of
+ * byte i, value 2i+1 in the high one) then, per group of FLEXDIAG_WQ4_GROUP values, two IEEE
+ * halves: step and min. A value is bf16(min + code·step) (code·step is exact in fp32, so the
+ * sum has one fp32 rounding on every backend). flexdiag__wq4_pack makes the rows on the host.
+ * out (rows, cols) bf16 = the packed rows in (rows · flexdiag__wq4_row_bytes(cols) bytes). */
+#define FLEXDIAG_WQ4_GROUP 64
+typedef flexdiag_status flexdiag_op_wq4_unpack(uint16_t *out, const uint8_t *in, int64_t rows,
+                                               int64_t cols, flexdiag_stream *s);
+static inline size_t flexdiag__wq4_row_bytes(int64_t cols) {
+    return (size_t)cols / 2 + (size_t)cols / FLEXDIAG_WQ4_GROUP * 4;
+}
 /* x (n) act in place: exact (erf) GELU */
 typedef flexdiag_status flexdiag_op_gelu(void *x, int64_t n, flexdiag_stream *s);
 /* x (n) act in place: max(x, 0); negative values become +0, ±0 and NaN stay as they are */
@@ -521,6 +533,7 @@ typedef struct flexdiag_kernels {
     flexdiag_op_gelu *gelu;
     flexdiag_op_relu *relu;
     flexdiag_op_gather_rows *gather_rows;
+    flexdiag_op_wq4_unpack *wq4_unpack;
 
     /* ---- KV cache and attention ---- */
     flexdiag_op_kv_append *kv_append;
@@ -582,6 +595,13 @@ typedef struct flexdiag_host_attn {
     int act_bytes;        /* 4 or 2 */
 } flexdiag_host_attn;
 flexdiag_status flexdiag__host_attn_decode(const flexdiag_host_attn *h, flexdiag_stream *cpu);
+
+/* Pack rows (rows, cols) of bf16 weights into out (rows · flexdiag__wq4_row_bytes(cols) bytes)
+ * on the host: per group min and max, step (max - min) / 15 and min rounded to halves, each code
+ * the nearest of min + k·step. INVALID_ARG when cols is not a multiple of FLEXDIAG_WQ4_GROUP or
+ * a group holds a NaN, an Inf or a range beyond the half range (what names the tensor). */
+flexdiag_status flexdiag__wq4_pack(uint8_t *out, const uint16_t *in, int64_t rows, int64_t cols,
+                                   const char *what);
 
 /* ---- registry (kernels/registry.c) ---- */
 

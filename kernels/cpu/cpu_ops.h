@@ -60,6 +60,7 @@ void flexdiag__cpu_rope_cos_sin(int32_t pos, int32_t j, int32_t d_h, float theta
                                 float *sn);
 /* out (n, f) = silu(gate) ⊙ up of gu (n, 2f). */
 flexdiag_op_swiglu flexdiag__cpu_ref_swiglu;
+flexdiag_op_wq4_unpack flexdiag__cpu_wq4_unpack; /* wq4.c */
 /* Exact (erf) GELU of x (n) in place. */
 flexdiag_op_gelu flexdiag__cpu_ref_gelu;
 /* max(x, 0) of x (n) in place: x < 0 becomes +0, ±0 and NaN are left as they are. */

@@ -54,6 +54,7 @@
     .gelu = flexdiag__cpu_ref_gelu,                                                                \
     .relu = flexdiag__cpu_ref_relu,                                                                \
     .gather_rows = flexdiag__cpu_ref_gather_rows,                                                  \
+    .wq4_unpack = flexdiag__cpu_wq4_unpack,                                                        \
     .kv_append = flexdiag__cpu_ref_kv_append,                                                      \
     .cfg_combine = flexdiag__cpu_ref_cfg_combine,                                                  \
     .sample = flexdiag__cpu_ref_sample,                                                            \

@@ -137,6 +137,8 @@ flexdiag_op_layernorm flexdiag__cuda_layernorm;
 flexdiag_op_qk_norm flexdiag__cuda_qk_norm;
 /* swiglu.cu: out (n, f) = silu(gu[:, :f]) ⊙ gu[:, f:], fp32 math, one rounding. */
 flexdiag_op_swiglu flexdiag__cuda_swiglu;
+/* wq4.cu: 4-bit group weights to bf16 (kernels/cpu/wq4.c is the reference). */
+flexdiag_op_wq4_unpack flexdiag__cuda_wq4_unpack;
 /* gelu.cu: x (n) in place, 0.5·x·(1 + erf(x/√2)). */
 flexdiag_op_gelu flexdiag__cuda_gelu;
 /* relu.cu: x (n) in place, negative values to +0 (±0 and NaN untouched). */

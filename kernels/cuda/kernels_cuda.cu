@@ -63,6 +63,7 @@ static flexdiag_kernels make_table(void) {
     t.gelu = flexdiag__cuda_gelu;
     t.relu = flexdiag__cuda_relu;
     t.gather_rows = flexdiag__cuda_gather_rows;
+    t.wq4_unpack = flexdiag__cuda_wq4_unpack;
     t.kv_append = flexdiag__cuda_kv_append;
     t.attn_prefill = flexdiag__cuda_attn_prefill;
     t.attn_decode = flexdiag__cuda_attn_decode;

@@ -31,6 +31,27 @@ static void test_f16(void **state) {
     assert_true(isnan(flexdiag__f16_to_f32(0x7e00)));
 }
 
+/* Every finite half goes through float and back unchanged; the float halfway between two
+ * neighbouring halves rounds to the even one; beyond 65504 + half an ulp is Inf. */
+static void test_f32_to_f16(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        if ((h & 0x7c00u) == 0x7c00u) continue; /* Inf, NaN */
+        assert_int_equal(flexdiag__f32_to_f16(flexdiag__f16_to_f32((uint16_t)h)), h);
+        uint32_t next = h + 1;
+        if ((h & 0x7fffu) == 0x7bffu || (next & 0x7fffu) == 0) continue;
+        float lo = flexdiag__f16_to_f32((uint16_t)h), hi = flexdiag__f16_to_f32((uint16_t)next);
+        float mid = lo + (hi - lo) / 2; /* exact: halves have 11 significant bits */
+        assert_int_equal(flexdiag__f32_to_f16(mid), (h & 1u) ? next : h);
+    }
+    assert_int_equal(flexdiag__f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(flexdiag__f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(flexdiag__f32_to_f16(-1e9f), 0xfc00);
+    assert_int_equal(flexdiag__f32_to_f16(ldexpf(1.0f, -25)), 0); /* halfway to 2^-24: even */
+    assert_int_equal(flexdiag__f32_to_f16(ldexpf(1.5f, -25)), 1);
+    assert_true(isnan(flexdiag__f16_to_f32(flexdiag__f32_to_f16(NAN))));
+}
+
 static void test_errors(void **state) {
     (void)state;
     flexdiag__err_clear();
@@ -58,6 +79,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_round_trip),
         cmocka_unit_test(test_f16),
+        cmocka_unit_test(test_f32_to_f16),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_rng),
     };
