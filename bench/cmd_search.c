@@ -64,6 +64,7 @@ typedef struct search {
     cand *v;
     int n;
     int text; /* rank by tok/s */
+    int compress; /* --compress-weights 4bit: the streamed weights packed is a candidate too */
     uint64_t cpu_limit; /* pinned host bytes a configuration may take: --cpu-mem, or
                            HOST_SHARE of this machine's memory */
 } search;
@@ -124,19 +125,26 @@ static int cpu_attention_ok(const search *s, const cm_config *c) {
             k == FLEXDIAG_POLICY_STREAMING);
 }
 
+/* c with and without CPU attention (where the host may attend). */
+static void try_attention(search *s, cm_config c) {
+    c.cpu_attention = 0;
+    try_one(s, &c);
+    c.cpu_attention = 1;
+    if (cpu_attention_ok(s, &c)) try_one(s, &c);
+}
+
 /* Every KV home (host ones with and without CPU attention) and weight placement of one
- * (policy, batch, micro-batch). */
+ * (policy, batch, micro-batch); streamed weights also packed when the user allows it. */
 static void try_placements(search *s, cm_config c) {
     int split = c.micro > 0 && c.micro < c.batch;
     for (int kv = 0; kv < (split ? (s->o->mo.offload_dir ? 4 : 3) : 1); kv++)
         for (int64_t g = 100; g >= 0; g -= s->o->weight_step)
             for (int d = 0; d < (g < 100 ? disk_splits(s) : 1); d++) {
                 place(&c, kv, g, d);
-                c.cpu_attention = 0;
-                try_one(s, &c);
-                c.cpu_attention = 1;
-                if (cpu_attention_ok(s, &c)) try_one(s, &c);
-                c.cpu_attention = 0;
+                c.compress = 0;
+                try_attention(s, c);
+                c.compress = 1;
+                if (g < 100 && s->compress) try_attention(s, c);
             }
 }
 
@@ -276,6 +284,7 @@ static int cand_cmp(const void *a, const void *b) {
     const cand *x = a, *y = b;
     if (x->rate != y->rate) return x->rate < y->rate ? 1 : -1;
     if (x->c.wpct[0] != y->c.wpct[0]) return x->c.wpct[0] < y->c.wpct[0] ? 1 : -1;
+    if (x->c.compress != y->c.compress) return x->c.compress - y->c.compress;
     if (x->c.kvpct[0] != y->c.kvpct[0]) return x->c.kvpct[0] < y->c.kvpct[0] ? 1 : -1;
     return (x->c.micro == 0 ? 0 : x->c.batch / x->c.micro) -
            (y->c.micro == 0 ? 0 : y->c.batch / y->c.micro);
@@ -299,6 +308,7 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
     if (c->wpct[0] != 100)
         at += snprintf(buf + at, n - (size_t)at, " --weights %u,%u,%u", c->wpct[0], c->wpct[1],
                        c->wpct[2]);
+    if (c->compress) at += snprintf(buf + at, n - (size_t)at, " --compress-weights 4bit");
     if (c->kvpct[0] != 100)
         at += snprintf(buf + at, n - (size_t)at, " --kv %u,%u,%u", c->kvpct[0], c->kvpct[1],
                        c->kvpct[2]);
@@ -340,10 +350,11 @@ static void print_table_head(const search *s) {
 
 static void print_row(const search *s, int i, const cand *k, char *flags, size_t n) {
     const cm_config *c = &k->c;
-    printf("| %d | %s | %g | %d | %d | %u,%u,%u | %u,%u,%u%s | %.4g | %.3f | %s | %.2f | %.2f |\n",
+    printf("| %d | %s | %g | %d | %d | %u,%u,%u%s | %u,%u,%u%s | %.4g | %.3f | %s | %.2f | %.2f |\n",
            i + 1, flexdiag_policy_name(c->policy.kind),
            c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0 : c->policy.sparsity, c->batch,
-           c->micro ? c->micro : c->batch, c->wpct[0], c->wpct[1], c->wpct[2], c->kvpct[0],
+           c->micro ? c->micro : c->batch, c->wpct[0], c->wpct[1], c->wpct[2],
+           c->compress ? " 4-bit" : "", c->kvpct[0],
            c->kvpct[1], c->kvpct[2], c->cpu_attention ? " CPU attn." : "", k->rate, 1e3 * k->t.step_s, k->t.bound,
            (double)k->mem.gpu / (1 << 20), (double)k->mem.cpu / (1 << 20));
     repro_flags(s, k, flags, n);
@@ -365,6 +376,7 @@ static void print_json(FILE *out, int i, const cand *k, const char *flags, doubl
         "bound", k->t.bound, "gpu_bytes", (json_int_t)k->mem.gpu, "cpu_bytes",
         (json_int_t)k->mem.cpu, "disk_bytes", (json_int_t)k->mem.disk, "flags", flags,
         "pred_measured_img_per_s", k->proj, "measure_steps", (json_int_t)k->steps);
+    if (o) json_object_set_new(o, "compress_weights", json_integer(c->compress ? 4 : 0));
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (line) fprintf(out, "%s\n", line);
     free(line);
@@ -480,6 +492,9 @@ static int search_run(const search_opts *o, FILE *cands) {
     flexdiag_status st = rc ? FLEXDIAG_OK : cm_model_init(&s.cm, rt, o->mo.model, o->mo.arch);
     if (st != FLEXDIAG_OK) rc = cli_fail("search", st);
     s.text = s.cm.m.cfg.arch != FLEXDIAG_ARCH_JANUS && (s.cm.m.cfg.arch != FLEXDIAG_ARCH_CHAMELEON || o->gen_len > 0);
+    uint32_t bits = 0;
+    if (!rc && cli_compress_bits("search", &o->mo, &bits)) rc = 2;
+    s.compress = bits == 4;
     if (!rc && !(s.v = malloc(MAX_CANDS * sizeof *s.v))) rc = 1;
     if (!rc) rc = enumerate(&s);
     if (!rc) qsort(s.v, (size_t)s.n, sizeof *s.v, cand_cmp);

@@ -161,7 +161,7 @@ flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
     uint64_t need[3];
     flexdiag_wcut cut;
     flexdiag__err_clear();
-    FLEXDIAG_TRY(flexdiag__weights_plan(&cm->m.cfg, c->wpct, need, &cut));
+    FLEXDIAG_TRY(flexdiag__weights_plan(&cm->m.cfg, c->wpct, c->compress, need, &cut));
     cm->homes.cut = cut;
     cm->m.w.homes = c->wpct[0] != 100 ? &cm->homes : NULL;
     flexdiag_context_params cp;
@@ -217,7 +217,8 @@ static double copy_s(const cm_profile *p, int dir, double bytes, double each) {
 typedef struct shape {
     double layer_params, head_params; /* weights (elements) */
     double dq, dkv, ab;               /* query and KV widths, activation bytes */
-    double streamed, disk;            /* bytes per layer: H2D weights, disk weights */
+    double streamed, disk;            /* bytes per layer: H2D weights, disk weights (as stored) */
+    double unpack_s;                  /* seconds a layer's packed weights take to unpack */
     double ew_bytes;                  /* bytes the small ops read and write per row and layer */
     double ops_s;                     /* seconds of a layer's small ops, per micro-batch */
     int32_t l_dec, rpi, ring, mb_seq, n_mb, host_mb, disk_mb, rows;
@@ -251,9 +252,13 @@ static flexdiag_status shape_of(const cm_model *cm, const cm_config *c, const cm
     int resident = c->wpct[0] == 100 && c->kvpct[0] == 100;
     s->ops_s = ops * (resident ? p->op_graph : p->op_eager);
     flexdiag_wcut cut;
-    FLEXDIAG_TRY(flexdiag__weights_plan(m, c->wpct, NULL, &cut));
-    s->streamed = (double)(cut.layer_bytes - cut.cut[0]);
-    s->disk = (double)(cut.layer_bytes - cut.cut[1]);
+    FLEXDIAG_TRY(flexdiag__weights_plan(m, c->wpct, c->compress, NULL, &cut));
+    s->disk = (double)flexdiag__wcut_bytes(&cut, FLEXDIAG_TIER_DISK);
+    s->streamed = (double)flexdiag__wcut_bytes(&cut, FLEXDIAG_TIER_CPU) + s->disk;
+    /* packed weights are unpacked on the device once per layer per step: read packed, write
+     * the layer's streamed bytes */
+    double raw = (double)(cut.layer_bytes - cut.cut[0]);
+    s->unpack_s = cut.q4 && p->hbm > 0 ? (raw + s->streamed) / p->hbm : 0;
     FLEXDIAG_TRY(cm_resolve(cm, c, &s->l_dec, &s->rpi, &s->kp, &s->ring));
     micro_batches(c, s->rpi, &s->mb_seq, &s->n_mb, &s->host_mb, &s->disk_mb);
     s->kv_heads = l->kv_heads;
@@ -286,7 +291,7 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     /* attention reads the attended rows once; hbm counts bytes read + written per second */
     t4[0] = s->n_mb * (gemm_s(p, mb, 2 * mb * s->layer_params) + s->ops_s +
                        (p->hbm > 0 ? mb * s->ew_bytes / p->hbm : 0)) +
-            (s->n_mb - host) * (p->hbm > 0 ? kv_read / p->hbm : 0);
+            (s->n_mb - host) * (p->hbm > 0 ? kv_read / p->hbm : 0) + s->unpack_s;
     double kv_in = (below - host) * mb * (c->prompt_len + att) * row_b; /* attended rows */
     double kv_out = (below - host) * mb * (evict_any ? res : 1) * row_b;
     double up = host * mb * s->dq * s->ab, down = host * mb * (s->dq + 2 * s->dkv) * s->ab;
@@ -319,7 +324,8 @@ static double prefill_layer(const cm_config *c, const cm_profile *p, const shape
     double t4[CM_RES] = {0};
     t4[0] = s->n_mb * (gemm_s(p, fmin(tok, 4096), 2 * tok * s->layer_params) +
                        gemm_s(p, fmin(tok, 4096), 2 * s->mb_seq * lp * lp * s->dq) + s->ops_s +
-                       (p->hbm > 0 ? tok * s->ew_bytes / p->hbm : 0));
+                       (p->hbm > 0 ? tok * s->ew_bytes / p->hbm : 0)) +
+            s->unpack_s;
     t4[1] = copy_s(p, 0, s->streamed, s->streamed);
     double below = s->host_mb + s->disk_mb;
     double kv_out = below * (double)s->mb_seq * lp * 2 * s->dkv * s->ab;

@@ -77,6 +77,7 @@ typedef struct cm_config {
                                       (0 or 1: none) */
     int32_t steps;                 /* tokens the prediction averages the decode step over, as
                                       `bench --steps` projects (0: the whole image) */
+    int compress;                  /* --compress-weights 4bit: the streamed weights packed */
 } cm_config;
 
 /* Memory of a configuration per tier, and whether it fits. */

@@ -250,13 +250,28 @@ void cli_kv_homes(const char *cmd, const cli_model_opts *o, flexdiag_context_par
     cp->cpu_attention = o->cpu_attention != 0;
 }
 
+/* --compress-weights: 0 (none) or 4 (4-bit groups) into *bits; 2 after a message. */
+int cli_compress_bits(const char *cmd, const cli_model_opts *o, uint32_t *bits) {
+    *bits = 0;
+    if (!o->compress || !strcmp(o->compress, "none")) return 0;
+    if (!strcmp(o->compress, "4bit")) {
+        *bits = 4;
+        return 0;
+    }
+    fprintf(stderr, "flexdiag %s: --compress-weights %s: expected none or 4bit\n", cmd,
+            o->compress);
+    return 2;
+}
+
 int cli_check_model(const char *cmd, const cli_model_opts *o) {
     const cli_int_range r[] = {
         {"--seed", o->seed, 0, INT64_MAX, NULL},
         {"--threads", o->threads, 0, CLI_MAX_THREADS, "0 = all cores"},
     };
-    uint32_t pct[3];
-    if (parse_weights(cmd, o->weights, pct) || cli_kv_pct(cmd, o, pct)) return 2;
+    uint32_t pct[3], bits;
+    if (parse_weights(cmd, o->weights, pct) || cli_kv_pct(cmd, o, pct) ||
+        cli_compress_bits(cmd, o, &bits))
+        return 2;
     return cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]));
 }
 
@@ -284,6 +299,7 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
     if (o->arch) mp.arch = o->arch;
     mp.seed = (uint64_t)o->seed;
     (void)parse_weights(cmd, o->weights, mp.weights_pct); /* checked above */
+    (void)cli_compress_bits(cmd, o, &mp.compress_weights);
     st = flexdiag_model_load(*rt, o->model, &mp, m);
     if (st == FLEXDIAG_OK) return 0;
     int rc = cli_fail(cmd, st);

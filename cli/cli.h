@@ -97,6 +97,7 @@ typedef struct cli_model_opts {
     uint64_t gpu_mem;   /* --gpu-mem SIZE (0 = free memory less a margin) */
     int64_t threads;    /* --threads N (0 = all cores) */
     const char *weights;     /* --weights G,C,D: percent of layer weights on GPU, CPU, disk */
+    const char *compress;    /* --compress-weights none|4bit: the CPU and disk parts packed */
     uint64_t cpu_mem;        /* --cpu-mem SIZE: pinned host pool (0: what --weights needs) */
     uint64_t disk_mem;       /* --disk-mem SIZE: NVMe store (0: what --weights needs) */
     const char *offload_dir; /* --offload-dir DIR: folder of the store file */
@@ -130,6 +131,9 @@ typedef struct cli_policy_opts {
     {"--threads", CLI_INT, &(o)->threads, "CPU threads, 0..1024 (default 0: all cores)"},          \
     {"--weights", CLI_STR, &(o)->weights,                                                          \
      "G,C,D: percent of every layer's weights on GPU, pinned CPU, disk (default 100,0,0)"},        \
+    {"--compress-weights", CLI_STR, &(o)->compress,                                                \
+     "none (default) or 4bit: the weights --weights puts on CPU and disk kept in 4-bit groups "    \
+     "of 64 (4.5 bits a value; lossy), moved packed and unpacked on the device"},                  \
     {"--cpu-mem", CLI_SIZE, &(o)->cpu_mem,                                                         \
      "pinned host memory budget (default: what --weights needs)"},                                 \
     {"--disk-mem", CLI_SIZE, &(o)->disk_mem,                                                       \
@@ -157,6 +161,8 @@ typedef struct cli_policy_opts {
 /* Range checks of the model flags (--seed, --threads, --weights, --kv); prints the error and
  * returns 2. */
 int cli_check_model(const char *cmd, const cli_model_opts *o);
+/* --compress-weights as flexdiag_model_params.compress_weights (0 or 4); 2 after a message. */
+int cli_compress_bits(const char *cmd, const cli_model_opts *o, uint32_t *bits);
 /* --kv into pct (100,0,0 when not given); prints the error and returns 2 when malformed. */
 int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]);
 /* The KV flags (--kv, checked when the model was opened, and --cpu-attention) into cp. */

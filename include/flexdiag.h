@@ -49,8 +49,8 @@ extern "C" {
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
  * 6: flexdiag_device_count. 7: context_params cpu_attention. 8: disk KV homes (kv_pct[2]),
- * offload_info kv_disk_*. */
-#define FLEXDIAG_API_VERSION 9u
+ * offload_info kv_disk_*. 10: model_params compress_weights. */
+#define FLEXDIAG_API_VERSION 10u
 
 /* ---- enums ---- */
 
@@ -128,6 +128,11 @@ typedef struct flexdiag_model_params {
     uint32_t weights_pct[3]; /* percent of every decoder layer's weights on the GPU, in pinned
                                 host memory and on disk (sum 100; cut at row boundaries); all 0
                                 = 100,0,0. Embeddings, norms and heads stay on the GPU. */
+    /* since API version 10 */
+    uint32_t compress_weights; /* 0: none; 4: the layer weights homed below the GPU (weights_pct
+                                  C and D) kept in 4-bit groups of 64 values (a half step and
+                                  min per group, 4.5 bits a value), moved packed and unpacked on
+                                  the device once per layer per step. Lossy. */
 } flexdiag_model_params;
 
 typedef struct flexdiag_policy_params {

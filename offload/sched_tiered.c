@@ -14,6 +14,11 @@
  *   disk:         reads of the next layers' disk parts kept in flight into pinned staging
  *                 buffers, each reused once the event after its H2D has completed
  *
+ * Under compression (weight_homes.h) a slot also holds the layer's packed streamed bytes after
+ * its unpacked ones: the copy stream loads the packed bytes, and the compute stream unpacks them
+ * (wq4_unpack, plain copies for the rest) right after the resident rows, once per layer per
+ * step, before the layer's first micro-batch.
+ *
  * Streams order each other only through events; the host blocks only where data must exist on
  * the host first (a disk read the next H2D needs, a staging buffer still being copied), never on
  * the device as a whole. A layer asked for out of cycle (a cancelled run, a context's first
@@ -59,11 +64,22 @@ typedef struct tiered {
     stage stages[MAX_STAGE];
     flexdiag_store_req *reqs;     /* one layer's read requests */
     int32_t n_reqs;
+    size_t packed_at;             /* q4: offset of the packed bytes in a slot */
+    int n_pieces;                 /* q4: the streamed bytes' pieces */
+    flexdiag_wpiece pieces[FLEXDIAG_WPIECES_MAX];
     flexdiag_sched_stats st;
 } tiered;
 
 static size_t disk_bytes(const tiered *t) {
     return flexdiag__wcut_bytes(&t->h->cut, FLEXDIAG_TIER_DISK);
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Where a slot's packed bytes start: after its unpacked ones, congruent to pk[0] modulo 64 so
+ * that packed rows keep the alignment they have in the block's packed form. */
+static size_t packed_offset(const flexdiag_wcut *c) {
+    return align64(c->layer_bytes - c->split_start) + c->pk[0] % 64;
 }
 
 /* ---- disk reads into staging ---- */
@@ -131,7 +147,8 @@ static flexdiag_status read_take(tiered *t, int32_t j, stage **out) {
 static flexdiag_status load(tiered *t, int32_t j) {
     const flexdiag_wcut *c = &t->h->cut;
     slot *s = &t->slots[(t->head + t->count) % t->n_slots];
-    size_t res = c->cut[0] - c->split_start, cb = c->cut[1] - c->cut[0];
+    size_t res = c->q4 ? t->packed_at : c->cut[0] - c->split_start;
+    size_t cb = flexdiag__wcut_bytes(c, FLEXDIAG_TIER_CPU);
     s->layer = -1;
     FLEXDIAG_TRY(t->k->stream_wait_event(t->copy, s->free));
     if (cb) {
@@ -185,6 +202,23 @@ static flexdiag_status drain(tiered *t) {
 
 /* ---- the scheduler calls ---- */
 
+/* The packed streamed bytes of slot dev unpacked in place, on the compute stream. */
+static flexdiag_status unpack(tiered *t, char *dev) {
+    const flexdiag_wcut *c = &t->h->cut;
+    for (int i = 0; i < t->n_pieces; i++) {
+        const flexdiag_wpiece *p = &t->pieces[i];
+        char *dst = dev + (p->off - c->split_start);
+        const char *src = dev + t->packed_at + (p->poff - c->pk[0]);
+        if (p->pack)
+            FLEXDIAG_TRY(t->k->wq4_unpack((uint16_t *)dst, (const uint8_t *)src, p->rows, p->cols,
+                                          t->compute));
+        else
+            FLEXDIAG_TRY(t->k->copy_d2d(dst, src, p->bytes, t->compute));
+    }
+    t->st.d2d_bytes += c->layer_bytes - c->cut[0];
+    return FLEXDIAG_OK;
+}
+
 static flexdiag_status begin_layer(tiered *t, int32_t j) {
     if (t->cur >= 0) { /* every micro-batch of the previous layer has been released */
         t->head = (t->head + 1) % t->n_slots;
@@ -205,6 +239,7 @@ static flexdiag_status begin_layer(tiered *t, int32_t j) {
                                     t->compute));
         t->st.d2d_bytes += res;
     }
+    if (c->q4) FLEXDIAG_TRY(unpack(t, t->slots[t->head].dev));
     t->cur = j;
     return FLEXDIAG_OK;
 }
@@ -266,7 +301,9 @@ static const flexdiag_sched_ops tiered_ops = {
 };
 
 size_t flexdiag__sched_tiered_slot_bytes(const flexdiag_weight_homes *h) {
-    return h->cut.layer_bytes - h->cut.split_start;
+    const flexdiag_wcut *c = &h->cut;
+    if (!c->q4) return c->layer_bytes - c->split_start;
+    return align64(packed_offset(c) + (c->pk[2] - c->pk[0]));
 }
 
 static flexdiag_status tiered_open(tiered *t, const flexdiag_sched_tiered_params *p) {
@@ -316,6 +353,16 @@ flexdiag_status flexdiag__sched_tiered_create(const flexdiag_sched_tiered_params
     if (t->n_slots > t->n_layers) t->n_slots = t->n_layers;
     t->n_stage = p->n_stage < 2 ? 2 : p->n_stage > MAX_STAGE ? MAX_STAGE : p->n_stage;
     t->cur = -1;
+    if (h->cut.q4) {
+        t->packed_at = packed_offset(&h->cut);
+        t->n_pieces = flexdiag__wcut_pieces(&h->cut, t->pieces);
+    }
+    if (h->cut.q4 && !p->k->wq4_unpack) {
+        free(t);
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                             "--compress-weights: backend %s cannot unpack 4-bit weights",
+                             p->k->name);
+    }
     flexdiag_status st = tiered_open(t, p);
     if (st != FLEXDIAG_OK) {
         tiered_destroy(&t->base);

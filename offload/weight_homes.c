@@ -26,9 +26,51 @@ static size_t snap(const flexdiag_wspan *sp, int n, size_t x) {
     return x & ~(size_t)1;
 }
 
+/* Whether span t is stored packed under q4: a matrix whose rows are whole groups. */
+static int packs(const flexdiag_wcut *c, const flexdiag_wspan *t) {
+    return c->q4 && t->pack && t->bytes > 0 && t->row_bytes % (2 * FLEXDIAG_WQ4_GROUP) == 0;
+}
+
+/* Packed offset of block offset x (x on a row boundary of every packed span it falls in). */
+static size_t packed_at(const flexdiag_wcut *c, size_t x) {
+    size_t p = x;
+    for (int i = 0; i < c->n_spans; i++) {
+        const flexdiag_wspan *t = &c->spans[i];
+        if (!packs(c, t) || x <= t->off) continue;
+        size_t rows = ((x < t->off + t->bytes ? x : t->off + t->bytes) - t->off) / t->row_bytes;
+        p -= rows * (t->row_bytes - flexdiag__wq4_row_bytes((int64_t)t->row_bytes / 2));
+    }
+    return p;
+}
+
+int flexdiag__wcut_pieces(const flexdiag_wcut *c, flexdiag_wpiece *out) {
+    int n = 0;
+    size_t x = c->cut[0];
+    for (int i = 0; i < c->n_spans && x < c->layer_bytes; i++) {
+        const flexdiag_wspan *t = &c->spans[i];
+        size_t end = t->off + t->bytes;
+        if (!packs(c, t) || end <= x) continue;
+        size_t a = x > t->off ? x : t->off;
+        if (a > x) /* unpacked bytes before the matrix */
+            out[n++] = (flexdiag_wpiece){.off = x, .bytes = a - x, .poff = packed_at(c, x)};
+        int64_t cols = (int64_t)t->row_bytes / 2;
+        out[n++] = (flexdiag_wpiece){.off = a, .bytes = end - a, .poff = packed_at(c, a),
+                                     .rows = (int64_t)((end - a) / t->row_bytes), .cols = cols,
+                                     .pack = 1};
+        x = end;
+    }
+    if (x < c->layer_bytes)
+        out[n++] = (flexdiag_wpiece){.off = x, .bytes = c->layer_bytes - x,
+                                     .poff = packed_at(c, x)};
+    return n;
+}
+
 flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t layer_bytes,
-                                    const uint32_t pct[3], flexdiag_wcut *out) {
+                                    const uint32_t pct[3], int q4, flexdiag_wcut *out) {
     memset(out, 0, sizeof *out);
+    if (n > FLEXDIAG_WSPANS_MAX)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "weight placement: %d tensors in a layer, "
+                             "at most %d", n, FLEXDIAG_WSPANS_MAX);
     if (pct[0] + pct[1] + pct[2] != 100 || pct[0] > 100 || pct[1] > 100 || pct[2] > 100)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "weight placement %u,%u,%u (GPU, CPU, disk percent) must add up to "
@@ -45,14 +87,22 @@ flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t l
     for (int i = 0; i < n; i++)
         if (spans[i].off < out->cut[0] && out->cut[0] < spans[i].off + spans[i].bytes)
             out->split_start = spans[i].off;
+    out->n_spans = n;
+    memcpy(out->spans, spans, (size_t)n * sizeof *spans);
+    out->q4 = q4 && out->cut[0] < layer_bytes;
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= packs(out, &spans[i]);
+    out->q4 = any;
+    for (int k = 0; k < 3; k++)
+        out->pk[k] = packed_at(out, k < 2 ? out->cut[k] : layer_bytes);
     return FLEXDIAG_OK;
 }
 
 size_t flexdiag__wcut_bytes(const flexdiag_wcut *c, int tier) {
     switch (tier) {
     case FLEXDIAG_TIER_GPU: return c->cut[0];
-    case FLEXDIAG_TIER_CPU: return c->cut[1] - c->cut[0];
-    default: return c->layer_bytes - c->cut[1];
+    case FLEXDIAG_TIER_CPU: return c->q4 ? c->pk[1] - c->pk[0] : c->cut[1] - c->cut[0];
+    default: return c->q4 ? c->pk[2] - c->pk[1] : c->layer_bytes - c->cut[1];
     }
 }
 
@@ -83,7 +133,7 @@ flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_laye
     if (!h) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight homes: out of host memory");
     *h = (flexdiag_weight_homes){.cut = *cut, .n_layers = n_layers, .k = arena->k, .arena = arena,
                                  .pool = pool, .store = store, .stage_layer = -1,
-                                 .disk_stride = flexdiag__wcut_disk_stride(cut)};
+                                 .raw_layer = -1, .disk_stride = flexdiag__wcut_disk_stride(cut)};
     flexdiag_status st = FLEXDIAG_OK;
     if (g) st = flexdiag__arena_alloc(arena, L * g, "the device-resident part of the layer weights",
                                       &h->dev);
@@ -96,6 +146,14 @@ flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_laye
         posix_memalign(&h->stage, FLEXDIAG_STORE_ALIGN, h->disk_stride) != 0) {
         h->stage = NULL;
         st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight homes: no host memory to stage a layer");
+    }
+    if (st == FLEXDIAG_OK && cut->q4) {
+        h->raw = malloc(cut->layer_bytes - cut->cut[0]);
+        h->packed = malloc(cut->pk[2] - cut->pk[0]);
+        if (!h->raw || !h->packed)
+            st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                               "weight homes: no host memory to pack a layer (%zu bytes)",
+                               cut->layer_bytes - cut->cut[0]);
     }
     if (st != FLEXDIAG_OK) {
         flexdiag__whomes_destroy(h);
@@ -119,6 +177,33 @@ static flexdiag_status stage_flush(flexdiag_weight_homes *h) {
     return FLEXDIAG_OK;
 }
 
+/* Pack the assembled streamed bytes of raw_layer and store its host and disk parts. */
+static flexdiag_status pack_flush(flexdiag_weight_homes *h) {
+    if (h->raw_layer < 0) return FLEXDIAG_OK;
+    const flexdiag_wcut *c = &h->cut;
+    int32_t j = h->raw_layer;
+    flexdiag_wpiece pc[FLEXDIAG_WPIECES_MAX];
+    int n = flexdiag__wcut_pieces(c, pc);
+    char what[64];
+    snprintf(what, sizeof what, "layer %d's weights", j);
+    for (int i = 0; i < n; i++) {
+        const char *src = (const char *)h->raw + (pc[i].off - c->cut[0]);
+        uint8_t *dst = h->packed + (pc[i].poff - c->pk[0]);
+        if (pc[i].pack)
+            FLEXDIAG_TRY(flexdiag__wq4_pack(dst, (const uint16_t *)src, pc[i].rows, pc[i].cols,
+                                            what));
+        else
+            memcpy(dst, src, pc[i].bytes);
+    }
+    size_t cb = c->pk[1] - c->pk[0];
+    if (cb) memcpy((char *)h->host + (size_t)j * cb, h->packed, cb);
+    h->raw_layer = -1;
+    if (c->pk[2] == c->pk[1]) return FLEXDIAG_OK;
+    memcpy(h->stage, h->packed + cb, c->pk[2] - c->pk[1]);
+    h->stage_layer = j;
+    return stage_flush(h);
+}
+
 flexdiag_status flexdiag__whomes_put(flexdiag_weight_homes *h, int32_t j, size_t off,
                                      const void *src, size_t bytes, flexdiag_stream *s) {
     const flexdiag_wcut *c = &h->cut;
@@ -129,6 +214,12 @@ flexdiag_status flexdiag__whomes_put(flexdiag_weight_homes *h, int32_t j, size_t
         size_t n = (end < c->cut[0] ? end : c->cut[0]) - off;
         FLEXDIAG_TRY(h->k->copy_h2d((char *)h->dev + (size_t)j * c->cut[0] + off, p, n, s));
         p += n, off += n;
+    }
+    if (c->q4 && off < end) { /* streamed bytes: assembled per layer, packed when it is done */
+        if (h->raw_layer != j) FLEXDIAG_TRY(pack_flush(h));
+        h->raw_layer = j;
+        memcpy((char *)h->raw + (off - c->cut[0]), p, end - off);
+        return FLEXDIAG_OK;
     }
     if (off < end && off < c->cut[1]) { /* pinned host */
         size_t n = (end < c->cut[1] ? end : c->cut[1]) - off;
@@ -145,9 +236,13 @@ flexdiag_status flexdiag__whomes_put(flexdiag_weight_homes *h, int32_t j, size_t
 }
 
 flexdiag_status flexdiag__whomes_finish(flexdiag_weight_homes *h) {
-    flexdiag_status st = h->stage ? stage_flush(h) : FLEXDIAG_OK;
+    flexdiag_status st = pack_flush(h);
+    if (st == FLEXDIAG_OK && h->stage) st = stage_flush(h);
     free(h->stage);
-    h->stage = NULL;
+    free(h->raw);
+    free(h->packed);
+    h->stage = h->raw = NULL;
+    h->packed = NULL;
     return st;
 }
 
@@ -155,8 +250,11 @@ void flexdiag__whomes_destroy(flexdiag_weight_homes *h) {
     if (!h) return;
     size_t L = (size_t)h->n_layers;
     if (h->dev) flexdiag__arena_free(h->arena, h->dev, L * h->cut.cut[0]);
-    if (h->host) flexdiag__host_pool_free(h->pool, h->host, L * (h->cut.cut[1] - h->cut.cut[0]));
+    if (h->host)
+        flexdiag__host_pool_free(h->pool, h->host, L * flexdiag__wcut_bytes(&h->cut, FLEXDIAG_TIER_CPU));
     if (h->ext.span) flexdiag__store_free(h->store, &h->ext);
     free(h->stage);
+    free(h->raw);
+    free(h->packed);
     free(h);
 }

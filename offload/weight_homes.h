@@ -13,6 +13,13 @@
  * Homes are filled once, at load, through put (a byte range of one layer, any tier mix) and
  * finish; the tiered scheduler (sched_tiered.c) then copies each layer's host and disk parts into
  * a device slot ahead of the compute that reads them.
+ *
+ * With compression (--compress-weights 4bit) the streamed bytes [cut0, layer_bytes) are kept
+ * packed below the device: the rows of the matrices (spans marked pack) in 4-bit groups
+ * (kernels.h flexdiag_op_wq4_unpack), everything else (norms, biases, padding) as it is, in block
+ * order. A cut falls on a row boundary, so each tier holds whole packed rows; pk[] gives the
+ * packed offsets of the cuts, and the pieces (flexdiag__wcut_pieces) map packed bytes back to the
+ * block. The device prefix stays unpacked.
  */
 #ifndef FLEXDIAG_WEIGHT_HOMES_H
 #define FLEXDIAG_WEIGHT_HOMES_H
@@ -33,10 +40,22 @@
 #define FLEXDIAG_WSPANS_MAX 16
 
 /* One tensor of a layer block: bytes [off, off + bytes), rows of row_bytes each (a vector is
- * one row). Spans are in block order and do not overlap; gaps between them are padding. */
+ * one row) of bf16 values. Spans are in block order and do not overlap; gaps between them are
+ * padding. pack: a matrix whose rows may be stored in 4-bit groups under compression. */
 typedef struct flexdiag_wspan {
     size_t off, bytes, row_bytes;
+    int pack;
 } flexdiag_wspan;
+
+/* A run of the streamed bytes: block bytes [off, off + bytes) stored at packed offset poff
+ * (from the start of the block's packed form); pack: rows x cols values in 4-bit groups,
+ * otherwise the bytes as they are. */
+typedef struct flexdiag_wpiece {
+    size_t off, bytes, poff;
+    int64_t rows, cols;
+    int pack;
+} flexdiag_wpiece;
+#define FLEXDIAG_WPIECES_MAX (2 * FLEXDIAG_WSPANS_MAX + 1)
 
 /* The tiers of a placement, in cut order. */
 enum { FLEXDIAG_TIER_GPU = 0, FLEXDIAG_TIER_CPU = 1, FLEXDIAG_TIER_DISK = 2 };
@@ -49,13 +68,21 @@ typedef struct flexdiag_wcut {
     size_t split_start;  /* start of the tensor cut[0] falls inside (cut[0] when it falls on a
                             tensor boundary or in padding): a scheduler copies [split_start,
                             cut[0]) of the device prefix next to the streamed rows */
+    int q4;              /* streamed bytes packed (some span packs) */
+    size_t pk[3];        /* packed offsets of cut[0], cut[1], layer_bytes (q4) */
+    int n_spans;
+    flexdiag_wspan spans[FLEXDIAG_WSPANS_MAX];
 } flexdiag_wcut;
 
 /* Cut a layer of n spans (layer_bytes in all) for pct (G, C, D summing to 100): each cut on the
- * row boundary nearest its target. INVALID_ARG naming the placement when pct does not sum to 100. */
+ * row boundary nearest its target; q4: the streamed bytes packed (spans marked pack whose rows
+ * are whole groups). INVALID_ARG naming the placement when pct does not sum to 100. */
 flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t layer_bytes,
-                                    const uint32_t pct[3], flexdiag_wcut *out);
-/* Bytes of tier t in one layer. */
+                                    const uint32_t pct[3], int q4, flexdiag_wcut *out);
+/* The pieces of the streamed bytes [cut[0], layer_bytes) in block order (at most
+ * FLEXDIAG_WPIECES_MAX); returns their count. */
+int flexdiag__wcut_pieces(const flexdiag_wcut *c, flexdiag_wpiece *out);
+/* Bytes of tier t in one layer, as stored (packed below the device under q4). */
 size_t flexdiag__wcut_bytes(const flexdiag_wcut *c, int tier);
 /* Bytes of one layer's disk part as stored: rounded up to the store's 4096 alignment. */
 size_t flexdiag__wcut_disk_stride(const flexdiag_wcut *c);
@@ -74,6 +101,10 @@ typedef struct flexdiag_weight_homes {
     /* loading only: one layer's disk part assembled in aligned memory before it is written */
     void *stage;                /* disk_stride bytes, 4096-aligned; NULL after finish */
     int32_t stage_layer;        /* layer held by stage, -1 when none */
+    /* loading under q4: one layer's streamed bytes assembled, then packed */
+    void *raw;                  /* layer_bytes - cut[0] bytes; NULL after finish */
+    uint8_t *packed;            /* pk[2] - pk[0] bytes */
+    int32_t raw_layer;          /* layer held by raw, -1 when none */
 } flexdiag_weight_homes;
 
 /* Carve the homes of n_layers layers cut by *cut: the device prefix from arena, the host part
@@ -99,7 +130,7 @@ static inline const char *flexdiag__whomes_dev(const flexdiag_weight_homes *h, i
     return (const char *)h->dev + (size_t)j * h->cut.cut[0];
 }
 static inline const char *flexdiag__whomes_host(const flexdiag_weight_homes *h, int32_t j) {
-    return (const char *)h->host + (size_t)j * (h->cut.cut[1] - h->cut.cut[0]);
+    return (const char *)h->host + (size_t)j * flexdiag__wcut_bytes(&h->cut, FLEXDIAG_TIER_CPU);
 }
 static inline uint64_t flexdiag__whomes_disk_off(const flexdiag_weight_homes *h, int32_t j) {
     return h->ext.off + (uint64_t)j * h->disk_stride;

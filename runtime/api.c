@@ -242,19 +242,25 @@ static flexdiag_status vq_builtin(flexdiag_model *m, uint64_t seed) {
 }
 
 /* Where the layer weights of m go under pct (GPU, CPU, disk percent): the tiers made first. */
-static flexdiag_status place_for(flexdiag_model *m, const uint32_t pct[3],
+static flexdiag_status place_for(flexdiag_model *m, const flexdiag_model_params *mp,
                                  flexdiag_weights_place *out) {
-    *out = (flexdiag_weights_place){{pct[0], pct[1], pct[2]}, NULL, NULL};
+    const uint32_t *pct = mp->weights_pct;
+    if (mp->compress_weights != 0 && mp->compress_weights != 4)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "compress_weights = %u: 0 (none) or 4 (4-bit groups)",
+                             mp->compress_weights);
+    *out = (flexdiag_weights_place){{pct[0], pct[1], pct[2]}, NULL, NULL, mp->compress_weights == 4};
     uint64_t need[3];
     flexdiag_wcut cut;
-    FLEXDIAG_TRY(flexdiag__weights_plan(&m->cfg, pct, need, &cut));
+    FLEXDIAG_TRY(flexdiag__weights_plan(&m->cfg, pct, out->compress, need, &cut));
     FLEXDIAG_TRY(flexdiag__tiers_prepare(m->rt, &cut, need));
     out->pool = m->rt->pool;
     out->store = m->rt->store;
     return FLEXDIAG_OK;
 }
 
-static flexdiag_status model_from_dir(flexdiag_model *m, const char *path, const uint32_t pct[3]) {
+static flexdiag_status model_from_dir(flexdiag_model *m, const char *path,
+                                      const flexdiag_model_params *mp) {
     flexdiag_runtime *rt = m->rt;
     m->dir = strdup(path);
     if (!m->dir) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
@@ -271,7 +277,7 @@ static flexdiag_status model_from_dir(flexdiag_model *m, const char *path, const
     FLEXDIAG_TRY(flexdiag__st_open(path, &st));
     flexdiag_weights_place pl;
     flexdiag_status r = flexdiag__weights_adapt(&m->cfg, st);
-    if (r == FLEXDIAG_OK) r = place_for(m, pct, &pl);
+    if (r == FLEXDIAG_OK) r = place_for(m, mp, &pl);
     if (r == FLEXDIAG_OK) r = flexdiag__weights_load(&rt->arena, rt->s, &m->cfg, st, &pl, &m->w);
     if (r == FLEXDIAG_OK) r = vq_from_dir(m, st, path);
     flexdiag__st_close(st);
@@ -292,10 +298,10 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     flexdiag_status st;
     flexdiag_weights_place pl;
     if (path) {
-        st = model_from_dir(m, path, mp.weights_pct);
+        st = model_from_dir(m, path, &mp);
     } else {
         st = flexdiag__config_builtin(mp.arch, &m->cfg);
-        if (st == FLEXDIAG_OK) st = place_for(m, mp.weights_pct, &pl);
+        if (st == FLEXDIAG_OK) st = place_for(m, &mp, &pl);
         if (st == FLEXDIAG_OK)
             st = flexdiag__weights_random(&rt->arena, rt->s, &m->cfg, mp.seed, &pl, &m->w);
         if (st == FLEXDIAG_OK && m->cfg.arch == FLEXDIAG_ARCH_JANUS) st = vq_builtin(m, mp.seed);

@@ -76,13 +76,17 @@ flexdiag_status flexdiag__cpu_wq4_unpack(uint16_t *out, const uint8_t *in, int64
     size_t rb = flexdiag__wq4_row_bytes(cols);
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = in + (size_t)r * rb;
-        for (int64_t i = 0; i < cols; i++) {
+        uint16_t *o = out + r * cols;
+        for (int64_t g = 0; g < cols / FLEXDIAG_WQ4_GROUP; g++) {
             uint16_t step_h, min_h;
-            memcpy(&step_h, row + cols / 2 + i / FLEXDIAG_WQ4_GROUP * 4, 2);
-            memcpy(&min_h, row + cols / 2 + i / FLEXDIAG_WQ4_GROUP * 4 + 2, 2);
-            int k = (row[i / 2] >> (4 * (i & 1))) & 15;
-            float v = flexdiag__f16_to_f32(min_h) + (float)k * flexdiag__f16_to_f32(step_h);
-            out[r * cols + i] = flexdiag__f32_to_bf16(v);
+            memcpy(&step_h, row + cols / 2 + g * 4, 2);
+            memcpy(&min_h, row + cols / 2 + g * 4 + 2, 2);
+            float step = flexdiag__f16_to_f32(step_h), mn = flexdiag__f16_to_f32(min_h);
+            const uint8_t *codes = row + g * (FLEXDIAG_WQ4_GROUP / 2);
+            for (int i = 0; i < FLEXDIAG_WQ4_GROUP; i++) {
+                int k = (codes[i / 2] >> (4 * (i & 1))) & 15;
+                o[g * FLEXDIAG_WQ4_GROUP + i] = flexdiag__f32_to_bf16(mn + (float)k * step);
+            }
         }
     }
     return FLEXDIAG_OK;

@@ -179,6 +179,7 @@ typedef struct flexdiag_weights_place {
     uint32_t pct[3];            /* GPU, CPU, disk percent of every layer */
     flexdiag_host_pool *pool;   /* home of the host part (borrowed), NULL when pct[1] == 0 */
     flexdiag_store *store;      /* home of the disk part (borrowed), NULL when pct[2] == 0 */
+    int compress;               /* the host and disk parts in 4-bit groups (weight_homes.h) */
 } flexdiag_weights_place;
 
 /* What the config leaves to the checkpoint: the rows of Chameleon's QK-norm tables ([1, d_h]
@@ -187,9 +188,10 @@ typedef struct flexdiag_weights_place {
 flexdiag_status flexdiag__weights_adapt(flexdiag_model_config *cfg,
                                         const flexdiag_safetensors *st);
 /* Bytes each tier needs for cfg under placement pct, [GPU (all weights but the streamed parts),
- * CPU, disk (4096-aligned per layer)], and the cut itself (either out may be NULL). */
+ * CPU, disk (4096-aligned per layer)], and the cut itself (either out may be NULL); compress:
+ * the CPU and disk parts in 4-bit groups. */
 flexdiag_status flexdiag__weights_plan(const flexdiag_model_config *cfg, const uint32_t pct[3],
-                                       uint64_t bytes[3], flexdiag_wcut *cut);
+                                       int compress, uint64_t bytes[3], flexdiag_wcut *cut);
 /* Load weights from an open checkpoint into memory of arena a's backend, placed by pl. Before
  * any memory proportional to the config is taken, every tensor the config implies must be in
  * the checkpoint with its shape and a readable dtype, and the checkpoint's tensors of the

@@ -209,7 +209,7 @@ static flexdiag_status walk_model(const flexdiag_model_config *c, walker *w) {
 
 /* A tensor of a layer block at walk offset off (bytes 0: the block has no such tensor). */
 static flexdiag_wspan span(size_t off, size_t b0, size_t bytes, size_t row) {
-    return bytes ? (flexdiag_wspan){off - b0, bytes, row} : (flexdiag_wspan){0, 0, 1};
+    return bytes ? (flexdiag_wspan){off - b0, bytes, row, 0} : (flexdiag_wspan){0, 0, 1, 0};
 }
 
 /* The tensors of a layer block (offsets relative to the block) for placement cuts and views;
@@ -237,6 +237,9 @@ static void layer_spans(const flexdiag_lm_config *l, const model_off *o, flexdia
     lt[FLEXDIAG_LT_BGU] = span(x->bgu, b0, nb * f * 2, f * 2);
     lt[FLEXDIAG_LT_WDOWN] = span(x->wdown, b0, d * f * 2, f * 2);
     lt[FLEXDIAG_LT_BDOWN] = span(x->bdown, b0, nb * d * 2, d * 2);
+    /* the matrices may be packed in 4-bit groups below the device (norms and biases never) */
+    lt[FLEXDIAG_LT_WQKV].pack = lt[FLEXDIAG_LT_WO].pack = 1;
+    lt[FLEXDIAG_LT_WGU].pack = lt[FLEXDIAG_LT_WDOWN].pack = 1;
 }
 
 /* Bytes of the layers region of the walk's block (all layers' blocks). */
@@ -281,20 +284,20 @@ static int all_device(const flexdiag_weights_place *pl) {
 }
 
 static flexdiag_status cut_of(const flexdiag_model_config *c, const model_off *o,
-                              const uint32_t pct[3], flexdiag_wcut *cut) {
+                              const uint32_t pct[3], int compress, flexdiag_wcut *cut) {
     flexdiag_wspan lt[FLEXDIAG_LT_COUNT];
     layer_spans(&c->lm, o, lt);
     static const uint32_t all[3] = {100, 0, 0};
     return flexdiag__wcut_make(lt, FLEXDIAG_LT_COUNT, o->layer_bytes,
-                               pct[0] + pct[1] + pct[2] ? pct : all, cut);
+                               pct[0] + pct[1] + pct[2] ? pct : all, compress, cut);
 }
 
 flexdiag_status flexdiag__weights_plan(const flexdiag_model_config *cfg, const uint32_t pct[3],
-                                       uint64_t bytes[3], flexdiag_wcut *cut) {
+                                       int compress, uint64_t bytes[3], flexdiag_wcut *cut) {
     walker layout = {0};
     FLEXDIAG_TRY(walk_model(cfg, &layout));
     flexdiag_wcut c;
-    FLEXDIAG_TRY(cut_of(cfg, &layout.o, pct, &c));
+    FLEXDIAG_TRY(cut_of(cfg, &layout.o, pct, compress, &c));
     uint64_t L = (uint64_t)cfg->lm.layers;
     if (bytes) {
         bytes[0] = layout.o.bytes - L * (c.layer_bytes - c.cut[0]);
@@ -315,7 +318,7 @@ static flexdiag_status allocate(flexdiag_arena *a, const flexdiag_model_config *
     size_t bytes = o->bytes;
     if (!all_device(pl)) {
         flexdiag_wcut cut;
-        FLEXDIAG_TRY(cut_of(c, o, pl->pct, &cut));
+        FLEXDIAG_TRY(cut_of(c, o, pl->pct, pl->compress, &cut));
         FLEXDIAG_TRY(flexdiag__whomes_create(&cut, c->lm.layers, a, pl->pool, pl->store, &w->homes));
         bytes -= layers_region(c, o);
     }

@@ -54,6 +54,7 @@ static int really_fits(uint64_t gpu_mem, uint64_t cpu_mem, const cm_config *c) {
     flexdiag_model_params_init(&mp);
     mp.arch = "micro-janus";
     memcpy(mp.weights_pct, c->wpct, sizeof mp.weights_pct);
+    mp.compress_weights = c->compress ? 4 : 0;
     flexdiag_model *m = NULL;
     flexdiag_context *ctx = NULL;
     int ok = flexdiag_model_load(rt, NULL, &mp, &m) == FLEXDIAG_OK;
@@ -135,6 +136,15 @@ static void test_verdicts(void **state) {
                         checked++;
                     }
     assert_true(checked >= 40);
+    /* weights streamed packed (--compress-weights 4bit): a slot holds the packed bytes too */
+    for (int w = 1; w < 3; w++)
+        for (int split = 0; split < 2; split++) {
+            cm_config c = {.batch = 4, .micro = split ? 2 : 0, .prompt_len = 20, .compress = 1,
+                           .kvpct = {100, 0, 0}};
+            memcpy(c.wpct, wp[w], sizeof c.wpct);
+            flexdiag_policy_params_init(&c.policy);
+            check_verdict(&c, w, 0);
+        }
     /* shared prompt KV (--images-per-prompt): its prompt store and ring-only blocks, dense and
      * Diagonal, with and without micro-batches */
     for (int pol = 0; pol < 2; pol++)
@@ -252,7 +262,29 @@ static void test_search_weights_cpu(void **state) {
     uint64_t budget = big - avail + (cpu_need + gpu_need) / 2;
     json_t *top = search_top("tiny-janus", budget & ~(uint64_t)1023, "");
     assert_true(weights_gpu(top) < 100);
+    assert_int_equal(json_integer_value(json_object_get(top, "compress_weights")), 0);
     json_decref(top);
+    /* --compress-weights 4bit lets the search pack the streamed weights too: such candidates
+     * are offered with the flag that reproduces them, and one runs through bench */
+    top = search_top("tiny-janus", budget & ~(uint64_t)1023, "--compress-weights 4bit --top 1000");
+    json_decref(top);
+    char *out = read_output("s.jsonl"), flags[2048] = "";
+    int packed = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *r = json_loads(line, 0, NULL);
+        const char *f = json_string_value(json_object_get(r, "flags"));
+        int q = json_integer_value(json_object_get(r, "compress_weights")) == 4;
+        assert_int_equal(q, f && strstr(f, "--compress-weights 4bit") != NULL);
+        if (q) assert_true(json_integer_value(json_array_get(json_object_get(r, "weights"), 0)) < 100);
+        if (q && !flags[0]) snprintf(flags, sizeof flags, "%s", f);
+        packed += q;
+        json_decref(r);
+    }
+    free(out);
+    assert_true(packed > 0);
+    assert_int_equal(tu_system("cd '%s' && '%s' %s --threads 2 --steps 2 >q.out 2>q.err", g_dir,
+                               g_bench, flags + strlen("flexdiag ")),
+                     0);
 }
 
 static void test_min_fidelity(void **state) {

@@ -130,8 +130,9 @@ static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int can
     run_context_kv(m, batch, micro, cancel, &device, out);
 }
 
-static void open_model(int device, const char *arch, const uint32_t pct[3], const char *dir,
-                       uint64_t cpu_mem, flexdiag_runtime **rt, flexdiag_model **m) {
+static void open_model_q(int device, const char *arch, const uint32_t pct[3], const char *dir,
+                         uint64_t cpu_mem, uint32_t compress, flexdiag_runtime **rt,
+                         flexdiag_model **m) {
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
     rp.device = device;
@@ -144,7 +145,13 @@ static void open_model(int device, const char *arch, const uint32_t pct[3], cons
     mp.arch = arch;
     mp.seed = 7;
     memcpy(mp.weights_pct, pct, sizeof mp.weights_pct);
+    mp.compress_weights = compress;
     ok(flexdiag_model_load(*rt, NULL, &mp, m));
+}
+
+static void open_model(int device, const char *arch, const uint32_t pct[3], const char *dir,
+                       uint64_t cpu_mem, flexdiag_runtime **rt, flexdiag_model **m) {
+    open_model_q(device, arch, pct, dir, cpu_mem, 0, rt, m);
 }
 
 static void same(const run *a, const run *b, const char *what) {
@@ -277,6 +284,39 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
 }
 
 /* Relative L2 distance of n floats b from a. */
+void to_run_compressed(int device, const char *arch, int32_t batch, int32_t micro,
+                       const char *dir,
+                       void (*round_weights)(struct flexdiag_model *m, const uint32_t pct[3])) {
+    static const uint32_t places[][3] = {{0, 100, 0}, {0, 30, 70}, {50, 50, 0}, {20, 0, 80}};
+    static const uint32_t all[3] = {100, 0, 0};
+    for (int i = 0; i < (int)(sizeof places / sizeof places[0]); i++) {
+        const uint32_t *p = places[i];
+        char what[48];
+        snprintf(what, sizeof what, "%u,%u,%u compressed", p[0], p[1], p[2]);
+        flexdiag_runtime *rt;
+        flexdiag_model *m;
+        run ref = {0}, r = {0};
+        open_model(device, arch, all, dir, 0, &rt, &m);
+        round_weights(m, p);
+        run_context(m, batch, micro, 0, &ref);
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+        open_model_q(device, arch, p, dir, 0, 4, &rt, &m);
+        run_context(m, batch, micro, i == 1, &r);
+        assert_string_equal(r.sched, "tiered");
+        uint64_t below = r.weights_bytes[1] + r.weights_bytes[2];
+        /* packed: 9/32 of the matrices' bytes (4.5 bits a value); norms stay as they are */
+        assert_true(below > 0 && (double)below < 0.3 * (double)ref.weights_bytes[0] *
+                                                     (100 - p[0]) / 100.0 + 4096.0 * 64);
+        assert_true(r.h2d_bytes > 0);
+        same(&ref, &r, what);
+        run_free(&ref);
+        run_free(&r);
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+    }
+}
+
 static double rel_l2(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {

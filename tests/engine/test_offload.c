@@ -4,7 +4,9 @@
  * temporary folder. Every placement gives the resident run's tokens and logits bit for bit
  * (offload_runs.h), also with every copy delayed (FLEXDIAG_COPY_DELAY_US: a missing event
  * dependency shows up as wrong tokens) and on the thread-pool disk backend; budgets too small
- * are refused naming the flag and the bytes. KV homes: test_kv_homes.c.
+ * are refused naming the flag and the bytes. Compressed weights (--compress-weights 4bit) give the
+ * tokens and logits of the resident model whose streamed matrices were packed and unpacked in
+ * place by the plain C reference. KV homes: test_kv_homes.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,7 +18,11 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "base/core.h"
 #include "engine/offload_runs.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "offload/weight_homes.h"
+#include "runtime/engine/engine.h"
 #include "flexdiag.h"
 
 static char g_dir[] = "/tmp/flexdiag-offload-XXXXXX";
@@ -43,6 +49,31 @@ static void test_placements_chameleon(void **state) {
 
 
 
+
+/* The rows placement pct streams packed, packed and unpacked in place in m's resident layers
+ * (the CPU backend's device memory is host memory). */
+static void round_streamed(struct flexdiag_model *m, const uint32_t pct[3]) {
+    flexdiag_wcut cut;
+    assert_int_equal(flexdiag__weights_plan(&m->cfg, pct, 1, NULL, &cut), FLEXDIAG_OK);
+    flexdiag_wpiece pc[FLEXDIAG_WPIECES_MAX];
+    int n = flexdiag__wcut_pieces(&cut, pc);
+    for (int32_t j = 0; j < m->cfg.lm.layers; j++)
+        for (int i = 0; i < n; i++) {
+            if (!pc[i].pack) continue;
+            uint16_t *w = (uint16_t *)((char *)m->w.layer0 + (size_t)j * m->w.layer_bytes + pc[i].off);
+            uint8_t *p = malloc((size_t)pc[i].rows * flexdiag__wq4_row_bytes(pc[i].cols));
+            assert_int_equal(flexdiag__wq4_pack(p, w, pc[i].rows, pc[i].cols, "t"), FLEXDIAG_OK);
+            assert_int_equal(flexdiag__cpu_wq4_unpack(w, p, pc[i].rows, pc[i].cols, NULL),
+                             FLEXDIAG_OK);
+            free(p);
+        }
+}
+
+static void test_compressed(void **state) {
+    (void)state;
+    to_run_compressed(-1, "micro-janus", 6, 2, g_dir, round_streamed);
+    to_run_compressed(-1, "micro-opt", 6, 2, g_dir, round_streamed);
+}
 
 static void test_placements_delayed_copies(void **state) {
     (void)state;
@@ -102,6 +133,7 @@ int main(void) {
         cmocka_unit_test(test_placements_opt),
         cmocka_unit_test(test_placements_chameleon),
         cmocka_unit_test(test_placements_delayed_copies),
+        cmocka_unit_test(test_compressed),
         cmocka_unit_test(test_budgets_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,8 +7,9 @@
  * same (offload_runs.h to_run_kv_homes); CPU attention over those homes within a logit
  * tolerance (to_run_cpu_attention); the strided copies those homes use against a host
  * loop; and the slot-row gather of sparse policies against the CPU backend's copy, from both
- * kinds of pinned memory (host_alloc and host_register, what the KV pool uses). Exit 77
- * without a GPU.
+ * kinds of pinned memory (host_alloc and host_register, what the KV pool uses); compressed
+ * weights (--compress-weights 4bit, unpacked by the CUDA kernel) against the resident model
+ * whose streamed matrices the plain C reference packed and unpacked. Exit 77 without a GPU.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,8 +20,12 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "base/core.h"
 #include "engine/offload_runs.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/kernels.h"
+#include "offload/weight_homes.h"
+#include "runtime/engine/engine.h"
 
 static char g_dir[] = "/tmp/flexdiag-offload-cuda-XXXXXX";
 
@@ -32,6 +37,36 @@ static void test_placements_cuda(void **state) {
 static void test_kv_homes_cuda(void **state) {
     (void)state;
     to_run_kv_homes(0, "tiny-janus", 4, 1, g_dir, 0);
+}
+
+/* The rows placement pct streams packed, packed and unpacked by the plain C reference, in the
+ * resident model's device memory. */
+static void round_streamed(struct flexdiag_model *m, const uint32_t pct[3]) {
+    const flexdiag_kernels *k = m->rt->k;
+    flexdiag_wcut cut;
+    assert_int_equal(flexdiag__weights_plan(&m->cfg, pct, 1, NULL, &cut), FLEXDIAG_OK);
+    flexdiag_wpiece pc[FLEXDIAG_WPIECES_MAX];
+    int n = flexdiag__wcut_pieces(&cut, pc);
+    for (int32_t j = 0; j < m->cfg.lm.layers; j++)
+        for (int i = 0; i < n; i++) {
+            if (!pc[i].pack) continue;
+            char *dev = (char *)m->w.layer0 + (size_t)j * m->w.layer_bytes + pc[i].off;
+            uint16_t *w = malloc(pc[i].bytes);
+            uint8_t *p = malloc((size_t)pc[i].rows * flexdiag__wq4_row_bytes(pc[i].cols));
+            assert_int_equal(k->copy_d2h(w, dev, pc[i].bytes, m->rt->s), FLEXDIAG_OK);
+            assert_int_equal(flexdiag__wq4_pack(p, w, pc[i].rows, pc[i].cols, "t"), FLEXDIAG_OK);
+            assert_int_equal(flexdiag__cpu_wq4_unpack(w, p, pc[i].rows, pc[i].cols, NULL),
+                             FLEXDIAG_OK);
+            assert_int_equal(k->copy_h2d(dev, w, pc[i].bytes, m->rt->s), FLEXDIAG_OK);
+            assert_int_equal(k->stream_sync(m->rt->s), FLEXDIAG_OK);
+            free(w);
+            free(p);
+        }
+}
+
+static void test_compressed_cuda(void **state) {
+    (void)state;
+    to_run_compressed(0, "tiny-janus", 6, 2, g_dir, round_streamed);
 }
 
 /* CPU attention: the host's bf16 attention (kernels/cpu/host_attn.c) in place of the device's;
@@ -163,6 +198,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_strided_copies), /* quick first */
                                        cmocka_unit_test(test_slot_rows),
                                        cmocka_unit_test(test_placements_cuda),
+                                       cmocka_unit_test(test_compressed_cuda),
                                        cmocka_unit_test(test_kv_homes_cuda),
                                        cmocka_unit_test(test_cpu_attention_cuda)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
