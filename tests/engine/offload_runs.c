@@ -12,8 +12,12 @@
 #include <math.h>
 #include <cmocka.h>
 
+#include "base/core.h"
 #include "engine/offload_runs.h"
 #include "flexdiag.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "offload/weight_homes.h"
+#include "runtime/engine/engine.h"
 
 #define N_PROMPTS 3
 #define PER_PROMPT 2
@@ -284,9 +288,33 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
 }
 
 /* Relative L2 distance of n floats b from a. */
+/* The rows placement pct streams packed, packed and unpacked by the plain C reference, in the
+ * resident model's device memory (copied down and up through its backend). */
+static void round_streamed(flexdiag_model *m, const uint32_t pct[3]) {
+    const flexdiag_kernels *k = m->rt->k;
+    flexdiag_wcut cut;
+    assert_int_equal(flexdiag__weights_plan(&m->cfg, pct, 1, NULL, &cut), FLEXDIAG_OK);
+    flexdiag_wpiece pc[FLEXDIAG_WPIECES_MAX];
+    int n = flexdiag__wcut_pieces(&cut, pc);
+    for (int32_t j = 0; j < m->cfg.lm.layers; j++)
+        for (int i = 0; i < n; i++) {
+            if (!pc[i].pack) continue;
+            char *dev = (char *)m->w.layer0 + (size_t)j * m->w.layer_bytes + pc[i].off;
+            uint16_t *w = malloc(pc[i].bytes);
+            uint8_t *p = malloc((size_t)pc[i].rows * flexdiag__wq4_row_bytes(pc[i].cols));
+            assert_int_equal(k->copy_d2h(w, dev, pc[i].bytes, m->rt->s), FLEXDIAG_OK);
+            assert_int_equal(flexdiag__wq4_pack(p, w, pc[i].rows, pc[i].cols, "t"), FLEXDIAG_OK);
+            assert_int_equal(flexdiag__cpu_wq4_unpack(w, p, pc[i].rows, pc[i].cols, NULL),
+                             FLEXDIAG_OK);
+            assert_int_equal(k->copy_h2d(dev, w, pc[i].bytes, m->rt->s), FLEXDIAG_OK);
+            assert_int_equal(k->stream_sync(m->rt->s), FLEXDIAG_OK);
+            free(w);
+            free(p);
+        }
+}
+
 void to_run_compressed(int device, const char *arch, int32_t batch, int32_t micro,
-                       const char *dir,
-                       void (*round_weights)(struct flexdiag_model *m, const uint32_t pct[3])) {
+                       const char *dir) {
     static const uint32_t places[][3] = {{0, 100, 0}, {0, 30, 70}, {50, 50, 0}, {20, 0, 80}};
     static const uint32_t all[3] = {100, 0, 0};
     for (int i = 0; i < (int)(sizeof places / sizeof places[0]); i++) {
@@ -297,7 +325,7 @@ void to_run_compressed(int device, const char *arch, int32_t batch, int32_t micr
         flexdiag_model *m;
         run ref = {0}, r = {0};
         open_model(device, arch, all, dir, 0, &rt, &m);
-        round_weights(m, p);
+        round_streamed(m, p);
         run_context(m, batch, micro, 0, &ref);
         flexdiag_model_destroy(m);
         flexdiag_runtime_destroy(rt);

@@ -16,13 +16,11 @@
 void to_run_placements(int device, const char *arch, int32_t batch, int32_t micro,
                        const char *dir);
 /* Compressed weights (--compress-weights 4bit): placements with streamed weights against a
- * resident model of the same seed whose streamed matrix rows round_weights(m, pct) has packed
- * and unpacked in place (the test's own, over its backend's memory): the same tokens and logits
- * bit for bit, and fewer bytes moved than the placement holds unpacked. */
-struct flexdiag_model;
+ * resident model of the same seed whose streamed matrix rows the plain C reference packed and
+ * unpacked in place: the same tokens and logits bit for bit, and fewer bytes below the device
+ * than the placement holds unpacked. */
 void to_run_compressed(int device, const char *arch, int32_t batch, int32_t micro,
-                       const char *dir,
-                       void (*round_weights)(struct flexdiag_model *m, const uint32_t pct[3]));
+                       const char *dir);
 /* KV homes: for every policy, the block's KV all on the device, then half the micro-batches and
  * all of them in pinned host memory, all on disk (the store in dir), one micro-batch in each
  * home (cancelled runs among them), and the KV on the host with the weights split: the same

@@ -18,11 +18,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "base/core.h"
 #include "engine/offload_runs.h"
-#include "kernels/cpu/cpu_ops.h"
-#include "offload/weight_homes.h"
-#include "runtime/engine/engine.h"
 #include "flexdiag.h"
 
 static char g_dir[] = "/tmp/flexdiag-offload-XXXXXX";
@@ -50,29 +46,10 @@ static void test_placements_chameleon(void **state) {
 
 
 
-/* The rows placement pct streams packed, packed and unpacked in place in m's resident layers
- * (the CPU backend's device memory is host memory). */
-static void round_streamed(struct flexdiag_model *m, const uint32_t pct[3]) {
-    flexdiag_wcut cut;
-    assert_int_equal(flexdiag__weights_plan(&m->cfg, pct, 1, NULL, &cut), FLEXDIAG_OK);
-    flexdiag_wpiece pc[FLEXDIAG_WPIECES_MAX];
-    int n = flexdiag__wcut_pieces(&cut, pc);
-    for (int32_t j = 0; j < m->cfg.lm.layers; j++)
-        for (int i = 0; i < n; i++) {
-            if (!pc[i].pack) continue;
-            uint16_t *w = (uint16_t *)((char *)m->w.layer0 + (size_t)j * m->w.layer_bytes + pc[i].off);
-            uint8_t *p = malloc((size_t)pc[i].rows * flexdiag__wq4_row_bytes(pc[i].cols));
-            assert_int_equal(flexdiag__wq4_pack(p, w, pc[i].rows, pc[i].cols, "t"), FLEXDIAG_OK);
-            assert_int_equal(flexdiag__cpu_wq4_unpack(w, p, pc[i].rows, pc[i].cols, NULL),
-                             FLEXDIAG_OK);
-            free(p);
-        }
-}
-
 static void test_compressed(void **state) {
     (void)state;
-    to_run_compressed(-1, "micro-janus", 6, 2, g_dir, round_streamed);
-    to_run_compressed(-1, "micro-opt", 6, 2, g_dir, round_streamed);
+    to_run_compressed(-1, "micro-janus", 6, 2, g_dir);
+    to_run_compressed(-1, "micro-opt", 6, 2, g_dir);
 }
 
 static void test_placements_delayed_copies(void **state) {

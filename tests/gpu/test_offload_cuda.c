@@ -20,12 +20,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "base/core.h"
 #include "engine/offload_runs.h"
-#include "kernels/cpu/cpu_ops.h"
 #include "kernels/kernels.h"
-#include "offload/weight_homes.h"
-#include "runtime/engine/engine.h"
 
 static char g_dir[] = "/tmp/flexdiag-offload-cuda-XXXXXX";
 
@@ -39,34 +35,9 @@ static void test_kv_homes_cuda(void **state) {
     to_run_kv_homes(0, "tiny-janus", 4, 1, g_dir, 0);
 }
 
-/* The rows placement pct streams packed, packed and unpacked by the plain C reference, in the
- * resident model's device memory. */
-static void round_streamed(struct flexdiag_model *m, const uint32_t pct[3]) {
-    const flexdiag_kernels *k = m->rt->k;
-    flexdiag_wcut cut;
-    assert_int_equal(flexdiag__weights_plan(&m->cfg, pct, 1, NULL, &cut), FLEXDIAG_OK);
-    flexdiag_wpiece pc[FLEXDIAG_WPIECES_MAX];
-    int n = flexdiag__wcut_pieces(&cut, pc);
-    for (int32_t j = 0; j < m->cfg.lm.layers; j++)
-        for (int i = 0; i < n; i++) {
-            if (!pc[i].pack) continue;
-            char *dev = (char *)m->w.layer0 + (size_t)j * m->w.layer_bytes + pc[i].off;
-            uint16_t *w = malloc(pc[i].bytes);
-            uint8_t *p = malloc((size_t)pc[i].rows * flexdiag__wq4_row_bytes(pc[i].cols));
-            assert_int_equal(k->copy_d2h(w, dev, pc[i].bytes, m->rt->s), FLEXDIAG_OK);
-            assert_int_equal(flexdiag__wq4_pack(p, w, pc[i].rows, pc[i].cols, "t"), FLEXDIAG_OK);
-            assert_int_equal(flexdiag__cpu_wq4_unpack(w, p, pc[i].rows, pc[i].cols, NULL),
-                             FLEXDIAG_OK);
-            assert_int_equal(k->copy_h2d(dev, w, pc[i].bytes, m->rt->s), FLEXDIAG_OK);
-            assert_int_equal(k->stream_sync(m->rt->s), FLEXDIAG_OK);
-            free(w);
-            free(p);
-        }
-}
-
 static void test_compressed_cuda(void **state) {
     (void)state;
-    to_run_compressed(0, "tiny-janus", 6, 2, g_dir, round_streamed);
+    to_run_compressed(0, "tiny-janus", 6, 2, g_dir);
 }
 
 /* CPU attention: the host's bf16 attention (kernels/cpu/host_attn.c) in place of the device's;
