@@ -154,7 +154,10 @@ static void test_slot_rows(void **state) {
     slot_rows_case(1);
 }
 
-int main(void) {
+/* An argument runs only the tests whose names match it (cmocka's filter, e.g. '*compressed*'). */
+int main(int argc, char **argv) {
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     size_t fb = 0, tb = 0;
     const flexdiag_kernels *k = flexdiag__kernels_cuda();
     if (!k || k->mem_info(&fb, &tb) != FLEXDIAG_OK || tb == 0) {
