@@ -1,7 +1,7 @@
 /*
  * bench_host_attn.c - the CPU attention's host kernel against the memory it reads, timed on
- * the host it runs on (run by hand: <build>/tests/cpu/bench_host_attn [threads [sequences [homes]]]; not a
- * test).
+ * the host it runs on (run by hand: <build>/tests/cpu/bench_host_attn [threads [sequences [homes
+ * [spinners]]]]; not a test).
  *
  * Janus-Pro-7B shapes (32 heads of 128, prompt 50, ring 576), one micro-batch of 32 sequences (or as given),
  * its K and V homes mapped as the pinned pool maps them (anonymous mmap), once with 4 KiB
@@ -10,7 +10,11 @@
  * (flexdiag__host_attn_decode, bf16, RoPE on), and a plain 16-lane sum over the same bytes as
  * the memory's own ceiling. Best of 5 after one warm-up. With `homes`, the 338-row case again
  * over that many micro-batch homes in turn (a step of the engine: layers x micro-batches).
+ * `spinners` threads busy-wait for the whole run, as the thread that drives a GPU does inside
+ * cudaStreamSynchronize while the host attends (the CUDA runtime's default wait spins).
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,7 +119,21 @@ static int spread(run *r, int homes, int32_t *n_slots) {
     return 0;
 }
 
+static atomic_int g_stop;
+
+static void *spin_main(void *arg) {
+    (void)arg;
+    while (!atomic_load_explicit(&g_stop, memory_order_relaxed)) {
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
+    int spinners = argc > 4 ? atoi(argv[4]) : 0;
+    pthread_t spin[64];
+    if (spinners < 0 || spinners > 64) return fprintf(stderr, "spinners: 0..64\n"), 2;
+    for (int i = 0; i < spinners; i++)
+        if (pthread_create(&spin[i], NULL, spin_main, NULL)) return 1;
     int threads = argc > 1 ? atoi(argv[1]) : 0;
     int NSEQ = argc > 2 ? atoi(argv[2]) : 32;
     if (NSEQ < 1 || NSEQ > MAX_SEQ) return fprintf(stderr, "sequences: 1..%d\n", MAX_SEQ), 2;
@@ -166,5 +184,7 @@ int main(int argc, char **argv) {
     int homes = argc > 3 ? atoi(argv[3]) : 0;
     if (homes > 0 && NSEQ == NSEQ_SPREAD && spread(&r, homes, n_slots)) return 1;
     k->stream_destroy(r.cpu);
+    atomic_store(&g_stop, 1);
+    for (int i = 0; i < spinners; i++) pthread_join(spin[i], NULL);
     return 0;
 }
