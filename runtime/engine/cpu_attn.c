@@ -116,15 +116,6 @@ static flexdiag_status open_ws(flexdiag_context *c, flexdiag_cpu_attn *ca) {
     return FLEXDIAG_OK;
 }
 
-/* Attention threads for --threads 0: the cores of set but one. The thread that drives the
- * device waits for each step's results while the host attends, and the CUDA runtime's default
- * wait spins on a core when the process has fewer contexts than cores; a pool as wide as the
- * cores would then share them with it, and a job waits for its last task. */
-static int default_threads(const cpu_set_t *set) {
-    int n = CPU_COUNT(set);
-    return n > 1 ? n - 1 : 1;
-}
-
 /* The attention threads, on the NUMA node the pinned pool (the KV home) is bound to when it is
  * bound to one: they are created while this thread's affinity is that node's CPUs (within its
  * own mask), so they inherit it and --threads 0 counts the node's cores. */
@@ -132,16 +123,14 @@ static flexdiag_status open_threads(const flexdiag_runtime *rt, flexdiag_cpu_att
     flexdiag_host_pool_stats ps = {.numa_node = -1};
     if (rt->pool) flexdiag__host_pool_stats(rt->pool, &ps);
     cpu_set_t old, set;
-    int have_old = pthread_getaffinity_np(pthread_self(), sizeof old, &old) == 0;
-    int bind = have_old && ps.numa_node >= 0 && flexdiag__numa_node_cpus(ps.numa_node, &set) == 0;
+    int bind = ps.numa_node >= 0 && flexdiag__numa_node_cpus(ps.numa_node, &set) == 0 &&
+               pthread_getaffinity_np(pthread_self(), sizeof old, &old) == 0;
     if (bind) {
         CPU_AND(&set, &set, &old);
         bind = CPU_COUNT(&set) > 0 &&
                pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
     }
-    int threads = rt->p.threads;
-    if (!threads && (bind || have_old)) threads = default_threads(bind ? &set : &old);
-    flexdiag_status st = flexdiag__kernels_cpu()->stream_create(-1, threads, &ca->cpu);
+    flexdiag_status st = flexdiag__kernels_cpu()->stream_create(-1, rt->p.threads, &ca->cpu);
     if (bind) (void)pthread_setaffinity_np(pthread_self(), sizeof old, &old);
     ca->numa_node = bind ? ps.numa_node : -1;
     return st;
