@@ -2,11 +2,15 @@
  * thread_pool.c - a persistent pthread pool with per-worker scratch: the workers of the CPU
  * backend's streams and of the host-side policy work.
  *
- * A job is (fn, ctx, n_tasks). The submitting thread publishes it under the mutex, bumps the
- * generation and broadcasts; every pool thread wakes once per generation, then all workers
- * (the submitter included, as worker 0) claim task indices from one atomic counter until none
- * are left. The submitter waits until every pool thread has left the job, so the job's ctx may
- * live on its stack. Dynamic claiming balances uneven tasks (attention heads with different
+ * A job is (fn, ctx, n_tasks). The submitting thread publishes it, bumps the generation
+ * (release, under the mutex) and broadcasts; every pool thread takes each generation once, then
+ * all workers (the submitter included, as worker 0) claim task indices from one atomic counter
+ * until none are left. The submitter waits until every pool thread has left the job, so the
+ * job's ctx may live on its stack. Between jobs a pool thread polls the generation for up to
+ * POOL_POLL_S before it sleeps on the condition variable, and the submitter polls the count of
+ * threads still inside the job as long before it sleeps: ops that follow each other closely (a
+ * decode step's ops, CPU attention jobs) then pay no futex wake-up and no mutex hand-off per
+ * thread. Dynamic claiming balances uneven tasks (attention heads with different
  * slot counts); results never depend on which worker ran a task because each task owns
  * disjoint outputs and computes them in a fixed order.
  *
@@ -26,6 +30,9 @@
 /* Upper bound on the worker count: far above any host we target, low enough to catch a
  * negative or garbage value passed as threads. */
 #define POOL_MAX_THREADS 1024
+/* Seconds a waiting thread polls before it sleeps: longer than the gap between two ops of a
+ * step, short enough that an idle pool gives its cores back at once. */
+#define POOL_POLL_S 50e-6
 
 typedef struct pool_thread_arg {
     flexdiag_pool *s;
@@ -44,29 +51,60 @@ static void run_tasks(flexdiag_pool *s, flexdiag__pool_task_fn fn, void *ctx, in
     }
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static int new_job(flexdiag_pool *s, uint64_t seen) {
+    return atomic_load_explicit(&s->gen, memory_order_acquire) != seen ||
+           atomic_load_explicit(&s->stop, memory_order_acquire);
+}
+
+static int job_left(flexdiag_pool *s) {
+    return atomic_load_explicit(&s->busy, memory_order_acquire) == 0;
+}
+
+/* Poll cond(s, arg) for up to POOL_POLL_S; 1 when it became true. */
+static int poll_for(flexdiag_pool *s, int (*cond)(flexdiag_pool *, uint64_t), uint64_t arg) {
+    double until = flexdiag__now() + POOL_POLL_S;
+    do {
+        for (int i = 0; i < 64; i++) {
+            if (cond(s, arg)) return 1;
+            cpu_relax();
+        }
+    } while (flexdiag__now() < until);
+    return cond(s, arg);
+}
+
+static int all_left(flexdiag_pool *s, uint64_t unused) {
+    (void)unused;
+    return job_left(s);
+}
+
 static void *pool_main(void *p) {
     pool_thread_arg arg = *(pool_thread_arg *)p;
     free(p);
     flexdiag_pool *s = arg.s;
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (s->gen == seen && !s->stop) pthread_cond_wait(&s->wake, &s->mu);
-        if (s->stop) {
+        if (!poll_for(s, new_job, seen)) {
+            pthread_mutex_lock(&s->mu);
+            while (!new_job(s, seen)) pthread_cond_wait(&s->wake, &s->mu);
             pthread_mutex_unlock(&s->mu);
-            return NULL;
         }
-        seen = s->gen;
-        flexdiag__pool_task_fn fn = s->fn;
-        void *ctx = s->ctx, *scratch = s->scratch[arg.worker];
-        int64_t n_tasks = s->n_tasks;
-        pthread_mutex_unlock(&s->mu);
-
-        run_tasks(s, fn, ctx, n_tasks, scratch);
-
-        pthread_mutex_lock(&s->mu);
-        if (--s->busy == 0) pthread_cond_signal(&s->done);
-        pthread_mutex_unlock(&s->mu);
+        if (atomic_load_explicit(&s->stop, memory_order_acquire)) return NULL;
+        seen = atomic_load_explicit(&s->gen, memory_order_acquire);
+        /* the job's fields were written before gen (release) and stay until busy drops to 0 */
+        run_tasks(s, s->fn, s->ctx, s->n_tasks, s->scratch[arg.worker]);
+        if (atomic_fetch_sub_explicit(&s->busy, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&s->mu);
+            pthread_cond_signal(&s->done);
+            pthread_mutex_unlock(&s->mu);
+        }
     }
 }
 
@@ -112,22 +150,24 @@ static flexdiag_status pool_run(flexdiag_pool *s, int64_t n_tasks, size_t scratc
         for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, s->scratch[0]);
         return FLEXDIAG_OK;
     }
-    pthread_mutex_lock(&s->mu);
     s->fn = fn;
     s->ctx = ctx;
     s->n_tasks = n_tasks;
     atomic_store(&s->next, 0);
-    s->busy = s->n_workers - 1;
-    s->gen++;
+    atomic_store(&s->busy, s->n_workers - 1);
+    pthread_mutex_lock(&s->mu); /* a sleeper tests gen under mu: no lost wake-up */
+    atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
     pthread_cond_broadcast(&s->wake);
     pthread_mutex_unlock(&s->mu);
 
     run_tasks(s, fn, ctx, n_tasks, s->scratch[0]);
 
     /* ctx lives on the caller's stack: wait until no pool thread can still touch it */
-    pthread_mutex_lock(&s->mu);
-    while (s->busy > 0) pthread_cond_wait(&s->done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    if (!poll_for(s, all_left, 0)) {
+        pthread_mutex_lock(&s->mu);
+        while (!job_left(s)) pthread_cond_wait(&s->done, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
     return FLEXDIAG_OK;
 }
 
@@ -164,7 +204,7 @@ static int online_cores(void) {
 /* Stop and join the first n_started pool threads, free everything. */
 static void pool_free(flexdiag_pool *s, int n_started) {
     pthread_mutex_lock(&s->mu);
-    s->stop = 1;
+    atomic_store(&s->stop, 1);
     pthread_cond_broadcast(&s->wake);
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n_started; i++) pthread_join(s->threads[i], NULL);
@@ -218,6 +258,9 @@ flexdiag_status flexdiag__pool_create(int threads, flexdiag_pool **out) {
     pthread_cond_init(&s->wake, NULL);
     pthread_cond_init(&s->done, NULL);
     atomic_init(&s->next, 0);
+    atomic_init(&s->gen, 0);
+    atomic_init(&s->stop, 0);
+    atomic_init(&s->busy, 0);
     s->threads = calloc((size_t)s->n_workers, sizeof *s->threads);
     s->scratch = calloc((size_t)s->n_workers, sizeof *s->scratch);
     if (!s->threads || !s->scratch) {

@@ -30,13 +30,13 @@ typedef struct flexdiag_pool {
     int n_workers;            /* threads running tasks, the caller included; >= 1 */
     pthread_t *threads;       /* (n_workers - 1) pool threads */
     pthread_mutex_t submit;   /* held for a whole job: one submitter at a time */
-    pthread_mutex_t mu;       /* guards every field below except next */
+    pthread_mutex_t mu;       /* sleeping and waking on the two conditions */
     pthread_cond_t wake;      /* signalled when gen changes or stop is set */
     pthread_cond_t done;      /* signalled when busy drops to 0 */
-    uint64_t gen;             /* job generation; pool threads run each generation once */
-    int stop;                 /* set by destroy: pool threads exit */
-    int busy;                 /* pool threads still inside the current job */
-    flexdiag__pool_task_fn fn; /* current job */
+    _Atomic uint64_t gen;     /* job generation; pool threads run each generation once */
+    atomic_int stop;          /* set by destroy: pool threads exit */
+    atomic_int busy;          /* pool threads still inside the current job */
+    flexdiag__pool_task_fn fn; /* current job: written before gen is bumped, read after */
     void *ctx;                /* current job's argument block */
     int64_t n_tasks;          /* tasks of the current job */
     _Atomic int64_t next;     /* next unclaimed task index */
