@@ -61,9 +61,8 @@ static size_t task_floats(int32_t g, int32_t d_h) {
     return 2 * (size_t)g * d_h + (size_t)g * CHUNK + 2 * (size_t)g;
 }
 
-/* Append the new K/V row of (sequence s, KV head kh) and rotate its queries; returns the cache
- * block offset (elements) of (s, kh). */
-static int64_t append_row(const bf16_job *jb, int64_t s, int32_t kh) {
+/* Append the new K/V row of (sequence s, KV head kh) and rotate its queries. */
+static void append_row(const bf16_job *jb, int64_t s, int32_t kh) {
     const flexdiag_host_attn *h = jb->h;
     const flexdiag_attn_args *a = &h->a;
     int32_t d_h = a->d_h, g = a->h_q / a->h_kv;
@@ -74,11 +73,9 @@ static int64_t append_row(const bf16_job *jb, int64_t s, int32_t kh) {
         for (int32_t q = 0; q < g; q++) rope_head(row + ((int64_t)kh * g + q) * d_h, cs, d_h);
         rope_head(kq, cs, d_h);
     }
-    int64_t blk = (s * a->h_kv + kh) * jb->block * d_h;
-    int64_t dst = blk + (int64_t)h->rows[s * a->h_kv + kh] * d_h;
+    int64_t dst = ((s * a->h_kv + kh) * jb->block + h->rows[s * a->h_kv + kh]) * d_h;
     memcpy((uint16_t *)h->k + dst, kq, (size_t)d_h * 2);
     memcpy((uint16_t *)h->v + dst, vq, (size_t)d_h * 2);
-    return blk;
 }
 
 /* Eight lanes of fp32 (GCC/Clang vector extensions: one AVX register, two SSE ones, or the
@@ -244,18 +241,20 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     const flexdiag_attn_args *a = &jb->h->a;
     int64_t s = t / a->h_kv;
     int32_t kh = (int32_t)(t % a->h_kv), g = a->h_q / a->h_kv, d_h = a->d_h;
-    int64_t blk = append_row(jb, s, kh);
+    int64_t blk = (s * a->h_kv + kh) * jb->block * d_h;
     const uint16_t *kc = (const uint16_t *)jb->h->k + blk, *vc = (const uint16_t *)jb->h->v + blk;
+    int64_t li = a->shared_slots ? 0 : t;
+    const int32_t *slots = a->slots ? a->slots + li * a->max_slots : NULL;
+    int64_t n_prompt = a->lp[s], n = n_prompt + a->n_slots[li];
+    int64_t offs[2][CHUNK];
+    /* the first chunk's rows are on their way while the queries are rotated and widened */
+    prefetch_rows(kc, vc, offs[0], chunk_offsets(a, slots, n_prompt, n, 0, offs[0]), d_h);
+    append_row(jb, s, kh);
     float *q = scratch, *acc = q + (int64_t)g * d_h, *z = acc + (int64_t)g * d_h;
     float *m = z + (int64_t)g * CHUNK, *l = m + g;
     widen_ordered(q, (const uint16_t *)jb->h->qkv + s * jb->width + (int64_t)kh * g * d_h, g * d_h);
     memset(acc, 0, (size_t)g * d_h * sizeof(float));
     for (int32_t i = 0; i < g; i++) m[i] = -INFINITY, l[i] = 0.0f;
-    int64_t li = a->shared_slots ? 0 : t;
-    const int32_t *slots = a->slots ? a->slots + li * a->max_slots : NULL;
-    int64_t n_prompt = a->lp[s], n = n_prompt + a->n_slots[li];
-    int64_t offs[2][CHUNK];
-    chunk_offsets(a, slots, n_prompt, n, 0, offs[0]);
     for (int64_t j0 = 0, x = 0; j0 < n; j0 += CHUNK, x ^= 1) {
         int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK, *off = offs[x];
         if (j0 + CHUNK < n) {
