@@ -59,12 +59,15 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* A job after generation seen, or stop. */
 static int new_job(flexdiag_pool *s, uint64_t seen) {
     return atomic_load_explicit(&s->gen, memory_order_acquire) != seen ||
            atomic_load_explicit(&s->stop, memory_order_acquire);
 }
 
-static int job_left(flexdiag_pool *s) {
+/* Every pool thread has left the current job (the argument is poll_for's, unused). */
+static int job_left(flexdiag_pool *s, uint64_t unused) {
+    (void)unused;
     return atomic_load_explicit(&s->busy, memory_order_acquire) == 0;
 }
 
@@ -78,11 +81,6 @@ static int poll_for(flexdiag_pool *s, int (*cond)(flexdiag_pool *, uint64_t), ui
         }
     } while (flexdiag__now() < until);
     return cond(s, arg);
-}
-
-static int all_left(flexdiag_pool *s, uint64_t unused) {
-    (void)unused;
-    return job_left(s);
 }
 
 static void *pool_main(void *p) {
@@ -163,9 +161,9 @@ static flexdiag_status pool_run(flexdiag_pool *s, int64_t n_tasks, size_t scratc
     run_tasks(s, fn, ctx, n_tasks, s->scratch[0]);
 
     /* ctx lives on the caller's stack: wait until no pool thread can still touch it */
-    if (!poll_for(s, all_left, 0)) {
+    if (!poll_for(s, job_left, 0)) {
         pthread_mutex_lock(&s->mu);
-        while (!job_left(s)) pthread_cond_wait(&s->done, &s->mu);
+        while (!job_left(s, 0)) pthread_cond_wait(&s->done, &s->mu);
         pthread_mutex_unlock(&s->mu);
     }
     return FLEXDIAG_OK;
