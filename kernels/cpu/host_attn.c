@@ -61,8 +61,9 @@ static size_t task_floats(int32_t g, int32_t d_h) {
     return 2 * (size_t)g * d_h + (size_t)g * CHUNK + 2 * (size_t)g;
 }
 
-/* Append the new K/V row of (sequence s, KV head kh) and rotate its queries. */
-static void append_row(const bf16_job *jb, int64_t s, int32_t kh) {
+/* Append the new K/V row of (sequence s, KV head kh), whose cache block starts at element blk,
+ * and rotate its queries. */
+static void append_row(const bf16_job *jb, int64_t s, int32_t kh, int64_t blk) {
     const flexdiag_host_attn *h = jb->h;
     const flexdiag_attn_args *a = &h->a;
     int32_t d_h = a->d_h, g = a->h_q / a->h_kv;
@@ -73,7 +74,7 @@ static void append_row(const bf16_job *jb, int64_t s, int32_t kh) {
         for (int32_t q = 0; q < g; q++) rope_head(row + ((int64_t)kh * g + q) * d_h, cs, d_h);
         rope_head(kq, cs, d_h);
     }
-    int64_t dst = ((s * a->h_kv + kh) * jb->block + h->rows[s * a->h_kv + kh]) * d_h;
+    int64_t dst = blk + (int64_t)h->rows[s * a->h_kv + kh] * d_h;
     memcpy((uint16_t *)h->k + dst, kq, (size_t)d_h * 2);
     memcpy((uint16_t *)h->v + dst, vq, (size_t)d_h * 2);
 }
@@ -249,7 +250,7 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     int64_t offs[2][CHUNK];
     /* the first chunk's rows are on their way while the queries are rotated and widened */
     prefetch_rows(kc, vc, offs[0], chunk_offsets(a, slots, n_prompt, n, 0, offs[0]), d_h);
-    append_row(jb, s, kh);
+    append_row(jb, s, kh, blk);
     float *q = scratch, *acc = q + (int64_t)g * d_h, *z = acc + (int64_t)g * d_h;
     float *m = z + (int64_t)g * CHUNK, *l = m + g;
     widen_ordered(q, (const uint16_t *)jb->h->qkv + s * jb->width + (int64_t)kh * g * d_h, g * d_h);
