@@ -3,10 +3,15 @@
  * backend's streams and of the host-side policy work.
  *
  * A job is (fn, ctx, n_tasks). The submitting thread publishes it, bumps the generation
- * (release, under the mutex) and broadcasts; every pool thread takes each generation once, then
- * all workers (the submitter included, as worker 0) claim task indices from one atomic counter
- * until none are left. The submitter waits until every pool thread has left the job, so the
- * job's ctx may live on its stack. Between jobs a pool thread polls the generation for up to
+ * (release, under the mutex) and broadcasts; each pool thread that sees the generation joins
+ * the job (busy + 1), and unless the job is already closed, all workers (the submitter
+ * included, as worker 0) claim task indices from one atomic counter until none are left. The
+ * submitter then closes the job and waits until every thread that joined has left, so the
+ * job's ctx may live on its stack; a thread that wakes after the close leaves without reading
+ * the job. (Join-then-check against close-then-wait, all sequentially consistent: either the
+ * submitter sees the joiner or the joiner sees the close.) A job therefore never waits for a
+ * sleeping thread to wake up, only for tasks that have started. Between jobs a pool thread
+ * polls the generation for up to
  * POOL_POLL_S before it sleeps on the condition variable, and the submitter polls the count of
  * threads still inside the job as long before it sleeps: ops that follow each other closely (a
  * decode step's ops, CPU attention jobs) then pay no futex wake-up and no mutex hand-off per
@@ -65,10 +70,11 @@ static int new_job(flexdiag_pool *s, uint64_t seen) {
            atomic_load_explicit(&s->stop, memory_order_acquire);
 }
 
-/* Every pool thread has left the current job (the argument is poll_for's, unused). */
+/* Every pool thread that joined the current job has left it (the argument is poll_for's,
+ * unused). Sequentially consistent: this load follows the store that closes the job. */
 static int job_left(flexdiag_pool *s, uint64_t unused) {
     (void)unused;
-    return atomic_load_explicit(&s->busy, memory_order_acquire) == 0;
+    return atomic_load(&s->busy) == 0;
 }
 
 /* Poll cond(s, arg) for up to POOL_POLL_S; 1 when it became true. */
@@ -95,9 +101,11 @@ static void *pool_main(void *p) {
             pthread_mutex_unlock(&s->mu);
         }
         if (atomic_load_explicit(&s->stop, memory_order_acquire)) return NULL;
-        seen = atomic_load_explicit(&s->gen, memory_order_acquire);
-        /* the job's fields were written before gen (release) and stay until busy drops to 0 */
-        run_tasks(s, s->fn, s->ctx, s->n_tasks, s->scratch[arg.worker]);
+        seen = atomic_load(&s->gen);
+        atomic_fetch_add(&s->busy, 1);
+        /* the job's fields were written before gen and stay until the joined threads have left */
+        if (atomic_load(&s->closed) < seen)
+            run_tasks(s, s->fn, s->ctx, s->n_tasks, s->scratch[arg.worker]);
         if (atomic_fetch_sub_explicit(&s->busy, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&s->mu);
             pthread_cond_signal(&s->done);
@@ -152,15 +160,16 @@ static flexdiag_status pool_run(flexdiag_pool *s, int64_t n_tasks, size_t scratc
     s->ctx = ctx;
     s->n_tasks = n_tasks;
     atomic_store(&s->next, 0);
-    atomic_store(&s->busy, s->n_workers - 1);
     pthread_mutex_lock(&s->mu); /* a sleeper tests gen under mu: no lost wake-up */
-    atomic_fetch_add_explicit(&s->gen, 1, memory_order_release);
+    const uint64_t g = atomic_fetch_add(&s->gen, 1) + 1;
     pthread_cond_broadcast(&s->wake);
     pthread_mutex_unlock(&s->mu);
 
     run_tasks(s, fn, ctx, n_tasks, s->scratch[0]);
 
-    /* ctx lives on the caller's stack: wait until no pool thread can still touch it */
+    /* every task is claimed: close the job to late joiners, then wait for those inside (ctx
+     * lives on the caller's stack) */
+    atomic_store(&s->closed, g);
     if (!poll_for(s, job_left, 0)) {
         pthread_mutex_lock(&s->mu);
         while (!job_left(s, 0)) pthread_cond_wait(&s->done, &s->mu);
@@ -257,6 +266,7 @@ flexdiag_status flexdiag__pool_create(int threads, flexdiag_pool **out) {
     pthread_cond_init(&s->done, NULL);
     atomic_init(&s->next, 0);
     atomic_init(&s->gen, 0);
+    atomic_init(&s->closed, 0);
     atomic_init(&s->stop, 0);
     atomic_init(&s->busy, 0);
     s->threads = calloc((size_t)s->n_workers, sizeof *s->threads);

@@ -34,8 +34,9 @@ typedef struct flexdiag_pool {
     pthread_cond_t wake;      /* signalled when gen changes or stop is set */
     pthread_cond_t done;      /* signalled when busy drops to 0 */
     _Atomic uint64_t gen;     /* job generation; pool threads run each generation once */
+    _Atomic uint64_t closed;  /* last generation whose tasks are all done: no one joins it */
     atomic_int stop;          /* set by destroy: pool threads exit */
-    atomic_int busy;          /* pool threads still inside the current job */
+    atomic_int busy;          /* pool threads that joined the current job and not left it */
     flexdiag__pool_task_fn fn; /* current job: written before gen is bumped, read after */
     void *ctx;                /* current job's argument block */
     int64_t n_tasks;          /* tasks of the current job */

@@ -2,8 +2,15 @@
  * test_thread_pool.c - the persistent thread pool (base/thread_pool.c): every task of every job
  * runs exactly once whatever the worker count; jobs back to back (the workers still polling),
  * jobs after pauses longer than the poll (the workers asleep), two submitting threads at once;
- * per-worker scratch of the asked size; destroy while the workers poll and while they sleep.
- * A lost wake-up would hang a case: the suite's timeout catches it.
+ * a job whose tasks the submitter finishes before the sleeping workers wake (they must not
+ * touch its context once parallel_for has returned); per-worker scratch of the asked size;
+ * destroy while the workers poll and while they sleep.
+ * A lost wake-up would hang a case: the suite's timeout catches it. A worker reading a closed
+ * job's fields races with the next job's publication, which ThreadSanitizer reports; built by
+ * hand from a configured build folder B (the CI builds carry no TSan runtime check):
+ *   gcc -std=gnu11 -D_GNU_SOURCE -O1 -g -fsanitize=thread -DFLEXDIAG_LAYER=FLEXDIAG_LAYER_BASE
+ *       -I. -Iinclude -IB tests/core/test_thread_pool.c base/thread_pool.c base/core.c
+ *       -lcmocka -lpthread -lm -o tp_tsan && ./tp_tsan
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -88,6 +95,45 @@ static void test_after_pauses(void **state) {
     flexdiag__pool_destroy(p); /* asleep */
 }
 
+typedef struct stack_job {
+    uint64_t magic; /* STACK_MAGIC while the job is live, poisoned by the submitter after it */
+    atomic_int *late; /* set by a task that found the context poisoned */
+    atomic_int hits[2];
+} stack_job;
+
+#define STACK_MAGIC 0x6a6f62u
+
+static void stack_task(void *ctx, int64_t t, void *scratch) {
+    (void)scratch;
+    stack_job *j = ctx;
+    if (j->magic != STACK_MAGIC) atomic_store(j->late, 1);
+    else atomic_fetch_add(&j->hits[t], 1);
+}
+
+/* Tiny jobs right after pauses beyond the poll, on more workers than cores: the submitter
+ * claims both tasks before most workers are awake, so the job closes with them still asleep;
+ * a worker waking afterwards must leave it without running a task on the (poisoned, then
+ * reused) stack context, and the next job must still see every task once. */
+static void test_late_joiners(void **state) {
+    (void)state;
+    atomic_int late;
+    atomic_init(&late, 0);
+    flexdiag_pool *p = NULL;
+    assert_int_equal(flexdiag__pool_create(8, &p), FLEXDIAG_OK);
+    for (int i = 0; i < 300; i++) {
+        if (i % 3 == 0) pause_us(200);
+        stack_job j = {.magic = STACK_MAGIC, .late = &late};
+        atomic_init(&j.hits[0], 0);
+        atomic_init(&j.hits[1], 0);
+        assert_int_equal(flexdiag__pool_parallel_for(p, 2, 0, stack_task, &j), FLEXDIAG_OK);
+        assert_int_equal(atomic_load(&j.hits[0]), 1);
+        assert_int_equal(atomic_load(&j.hits[1]), 1);
+        memset(&j, 0xa5, sizeof j); /* what a late worker would now read */
+    }
+    assert_int_equal(atomic_load(&late), 0);
+    flexdiag__pool_destroy(p);
+}
+
 typedef struct submitter {
     flexdiag_pool *p;
     counts c;
@@ -139,7 +185,8 @@ static void test_bad_threads(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_task_once), cmocka_unit_test(test_back_to_back),
-        cmocka_unit_test(test_after_pauses), cmocka_unit_test(test_two_submitters),
+        cmocka_unit_test(test_after_pauses), cmocka_unit_test(test_late_joiners),
+        cmocka_unit_test(test_two_submitters),
         cmocka_unit_test(test_bad_threads)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
