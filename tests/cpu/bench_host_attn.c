@@ -1,7 +1,7 @@
 /*
  * bench_host_attn.c - the CPU attention's host kernel against the memory it reads, timed on
  * the host it runs on (run by hand: <build>/tests/cpu/bench_host_attn [threads [sequences [homes
- * [spinners]]]]; not a test).
+ * [spinners [gap_us]]]]]; not a test).
  *
  * Janus-Pro-7B shapes (32 heads of 128, prompt 50, ring 576), one micro-batch of 32 sequences (or as given),
  * its K and V homes mapped as the pinned pool maps them (anonymous mmap), once with 4 KiB
@@ -12,6 +12,9 @@
  * over that many micro-batch homes in turn (a step of the engine: layers x micro-batches).
  * `spinners` threads busy-wait for the whole run, as the thread that drives a GPU does inside
  * cudaStreamSynchronize while the host attends (the CUDA runtime's default wait spins).
+ * `gap_us` pauses that long before each home of the spread case, as the engine's host waits
+ * for the next micro-batch's rows, and times the jobs alone (the engine's "host time"): with a
+ * gap beyond the pool's poll the workers are asleep when each job arrives.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "base/core.h"
 #include "kernels/cpu/cpu_stream.h"
@@ -93,7 +97,12 @@ static flexdiag_status sum_once(void *arg) {
 /* The same kernel over `homes` micro-batch homes in turn (the engine's (layer, micro-batch)
  * homes of a step), 82, 338 and 626 rows each: GB/s over all of them, the page tables of a
  * large KV home included and nothing left in the caches from the previous home. */
-static int spread(run *r, int homes, int32_t *n_slots) {
+static void pause_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static int spread(run *r, int homes, int32_t *n_slots, long gap_us) {
     size_t cache = (size_t)NSEQ_SPREAD * HKV * (PCAP + RING) * DH * 2, all = cache * (size_t)homes;
     char *kc = mmap(NULL, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     char *vc = mmap(NULL, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -105,17 +114,18 @@ static int spread(run *r, int homes, int32_t *n_slots) {
     int attended[] = {82, 338, PCAP + RING};
     for (int ai = 0; ai < 3; ai++) {
         *n_slots = attended[ai] - PCAP; /* the list 0, 1, ... set by main covers it */
-        double t0 = flexdiag__now();
+        double s = 0;
         for (int i = 0; i < 2 * homes; i++) { /* two passes: the second is timed */
-            if (i == homes) t0 = flexdiag__now();
             r->h.k = kc + (size_t)(i % homes) * cache;
             r->h.v = vc + (size_t)(i % homes) * cache;
+            if (gap_us > 0) pause_us(gap_us);
+            double t0 = flexdiag__now();
             if (attn_once(r) != FLEXDIAG_OK) return 1;
+            if (i >= homes) s += flexdiag__now() - t0;
         }
-        double s = flexdiag__now() - t0;
         double kv = 2.0 * NSEQ_SPREAD * HKV * attended[ai] * DH * 2 * homes;
-        printf("2M    %5d %7.1f  (over %d homes, %.1f GB; %.0f us a home)\n", attended[ai],
-               kv / s / 1e9, homes, 2.0 * all / 1e9, s / homes * 1e6);
+        printf("2M    %5d %7.1f  (over %d homes, %.1f GB; %.0f us a home, %ld us apart)\n",
+               attended[ai], kv / s / 1e9, homes, 2.0 * all / 1e9, s / homes * 1e6, gap_us);
     }
     munmap(kc, all);
     munmap(vc, all);
@@ -185,7 +195,8 @@ int main(int argc, char **argv) {
         munmap(vc, cache);
     }
     int homes = argc > 3 ? atoi(argv[3]) : 0;
-    if (homes > 0 && NSEQ == NSEQ_SPREAD && spread(&r, homes, n_slots)) return 1;
+    long gap_us = argc > 5 ? atol(argv[5]) : 0;
+    if (homes > 0 && NSEQ == NSEQ_SPREAD && spread(&r, homes, n_slots, gap_us)) return 1;
     k->stream_destroy(r.cpu);
     atomic_store(&g_stop, 1);
     for (int i = 0; i < spinners; i++) pthread_join(spin[i], NULL);
