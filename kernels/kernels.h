@@ -593,6 +593,8 @@ typedef struct flexdiag_host_attn {
                              Diagonal update (position-only policies) */
     float *cs;            /* (n_seq, d_h) fp32 scratch: the RoPE angles (bf16 with a.pos) */
     int act_bytes;        /* 4 or 2 */
+    int cs_ready;         /* bf16: cs already holds the angles of a.pos (computed by an earlier
+                             call with the same positions, e.g. the previous layer's) */
 } flexdiag_host_attn;
 flexdiag_status flexdiag__host_attn_decode(const flexdiag_host_attn *h, flexdiag_stream *cpu);
 

@@ -7,8 +7,8 @@
  * fp32 activations (the CPU backends) run the "cpu" table's kv_append and attn_decode as they
  * are, so a run with CPU attention equals the resident one bit for bit. bf16 (CUDA) runs one
  * task per (sequence, KV head): it rotates the g query heads of its group and its key head
- * (RoPE in fp32 from cos/sin computed once per sequence, one rounding to bf16, as the CUDA
- * kv_append), writes the new K and V row into the host cache, then attends prompt rows and
+ * (RoPE in fp32 from cos/sin computed once per sequence, or taken from the caller's scratch
+ * when an earlier call had the same positions; one rounding to bf16, as the CUDA kv_append), writes the new K and V row into the host cache, then attends prompt rows and
  * ring slots with an online softmax over CHUNK-row chunks. The chunk's keys are widened to fp32
  * as they are read (one interleave with zeros per 8 values, in the lane order below), four at
  * a time so that their dot products are independent chains of 8 partial sums; its values are
@@ -313,7 +313,8 @@ flexdiag_status flexdiag__host_attn_decode(const flexdiag_host_attn *h, flexdiag
     FLEXDIAG_TRY(check_bf16(h));
     if (a->n_seq == 0) return FLEXDIAG_OK;
     bf16_job jb = {h, ((int64_t)a->h_q + 2 * a->h_kv) * a->d_h, (int64_t)a->p_cap + a->ring};
-    if (a->pos) FLEXDIAG_TRY(flexdiag__cpu_parallel_for(cpu, a->n_seq, 0, angles_task, &jb));
+    if (a->pos && !h->cs_ready)
+        FLEXDIAG_TRY(flexdiag__cpu_parallel_for(cpu, a->n_seq, 0, angles_task, &jb));
     return flexdiag__cpu_parallel_for(cpu, (int64_t)a->n_seq * a->h_kv,
                                       task_floats(a->h_q / a->h_kv, a->d_h) * sizeof(float),
                                       bf16_task, &jb);

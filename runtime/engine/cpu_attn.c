@@ -5,7 +5,8 @@
  *
  * Per host micro-batch one workspace in pinned memory (after the context's KV home): its q/k/v rows (copied down on the
  * compute stream right after the projection, before the next micro-batch's projection reuses
- * the buffer), its attention output, and the RoPE scratch. Per (layer, host micro-batch) one job
+ * the buffer), its attention output, and the RoPE angles (computed by a step's first job on
+ * the workspace, kept for its other layers: same positions). Per (layer, host micro-batch) one job
  * descriptor: the host pointers of the step's plan (shared by every sequence: position-only
  * policies), the micro-batch's K/V home of that layer. The host may run any number of layers
  * ahead of the device, so descriptors are never shared between layers; a step's jobs are all
@@ -29,12 +30,15 @@
 typedef struct ca_ws {
     void *qkv, *out;                /* (mb_seq, qkv width), (mb_seq, h_q·d_h) act */
     float *cs;                      /* (mb_seq, d_h) RoPE scratch */
+    int32_t *cs_pos;                /* (mb_seq) the positions cs holds the angles of */
+    int32_t cs_n;                   /* sequences of cs_pos (-1: cs holds none) */
     flexdiag_event *q_ready, *done; /* compute: rows are down; queue: the job is done */
 } ca_ws;
 
 typedef struct ca_job {
     flexdiag_host_attn h;
     struct flexdiag_cpu_attn *ca;
+    ca_ws *w;          /* its workspace */
     uint64_t kv_bytes; /* host KV bytes the job reads */
 } ca_job;
 
@@ -45,6 +49,7 @@ struct flexdiag_cpu_attn {
     int numa_node;             /* the node they run on (-1: not bound) */
     int32_t n_ws, n_layers;
     ca_ws *ws;                 /* (n_ws) */
+    int32_t *cs_pos;           /* (n_ws, mb_seq): the workspaces' cs_pos */
     ca_job *jobs;              /* (n_layers, n_ws) */
     void *host;                /* the workspaces' pinned block (the context's) */
     atomic_int st;             /* first failure of a job (FLEXDIAG_OK: none) */
@@ -109,6 +114,8 @@ static flexdiag_status open_ws(flexdiag_context *c, flexdiag_cpu_attn *ca) {
         w->qkv = p;
         w->out = p + align64(qkv_bytes(c, c->mb_seq));
         w->cs = (float *)((char *)w->out + align64(out_bytes(c, c->mb_seq)));
+        w->cs_pos = ca->cs_pos + (size_t)i * (size_t)c->mb_seq;
+        w->cs_n = -1;
         FLEXDIAG_TRY(ca->k->event_create(c->s, &w->q_ready));
         FLEXDIAG_TRY(ca->k->event_create(ca->queue, &w->done));
     }
@@ -147,7 +154,8 @@ static flexdiag_status open_all(flexdiag_context *c, flexdiag_cpu_attn *ca) {
     FLEXDIAG_TRY(open_threads(rt, ca));
     ca->ws = calloc((size_t)ca->n_ws, sizeof *ca->ws);
     ca->jobs = calloc((size_t)ca->n_ws * (size_t)ca->n_layers, sizeof *ca->jobs);
-    if (!ca->ws || !ca->jobs)
+    ca->cs_pos = calloc((size_t)ca->n_ws * (size_t)c->mb_seq, sizeof *ca->cs_pos);
+    if (!ca->ws || !ca->jobs || !ca->cs_pos)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "CPU attention: no host memory");
     return open_ws(c, ca);
 }
@@ -174,21 +182,33 @@ void flexdiag__cpu_attn_close(flexdiag_context *c) {
     }
     free(ca->ws);
     free(ca->jobs);
+    free(ca->cs_pos);
     free(ca);
     c->ca = NULL;
 }
 
 /* ---- the two halves ---- */
 
-/* The host job: append and attend; a failure is kept for flexdiag__cpu_attn_status. */
+/* Whether w's RoPE angles are those of positions pos (n sequences): the layers of a step
+ * attend at the same positions, so only a step's first job on w computes them. */
+static int angles_kept(const ca_ws *w, const int32_t *pos, int32_t n) {
+    return pos && w->cs_n == n && memcmp(w->cs_pos, pos, (size_t)n * sizeof *pos) == 0;
+}
+
+/* The host job: append and attend; a failure is kept for flexdiag__cpu_attn_status. Jobs run
+ * one at a time in queue order, so a workspace's angles are never computed and read at once. */
 static void job_run(void *arg) {
     ca_job *j = arg;
     flexdiag_cpu_attn *ca = j->ca;
     if (atomic_load(&ca->st) != FLEXDIAG_OK) return;
+    const flexdiag_attn_args *a = &j->h.a;
+    j->h.cs_ready = angles_kept(j->w, a->pos, a->n_seq);
     double t0 = flexdiag__now();
     flexdiag_status st = flexdiag__host_attn_decode(&j->h, ca->cpu);
     ca->busy_s += flexdiag__now() - t0;
     ca->kv_bytes += j->kv_bytes;
+    j->w->cs_n = st == FLEXDIAG_OK && a->pos && j->h.act_bytes == 2 ? a->n_seq : -1;
+    if (j->w->cs_n > 0) memcpy(j->w->cs_pos, a->pos, (size_t)a->n_seq * sizeof *a->pos);
     if (st == FLEXDIAG_OK) return;
     snprintf(ca->msg, sizeof ca->msg, "%s", flexdiag__err_msg());
     atomic_store(&ca->st, st);
@@ -198,6 +218,7 @@ static void job_run(void *arg) {
 static void fill_job(const run_state *r, const flexdiag_layer_io *io, ca_ws *w, ca_job *j) {
     const flexdiag_context *c = r->c;
     const flexdiag_sched_io *m = &io->mem;
+    j->w = w;
     j->h = (flexdiag_host_attn){.out = w->out, .qkv = w->qkv, .k = m->k, .v = m->v,
                                 .rows = c->pd.h_rows + (size_t)m->s0 * (size_t)io->a.h_kv,
                                 .a = io->a, .cs = w->cs, .act_bytes = (int)r->act};

@@ -6,7 +6,8 @@
  * on the bf16 values widened, with the rotated queries and the new cache rows rounded to bf16
  * as the CUDA kv_append stores them; the host kernel's rotated queries and cache rows must equal
  * those bit for bit, its output must be within bf16 output rounding (ATOL + RTOL·|ref|) and
- * identical for every thread count. fp32 (the CPU backends): exactly the "cpu" table's
+ * identical for every thread count, also when the RoPE angles come from the caller's scratch
+ * (cs_ready: computed by the first run; zero angles given so rotate the queries to zero). fp32 (the CPU backends): exactly the "cpu" table's
  * kv_append + attn_decode. Bad arguments are refused with a message.
  */
 #include <math.h>
@@ -80,14 +81,15 @@ static void test_bf16_vs_ref(void **state) {
         float *want = malloc((size_t)no * 4), *got = malloc((size_t)no * 4), *kw = malloc((size_t)nc * 4);
         assert_int_equal(R->attn_decode(want, f.qkv_dec, f.k, f.v, &f.a, NULL), FLEXDIAG_OK);
         uint16_t *first = NULL;
+        float *cs = malloc((size_t)a.n_seq * a.d_h * 4);
         for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
             uint16_t *q2 = malloc((size_t)nq * 2), *k2 = malloc((size_t)nc * 2),
                      *v2 = malloc((size_t)nc * 2), *ob = malloc((size_t)no * 2);
             memcpy(q2, qb, (size_t)nq * 2);
             memcpy(k2, kb, (size_t)nc * 2);
             memcpy(v2, vb, (size_t)nc * 2);
-            float *cs = malloc((size_t)a.n_seq * a.d_h * 4);
-            flexdiag_host_attn h = {ob, q2, k2, v2, rows, a, cs, 2};
+            /* the first run computes the angles, the later ones take them from cs */
+            flexdiag_host_attn h = {ob, q2, k2, v2, rows, a, cs, 2, t > 0};
             flexdiag_stream *s = ch_stream(F, threads[t]);
             assert_int_equal(flexdiag__host_attn_decode(&h, s), FLEXDIAG_OK);
             if (s) F->stream_destroy(s);
@@ -106,12 +108,25 @@ static void test_bf16_vs_ref(void **state) {
                 free(ob);
             }
             free(qw);
-            free(cs);
             free(q2);
             free(k2);
             free(v2);
         }
+        /* cs_ready is honoured: zero angles taken as they are rotate the queries to zero */
+        uint16_t *q0 = malloc((size_t)nq * 2), *k0 = malloc((size_t)nc * 2),
+                 *v0 = malloc((size_t)nc * 2);
+        memcpy(q0, qb, (size_t)nq * 2);
+        memcpy(k0, kb, (size_t)nc * 2);
+        memcpy(v0, vb, (size_t)nc * 2);
+        memset(cs, 0, (size_t)a.n_seq * a.d_h * 4);
+        flexdiag_host_attn h0 = {first, q0, k0, v0, rows, a, cs, 2, 1};
+        assert_int_equal(flexdiag__host_attn_decode(&h0, NULL), FLEXDIAG_OK);
+        for (int64_t i = 0; i < (int64_t)a.h_q * a.d_h; i++) assert_int_equal(q0[i] & 0x7fff, 0);
+        free(q0);
+        free(k0);
+        free(v0);
         free(first);
+        free(cs);
         free(want);
         free(got);
         free(kw);
@@ -146,7 +161,7 @@ static void test_f32_is_cpu_table(void **state) {
     flexdiag_stream *s = ch_stream(F, 2);
     assert_int_equal(F->kv_append(f.k, f.v, f.qkv_dec, rows, a.n_seq, 1, &a, s), FLEXDIAG_OK);
     assert_int_equal(F->attn_decode(o1, f.qkv_dec, f.k, f.v, &a, s), FLEXDIAG_OK);
-    flexdiag_host_attn h = {o2, q2, k2, v2, rows, a, NULL, 4};
+    flexdiag_host_attn h = {o2, q2, k2, v2, rows, a, NULL, 4, 0};
     assert_int_equal(flexdiag__host_attn_decode(&h, s), FLEXDIAG_OK);
     assert_memory_equal(o1, o2, (size_t)no * 4);
     assert_memory_equal(f.k, k2, (size_t)nc * 4);
@@ -166,7 +181,7 @@ static void test_refusals(void **state) {
     int32_t rows[64];
     for (int i = 0; i < 64; i++) rows[i] = f.a.p_cap;
     uint16_t buf[1 << 14];
-    flexdiag_host_attn h = {buf, buf, buf, buf, rows, f.a, NULL, 3};
+    flexdiag_host_attn h = {buf, buf, buf, buf, rows, f.a, NULL, 3, 0};
     assert_int_equal(flexdiag__host_attn_decode(&h, NULL), FLEXDIAG_ERR_INVALID_ARG);
     h.act_bytes = 2;
     float lse[64];
