@@ -33,6 +33,7 @@ static const ch_attn_case cases[] = {
     {3, 4, 2, 64, 8, 6, 6},
     {2, 8, 2, 128, 40, 37, 33}, /* chunk tails in prompt and ring */
     {5, 4, 4, 32, 5, 9, 9},     /* more tasks than threads */
+    {2, 4, 2, 64, 50, 120, 110}, /* up to 160 rows: chunks past the prefetch distance */
 };
 static const int threads[] = {-1, 1, 3};
 
