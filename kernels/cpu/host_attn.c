@@ -8,8 +8,9 @@
  * are, so a run with CPU attention equals the resident one bit for bit. bf16 (CUDA) runs one
  * task per (sequence, KV head): it rotates the g query heads of its group and its key head
  * (RoPE in fp32 from cos/sin computed once per sequence, or taken from the caller's scratch
- * when an earlier call had the same positions; one rounding to bf16, as the CUDA kv_append), writes the new K and V row into the host cache, then attends prompt rows and
- * ring slots with an online softmax over CHUNK-row chunks. The chunk's keys are widened to fp32
+ * when an earlier call had the same positions; one rounding to bf16, as the CUDA kv_append),
+ * writes the new K and V row into the host cache, then attends prompt rows and ring slots with
+ * an online softmax over CHUNK-row chunks. The chunk's keys are widened to fp32
  * as they are read (one interleave with zeros per 8 values, in the lane order below), four at
  * a time so that their dot products are independent chains of 8 partial sums; its values are
  * summed into 32 output columns held in registers across the chunk's rows; the next chunk's

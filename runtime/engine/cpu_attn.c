@@ -3,11 +3,11 @@
  * workspaces, the host-function queue and the attention threads, and the two halves a layer
  * calls.
  *
- * Per host micro-batch one workspace in pinned memory (after the context's KV home): its q/k/v rows (copied down on the
- * compute stream right after the projection, before the next micro-batch's projection reuses
- * the buffer), its attention output, and the RoPE angles (computed by a step's first job on
- * the workspace, kept for its other layers: same positions). Per (layer, host micro-batch) one job
- * descriptor: the host pointers of the step's plan (shared by every sequence: position-only
+ * Per host micro-batch one workspace in pinned memory (after the context's KV home): its q/k/v
+ * rows (copied down on the compute stream right after the projection, before the next
+ * micro-batch's projection reuses the buffer), its attention output, and the RoPE angles
+ * (computed by a step's first job on the workspace, kept for its other layers: same
+ * positions). Per (layer, host micro-batch) one job descriptor: the host pointers of the step's plan (shared by every sequence: position-only
  * policies), the micro-batch's K/V home of that layer. The host may run any number of layers
  * ahead of the device, so descriptors are never shared between layers; a step's jobs are all
  * done when the step's ids come back (the compute stream waited for each), so the next step
