@@ -7,14 +7,14 @@
  * rows (copied down on the compute stream right after the projection, before the next
  * micro-batch's projection reuses the buffer), its attention output, and the RoPE angles
  * (computed by a step's first job on the workspace, kept for its other layers: same
- * positions). Per (layer, host micro-batch) one job descriptor: the host pointers of the step's plan (shared by every sequence: position-only
- * policies), the micro-batch's K/V home of that layer. The host may run any number of layers
- * ahead of the device, so descriptors are never shared between layers; a step's jobs are all
- * done when the step's ids come back (the compute stream waited for each), so the next step
- * may rewrite them. Jobs run in queue order on the host-function queue (a copy stream of the
- * device backend: cudaLaunchHostFunc on CUDA, the queue's worker on the CPU backends) and use
- * the threads of their own "cpu" stream, bound to the KV home's NUMA node; a failure is kept with its message and reported after
- * the step.
+ * positions). Per (layer, host micro-batch) one job descriptor: the host pointers of the step's
+ * plan (shared by every sequence: position-only policies), the micro-batch's K/V home of that
+ * layer. The host may run any number of layers ahead of the device, so descriptors are never
+ * shared between layers; a step's jobs are all done when the step's ids come back (the compute
+ * stream waited for each), so the next step may rewrite them. Jobs run in queue order on the
+ * host-function queue (a copy stream of the device backend: cudaLaunchHostFunc on CUDA, the
+ * queue's worker on the CPU backends) and use the threads of their own "cpu" stream, bound to
+ * the KV home's NUMA node; a failure is kept with its message and reported after the step.
  */
 #include <pthread.h>
 #include <sched.h>
