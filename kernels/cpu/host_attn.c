@@ -5,19 +5,20 @@
  * output goes up.
  *
  * fp32 activations (the CPU backends) run the "cpu" table's kv_append and attn_decode as they
- * are, so a run with CPU attention equals the resident one bit for bit. bf16 (CUDA) runs one
- * task per (sequence, KV head): it rotates the g query heads of its group and its key head
- * (RoPE in fp32 from cos/sin computed once per sequence, or taken from the caller's scratch
- * when an earlier call had the same positions; one rounding to bf16, as the CUDA kv_append),
- * writes the new K and V row into the host cache, then attends prompt rows and ring slots with
- * an online softmax over CHUNK-row chunks. The chunk's keys are widened to fp32
- * as they are read (one interleave with zeros per 8 values, in the lane order below), four at
- * a time so that their dot products are independent chains of 8 partial sums; its values are
- * summed into 32 output columns held in registers across the chunk's rows; the next chunk's
- * rows are prefetched. The output is rounded to bf16 once. The KV is read once per task from
+ * are, so a run with CPU attention equals the resident one bit for bit. bf16 (CUDA) works per
+ * (sequence, KV head) pair, a few pairs per pool task: it rotates the g query heads of its
+ * group and its key head (RoPE in fp32 from cos/sin computed once per sequence, or taken from
+ * the caller's scratch when an earlier call had the same positions; one rounding to bf16, as
+ * the CUDA kv_append), writes the new K and V row into the host cache, then attends prompt rows
+ * and ring slots with an online softmax over CHUNK-row chunks. The chunk's keys are widened to
+ * fp32 as they are read (one interleave with zeros per 8 values, in the lane order below), four
+ * at a time so that their dot products are independent chains of 8 partial sums; its values
+ * are summed into 32 output columns held in registers across the chunk's rows. The next
+ * chunk's rows are prefetched, across pairs too (a pair's first rows during the previous
+ * pair's last chunk). The output is rounded to bf16 once. The KV is read once per pair from
  * memory (again from L1 for the other queries of a group).
- * Tasks own disjoint outputs and compute them in a fixed order: results do not depend on the
- * thread count.
+ * Pairs own disjoint outputs and compute them in a fixed order: results do not depend on the
+ * thread count or on how pairs are grouped into tasks.
  */
 #include <math.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #include "kernels/cpu/cpu_stream.h"
 
 #define CHUNK 32    /* keys per online-softmax update */
+#define PAIRS 4     /* (sequence, KV head) pairs per pool task */
 #define MAX_DH 256  /* head dims the config allows */
 
 typedef struct bf16_job {
@@ -237,42 +239,88 @@ ALWAYS_INLINE void prefetch_rows(const uint16_t *kc, const uint16_t *vc, const i
 #define HOST_ATTN_CLONES
 #endif
 
-/* Task t: sequence t / h_kv, KV head t % h_kv, the g query heads of its group. */
-HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
-    const bf16_job *jb = ctx;
+/* One (sequence, KV head) pair of a job: its cache block and the rows it attends. */
+typedef struct pair {
+    int64_t s, blk;            /* sequence; first element of its block in K and V */
+    int32_t kh;                /* KV head */
+    const uint16_t *kc, *vc;   /* its K and V block */
+    const int32_t *slots;      /* its ring slot list (NULL: none) */
+    int64_t n_prompt, n;       /* prompt rows; rows attended */
+} pair;
+
+static pair pair_at(const bf16_job *jb, int64_t t) {
     const flexdiag_attn_args *a = &jb->h->a;
-    int64_t s = t / a->h_kv;
-    int32_t kh = (int32_t)(t % a->h_kv), g = a->h_q / a->h_kv, d_h = a->d_h;
-    int64_t blk = (s * a->h_kv + kh) * jb->block * d_h;
-    const uint16_t *kc = (const uint16_t *)jb->h->k + blk, *vc = (const uint16_t *)jb->h->v + blk;
+    pair p = {.s = t / a->h_kv, .kh = (int32_t)(t % a->h_kv)};
+    p.blk = (p.s * a->h_kv + p.kh) * jb->block * a->d_h;
+    p.kc = (const uint16_t *)jb->h->k + p.blk;
+    p.vc = (const uint16_t *)jb->h->v + p.blk;
     int64_t li = a->shared_slots ? 0 : t;
-    const int32_t *slots = a->slots ? a->slots + li * a->max_slots : NULL;
-    int64_t n_prompt = a->lp[s], n = n_prompt + a->n_slots[li];
-    int64_t offs[2][CHUNK];
-    /* the first chunk's rows are on their way while the queries are rotated and widened */
-    prefetch_rows(kc, vc, offs[0], chunk_offsets(a, slots, n_prompt, n, 0, offs[0]), d_h);
-    append_row(jb, s, kh, blk);
+    p.slots = a->slots ? a->slots + li * a->max_slots : NULL;
+    p.n_prompt = a->lp[p.s];
+    p.n = p.n_prompt + a->n_slots[li];
+    return p;
+}
+
+/* Offsets of p's rows [j0, j0 + CHUNK) into off, those rows prefetched. */
+ALWAYS_INLINE void prefetch_chunk(const flexdiag_attn_args *a, const pair *p, int64_t j0,
+                                  int64_t *off) {
+    prefetch_rows(p->kc, p->vc, off, chunk_offsets(a, p->slots, p->n_prompt, p->n, j0, off),
+                  a->d_h);
+}
+
+/* Attend pair p, the g query heads of its group; offs[x] holds its first chunk's offsets (rows
+ * prefetched). The prefetches run one chunk ahead and, in p's last chunk, reach into next's
+ * first chunk (offsets into offs[x'] for the chunk after p's last: *x on return). */
+ALWAYS_INLINE void attend_pair(const bf16_job *jb, const pair *p, const pair *next,
+                               int64_t (*offs)[CHUNK], int64_t *x, float *scratch) {
+    const flexdiag_attn_args *a = &jb->h->a;
+    int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
+    append_row(jb, p->s, p->kh, p->blk);
     float *q = scratch, *acc = q + (int64_t)g * d_h, *z = acc + (int64_t)g * d_h;
     float *m = z + (int64_t)g * CHUNK, *l = m + g;
-    widen_ordered(q, (const uint16_t *)jb->h->qkv + s * jb->width + (int64_t)kh * g * d_h, g * d_h);
+    widen_ordered(q, (const uint16_t *)jb->h->qkv + p->s * jb->width + (int64_t)p->kh * g * d_h,
+                  g * d_h);
     memset(acc, 0, (size_t)g * d_h * sizeof(float));
     for (int32_t i = 0; i < g; i++) m[i] = -INFINITY, l[i] = 0.0f;
-    for (int64_t j0 = 0, x = 0; j0 < n; j0 += CHUNK, x ^= 1) {
-        int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK, *off = offs[x];
-        if (j0 + CHUNK < n) {
-            int64_t nn = chunk_offsets(a, slots, n_prompt, n, j0 + CHUNK, offs[x ^ 1]);
-            prefetch_rows(kc, vc, offs[x ^ 1], nn, d_h);
-        }
-        chunk_logits(q, g, d_h, a->scale, kc, off, nc, z);
+    int64_t n = p->n;
+    for (int64_t j0 = 0; j0 < n; j0 += CHUNK, *x ^= 1) {
+        int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK, *off = offs[*x];
+        if (j0 + CHUNK < n) prefetch_chunk(a, p, j0 + CHUNK, offs[*x ^ 1]);
+        else if (next) prefetch_chunk(a, next, 0, offs[*x ^ 1]);
+        chunk_logits(q, g, d_h, a->scale, p->kc, off, nc, z);
         flexdiag__cpu_softmax_chunk(z, CHUNK, nc, m, l, acc, g, d_h);
-        chunk_values(acc, g, d_h, z, vc, off, nc);
+        chunk_values(acc, g, d_h, z, p->vc, off, nc);
     }
-    uint16_t *out = (uint16_t *)jb->h->out + (s * a->h_q + (int64_t)kh * g) * d_h;
+    if (n == 0 && next) { /* no chunk of p to overlap: next's first rows asked for now */
+        prefetch_chunk(a, next, 0, offs[*x ^ 1]);
+        *x ^= 1;
+    }
+    uint16_t *out = (uint16_t *)jb->h->out + (p->s * a->h_q + (int64_t)p->kh * g) * d_h;
     for (int32_t i = 0; i < g; i++) {
         float inv = n > 0 ? 1.0f / l[i] : 0.0f;
         for (int32_t e = 0; e < d_h; e++) /* from lane order */
             out[(int64_t)i * d_h + (e & ~15) + PERM16[e & 15]] =
                 flexdiag__f32_to_bf16(acc[(int64_t)i * d_h + e] * inv);
+    }
+}
+
+/* Task t: pairs [t·PAIRS, (t + 1)·PAIRS) ∩ [0, n_seq·h_kv) in turn (pair i: sequence i / h_kv,
+ * KV head i % h_kv), one prefetch stream running through them, so a pair's first rows arrive
+ * while the previous pair computes rather than at its own start. */
+HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
+    const bf16_job *jb = ctx;
+    const flexdiag_attn_args *a = &jb->h->a;
+    int64_t i0 = t * PAIRS, i1 = (int64_t)a->n_seq * a->h_kv;
+    if (i1 > i0 + PAIRS) i1 = i0 + PAIRS;
+    int64_t offs[2][CHUNK], x = 0;
+    pair p = pair_at(jb, i0);
+    /* the first chunk's rows are on their way while the queries are rotated and widened */
+    prefetch_chunk(a, &p, 0, offs[0]);
+    for (int64_t i = i0; i < i1; i++) {
+        int more = i + 1 < i1;
+        pair next = more ? pair_at(jb, i + 1) : p;
+        attend_pair(jb, &p, more ? &next : NULL, offs, &x, scratch);
+        p = next;
     }
 }
 
@@ -316,7 +364,8 @@ flexdiag_status flexdiag__host_attn_decode(const flexdiag_host_attn *h, flexdiag
     bf16_job jb = {h, ((int64_t)a->h_q + 2 * a->h_kv) * a->d_h, (int64_t)a->p_cap + a->ring};
     if (a->pos && !h->cs_ready)
         FLEXDIAG_TRY(flexdiag__cpu_parallel_for(cpu, a->n_seq, 0, angles_task, &jb));
-    return flexdiag__cpu_parallel_for(cpu, (int64_t)a->n_seq * a->h_kv,
+    int64_t pairs = (int64_t)a->n_seq * a->h_kv;
+    return flexdiag__cpu_parallel_for(cpu, (pairs + PAIRS - 1) / PAIRS,
                                       task_floats(a->h_q / a->h_kv, a->d_h) * sizeof(float),
                                       bf16_task, &jb);
 }
