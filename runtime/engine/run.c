@@ -6,7 +6,8 @@
  *   -> CFG, sample, ids to the host -> update (policy driver)
  *
  * (with CPU attention the host-attended micro-batches of a layer run in two halves around
- * their host jobs: decode_layer)
+ * their host jobs, the next layer's first half queued after each second half where the
+ * scheduler allows: decode_layer)
  *
  * The body reads only device buffers whose contents change between steps (ids, positions,
  * slot lists), so on backends with launch graphs it is recorded once per sequence count and
@@ -326,25 +327,56 @@ static flexdiag_status decode_mb(const run_state *r, int32_t j, int32_t mb, int3
     return io_release(r, &io);
 }
 
-/* Layer j of every micro-batch at decode step t. Where the host attends (CPU attention: the
- * pinned-homed micro-batches [mb_host, mb_disk)), their first halves are queued first, so the
- * host starts on them while the device runs the others; then their second halves, in order,
- * each waiting for its job while the host works on the next. */
-static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t t) {
+/* The micro-batches [*lo, *hi) whose attention the host runs (CPU attention: the
+ * pinned-homed ones); empty without it. */
+static void host_mbs(const run_state *r, int32_t *lo, int32_t *hi) {
     const flexdiag_context *c = r->c;
-    int32_t mb_host = c->ca ? c->s_host / c->mb_seq : r->n_mb;
-    int32_t mb_disk = c->ca ? mb_host + (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq : r->n_mb;
-    if (mb_disk > r->n_mb) mb_disk = r->n_mb;
-    for (int32_t mb = mb_host; mb < mb_disk; mb++) {
-        int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
-        FLEXDIAG_TRY(io_acquire(r, j, s0, nb, t, &r->held[mb]));
-        FLEXDIAG_TRY(flexdiag__layer_decode_send(r, &r->held[mb]));
-    }
+    *lo = *hi = r->n_mb;
+    if (!c->ca) return;
+    *lo = c->s_host / c->mb_seq;
+    *hi = *lo + (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    if (*hi > r->n_mb) *hi = r->n_mb;
+}
+
+/* Whether a host-attended micro-batch's layer j + 1 may be queued right after its layer j,
+ * before the other micro-batches finish layer j: the host then goes from the layer's last job
+ * to the next layer's first without waiting for the device to run that micro-batch's second
+ * half and the next projection. Only where acquires are address arithmetic in any order: the
+ * weights resident (the tiered scheduler's slot ring takes a layer's micro-batches together)
+ * and no disk-homed KV (its staging buffers alternate in layer order). */
+static int host_ahead(const run_state *r) {
+    const flexdiag_context *c = r->c;
+    return c->ca && !c->m->w.homes && c->s_disk >= r->n_seq;
+}
+
+/* First half of host-attended micro-batch mb's layer j: projection, rows down, host job. */
+static flexdiag_status host_send(const run_state *r, int32_t j, int32_t mb, int32_t t) {
+    int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
+    FLEXDIAG_TRY(io_acquire(r, j, s0, nb, t, &r->held[mb]));
+    return flexdiag__layer_decode_send(r, &r->held[mb]);
+}
+
+/* Second half: wait for its job, output up, the rest of the layer. */
+static flexdiag_status host_finish(const run_state *r, int32_t mb) {
+    FLEXDIAG_TRY(flexdiag__layer_decode_finish(r, &r->held[mb]));
+    return io_release(r, &r->held[mb]);
+}
+
+/* Layer j of every micro-batch at decode step t. Where the host attends, the first halves of
+ * its micro-batches are queued first, so the host starts on them while the device runs the
+ * others; then their second halves, in order, each waiting for its job while the host works on
+ * the next. With host_ahead, each second half is followed by the same micro-batch's first half
+ * of layer j + 1 (queued here, so layer j + 1 skips them). */
+static flexdiag_status decode_layer(const run_state *r, int32_t j, int32_t t, int ahead) {
+    int32_t lo, hi;
+    host_mbs(r, &lo, &hi);
+    if (!ahead || j == 0)
+        for (int32_t mb = lo; mb < hi; mb++) FLEXDIAG_TRY(host_send(r, j, mb, t));
     for (int32_t mb = 0; mb < r->n_mb; mb++)
-        if (mb < mb_host || mb >= mb_disk) FLEXDIAG_TRY(decode_mb(r, j, mb, t));
-    for (int32_t mb = mb_host; mb < mb_disk; mb++) {
-        FLEXDIAG_TRY(flexdiag__layer_decode_finish(r, &r->held[mb]));
-        FLEXDIAG_TRY(io_release(r, &r->held[mb]));
+        if (mb < lo || mb >= hi) FLEXDIAG_TRY(decode_mb(r, j, mb, t));
+    for (int32_t mb = lo; mb < hi; mb++) {
+        FLEXDIAG_TRY(host_finish(r, mb));
+        if (ahead && j + 1 < r->c->m->cfg.lm.layers) FLEXDIAG_TRY(host_send(r, j + 1, mb, t));
     }
     return FLEXDIAG_OK;
 }
@@ -355,7 +387,8 @@ static flexdiag_status step_body(const run_state *r, int32_t t) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     FLEXDIAG_TRY(flexdiag__feedback(r));
-    for (int32_t j = 0; j < l->layers; j++) FLEXDIAG_TRY(decode_layer(r, j, t));
+    int ahead = host_ahead(r);
+    for (int32_t j = 0; j < l->layers; j++) FLEXDIAG_TRY(decode_layer(r, j, t, ahead));
     for (int32_t mb = 0; mb < r->n_mb; mb++) {
         int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
         FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act,
