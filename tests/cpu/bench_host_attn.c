@@ -94,14 +94,14 @@ static flexdiag_status sum_once(void *arg) {
     return flexdiag__cpu_parallel_for(r->cpu, r->sum_tasks, 0, sum_task, &r->sj);
 }
 
-/* The same kernel over `homes` micro-batch homes in turn (the engine's (layer, micro-batch)
- * homes of a step), 82, 338 and 626 rows each: GB/s over all of them, the page tables of a
- * large KV home included and nothing left in the caches from the previous home. */
 static void pause_us(long us) {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
 }
 
+/* The same kernel over `homes` micro-batch homes in turn (the engine's (layer, micro-batch)
+ * homes of a step), 82, 338 and 626 rows each: GB/s over all of them, the page tables of a
+ * large KV home included and nothing left in the caches from the previous home. */
 static int spread(run *r, int homes, int32_t *n_slots, long gap_us) {
     size_t cache = (size_t)NSEQ_SPREAD * HKV * (PCAP + RING) * DH * 2, all = cache * (size_t)homes;
     char *kc = mmap(NULL, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
