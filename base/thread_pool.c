@@ -12,10 +12,13 @@
  * submitter sees the joiner or the joiner sees the close.) A job therefore never waits for a
  * sleeping thread to wake up, only for tasks that have started. Between jobs a pool thread
  * polls the generation for up to
- * POOL_POLL_S before it sleeps on the condition variable, and the submitter polls the count of
- * threads still inside the job as long before it sleeps: ops that follow each other closely (a
- * decode step's ops, CPU attention jobs) then pay no futex wake-up and no mutex hand-off per
- * thread. Dynamic claiming balances uneven tasks (attention heads with different
+ * the poll time (POOL_POLL_US, or FLEXDIAG_POOL_POLL_US) before it sleeps on a futex, and the
+ * submitter polls the count of threads still inside the job as long before it sleeps: ops that
+ * follow each other closely (a decode step's ops, CPU attention jobs) then pay no wake-up at
+ * all. Sleeping threads wait on the futex word itself, not on a condition variable: one
+ * FUTEX_WAKE wakes them all at once, where a broadcast made every woken thread take the mutex
+ * again, one after the other, each hand-off a wake-up of its own (on a 16-core virtual machine
+ * about a millisecond before the last thread joined a job). Dynamic claiming balances uneven tasks (attention heads with different
  * slot counts); results never depend on which worker ran a task because each task owns
  * disjoint outputs and computes them in a fixed order.
  *
@@ -23,9 +26,12 @@
  * (a second runtime to configure, and no control over who owns the threads).
  */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "base/thread_pool.h"
@@ -35,9 +41,11 @@
 /* Upper bound on the worker count: far above any host we target, low enough to catch a
  * negative or garbage value passed as threads. */
 #define POOL_MAX_THREADS 1024
-/* Seconds a waiting thread polls before it sleeps: longer than the gap between two ops of a
- * step, short enough that an idle pool gives its cores back at once. */
-#define POOL_POLL_S 50e-6
+/* Microseconds a waiting thread polls before it sleeps: longer than the gap between two ops of
+ * a step, short enough that an idle pool gives its cores back at once. FLEXDIAG_POOL_POLL_US
+ * (0 to 100000) replaces it for a process. */
+#define POOL_POLL_US 50
+#define POOL_POLL_US_MAX 100000
 
 typedef struct pool_thread_arg {
     flexdiag_pool *s;
@@ -77,9 +85,9 @@ static int job_left(flexdiag_pool *s, uint64_t unused) {
     return atomic_load(&s->busy) == 0;
 }
 
-/* Poll cond(s, arg) for up to POOL_POLL_S; 1 when it became true. */
+/* Poll cond(s, arg) for up to the pool's poll time; 1 when it became true. */
 static int poll_for(flexdiag_pool *s, int (*cond)(flexdiag_pool *, uint64_t), uint64_t arg) {
-    double until = flexdiag__now() + POOL_POLL_S;
+    double until = flexdiag__now() + s->poll_s;
     do {
         for (int i = 0; i < 64; i++) {
             if (cond(s, arg)) return 1;
@@ -89,17 +97,42 @@ static int poll_for(flexdiag_pool *s, int (*cond)(flexdiag_pool *, uint64_t), ui
     return cond(s, arg);
 }
 
+/* Sleep until the futex word moves from w (or a signal: the caller checks again). */
+static void futex_wait(_Atomic uint32_t *word, uint32_t w) {
+    (void)syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, w, NULL, NULL, 0);
+}
+
+/* Wake every thread sleeping on the futex word. */
+static void futex_wake_all(_Atomic uint32_t *word) {
+    (void)syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleep until a job after generation seen, or stop. The word is read before the check: a
+ * submitter that bumps gen after the check has also bumped the word, so the wait returns. */
+static void sleep_for_job(flexdiag_pool *s, uint64_t seen) {
+    atomic_fetch_add(&s->sleepers, 1);
+    for (;;) {
+        uint32_t w = atomic_load(&s->wake);
+        if (new_job(s, seen)) break;
+        futex_wait(&s->wake, w);
+    }
+    atomic_fetch_sub(&s->sleepers, 1);
+}
+
+/* Tell the pool threads that gen or stop changed: bump the word, wake the sleepers if any (a
+ * thread counted after this load reads the new word or the new gen before it sleeps). */
+static void wake_pool(flexdiag_pool *s) {
+    atomic_fetch_add(&s->wake, 1);
+    if (atomic_load(&s->sleepers) > 0) futex_wake_all(&s->wake);
+}
+
 static void *pool_main(void *p) {
     pool_thread_arg arg = *(pool_thread_arg *)p;
     free(p);
     flexdiag_pool *s = arg.s;
     uint64_t seen = 0;
     for (;;) {
-        if (!poll_for(s, new_job, seen)) {
-            pthread_mutex_lock(&s->mu);
-            while (!new_job(s, seen)) pthread_cond_wait(&s->wake, &s->mu);
-            pthread_mutex_unlock(&s->mu);
-        }
+        if (!poll_for(s, new_job, seen)) sleep_for_job(s, seen);
         if (atomic_load_explicit(&s->stop, memory_order_acquire)) return NULL;
         seen = atomic_load(&s->gen);
         atomic_fetch_add(&s->busy, 1);
@@ -160,10 +193,8 @@ static flexdiag_status pool_run(flexdiag_pool *s, int64_t n_tasks, size_t scratc
     s->ctx = ctx;
     s->n_tasks = n_tasks;
     atomic_store(&s->next, 0);
-    pthread_mutex_lock(&s->mu); /* a sleeper tests gen under mu: no lost wake-up */
     const uint64_t g = atomic_fetch_add(&s->gen, 1) + 1;
-    pthread_cond_broadcast(&s->wake);
-    pthread_mutex_unlock(&s->mu);
+    wake_pool(s);
 
     run_tasks(s, fn, ctx, n_tasks, s->scratch[0]);
 
@@ -208,19 +239,26 @@ static int online_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
+/* The poll time: FLEXDIAG_POOL_POLL_US when it is a number in [0, POOL_POLL_US_MAX], else
+ * POOL_POLL_US. */
+static double poll_seconds(void) {
+    const char *env = getenv("FLEXDIAG_POOL_POLL_US");
+    char *end = NULL;
+    long us = env ? strtol(env, &end, 10) : -1;
+    if (!env || end == env || *end || us < 0 || us > POOL_POLL_US_MAX) us = POOL_POLL_US;
+    return (double)us * 1e-6;
+}
+
 /* Stop and join the first n_started pool threads, free everything. */
 static void pool_free(flexdiag_pool *s, int n_started) {
-    pthread_mutex_lock(&s->mu);
     atomic_store(&s->stop, 1);
-    pthread_cond_broadcast(&s->wake);
-    pthread_mutex_unlock(&s->mu);
+    wake_pool(s);
     for (int i = 0; i < n_started; i++) pthread_join(s->threads[i], NULL);
     if (s->scratch)
         for (int i = 0; i < s->n_workers; i++) free(s->scratch[i]);
     free(s->scratch);
     free(s->threads);
     pthread_cond_destroy(&s->done);
-    pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->submit);
     free(s);
@@ -262,13 +300,15 @@ flexdiag_status flexdiag__pool_create(int threads, flexdiag_pool **out) {
     if (s->n_workers > POOL_MAX_THREADS) s->n_workers = POOL_MAX_THREADS;
     pthread_mutex_init(&s->submit, NULL);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->wake, NULL);
     pthread_cond_init(&s->done, NULL);
     atomic_init(&s->next, 0);
     atomic_init(&s->gen, 0);
     atomic_init(&s->closed, 0);
     atomic_init(&s->stop, 0);
     atomic_init(&s->busy, 0);
+    atomic_init(&s->wake, 0);
+    atomic_init(&s->sleepers, 0);
+    s->poll_s = poll_seconds();
     s->threads = calloc((size_t)s->n_workers, sizeof *s->threads);
     s->scratch = calloc((size_t)s->n_workers, sizeof *s->scratch);
     if (!s->threads || !s->scratch) {

@@ -30,9 +30,11 @@ typedef struct flexdiag_pool {
     int n_workers;            /* threads running tasks, the caller included; >= 1 */
     pthread_t *threads;       /* (n_workers - 1) pool threads */
     pthread_mutex_t submit;   /* held for a whole job: one submitter at a time */
-    pthread_mutex_t mu;       /* sleeping and waking on the two conditions */
-    pthread_cond_t wake;      /* signalled when gen changes or stop is set */
+    pthread_mutex_t mu;       /* the submitter's sleep on done */
     pthread_cond_t done;      /* signalled when busy drops to 0 */
+    _Atomic uint32_t wake;    /* futex word: bumped whenever gen changes or stop is set */
+    atomic_int sleepers;      /* pool threads asleep on wake or about to be */
+    double poll_s;            /* seconds a waiting thread polls before it sleeps */
     _Atomic uint64_t gen;     /* job generation; pool threads run each generation once */
     _Atomic uint64_t closed;  /* last generation whose tasks are all done: no one joins it */
     atomic_int stop;          /* set by destroy: pool threads exit */
