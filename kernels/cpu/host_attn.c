@@ -14,8 +14,9 @@
  * fp32 as they are read (one interleave with zeros per 8 values, in the lane order below), four
  * at a time so that their dot products are independent chains of 8 partial sums; its values
  * are summed into 32 output columns held in registers across the chunk's rows. The next
- * chunk's rows are prefetched, across pairs too (a pair's first rows during the previous
- * pair's last chunk). The output is rounded to bf16 once. The KV is read once per pair from
+ * chunk's rows are prefetched a row at a time between the chunk's own (its keys during the
+ * logits, its values during the sums), across pairs too (a pair's first rows during the
+ * previous pair's last chunk). The output is rounded to bf16 once. The KV is read once per pair from
  * memory (again from L1 for the other queries of a group).
  * Pairs own disjoint outputs and compute them in a fixed order: results do not depend on the
  * thread count or on how pairs are grouped into tasks.
@@ -134,17 +135,45 @@ ALWAYS_INLINE float sum8(v8f p) {
     return s;
 }
 
+/* The rows to prefetch while a chunk computes: the next chunk's (of this pair or the next). The
+ * hardware prefetchers follow one sequential stream well but not a task's two (K and V), so
+ * without them the loads would wait on the memory's latency one line at a time. */
+typedef struct ahead {
+    const uint16_t *k, *v; /* the K and V block the rows are in */
+    const int64_t *off;    /* their offsets */
+    int64_t n;             /* how many (0: none) */
+} ahead;
+
+/* Prefetch row c of the ahead list from block b (K or V), if there is one: a row at a time,
+ * spread through the chunk's arithmetic, so that the loads in flight stay within what the
+ * core can track instead of a burst of a chunk's lines that stalls it. */
+ALWAYS_INLINE void prefetch_row(const uint16_t *b, const ahead *nx, int64_t c, int32_t d_h) {
+    if (c < nx->n)
+        for (int32_t e = 0; e < d_h; e += 32) __builtin_prefetch(b + nx->off[c] + e); /* 64 B lines */
+}
+
+/* Prefetch the ahead rows from c0 on, K and V: those a shorter chunk had no arithmetic for. */
+ALWAYS_INLINE void prefetch_rest(const ahead *nx, int64_t c0, int32_t d_h) {
+    for (int64_t c = c0; c < nx->n; c++) {
+        prefetch_row(nx->k, nx, c, d_h);
+        prefetch_row(nx->v, nx, c, d_h);
+    }
+}
+
 /* z[i·CHUNK + c] = scale · q_i · K row c of the chunk (rows at kc + off[c]), for the g queries
  * (q in lane order): KEYS keys at a time so that their sums are independent chains, each key's
  * sum 8 partial sums over the lane-ordered products, the keys widened as they are read. */
 #define KEYS 4
 ALWAYS_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float scale,
-                                const uint16_t *kc, const int64_t *off, int64_t nc, float *z) {
+                                const uint16_t *kc, const int64_t *off, int64_t nc, float *z,
+                                const ahead *nx) {
     for (int32_t i = 0; i < g; i++) {
         const float *qi = q + (int64_t)i * d_h;
         int64_t c = 0;
         for (; c + KEYS <= nc; c += KEYS) {
             v8f p[KEYS], lo, hi;
+            if (i == 0)
+                for (int r = 0; r < KEYS; r++) prefetch_row(nx->k, nx, c + r, d_h);
             for (int r = 0; r < KEYS; r++) p[r] = (v8f){0};
             for (int32_t e = 0; e < d_h; e += 16) {
                 v8f q0 = load8(qi + e), q1 = load8(qi + e + 8);
@@ -158,6 +187,7 @@ ALWAYS_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float sc
         }
         for (; c < nc; c++) {
             v8f p = {0}, lo, hi;
+            if (i == 0) prefetch_row(nx->k, nx, c, d_h);
             for (int32_t e = 0; e < d_h; e += 16) {
                 widen16(kc + off[c] + e, &lo, &hi);
                 p += load8(qi + e) * lo;
@@ -172,13 +202,15 @@ ALWAYS_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float sc
  * time held in registers over the chunk's rows (each element sums its rows in order c = 0, 1,
  * ...). */
 ALWAYS_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const float *z,
-                                const uint16_t *vc, const int64_t *off, int64_t nc) {
+                                const uint16_t *vc, const int64_t *off, int64_t nc,
+                                const ahead *nx) {
     int32_t wide = d_h - d_h % 32;
     for (int32_t i = 0; i < g; i++) {
         for (int32_t e = 0; e < wide; e += 32) {
             float *ai = acc + (int64_t)i * d_h + e;
             v8f a0 = load8(ai), a1 = load8(ai + 8), a2 = load8(ai + 16), a3 = load8(ai + 24);
             for (int64_t c = 0; c < nc; c++) {
+                if (i == 0 && e == 0) prefetch_row(nx->v, nx, c, d_h);
                 const uint16_t *vr = vc + off[c] + e;
                 float p = z[i * CHUNK + c];
                 v8f l0, h0, l1, h1;
@@ -192,6 +224,7 @@ ALWAYS_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const float 
             float *ai = acc + (int64_t)i * d_h + wide;
             v8f a0 = load8(ai), a1 = load8(ai + 8), lo, hi;
             for (int64_t c = 0; c < nc; c++) {
+                if (i == 0 && wide == 0) prefetch_row(nx->v, nx, c, d_h);
                 widen16(vc + off[c] + wide, &lo, &hi);
                 a0 += z[i * CHUNK + c] * lo, a1 += z[i * CHUNK + c] * hi;
             }
@@ -218,17 +251,6 @@ static int64_t chunk_offsets(const flexdiag_attn_args *a, const int32_t *slots, 
     return nc;
 }
 
-/* Ask for the K and V rows of the next chunk while this one computes: the hardware prefetchers
- * follow one sequential stream well but not a task's two (K and V), so the loads would wait
- * on the memory's latency one line at a time. */
-ALWAYS_INLINE void prefetch_rows(const uint16_t *kc, const uint16_t *vc, const int64_t *off,
-                                 int64_t nc, int32_t d_h) {
-    for (int64_t c = 0; c < nc; c++)
-        for (int32_t e = 0; e < d_h; e += 32) { /* 64-byte lines of bf16 */
-            __builtin_prefetch(kc + off[c] + e);
-            __builtin_prefetch(vc + off[c] + e);
-        }
-}
 
 /* x86-64: the task is also compiled for AVX2 and picked at load time (an ifunc). The dot
  * products keep their 8 fixed partial sums and nothing is contracted into FMAs, so both
@@ -261,16 +283,15 @@ static pair pair_at(const bf16_job *jb, int64_t t) {
     return p;
 }
 
-/* Offsets of p's rows [j0, j0 + CHUNK) into off, those rows prefetched. */
-ALWAYS_INLINE void prefetch_chunk(const flexdiag_attn_args *a, const pair *p, int64_t j0,
-                                  int64_t *off) {
-    prefetch_rows(p->kc, p->vc, off, chunk_offsets(a, p->slots, p->n_prompt, p->n, j0, off),
-                  a->d_h);
+/* Pair p's rows [j0, j0 + CHUNK) as an ahead list, their offsets written into off. */
+ALWAYS_INLINE ahead chunk_ahead(const flexdiag_attn_args *a, const pair *p, int64_t j0,
+                                int64_t *off) {
+    return (ahead){p->kc, p->vc, off, chunk_offsets(a, p->slots, p->n_prompt, p->n, j0, off)};
 }
 
 /* Attend pair p, the g query heads of its group; offs[x] holds its first chunk's offsets (rows
- * prefetched). The prefetches run one chunk ahead and, in p's last chunk, reach into next's
- * first chunk (offsets into offs[x'] for the chunk after p's last: *x on return). */
+ * prefetched). Each chunk prefetches the next one's rows as it computes and, in p's last
+ * chunk, next's first rows (offsets into offs[x'] for the chunk after p's last: *x on return). */
 ALWAYS_INLINE void attend_pair(const bf16_job *jb, const pair *p, const pair *next,
                                int64_t (*offs)[CHUNK], int64_t *x, float *scratch) {
     const flexdiag_attn_args *a = &jb->h->a;
@@ -285,14 +306,17 @@ ALWAYS_INLINE void attend_pair(const bf16_job *jb, const pair *p, const pair *ne
     int64_t n = p->n;
     for (int64_t j0 = 0; j0 < n; j0 += CHUNK, *x ^= 1) {
         int64_t nc = n - j0 < CHUNK ? n - j0 : CHUNK, *off = offs[*x];
-        if (j0 + CHUNK < n) prefetch_chunk(a, p, j0 + CHUNK, offs[*x ^ 1]);
-        else if (next) prefetch_chunk(a, next, 0, offs[*x ^ 1]);
-        chunk_logits(q, g, d_h, a->scale, p->kc, off, nc, z);
+        ahead nx = {0};
+        if (j0 + CHUNK < n) nx = chunk_ahead(a, p, j0 + CHUNK, offs[*x ^ 1]);
+        else if (next) nx = chunk_ahead(a, next, 0, offs[*x ^ 1]);
+        chunk_logits(q, g, d_h, a->scale, p->kc, off, nc, z, &nx);
         flexdiag__cpu_softmax_chunk(z, CHUNK, nc, m, l, acc, g, d_h);
-        chunk_values(acc, g, d_h, z, p->vc, off, nc);
+        chunk_values(acc, g, d_h, z, p->vc, off, nc, &nx);
+        prefetch_rest(&nx, nc, d_h);
     }
     if (n == 0 && next) { /* no chunk of p to overlap: next's first rows asked for now */
-        prefetch_chunk(a, next, 0, offs[*x ^ 1]);
+        ahead nx = chunk_ahead(a, next, 0, offs[*x ^ 1]);
+        prefetch_rest(&nx, 0, d_h);
         *x ^= 1;
     }
     uint16_t *out = (uint16_t *)jb->h->out + (p->s * a->h_q + (int64_t)p->kh * g) * d_h;
@@ -315,7 +339,8 @@ HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     int64_t offs[2][CHUNK], x = 0;
     pair p = pair_at(jb, i0);
     /* the first chunk's rows are on their way while the queries are rotated and widened */
-    prefetch_chunk(a, &p, 0, offs[0]);
+    ahead first = chunk_ahead(a, &p, 0, offs[0]);
+    prefetch_rest(&first, 0, a->d_h);
     for (int64_t i = i0; i < i1; i++) {
         int more = i + 1 < i1;
         pair next = more ? pair_at(jb, i + 1) : p;
