@@ -411,13 +411,15 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     row.roof_ms = 1e3 * roof;
     row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;
     if (rc == 0) {
+        bench_ceilings rce = *ce; /* the host read rate again, now: this row's */
+        if (ce->host_read > 0) (void)bench_host_read_rate(m->rt, &rce.host_read_after);
         bench_offload_row off;
         bench_offload_row_make(c, &row.oi[0], &row.oi[1], row.steps, row.decode_s,
-                               row.compute_ms, ce, &off);
+                               row.compute_ms, &rce, &off);
         char extra[1024];
-        bench_offload_json(&off, ce, extra, sizeof extra);
+        bench_offload_json(&off, &rce, extra, sizeof extra);
         print_row(&row);
-        bench_offload_print(&off, ce);
+        bench_offload_print(&off, &rce);
         rc = append_json(json, c, o, rf, &row, extra);
         *img_s = row.img_s;
     }

@@ -28,6 +28,9 @@ typedef struct bench_ceilings {
                          the CPU attention), 0: not measured */
     double home_read; /* bytes/s, the same threads reading the context's pinned KV home itself
                          (tens of GB: its page walks included), 0: not measured */
+    double host_read_after; /* bytes/s, host_read measured again right after a row's timed run
+                               (a shared host's memory rate moves between runs; the row's bound
+                               takes the higher of the two), 0: not measured */
 } bench_ceilings;
 
 typedef struct bench_offload_row {
