@@ -112,11 +112,32 @@ static flexdiag_status stream_init(flexdiag_stream *s, int blas) {
     return FLEXDIAG_OK;
 }
 
+/* How a host thread waits for the current device: FLEXDIAG_CUDA_WAIT=spin, yield or block sets
+ * it (cudaSetDeviceFlags); unset, CUDA's default stays (with one context and more cores than
+ * contexts: spin). A spinning wait holds a core for as long as the device runs, which host
+ * work beside it (CPU attention, the store's threads, PNG writing) then shares; the switch is
+ * for measuring that. An unknown value is an error naming the variable. */
+static flexdiag_status wait_mode(void) {
+    const char *env = getenv("FLEXDIAG_CUDA_WAIT");
+    if (!env || !*env) return FLEXDIAG_OK;
+    static const struct { const char *name; unsigned flag; } modes[] = {
+        {"spin", cudaDeviceScheduleSpin}, {"yield", cudaDeviceScheduleYield},
+        {"block", cudaDeviceScheduleBlockingSync}};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (!strcmp(env, modes[i].name)) {
+            FLEXDIAG_CUDA_TRY(cudaSetDeviceFlags(modes[i].flag));
+            return FLEXDIAG_OK;
+        }
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                         "FLEXDIAG_CUDA_WAIT=%s: give spin, yield or block, or unset it", env);
+}
+
 /* A stream on device (made current); with blas the compute queue, else a copy queue. */
 static flexdiag_status stream_new(int device, int blas, flexdiag_stream **out) {
     *out = NULL;
     FLEXDIAG_TRY(check_device(device));
     FLEXDIAG_CUDA_TRY(cudaSetDevice(device));
+    FLEXDIAG_TRY(wait_mode());
     flexdiag_stream *s = (flexdiag_stream *)calloc(1, sizeof *s);
     if (!s)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "cuda: cannot allocate a stream (%zu bytes)",
