@@ -294,10 +294,11 @@ void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
     if (o->kv_pct[0] != 100)
         printf("  offload: KV homes %u/%u/%u %% of the micro-batches GPU/CPU/disk (%.2f / %.2f / "
                "%.2f GB); per decode step KV H2D %.3f GB, D2H %.3f GB, disk %.3f GB read and "
-               "written\n",
+               "written; pinned pool %.2f GB (%s)\n",
                o->kv_pct[0], o->kv_pct[1], o->kv_pct[2], o->kv_bytes[0] / 1e9,
                o->kv_bytes[1] / 1e9, o->kv_bytes[2] / 1e9, r->kv_h2d_step / 1e9,
-               r->kv_d2h_step / 1e9, r->kv_disk_step / 1e9);
+               r->kv_d2h_step / 1e9, r->kv_disk_step / 1e9, o->pinned_budget / 1e9,
+               o->pinned_note ? o->pinned_note : o->pinned ? "pinned" : "not pinned");
     if (o->weights_pct[0] != 100)
         printf("  offload: weights requested %u/%u/%u %% GPU/CPU/disk, realised %.2f/%.2f/%.2f %% "
                "(%.2f / %.2f / %.2f GB); pinned pool %.2f GB (%s); disk %.2f GB (%s%s%s)\n",

@@ -67,6 +67,27 @@ static int place(void *p, size_t n, const char *bus_id, char *why, size_t wn) {
     return node;
 }
 
+/* Bytes of [base, base + bytes) the kernel backs with transparent huge pages now (the
+ * AnonHugePages of the mappings inside it in /proc/self/smaps; 0 when that cannot be read).
+ * Pinning has faulted every page in, so this is what the CPU attention's streams will walk. */
+static uint64_t huge_bytes(const void *base, size_t bytes) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    const uintptr_t lo = (uintptr_t)base, hi = lo + bytes;
+    uint64_t total = 0;
+    int inside = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b, kb;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' '))
+            inside = a >= lo && b <= hi;
+        else if (inside && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1)
+            total += (uint64_t)kb << 10;
+    }
+    fclose(f);
+    return total;
+}
+
 /* Pin the region through the backend where that means something; note why not otherwise. */
 static void pin(flexdiag_host_pool *pool, const flexdiag_host_pool_params *p, char *why,
                 size_t wn) {
@@ -82,7 +103,11 @@ static void pin(flexdiag_host_pool *pool, const flexdiag_host_pool_params *p, ch
         if (st == FLEXDIAG_OK) {
             pool->k = k;
             pool->pinned = 1;
-            snprintf(why, wn, "pinned by the %s backend", k->name);
+            char hb[32], ab[32];
+            uint64_t huge = huge_bytes(pool->base, pool->bytes);
+            snprintf(why, wn, "pinned by the %s backend, %s of %s in 2 MiB pages", k->name,
+                     flexdiag__fmt_bytes(huge, hb, sizeof hb),
+                     flexdiag__fmt_bytes(pool->bytes, ab, sizeof ab));
             return;
         }
         /* pageable staging with one warning (reliability.md §7); the message is ours now */
