@@ -49,8 +49,9 @@ extern "C" {
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
  * 6: flexdiag_device_count. 7: context_params cpu_attention. 8: disk KV homes (kv_pct[2]),
- * offload_info kv_disk_*. 10: model_params compress_weights. */
-#define FLEXDIAG_API_VERSION 10u
+ * offload_info kv_disk_*. 10: model_params compress_weights. 11: context_params
+ * cpu_attention_pct, offload_info cpu_attn_mb and host_mb. */
+#define FLEXDIAG_API_VERSION 11u
 
 /* ---- enums ---- */
 
@@ -184,6 +185,13 @@ typedef struct flexdiag_context_params {
                                       more distinct prompt rows is refused. 0 or 1: no sharing.
                                       Sharing applies when every micro-batch's KV is on the
                                       device (kv_pct[0] = 100). */
+    /* since API version 11 */
+    uint32_t cpu_attention_pct;    /* with cpu_attention: percent of the host-homed
+                                      micro-batches whose attention the host runs, rounded up
+                                      to whole micro-batches (0 = 100); the device attends the
+                                      others over the rows they stream from the home, so the
+                                      host's memory serves the CPU attention and the bus at
+                                      once. */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {
@@ -335,6 +343,9 @@ typedef struct flexdiag_offload_info {
     uint64_t kv_disk_read_bytes;  /* bytes read from the disk KV home (whole 4 KiB pages) */
     uint64_t kv_disk_write_bytes; /* bytes written to it */
     double kv_disk_wait_s;        /* host seconds waiting for it */
+    /* since API version 11 */
+    int32_t host_mb;              /* micro-batches whose KV lives in pinned host memory */
+    int32_t cpu_attn_mb;          /* of those, the ones the host attends (cpu_attention) */
 } flexdiag_offload_info;
 
 /* Fill *out (caller-owned, struct_size set) for context c. */

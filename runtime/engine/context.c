@@ -115,6 +115,20 @@ void flexdiag__kv_home_split(int32_t n_mb, const uint32_t pct[3], int32_t out[3]
     out[1] = n_mb - out[0] - out[2];
 }
 
+/* The host-homed micro-batches the host attends (params cpu_attention_pct of the n_host
+ * there are, rounded up): sequences [s_host, s_ca). */
+static flexdiag_status ctx_cpu_attn_share(flexdiag_context *c, int32_t n_host) {
+    uint32_t pct = c->p.cpu_attention_pct ? c->p.cpu_attention_pct : 100;
+    if (pct > 100)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "CPU attention share %u %% (--cpu-attention-share): give a percent "
+                             "of the CPU-homed micro-batches, 1..100", pct);
+    int64_t n = c->p.cpu_attention ? ((int64_t)n_host * pct + 99) / 100 : 0;
+    int64_t end = (int64_t)c->s_host + n * c->mb_seq;
+    c->s_ca = end < c->s_disk ? (int32_t)end : c->s_disk;
+    return FLEXDIAG_OK;
+}
+
 /* KV homes (kv_pct: GPU, CPU, disk percent of the micro-batches, flexdiag__kv_home_split): the
  * first micro-batches keep their KV on the device, the next in pinned host memory, the last on
  * disk; s_host and s_disk are the first pinned- and disk-homed sequences (n_seq when none). */
@@ -132,7 +146,7 @@ static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
     int64_t dev = (int64_t)n[0] * c->mb_seq, disk = (int64_t)(n[0] + n[1]) * c->mb_seq;
     c->s_host = dev < c->n_seq ? (int32_t)dev : c->n_seq;
     c->s_disk = disk < c->n_seq ? (int32_t)disk : c->n_seq;
-    return FLEXDIAG_OK;
+    return ctx_cpu_attn_share(c, n[1]);
 }
 
 /* Shared prompt rows (params images_per_prompt > 1, every KV on the device): a block of

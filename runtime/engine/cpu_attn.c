@@ -78,8 +78,9 @@ static size_t ws_bytes(const flexdiag_context *c) {
            align64((size_t)c->mb_seq * (size_t)c->m->cfg.lm.head_dim * sizeof(float));
 }
 
+/* Micro-batches the host attends: [s_host, s_ca). */
 static int32_t host_mbs(const flexdiag_context *c) {
-    return (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    return (c->s_ca - c->s_host + c->mb_seq - 1) / c->mb_seq;
 }
 
 size_t flexdiag__cpu_attn_host_bytes(const flexdiag_context *c) {
@@ -272,6 +273,8 @@ flexdiag_status flexdiag__cpu_attn_status(const flexdiag_context *c) {
 void flexdiag__cpu_attn_stats(const flexdiag_context *c, flexdiag_offload_info *out) {
     const flexdiag_cpu_attn *ca = c->ca;
     out->cpu_attention = ca != NULL;
+    out->host_mb = (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    out->cpu_attn_mb = ca ? host_mbs(c) : 0;
     if (!ca) return;
     out->cpu_attn_d2h_bytes = ca->d2h_bytes;
     out->cpu_attn_h2d_bytes = ca->h2d_bytes;

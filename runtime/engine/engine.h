@@ -134,6 +134,9 @@ struct flexdiag_context {
                                         (n_seq: all on the device) */
     int32_t s_disk;                  /* first sequence whose KV home is disk (n_seq: none);
                                         [s_host, s_disk) are pinned-homed */
+    int32_t s_ca;                    /* with CPU attention, the host attends [s_host, s_ca) and
+                                        the device [s_ca, s_disk) over streamed rows
+                                        (params cpu_attention_pct); s_host without it */
     size_t seq_bytes;                /* bytes of one sequence's K (or V) in one layer */
     void *kv_host;                   /* (layers, 2, s_disk - s_host, seq_bytes) in the pinned
                                         pool, NULL when every KV is on the device; the disk

@@ -115,7 +115,7 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     io->mem.s0 = s0;
     io->mem.n_seq = nb;
     io->mem.rows_per_seq = t < 0 ? c->p_cap : 1;
-    io->mem.host_attend = t >= 0 && c->ca && s0 >= c->s_host && s0 < c->s_disk;
+    io->mem.host_attend = t >= 0 && c->ca && s0 >= c->s_host && s0 < c->s_ca;
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
     if (t < 0 && c->n_pre) { /* the prefill of shared prompt rows s0.. writes their store */
         io->mem.k = (char *)shared_rows(c, j, 0) + (size_t)s0 * c->pre_bytes;
@@ -328,13 +328,13 @@ static flexdiag_status decode_mb(const run_state *r, int32_t j, int32_t mb, int3
 }
 
 /* The micro-batches [*lo, *hi) whose attention the host runs (CPU attention: the
- * pinned-homed ones); empty without it. */
+ * pinned-homed ones of its share); empty without it. */
 static void host_mbs(const run_state *r, int32_t *lo, int32_t *hi) {
     const flexdiag_context *c = r->c;
     *lo = *hi = r->n_mb;
     if (!c->ca) return;
     *lo = c->s_host / c->mb_seq;
-    *hi = *lo + (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    *hi = *lo + (c->s_ca - c->s_host + c->mb_seq - 1) / c->mb_seq;
     if (*hi > r->n_mb) *hi = r->n_mb;
 }
 

@@ -31,6 +31,7 @@ typedef struct run {
     uint64_t weights_bytes[3], h2d_bytes, disk_read_bytes, loads;
     uint64_t kv_bytes[3], kv_h2d_bytes, kv_d2h_bytes, kv_disk_read, kv_disk_write;
     uint64_t ca_d2h_bytes, ca_h2d_bytes, ca_kv_bytes; /* CPU attention */
+    int32_t host_mb, ca_mb; /* micro-batches homed on the host, attended there */
 } run;
 
 static void ok(flexdiag_status st) {
@@ -66,6 +67,7 @@ typedef struct kv_case {
     flexdiag_policy_kind kind;
     int cpu_attention;      /* the host attends the host-homed micro-batches */
     const int32_t *score;   /* the image ids to score (NULL: the run's own first image) */
+    uint32_t share;         /* cpu_attention_pct (0: all of them) */
 } kv_case;
 
 /* One context on m: a cancelled generate (when cancel), the full generate, a scored image. */
@@ -79,6 +81,7 @@ static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int 
     memcpy(cp.kv_pct, kc->kv, sizeof cp.kv_pct);
     cp.policy.kind = kc->kind;
     cp.cpu_attention = kc->cpu_attention;
+    cp.cpu_attention_pct = kc->share;
     /* N_att a quarter of the decode length, N_r (Diagonal's ring) half of it: a sparse
      * policy attends fewer ring rows than it keeps */
     cp.policy.sparsity = kc->kind == FLEXDIAG_POLICY_DENSE ? 0.0 : 0.75;
@@ -125,12 +128,14 @@ static void run_context_kv(flexdiag_model *m, int32_t batch, int32_t micro, int 
     out->ca_d2h_bytes = oi.cpu_attn_d2h_bytes;
     out->ca_h2d_bytes = oi.cpu_attn_h2d_bytes;
     out->ca_kv_bytes = oi.cpu_attn_kv_bytes;
+    out->host_mb = oi.host_mb;
+    out->ca_mb = oi.cpu_attn_mb;
     memcpy(out->kv_bytes, oi.kv_bytes, sizeof out->kv_bytes);
     flexdiag_context_destroy(c);
 }
 
 static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int cancel, run *out) {
-    const kv_case device = {{100, 0, 0}, FLEXDIAG_POLICY_DENSE, 0, NULL};
+    const kv_case device = {{100, 0, 0}, FLEXDIAG_POLICY_DENSE, 0, NULL, 0};
     run_context_kv(m, batch, micro, cancel, &device, out);
 }
 
@@ -230,7 +235,7 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
         flexdiag_model *m;
         open_model(device, arch, wdev, dir, 64u << 20, &rt, &m); /* KV homes of all sizes */
         run ref = {0};
-        kv_case kc = {{100, 0, 0}, (flexdiag_policy_kind)k, 0, NULL};
+        kv_case kc = {{100, 0, 0}, (flexdiag_policy_kind)k, 0, NULL, 0};
         run_context_kv(m, batch, micro, 0, &kc, &ref);
         assert_true(ref.kv_bytes[1] == 0 && ref.kv_h2d_bytes == 0);
         for (int i = 0; i < N_KV; i++) {
@@ -360,31 +365,40 @@ void to_run_cpu_attention(int device, const char *arch, int32_t batch, double to
     static const flexdiag_policy_kind kinds[] = {FLEXDIAG_POLICY_DENSE, FLEXDIAG_POLICY_WINDOW,
                                                  FLEXDIAG_POLICY_STREAMING};
     static const uint32_t wdev[3] = {100, 0, 0};
-    /* 1, 2, all micro-batches on the host; half on the device, half on disk */
-    const int32_t micro[] = {batch, batch / 2, 1, batch / 2, batch / 2};
-    const uint32_t homes[][3] = {{0, 100, 0}, {0, 100, 0}, {0, 100, 0}, {50, 50, 0}, {0, 50, 50}};
+    /* 1, 2, all micro-batches on the host; half on the device, half on disk; all on the host,
+     * half of them attended there and half streamed to the device */
+    const int32_t micro[] = {batch, batch / 2, 1, batch / 2, batch / 2, 1};
+    const uint32_t homes[][3] = {{0, 100, 0}, {0, 100, 0}, {0, 100, 0},
+                                 {50, 50, 0}, {0, 50, 50},  {0, 100, 0}};
+    const uint32_t share[] = {0, 0, 0, 0, 0, 50};
     enum { N_HOMES = sizeof homes / sizeof homes[0] };
     for (int k = 0; k < n_kinds && k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
         flexdiag_runtime *rt;
         flexdiag_model *m;
         open_model(device, arch, wdev, dir, 64u << 20, &rt, &m);
         run ref = {0};
-        kv_case kc = {{100, 0, 0}, kinds[k], 0, NULL};
+        kv_case kc = {{100, 0, 0}, kinds[k], 0, NULL, 0};
         run_context_kv(m, batch, 0, 0, &kc, &ref);
         kc.score = ref.tokens; /* every run scores the resident run's first image */
         for (int i = 0; i < N_HOMES; i++) {
             char what[96];
-            snprintf(what, sizeof what, "--kv %u,%u,%u --cpu-attention, micro-batch %d, policy %s",
-                     homes[i][0], homes[i][1], homes[i][2], micro[i],
+            snprintf(what, sizeof what,
+                     "--kv %u,%u,%u --cpu-attention (share %u), micro-batch %d, policy %s",
+                     homes[i][0], homes[i][1], homes[i][2], share[i], micro[i],
                      flexdiag_policy_name(kinds[k]));
             memcpy(kc.kv, homes[i], sizeof kc.kv);
             kc.cpu_attention = 1;
+            kc.share = share[i];
             run r = {0};
             run_context_kv(m, batch, micro[i], i == 2, &kc, &r);
-            /* the decode steps move no pinned-homed KV: the prompt rows go home once, the host
-             * attends; the device attends a disk-homed micro-batch over its streamed rows */
+            /* the decode steps move no KV of the micro-batches the host attends: the prompt rows
+             * go home once; the device attends a disk-homed micro-batch, or a pinned-homed one
+             * past the share, over its streamed rows */
             assert_true(r.ca_kv_bytes > 0 && r.ca_d2h_bytes > 0 && r.ca_h2d_bytes > 0);
-            assert_true((r.kv_h2d_bytes > 0) == (homes[i][2] > 0));
+            assert_true((r.kv_h2d_bytes > 0) == (homes[i][2] > 0 || share[i] > 0));
+            int32_t want = share[i] ? (r.host_mb * (int32_t)share[i] + 99) / 100 : r.host_mb;
+            assert_true(r.host_mb > 0);
+            assert_int_equal(r.ca_mb, want);
             assert_true(r.kv_d2h_bytes > 0);
             size_t nl = (size_t)ref.per_img * (size_t)ref.vocab;
             double d = rel_l2(ref.logits, r.logits, nl);

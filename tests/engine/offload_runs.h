@@ -32,8 +32,10 @@ void to_run_kv_homes(int device, const char *arch, int32_t batch, int32_t micro,
 /* CPU attention (--kv with a CPU share, --cpu-attention) for the first n_kinds of dense, window
  * and streaming with
  * one, two and all-single-image micro-batches (a run cancelled half way among them), with
- * half the block on the device, and with half on disk (the store in dir; the device attends
- * that half over the rows it streams): no pinned-homed KV moves to the device in the decode steps, and the image
+ * half the block on the device, with half on disk (the store in dir; the device attends
+ * that half over the rows it streams), and all on the host with half of it attended there
+ * (cpu_attention_pct 50; the device attends the other half over streamed rows): no KV of a
+ * host-attended micro-batch moves to the device in the decode steps, and the image
  * of the all-device run scores within tol relative L2 of its logits (tol 0: the tokens and
  * logits bit for bit, the CPU backend's host attention being its own). batch even, >= 2. */
 void to_run_cpu_attention(int device, const char *arch, int32_t batch, double tol,

@@ -74,8 +74,8 @@ static void open_micro(uint64_t gpu_mem, uint64_t cpu_mem, uint64_t disk_mem, co
     assert_int_equal(flexdiag_model_load(*rt, NULL, &mp, m), FLEXDIAG_OK);
 }
 
-/* CPU attention is refused, naming what to change, without a host KV home and for a policy
- * whose attention updates per-sequence state on the device. */
+/* CPU attention is refused, naming what to change, without a host KV home, for a policy
+ * whose attention updates per-sequence state on the device, and with a share over 100 %. */
 static void test_cpu_attention_refused(void **state) {
     (void)state;
     flexdiag_runtime *rt;
@@ -95,6 +95,10 @@ static void test_cpu_attention_refused(void **state) {
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_UNSUPPORTED);
     assert_non_null(strstr(flexdiag_last_error(NULL), "diagonal"));
     cp.policy.kind = FLEXDIAG_POLICY_WINDOW;
+    cp.cpu_attention_pct = 101;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "--cpu-attention-share"));
+    cp.cpu_attention_pct = 0;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
     flexdiag_context_destroy(c);
     flexdiag_model_destroy(m);
