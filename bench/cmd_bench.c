@@ -416,7 +416,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
         bench_offload_row off;
         bench_offload_row_make(c, &row.oi[0], &row.oi[1], row.steps, row.decode_s,
                                row.compute_ms, &rce, &off);
-        char extra[1024];
+        char extra[2048];
         bench_offload_json(&off, &rce, extra, sizeof extra);
         print_row(&row);
         bench_offload_print(&off, &rce);

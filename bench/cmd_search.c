@@ -125,12 +125,24 @@ static int cpu_attention_ok(const search *s, const cm_config *c) {
             k == FLEXDIAG_POLICY_STREAMING);
 }
 
-/* c with and without CPU attention (where the host may attend). */
+/* c without CPU attention and, where the host may attend, with it for all of the host-homed
+ * micro-batches or for three quarters, half or a quarter of them (the device attending the
+ * others over streamed rows: the host's memory then feeds both), each distinct count once. */
 static void try_attention(search *s, cm_config c) {
+    static const uint32_t shares[] = {100, 75, 50, 25};
     c.cpu_attention = 0;
+    c.cpu_attn_pct = 0;
     try_one(s, &c);
     c.cpu_attention = 1;
-    if (cpu_attention_ok(s, &c)) try_one(s, &c);
+    if (!cpu_attention_ok(s, &c)) return;
+    int32_t host, n, last = -1;
+    for (int i = 0; i < (int)(sizeof shares / sizeof shares[0]); i++) {
+        c.cpu_attn_pct = shares[i] == 100 ? 0 : shares[i];
+        cm_host_mbs(&c, &host, &n);
+        if (n == last) continue;
+        last = n;
+        try_one(s, &c);
+    }
 }
 
 /* Every KV home (host ones with and without CPU attention) and weight placement of one
@@ -313,6 +325,8 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
         at += snprintf(buf + at, n - (size_t)at, " --kv %u,%u,%u", c->kvpct[0], c->kvpct[1],
                        c->kvpct[2]);
     if (c->cpu_attention) at += snprintf(buf + at, n - (size_t)at, " --cpu-attention");
+    if (c->cpu_attention && c->cpu_attn_pct)
+        at += snprintf(buf + at, n - (size_t)at, " --cpu-attention-share %u", c->cpu_attn_pct);
     if (c->images_per_prompt > 1)
         at += snprintf(buf + at, n - (size_t)at, " --images-per-prompt %d", c->images_per_prompt);
     /* a KV home needs a pool (one sized by the weights alone has no room for it beside them):
@@ -350,12 +364,16 @@ static void print_table_head(const search *s) {
 
 static void print_row(const search *s, int i, const cand *k, char *flags, size_t n) {
     const cm_config *c = &k->c;
+    char attn[32] = "";
+    int32_t host, attended;
+    cm_host_mbs(c, &host, &attended);
+    if (c->cpu_attention) snprintf(attn, sizeof attn, " CPU attn. %d/%d", attended, host);
     printf("| %d | %s | %g | %d | %d | %u,%u,%u%s | %u,%u,%u%s | %.4g | %.3f | %s | %.2f | %.2f |\n",
            i + 1, flexdiag_policy_name(c->policy.kind),
            c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0 : c->policy.sparsity, c->batch,
            c->micro ? c->micro : c->batch, c->wpct[0], c->wpct[1], c->wpct[2],
            c->compress ? " 4-bit" : "", c->kvpct[0],
-           c->kvpct[1], c->kvpct[2], c->cpu_attention ? " CPU attn." : "", k->rate, 1e3 * k->t.step_s, k->t.bound,
+           c->kvpct[1], c->kvpct[2], attn, k->rate, 1e3 * k->t.step_s, k->t.bound,
            (double)k->mem.gpu / (1 << 20), (double)k->mem.cpu / (1 << 20));
     repro_flags(s, k, flags, n);
 }
@@ -377,6 +395,8 @@ static void print_json(FILE *out, int i, const cand *k, const char *flags, doubl
         (json_int_t)k->mem.cpu, "disk_bytes", (json_int_t)k->mem.disk, "flags", flags,
         "pred_measured_img_per_s", k->proj, "measure_steps", (json_int_t)k->steps);
     if (o) json_object_set_new(o, "compress_weights", json_integer(c->compress ? 4 : 0));
+    if (o) json_object_set_new(o, "cpu_attention_share",
+                               json_integer(c->cpu_attention ? (c->cpu_attn_pct ? c->cpu_attn_pct : 100) : 0));
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (line) fprintf(out, "%s\n", line);
     free(line);

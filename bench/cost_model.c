@@ -123,6 +123,7 @@ static void context_params(const cm_config *c, flexdiag_context_params *cp) {
     memcpy(cp->kv_pct, c->kvpct, sizeof cp->kv_pct);
     cp->policy = c->policy;
     cp->cpu_attention = c->cpu_attention != 0;
+    cp->cpu_attention_pct = c->cpu_attn_pct;
     if (c->images_per_prompt > 1) cp->images_per_prompt = c->images_per_prompt;
 }
 
@@ -150,6 +151,13 @@ static void micro_batches(const cm_config *c, int32_t rpi, int32_t *mb_seq, int3
     flexdiag__kv_home_split(*n_mb, c->kvpct, n);
     *host_mb = n[1];
     *disk_mb = n[2];
+}
+
+void cm_host_mbs(const cm_config *c, int32_t *host, int32_t *attended) {
+    int32_t mb_seq, n_mb, disk;
+    micro_batches(c, 1, &mb_seq, &n_mb, host, &disk);
+    uint32_t pct = c->cpu_attn_pct ? c->cpu_attn_pct : 100;
+    *attended = c->cpu_attention ? (int32_t)(((int64_t)*host * pct + 99) / 100) : 0;
 }
 
 static uint64_t round4k(uint64_t x) { return (x + 4095) & ~(uint64_t)4095; }
@@ -274,9 +282,9 @@ static double layer_max(const double t[CM_RES]) {
 }
 
 /* One layer of decode step t (0-based): compute, H2D, D2H, disk and host-attention seconds
- * into t4. With CPU attention the host-homed micro-batches' KV stays home: their q/k/v rows go
- * down, their outputs up, and the host reads their attended KV at the profile's rate beside
- * the device's work. */
+ * into t4. With CPU attention the KV of the host-homed micro-batches the host attends (its
+ * share of them) stays home: their q/k/v rows go down, their outputs up, and the host reads
+ * their attended KV at the profile's rate beside the device's work; the rest stream. */
 static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s, int32_t t,
                          double t4[CM_RES]) {
     int dense = s->kp.kind == FLEXDIAG_POLICY_DENSE;
@@ -286,7 +294,9 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     double row_b = 2 * s->dkv * s->ab; /* one K + V row of a sequence */
     double mb = s->mb_seq;
     double kv_read = mb * (c->prompt_len + att) * row_b;
-    double host = c->cpu_attention ? s->host_mb : 0; /* micro-batches the host attends */
+    int32_t host_mb, attended;
+    cm_host_mbs(c, &host_mb, &attended);
+    double host = attended;                           /* micro-batches the host attends */
     double below = s->host_mb + s->disk_mb;           /* KV homed off the device */
     /* attention reads the attended rows once; hbm counts bytes read + written per second */
     t4[0] = s->n_mb * (gemm_s(p, mb, 2 * mb * s->layer_params) + s->ops_s +

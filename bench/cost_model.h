@@ -73,6 +73,8 @@ typedef struct cm_config {
     int32_t gen_len;               /* text models: new tokens (0: images) */
     flexdiag_policy_params policy; /* the KV policy */
     int cpu_attention;             /* --cpu-attention: the host attends the host-homed KV */
+    uint32_t cpu_attn_pct;         /* --cpu-attention-share: the percent of the host-homed
+                                      micro-batches it attends (0: 100) */
     int32_t images_per_prompt;     /* --images-per-prompt: images sharing a prompt's KV rows
                                       (0 or 1: none) */
     int32_t steps;                 /* tokens the prediction averages the decode step over, as
@@ -115,6 +117,9 @@ flexdiag_status cm_memory_of(cm_model *cm, const cm_config *c, uint64_t cpu_mem,
 /* Predicted time of c on profile p. */
 flexdiag_status cm_predict(const cm_model *cm, const cm_config *c, const cm_profile *p,
                            cm_time *out);
+/* Micro-batches of c whose KV lives in pinned host memory (*host) and, of those, the ones the
+ * host attends (*attended: 0 without CPU attention), as the context cuts and rounds them. */
+void cm_host_mbs(const cm_config *c, int32_t *host, int32_t *attended);
 
 /* ---- profile file ---- */
 

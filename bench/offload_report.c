@@ -277,8 +277,9 @@ void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_in
     if (ce->h2d > 0) bound = fmax(bound, up / ce->h2d);
     if (ce->d2h > 0) bound = fmax(bound, out->kv_d2h_step / ce->d2h);
     if (ce->disk > 0) bound = fmax(bound, (out->disk_step + out->kv_disk_step) / ce->disk);
+    /* the host's memory feeds the CPU attention and every copy to the device at once */
     double host = fmax(ce->host_read, ce->host_read_after);
-    if (host > 0) bound = fmax(bound, out->ca_kv_step / host);
+    if (host > 0 && out->ca_kv_step > 0) bound = fmax(bound, (out->ca_kv_step + up) / host);
     out->overlap = bound > 0 ? step / bound : 0;
 }
 
@@ -312,11 +313,12 @@ void bench_offload_print(const bench_offload_row *r, const bench_ceilings *ce) {
                o->disk_note ? o->disk_note : "");
     if (o->cpu_attention) {
         double host = fmax(ce->host_read, ce->host_read_after);
-        printf("  offload: CPU attention per decode step: host KV read %.3f GB in %.2f ms of host "
+        printf("  offload: CPU attention (%d of %d CPU-homed micro-batches) per decode step: host "
+               "KV read %.3f GB in %.2f ms of host "
                "time (%.1f GB/s; host read ceiling %.1f GB/s before the run, %.1f after: bound "
                "%.2f ms at the higher; the KV home itself read at %.1f GB/s: bound %.2f ms), "
                "q/k/v rows and outputs %.1f MB over the link\n",
-               r->ca_kv_step / 1e9, r->ca_s_step * 1e3,
+               o->cpu_attn_mb, o->host_mb, r->ca_kv_step / 1e9, r->ca_s_step * 1e3,
                r->ca_s_step > 0 ? r->ca_kv_step / r->ca_s_step / 1e9 : 0, ce->host_read / 1e9,
                ce->host_read_after / 1e9, host > 0 ? r->ca_kv_step / host * 1e3 : 0,
                ce->home_read / 1e9, ce->home_read > 0 ? r->ca_kv_step / ce->home_read * 1e3 : 0,
@@ -345,13 +347,14 @@ void bench_offload_json(const bench_offload_row *r, const bench_ceilings *ce, ch
              "\"kv_disk_step_bytes\":%.0f,\"cpu_attention\":%s,"
              "\"cpu_attn_kv_step_bytes\":%.0f,\"cpu_attn_step_s\":%.6f,"
              "\"cpu_attn_rows_step_bytes\":%.0f,\"host_read_ceiling_gbps\":%.3f,"
-             "\"host_read_after_gbps\":%.3f,\"kv_home_read_gbps\":%.3f",
+             "\"host_read_after_gbps\":%.3f,\"kv_home_read_gbps\":%.3f,"
+             "\"host_mb\":%d,\"cpu_attn_mb\":%d",
              o->scheduler, o->kv_pct[0], o->kv_pct[1], o->kv_pct[2],
              (unsigned long long)o->kv_bytes[0], (unsigned long long)o->kv_bytes[1],
              (unsigned long long)o->kv_bytes[2], r->kv_h2d_step, r->kv_d2h_step, r->kv_disk_step,
              o->cpu_attention ? "true" : "false", r->ca_kv_step,
              r->ca_s_step, r->ca_rows_step, ce->host_read / 1e9, ce->host_read_after / 1e9,
-             ce->home_read / 1e9);
+             ce->home_read / 1e9, o->host_mb, o->cpu_attn_mb);
     if (k < 0 || (size_t)k >= n) return;
     buf += k;
     n -= (size_t)k;

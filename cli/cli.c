@@ -248,6 +248,7 @@ int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]) {
 void cli_kv_homes(const char *cmd, const cli_model_opts *o, flexdiag_context_params *cp) {
     (void)cli_kv_pct(cmd, o, cp->kv_pct);
     cp->cpu_attention = o->cpu_attention != 0;
+    cp->cpu_attention_pct = (uint32_t)o->cpu_attn_share; /* checked: 0..100 */
 }
 
 /* --compress-weights: 0 (none) or 4 (4-bit groups) into *bits; 2 after a message. */
@@ -267,11 +268,18 @@ int cli_check_model(const char *cmd, const cli_model_opts *o) {
     const cli_int_range r[] = {
         {"--seed", o->seed, 0, INT64_MAX, NULL},
         {"--threads", o->threads, 0, CLI_MAX_THREADS, "0 = all cores"},
+        {"--cpu-attention-share", o->cpu_attn_share, 0, 100, "a percent"},
     };
     uint32_t pct[3], bits;
     if (parse_weights(cmd, o->weights, pct) || cli_kv_pct(cmd, o, pct) ||
         cli_compress_bits(cmd, o, &bits))
         return 2;
+    if (o->cpu_attn_share && !o->cpu_attention) {
+        fprintf(stderr, "flexdiag %s: --cpu-attention-share %lld divides the CPU attention: give "
+                        "--cpu-attention too\n",
+                cmd, (long long)o->cpu_attn_share);
+        return 2;
+    }
     return cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]));
 }
 

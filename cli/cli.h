@@ -103,6 +103,8 @@ typedef struct cli_model_opts {
     const char *offload_dir; /* --offload-dir DIR: folder of the store file */
     const char *kv;          /* --kv G,C,D: percent of the micro-batches' KV on GPU, CPU, disk */
     int cpu_attention;       /* --cpu-attention: the host attends the host-homed micro-batches */
+    int64_t cpu_attn_share;  /* --cpu-attention-share PCT: of those, the percent it attends
+                                (0: not given, all) */
     int device;              /* CUDA device when > 0 and not --cpu (an MPI rank's: its rank
                                 among its host's ranks); 0 = the runtime's default, device 0 */
 } cli_model_opts;
@@ -145,7 +147,10 @@ typedef struct cli_policy_opts {
      "(default 100,0,0; disk needs --offload-dir)"},                                                           \
     {"--cpu-attention", CLI_FLAG, &(o)->cpu_attention,                                             \
      "decode attention of the CPU-homed micro-batches on the CPU, over their KV in place "         \
-     "(dense, window, streaming; needs --kv with a CPU share)"}
+     "(dense, window, streaming; needs --kv with a CPU share)"},                                   \
+    {"--cpu-attention-share", CLI_INT, &(o)->cpu_attn_share,                                       \
+     "PCT, 1..100: with --cpu-attention, the percent of the CPU-homed micro-batches the CPU "      \
+     "attends (default 100); the GPU attends the others over rows streamed from the same home"}
 
 #define CLI_MODEL_FLAGS(o) CLI_MODEL_FLAGS_SEED(o, "random-weight seed (default 1)")
 

@@ -375,9 +375,9 @@ static void test_cpu_attention(void **state) {
 }
 
 /* pred_step_ms of the row (batch 8 in micro-batches of 4, weights on the device, KV on pinned
- * CPU, with or without CPU attention; or, home 0, batch 8 with everything on the device) that
- * `search` ranks with profile prof. */
-static double row_step(const char *prof, int home, int cpu_attention) {
+ * CPU, with CPU attention for share percent of them or without (share 0); or, home 0, batch 8
+ * with everything on the device) that `search` ranks with profile prof. */
+static double row_share(const char *prof, int home, int share) {
     /* One search per profile: its rows are kept in rows-<prof> for the later lookups. */
     int rc = tu_system("cd '%s' && { test -s 'rows-%s' || '%s' search --cpu --threads 2 "
                        "--arch micro-janus --random-weights --gpu-mem 256M --profile %s "
@@ -391,7 +391,8 @@ static double row_step(const char *prof, int home, int cpu_attention) {
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         json_t *r = json_loads(line, 0, NULL);
         const json_t *w = json_object_get(r, "weights"), *kv = json_object_get(r, "kv");
-        if (json_is_true(json_object_get(r, "cpu_attention")) == cpu_attention &&
+        if (json_is_true(json_object_get(r, "cpu_attention")) == (share > 0) &&
+            json_integer_value(json_object_get(r, "cpu_attention_share")) == share &&
             json_integer_value(json_object_get(r, "batch")) == 8 &&
             json_integer_value(json_object_get(r, "micro_batch")) == (home ? 4 : 8) &&
             json_integer_value(json_array_get(w, 0)) == 100 &&
@@ -402,6 +403,10 @@ static double row_step(const char *prof, int home, int cpu_attention) {
     free(out);
     assert_true(ms > 0);
     return ms;
+}
+
+static double row_step(const char *prof, int home, int cpu_attention) {
+    return row_share(prof, home, cpu_attention ? 100 : 0);
 }
 
 /* A copy of p.json with field set to value, or (value 0) scaled by f, as name. */
@@ -456,6 +461,48 @@ static void test_host_memory(void **state) {
     assert_true(row_step("pcuda_slow.json", 1, 0) > 10 * row_step("pcuda.json", 1, 0));
     double res = row_step("pcuda.json", 0, 0);
     assert_true(fabs(row_step("pcuda_slow.json", 0, 0) - res) <= 1e-9 * res);
+}
+
+/* With a device beside the host the search also offers CPU attention for part of the host-homed
+ * micro-batches (the device attending the rest over streamed rows), and the model weighs the
+ * two paths: with the host attention a thousandth as fast, the row that leaves half of the
+ * micro-batches to the device predicts a shorter step than the one that attends all on the
+ * host; with the KV loads a millionth as fast, the reverse. Its flags run in `bench`. */
+static void test_cpu_attention_share(void **state) {
+    (void)state;
+    char path[4096]; /* pcuda.json: test_host_memory's, run before */
+    snprintf(path, sizeof path, "%s/pcuda.json", g_dir);
+    json_t *p = json_load_file(path, 0, NULL);
+    assert_non_null(p);
+    double ha = json_real_value(json_object_get(p, "host_attn_Bps"));
+    double kh = json_real_value(json_object_get(p, "kv_h2d_Bps"));
+    json_object_set_new(p, "host_attn_Bps", json_real(ha * 1e-3));
+    snprintf(path, sizeof path, "%s/pcuda_slow_attn.json", g_dir);
+    assert_int_equal(json_dump_file(p, path, 0), 0);
+    json_object_set_new(p, "host_attn_Bps", json_real(ha));
+    json_object_set_new(p, "kv_h2d_Bps", json_real(kh * 1e-6));
+    snprintf(path, sizeof path, "%s/pcuda_slow_kv.json", g_dir);
+    assert_int_equal(json_dump_file(p, path, 0), 0);
+    json_decref(p);
+    assert_true(row_share("pcuda_slow_attn.json", 1, 50) < row_share("pcuda_slow_attn.json", 1, 100));
+    assert_true(row_share("pcuda_slow_kv.json", 1, 100) < row_share("pcuda_slow_kv.json", 1, 50));
+    char *out = read_output("rows-pcuda.json");
+    char flags[1024] = "";
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *r = json_loads(line, 0, NULL);
+        const char *f = json_string_value(json_object_get(r, "flags"));
+        if (!flags[0] && json_integer_value(json_object_get(r, "cpu_attention_share")) == 50)
+            snprintf(flags, sizeof flags, "%s", f);
+        json_decref(r);
+    }
+    free(out);
+    assert_non_null(strstr(flags, "--cpu-attention --cpu-attention-share 50"));
+    int rc = tu_system("cd '%s' && '%s' %s --threads 2 --steps 4 >cas.out 2>cas.err", g_dir,
+                       g_bench, flags + strlen("flexdiag "));
+    assert_int_equal(rc, 0);
+    out = read_output("cas.out");
+    assert_non_null(strstr(out, "CPU attention (1 of 2 CPU-homed micro-batches)"));
+    free(out);
 }
 
 /* The profile times one small op launched by itself (op_eager_s) and replayed from a launch
@@ -577,6 +624,7 @@ int main(void) {
         cmocka_unit_test(test_kv_rates),
         cmocka_unit_test(test_op_rates),
         cmocka_unit_test(test_host_memory),
+        cmocka_unit_test(test_cpu_attention_share),
         cmocka_unit_test(test_measure_steps),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
