@@ -2,25 +2,25 @@
  * thread_pool.c - a persistent pthread pool with per-worker scratch: the workers of the CPU
  * backend's streams and of the host-side policy work.
  *
- * A job is (fn, ctx, n_tasks). The submitting thread publishes it, bumps the generation
- * (release, under the mutex) and broadcasts; each pool thread that sees the generation joins
- * the job (busy + 1), and unless the job is already closed, all workers (the submitter
- * included, as worker 0) claim task indices from one atomic counter until none are left. The
- * submitter then closes the job and waits until every thread that joined has left, so the
- * job's ctx may live on its stack; a thread that wakes after the close leaves without reading
- * the job. (Join-then-check against close-then-wait, all sequentially consistent: either the
- * submitter sees the joiner or the joiner sees the close.) A job therefore never waits for a
- * sleeping thread to wake up, only for tasks that have started. Between jobs a pool thread
- * polls the generation for up to
- * the poll time (POOL_POLL_US, or FLEXDIAG_POOL_POLL_US) before it sleeps on a futex, and the
- * submitter polls the count of threads still inside the job as long before it sleeps: ops that
- * follow each other closely (a decode step's ops, CPU attention jobs) then pay no wake-up at
- * all. Sleeping threads wait on the futex word itself, not on a condition variable: one
- * FUTEX_WAKE wakes them all at once, where a broadcast made every woken thread take the mutex
- * again, one after the other, each hand-off a wake-up of its own (on a 16-core virtual machine
- * about a millisecond before the last thread joined a job). Dynamic claiming balances uneven tasks (attention heads with different
- * slot counts); results never depend on which worker ran a task because each task owns
- * disjoint outputs and computes them in a fixed order.
+ * A job is (fn, ctx, n_tasks). The submitting thread publishes it, bumps the generation, then
+ * the futex word, and wakes the threads asleep on that word; each pool thread that sees the
+ * generation joins the job (busy + 1), and unless the job is already closed, all workers (the
+ * submitter included, as worker 0) claim task indices from one atomic counter until none are
+ * left. The submitter then closes the job and waits until every thread that joined has left,
+ * so the job's ctx may live on its stack; a thread that wakes after the close leaves without
+ * reading the job. (Join-then-check against close-then-wait, all sequentially consistent:
+ * either the submitter sees the joiner or the joiner sees the close.) A job therefore never
+ * waits for a sleeping thread to wake up, only for tasks that have started.
+ * Between jobs a pool thread polls the generation for the poll time (POOL_POLL_US, or
+ * FLEXDIAG_POOL_POLL_US) before it sleeps on the futex word, and the submitter polls the count
+ * of threads still inside the job as long before it sleeps: ops that follow each other closely
+ * (a decode step's ops, CPU attention jobs) then pay no wake-up at all. One FUTEX_WAKE wakes
+ * every sleeper at once; a condition variable's broadcast made each woken thread retake the
+ * mutex, one after the other, each hand-off a wake-up of its own (on a 16-core virtual machine
+ * the last thread joined a job about a millisecond late).
+ * Dynamic claiming balances uneven tasks (attention heads with different slot counts); results
+ * never depend on which worker ran a task because each task owns disjoint outputs and computes
+ * them in a fixed order.
  *
  * Rejected: spawning threads per op (tens of microseconds per decode op and layer) and OpenMP
  * (a second runtime to configure, and no control over who owns the threads).

@@ -16,8 +16,8 @@
  * are summed into 32 output columns held in registers across the chunk's rows. The next
  * chunk's rows are prefetched a row at a time between the chunk's own (its keys during the
  * logits, its values during the sums), across pairs too (a pair's first rows during the
- * previous pair's last chunk). The output is rounded to bf16 once. The KV is read once per pair from
- * memory (again from L1 for the other queries of a group).
+ * previous pair's last chunk). The output is rounded to bf16 once. The KV is read once per
+ * pair from memory (again from L1 for the other queries of a group).
  * Pairs own disjoint outputs and compute them in a fixed order: results do not depend on the
  * thread count or on how pairs are grouped into tasks.
  */
@@ -149,7 +149,8 @@ typedef struct ahead {
  * core can track instead of a burst of a chunk's lines that stalls it. */
 ALWAYS_INLINE void prefetch_row(const uint16_t *b, const ahead *nx, int64_t c, int32_t d_h) {
     if (c < nx->n)
-        for (int32_t e = 0; e < d_h; e += 32) __builtin_prefetch(b + nx->off[c] + e); /* 64 B lines */
+        for (int32_t e = 0; e < d_h; e += 32) /* 64-byte lines of bf16 */
+            __builtin_prefetch(b + nx->off[c] + e);
 }
 
 /* Prefetch the ahead rows from c0 on, K and V: those a shorter chunk had no arithmetic for. */
@@ -250,7 +251,6 @@ static int64_t chunk_offsets(const flexdiag_attn_args *a, const int32_t *slots, 
     }
     return nc;
 }
-
 
 /* x86-64: the task is also compiled for AVX2 and picked at load time (an ifunc). The dot
  * products keep their 8 fixed partial sums and nothing is contracted into FMAs, so both
