@@ -43,7 +43,7 @@
 #define POOL_MAX_THREADS 1024
 /* Microseconds a waiting thread polls before it sleeps: longer than the gap between two ops of
  * a step, short enough that an idle pool gives its cores back at once. FLEXDIAG_POOL_POLL_US
- * (0 to 100000) replaces it for a process. */
+ * (0 to 100000) replaces it for a process; another value makes pool_create fail naming it. */
 #define POOL_POLL_US 50
 #define POOL_POLL_US_MAX 100000
 
@@ -239,14 +239,22 @@ static int online_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
-/* The poll time: FLEXDIAG_POOL_POLL_US when it is a number in [0, POOL_POLL_US_MAX], else
- * POOL_POLL_US. */
-static double poll_seconds(void) {
+/* The poll time into *out: FLEXDIAG_POOL_POLL_US (microseconds, 0..POOL_POLL_US_MAX) when
+ * set, else POOL_POLL_US; any other value is an error naming the variable. */
+static flexdiag_status poll_seconds(double *out) {
     const char *env = getenv("FLEXDIAG_POOL_POLL_US");
+    *out = POOL_POLL_US * 1e-6;
+    if (!env || !*env) return FLEXDIAG_OK;
     char *end = NULL;
-    long us = env ? strtol(env, &end, 10) : -1;
-    if (!env || end == env || *end || us < 0 || us > POOL_POLL_US_MAX) us = POOL_POLL_US;
-    return (double)us * 1e-6;
+    errno = 0;
+    long us = strtol(env, &end, 10);
+    if (end == env || *end || errno || us < 0 || us > POOL_POLL_US_MAX)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "FLEXDIAG_POOL_POLL_US=%s: give whole microseconds, 0..%d, or unset "
+                             "it (default %d)",
+                             env, POOL_POLL_US_MAX, POOL_POLL_US);
+    *out = (double)us * 1e-6;
+    return FLEXDIAG_OK;
 }
 
 /* Stop and join the first n_started pool threads, free everything. */
@@ -290,6 +298,8 @@ static flexdiag_status pool_start(flexdiag_pool *s) {
 flexdiag_status flexdiag__pool_create(int threads, flexdiag_pool **out) {
     if (!out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "thread pool: out is NULL");
     *out = NULL;
+    double poll_s;
+    FLEXDIAG_TRY(poll_seconds(&poll_s));
     if (threads < 0 || threads > POOL_MAX_THREADS)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "thread pool: threads = %d: give 0 (all cores) or 1..%d", threads,
@@ -308,7 +318,7 @@ flexdiag_status flexdiag__pool_create(int threads, flexdiag_pool **out) {
     atomic_init(&s->busy, 0);
     atomic_init(&s->wake, 0);
     atomic_init(&s->sleepers, 0);
-    s->poll_s = poll_seconds();
+    s->poll_s = poll_s;
     s->threads = calloc((size_t)s->n_workers, sizeof *s->threads);
     s->scratch = calloc((size_t)s->n_workers, sizeof *s->scratch);
     if (!s->threads || !s->scratch) {

@@ -18,11 +18,13 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <cmocka.h>
 
+#include "base/core.h"
 #include "base/thread_pool.h"
 
 #define MAX_TASKS 4096
@@ -182,11 +184,35 @@ static void test_bad_threads(void **state) {
     one_job(NULL, &c, 5, 128); /* a NULL pool runs the tasks on the caller */
 }
 
+/* FLEXDIAG_POOL_POLL_US sets the poll time: a number of microseconds in range makes a working
+ * pool (0 included: threads sleep at once), anything else is refused naming the variable. */
+static void test_poll_env(void **state) {
+    (void)state;
+    static const char *bad[] = {"abc", "-1", "100001", "12us", "99999999999999999999"};
+    flexdiag_pool *p = NULL;
+    for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        setenv("FLEXDIAG_POOL_POLL_US", bad[i], 1);
+        flexdiag__err_clear(); /* the first error of a call is the one kept */
+        assert_int_equal(flexdiag__pool_create(3, &p), FLEXDIAG_ERR_INVALID_ARG);
+        assert_null(p);
+        assert_non_null(strstr(flexdiag__err_msg(), "FLEXDIAG_POOL_POLL_US"));
+    }
+    static const char *good[] = {"0", "200"};
+    for (int i = 0; i < 2; i++) {
+        setenv("FLEXDIAG_POOL_POLL_US", good[i], 1);
+        assert_int_equal(flexdiag__pool_create(3, &p), FLEXDIAG_OK);
+        static counts c;
+        for (int r = 0; r < 50; r++) one_job(p, &c, 7, 64);
+        flexdiag__pool_destroy(p);
+    }
+    unsetenv("FLEXDIAG_POOL_POLL_US");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_task_once), cmocka_unit_test(test_back_to_back),
         cmocka_unit_test(test_after_pauses), cmocka_unit_test(test_late_joiners),
         cmocka_unit_test(test_two_submitters),
-        cmocka_unit_test(test_bad_threads)};
+        cmocka_unit_test(test_bad_threads), cmocka_unit_test(test_poll_env)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
