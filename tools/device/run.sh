@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/device/run.sh - one call on the GPU host: unpack the dependency bundle, build with CUDA
 # for sm_90, then run the named steps, logging each under $OUT and printing a short summary
-# last. Steps: tests (gpu + golden suites), attn (decode-attention microbench), bench ARGS...
-# (one `flexdiag bench` row), peer ARGS... (transformers peer), fidelity ARGS...
+# last (the GPU, and the host's CPU and huge-page mode). Steps: tests (gpu + golden suites),
+# attn (decode-attention microbench), bench ARGS... (one `flexdiag bench` row), peer ARGS...
+# (transformers peer), fidelity ARGS...
 #   tools/device/run.sh tests attn "bench --arch janus-pro-7b --batch 32"
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +18,10 @@ fi
 ninja -C build-gpu >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; tail -20 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 summary+=("gpu: $(cat "$OUT/gpu.txt")")
+# the host beside it: the CPU attention's rates depend on its cores and on huge pages
+{ lscpu | grep -E '^(Model name|Model|CPU\(s\)|NUMA node\(s\)|L3 cache):'
+  echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"; } >"$OUT/host.txt" 2>&1
+summary+=("host: $(tr -s ' ' <"$OUT/host.txt" | tr '\n' ';')")
 n=0
 for step in "$@"; do
     n=$((n + 1))
