@@ -4,7 +4,11 @@
  *
  * Shape: B = 64 / 128 / 222 sequences × 32 heads (MHA, Janus-Pro-7B), d_h 128, 50 prompt rows, a ring of
  * 576 rows attended densely (576 slots, ring order) and at 95 % sparsity (29 random slots), plus
- * the sparse case with logits_out / lse_out and a GQA (g = 4) row. Each row is timed three
+ * the sparse case with logits_out / lse_out and a GQA (g = 4) row; then the engine's shape with
+ * shared prompt KV (CFG: every odd sequence reads one unconditional prompt block, the even ones
+ * one of 4 prompts' blocks; ring-only caches) at 254 and 872 sequences (Janus-Pro-7B's largest
+ * Diagonal batches at 48G and on a whole H200), plain and with the cascade (FLEXDIAG_CASCADE=1:
+ * each prompt block read once per tile of query rows). Each row is timed three
  * ways, all with CUDA events on the op's own stream, median reported:
  *  - "wflush": one launch after an L2 flush by a memset of twice the L2 size (the usual flush),
  *    3 warm-up calls then 20 timed. The time includes the launch latency and the write-back of
@@ -16,7 +20,8 @@
  *    rotating over the input sets (caches, q, out; BENCH_SETS, or argv[2]), so no call finds
  *    its data in L2 (METHOD.md: rotate inputs rather than flush); 2 warm-up replays, 10 timed;
  *    time per call = replay time / launches.
- * Bytes are what the op must move (K/V rows, q, out, slot lists, optional logits); GB/s and the
+ * Bytes are what the op must move (K/V rows, q, out, slot lists, optional logits; a shared
+ * prompt block once); GB/s and the
  * fraction of 4.3 TB/s (device-to-device copy rate measured on the H200) use the graph time.
  * Inputs are random bf16, never zeros. A .cu file because it needs the op's cudaStream_t
  * (struct flexdiag_stream) for the events and the capture.
@@ -25,6 +30,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <vector>
 
 #include "base/core.h"
@@ -66,6 +72,8 @@ struct bench_row {
     int n_slots;   /* attended ring rows per (sequence, KV head) */
     int extras;    /* 1: logits_out and lse_out */
     int B;         /* sequences (CFG rows counted) */
+    int n_pre;     /* 0: each sequence's prompt rows in its block; else shared prompt blocks */
+    int cascade;   /* with n_pre: 1 = the cascade (FLEXDIAG_CASCADE=1), 0 = the plain kernel */
 };
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -77,22 +85,31 @@ static uint64_t rng_next(void) {
     return rng_state;
 }
 
-/* n random bf16 values, roughly N(0, 1)-sized (sum of uniforms), on the host. */
-static std::vector<uint16_t> random_bf16(size_t n) {
-    std::vector<uint16_t> h(n);
-    for (size_t i = 0; i < n; i++) {
+/* Fill x (n bf16) with values of about N(0, 1) size (a sum of 4 hashed uniforms, × 1.7) from
+ * seed: on the device, since the 872-sequence rows hold billions of values. */
+static __global__ void fill_random(uint16_t *x, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 0x9e3779b1u ^ (uint32_t)(i >> 32) ^ seed;
         float f = 0;
-        for (int k = 0; k < 4; k++) f += (float)(rng_next() >> 40) / (float)(1 << 24) - 0.5f;
-        h[i] = flexdiag__f32_to_bf16(f * 1.7f);
+        for (int k = 0; k < 4; k++) {
+            h ^= h >> 16;
+            h *= 0x7feb352du;
+            h ^= h >> 15;
+            h *= 0x846ca68bu;
+            h ^= h >> 16;
+            f += (float)(h >> 8) / (float)(1 << 24) - 0.5f;
+        }
+        x[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f * 1.7f));
     }
-    return h;
 }
 
-/* A new device buffer holding h. */
-static void *upload_bf16(const std::vector<uint16_t> &h) {
+/* A new device buffer of n random bf16 (fill_random with seed). */
+static void *random_bf16(size_t n, uint32_t seed) {
     void *d = NULL;
-    BENCH_CHECK(cudaMalloc(&d, h.size() * 2));
-    BENCH_CHECK(cudaMemcpy(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    BENCH_CHECK(cudaMalloc(&d, (n ? n : 1) * 2));
+    fill_random<<<1024, 256>>>((uint16_t *)d, n, seed);
+    BENCH_CHECK(cudaGetLastError());
     return d;
 }
 
@@ -122,10 +139,14 @@ struct bench_flush {
     int sms;
 };
 
-/* One input set of a row: caches, q (in qkv) and out. */
+/* One input set of a row: caches, q (in qkv), out, and the prompt-only stores. */
 struct bench_set {
-    void *kc, *vc, *qkv, *out;
+    void *kc, *vc, *qkv, *out, *kp, *vp;
 };
+
+/* The shared prompt block of sequence s: odd sequences (unconditional CFG rows) block 0, even
+ * ones the block of one of n_pre - 1 prompts. */
+static int32_t bench_prefix(int s, int n_pre) { return s % 2 ? 0 : 1 + (s / 2) % (n_pre - 1); }
 
 /* Median of the event time of fn() over reps runs after warm runs (ms). */
 template <class F>
@@ -160,20 +181,23 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
                             const bench_flush &fl, int n_sets) {
     /* max_slots = the list length, as the engine passes its policy's longest list */
     const int B = r.B, d_h = 128, lp = 50, ring = 576, max_slots = r.n_slots;
-    const size_t cache_n = (size_t)B * r.h_kv * (lp + ring) * d_h;
+    const int p_cap = r.n_pre ? 0 : lp; /* shared prompt KV: ring-only blocks */
+    const size_t cache_n = (size_t)B * r.h_kv * (p_cap + ring) * d_h;
+    const size_t pre_n = (size_t)r.n_pre * r.h_kv * lp * d_h;
     const size_t qkv_n = (size_t)B * (r.h_q + 2 * r.h_kv) * d_h;
-    /* one random draw per row, copied to every set (timing does not depend on the values; the
-     * sets differ in address, which is what keeps them out of each other's L2 lines) */
+    /* the same random values in every set (timing does not depend on the values; the sets
+     * differ in address, which is what keeps them out of each other's L2 lines) */
     bench_set sets[BENCH_MAX_SETS];
-    const std::vector<uint16_t> h_k = random_bf16(cache_n), h_v = random_bf16(cache_n);
-    const std::vector<uint16_t> h_q = random_bf16(qkv_n);
     for (int i = 0; i < n_sets; i++) {
         bench_set &b = sets[i];
-        b.kc = upload_bf16(h_k);
-        b.vc = upload_bf16(h_v);
-        b.qkv = upload_bf16(h_q);
+        b.kc = random_bf16(cache_n, 1);
+        b.vc = random_bf16(cache_n, 2);
+        b.qkv = random_bf16(qkv_n, 3);
         BENCH_CHECK(cudaMalloc(&b.out, (size_t)B * r.h_q * d_h * 2));
+        b.kp = r.n_pre ? random_bf16(pre_n, 4) : NULL;
+        b.vp = r.n_pre ? random_bf16(pre_n, 5) : NULL;
     }
+    BENCH_CHECK(cudaDeviceSynchronize()); /* the fills ran on the legacy stream */
 
     /* slot lists: dense = the ring in order; sparse = distinct random rows */
     std::vector<int32_t> slots((size_t)B * r.h_kv * max_slots), ns((size_t)B * r.h_kv, r.n_slots);
@@ -190,10 +214,45 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
         BENCH_CHECK(cudaMalloc(&logits, (size_t)B * r.h_q * max_slots * 4));
         BENCH_CHECK(cudaMalloc(&lse, (size_t)B * r.h_q * 4));
     }
-    flexdiag_attn_args a = {B, r.h_q, r.h_kv, d_h, lp, ring, 1.0f / sqrtf((float)d_h), d_lp,
-                            d_slots, d_ns, max_slots, logits, lse, 0, NULL, 0.0f, NULL, NULL, 0, 0,
-                            NULL};
-    auto call = [&](const bench_set &b) { BENCH_OK(k->attn_decode(b.out, b.qkv, b.kc, b.vc, &a, s)); };
+    flexdiag_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.n_seq = B;
+    a.h_q = r.h_q;
+    a.h_kv = r.h_kv;
+    a.d_h = d_h;
+    a.p_cap = p_cap;
+    a.ring = ring;
+    a.scale = 1.0f / sqrtf((float)d_h);
+    a.lp = d_lp;
+    a.slots = d_slots;
+    a.n_slots = d_ns;
+    a.max_slots = max_slots;
+    a.logits_out = logits;
+    a.lse_out = lse;
+    /* shared prompt KV: the prefix of each sequence and the cascade plan */
+    std::vector<int32_t> pre(B), cseq(B);
+    for (int i = 0; i < B; i++) pre[i] = r.n_pre ? bench_prefix(i, r.n_pre) : 0;
+    const int32_t n_tiles = r.n_pre ? flexdiag__cascade_tiles(B, r.n_pre, r.h_q / r.h_kv) : 0;
+    std::vector<int32_t> ctile((size_t)n_tiles * 3 + 1);
+    int32_t *d_pre = NULL, *d_cseq = NULL, *d_ctile = NULL;
+    if (r.n_pre) {
+        flexdiag__cascade_plan(pre.data(), B, r.n_pre, r.h_q / r.h_kv, cseq.data(), ctile.data());
+        d_pre = upload_i32(pre);
+        d_cseq = upload_i32(cseq);
+        d_ctile = upload_i32(ctile);
+        a.prefix = d_pre;
+        a.n_pre = r.n_pre;
+        a.pre_cap = lp;
+        a.casc_seq = d_cseq;
+        a.casc_tile = d_ctile;
+        a.n_casc_tiles = n_tiles;
+    }
+    setenv("FLEXDIAG_CASCADE", r.cascade ? "1" : "0", 1); /* read at each call */
+    auto call = [&](const bench_set &b) {
+        a.k_pre = b.kp;
+        a.v_pre = b.vp;
+        BENCH_OK(k->attn_decode(b.out, b.qkv, b.kc, b.vc, &a, s));
+    };
 
     /* wflush / rflush: one launch after an L2 flush by writes / by reads */
     const double wflush_ms = median_ms(s->stream, BENCH_WARMUP, BENCH_REPS, [&](int it, int timed) {
@@ -223,8 +282,10 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
     BENCH_CHECK(cudaGraphExecDestroy(exec));
     BENCH_CHECK(cudaGraphDestroy(graph));
 
-    /* bytes the op must move: K and V rows, q, out, slot lists (+ logits, lse) */
-    const double keys = (double)B * r.h_kv * (lp + r.n_slots);
+    /* bytes the op must move: K and V rows (a shared prompt block once), q, out, slot lists
+     * (+ logits, lse) */
+    const double keys = (double)B * r.h_kv * (r.n_pre ? r.n_slots : lp + r.n_slots) +
+                        (double)r.n_pre * r.h_kv * lp;
     double bytes = keys * 2 * d_h * 2 + 2.0 * B * r.h_q * d_h * 2;
     bytes += (double)B * r.h_kv * r.n_slots * 4;
     if (r.extras) bytes += (double)B * r.h_q * (r.n_slots + 1) * 4;
@@ -234,10 +295,10 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
            100.0 * bytes / sec / BENCH_HBM_BPS);
 
     for (int i = 0; i < n_sets; i++) {
-        void *bufs[] = {sets[i].kc, sets[i].vc, sets[i].qkv, sets[i].out};
+        void *bufs[] = {sets[i].kc, sets[i].vc, sets[i].qkv, sets[i].out, sets[i].kp, sets[i].vp};
         for (void *p : bufs) BENCH_CHECK(cudaFree(p));
     }
-    void *bufs[] = {d_slots, d_ns, d_lp, logits, lse};
+    void *bufs[] = {d_slots, d_ns, d_lp, logits, lse, d_pre, d_cseq, d_ctile};
     for (void *p : bufs) BENCH_CHECK(cudaFree(p));
     return {wflush_ms * 1e3, rflush_ms * 1e3, graph_ms * 1e3};
 }
@@ -251,6 +312,7 @@ int main(int argc, char **argv) {
                 BENCH_MAX_SETS);
         return 2;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they finish */
     const flexdiag_kernels *k = flexdiag__kernels_cuda();
     flexdiag_stream *s = NULL;
     if (!k || k->stream_create(0, 0, &s) != FLEXDIAG_OK) {
@@ -272,14 +334,18 @@ int main(int argc, char **argv) {
     printf("|-------------------------------|----------|----------|----------|----------|----------"
            "|---------|\n");
     const bench_row rows[] = {
-        {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64},
-        {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64},
-        {"B64 MHA sparse + logits, lse", 32, 32, 29, 1, 64},
-        {"B64 GQA 32/8 dense (576)", 32, 8, 576, 0, 64},
-        {"B128 MHA 32/32 dense (576)", 32, 32, 576, 0, 128},
-        {"B128 MHA 32/32 sparse (29)", 32, 32, 29, 0, 128},
-        {"B222 MHA 32/32 dense (576)", 32, 32, 576, 0, 222},
-        {"B222 MHA 32/32 sparse (29)", 32, 32, 29, 0, 222},
+        {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64, 0, 0},
+        {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64, 0, 0},
+        {"B64 MHA sparse + logits, lse", 32, 32, 29, 1, 64, 0, 0},
+        {"B64 GQA 32/8 dense (576)", 32, 8, 576, 0, 64, 0, 0},
+        {"B128 MHA 32/32 dense (576)", 32, 32, 576, 0, 128, 0, 0},
+        {"B128 MHA 32/32 sparse (29)", 32, 32, 29, 0, 128, 0, 0},
+        {"B222 MHA 32/32 dense (576)", 32, 32, 576, 0, 222, 0, 0},
+        {"B222 MHA 32/32 sparse (29)", 32, 32, 29, 0, 222, 0, 0},
+        {"B254 shared prompt, sparse", 32, 32, 29, 0, 254, 5, 0},
+        {"B254 shared prompt, cascade", 32, 32, 29, 0, 254, 5, 1},
+        {"B872 shared prompt, sparse", 32, 32, 29, 0, 872, 5, 0},
+        {"B872 shared prompt, cascade", 32, 32, 29, 0, 872, 5, 1},
     };
     const int n_rows = (int)(sizeof rows / sizeof rows[0]);
     bench_time t[sizeof rows / sizeof rows[0]];
