@@ -69,7 +69,7 @@ static void test_row_boundaries(void **state) {
         flexdiag_wcut cut;
         assert_int_equal(flexdiag__weights_plan(&cfg, pct, 0, NULL, &cut), FLEXDIAG_OK);
         flexdiag_wspan lt[FLEXDIAG_LT_COUNT] = {
-            {0, 0, 1}, {0, 0, 1}, {0, 0, 1}, {0, 0, 1}, {0, 0, 1}, {0, 0, 1}};
+            {0, 0, 1, 0}, {0, 0, 1, 0}, {0, 0, 1, 0}, {0, 0, 1, 0}, {0, 0, 1, 0}, {0, 0, 1, 0}};
         /* rebuild the spans from the layout rule: 256-byte aligned tensors in block order */
         size_t off = 0, sz[6] = {(size_t)d * 2, (size_t)(3 * d) * d * 2, (size_t)d * d * 2,
                                  (size_t)d * 2, (size_t)(2 * f) * d * 2, (size_t)d * f * 2};
@@ -77,7 +77,7 @@ static void test_row_boundaries(void **state) {
                          (size_t)d * 2, (size_t)f * 2};
         for (int i = 0; i < 6; i++) {
             off = (off + 255) / 256 * 256;
-            lt[i] = (flexdiag_wspan){off, sz[i], row[i]};
+            lt[i] = (flexdiag_wspan){off, sz[i], row[i], 0};
             off += sz[i];
         }
         assert_int_equal((off + 255) / 256 * 256, cut.layer_bytes);
@@ -133,7 +133,7 @@ static void test_packed(void **state) {
 
 static void test_refused(void **state) {
     (void)state;
-    flexdiag_wspan lt[1] = {{0, 4096, 64}};
+    flexdiag_wspan lt[1] = {{0, 4096, 64, 0}};
     flexdiag_wcut cut;
     const uint32_t bad[3] = {50, 40, 5};
     assert_int_equal(flexdiag__wcut_make(lt, 1, 4096, bad, 0, &cut), FLEXDIAG_ERR_INVALID_ARG);
