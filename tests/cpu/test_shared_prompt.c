@@ -8,7 +8,7 @@
  * outputs, ring logits, lse and the probability epilogue compared, bit for bit also on CUDA.
  * With FLEXDIAG_CASCADE=1 CUDA attends prompts shared by two sequences or more as a cascade (a
  * different summation order): compared within tolerances, on the small case and on
- * Janus-Pro-7B-like shapes. Bad prefix arguments are
+ * Janus-Pro-7B-like shapes; both again with the opt-in warp kernel. Bad prefix arguments are
  * refused.
  */
 #include <setjmp.h>
@@ -227,12 +227,13 @@ static void test_cuda(void **state) {
 }
 
 /* Janus-Pro-7B-like shapes on CUDA: d_h 128, prompts of up to 50 rows (two shared-memory key
- * chunks), 160 sequences over 3 prompts (no split-K; 4 or 2 query heads per KV head), 12
+ * chunks), 160 sequences over 3 prompts (no split-K; 4, 2 or 1 query heads per KV head), 12
  * sequences over 2 prompts with a 300-slot list (split-K: the prompt partial joins the splits'
  * merge), and 160 sequences over 100 prompts (no cascade: fewer than two sequences each). */
 static void check_large(const flexdiag_kernels *k) {
     check_shape(k, (shape){160, 3, 8, 2, 128, 50, 64, 29}, NULL, NULL);
     check_shape(k, (shape){160, 3, 8, 4, 128, 50, 64, 29}, NULL, NULL);
+    check_shape(k, (shape){160, 3, 8, 8, 128, 50, 64, 29}, NULL, NULL);
     check_shape(k, (shape){12, 2, 4, 4, 128, 50, 320, 300}, NULL, NULL);
     check_shape(k, (shape){160, 100, 4, 4, 64, 40, 64, 29}, NULL, NULL);
 }
@@ -242,6 +243,16 @@ static void test_cuda_cascade(void **state) {
     setenv("FLEXDIAG_CASCADE", "1", 1);
     tu_on_table(2, check_large);
     unsetenv("FLEXDIAG_CASCADE");
+}
+
+/* The same with the opt-in warp kernel for short single-head lists (FLEXDIAG_DEC_WARP=1): its
+ * plain path bit for bit, its cascade (the prompt partial as the initial state) within the
+ * cascade's tolerances. */
+static void test_cuda_warp(void **state) {
+    setenv("FLEXDIAG_DEC_WARP", "1", 1);
+    tu_on_table(2, check_large);
+    test_cuda_cascade(state);
+    unsetenv("FLEXDIAG_DEC_WARP");
 }
 
 /* The plan: every sequence once, grouped by prefix in index order; tiles of at most
@@ -300,6 +311,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_fast),
         cmocka_unit_test(test_cuda),
         cmocka_unit_test(test_cuda_cascade),
+        cmocka_unit_test(test_cuda_warp),
         cmocka_unit_test(test_cascade_plan),
         cmocka_unit_test(test_refusals),
     };
