@@ -20,9 +20,6 @@
  * thread rewrites the lag (no extra pass over K, no logits written). H2O/TOVA/ALISA get
  * probabilities: the ring logits go to probs_out during the pass and the epilogue, once lse is
  * known, turns them into expf(logit - lse) in place (same CTA, after a barrier).
- * Opt-in (FLEXDIAG_DEC_WARP=1, not yet measured on a GPU): short lists of single-head groups
- * (g = 1, <= 128 keys: sparse policies, MHA) run one warp per (sequence, KV head) instead,
- * four lists a CTA, with no barrier between them.
  * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
  * (acc, m, l) to the stream's workspace (stream-ordered scratch), merged by a second kernel.
  * Cascade (opt-in, FLEXDIAG_CASCADE=1; shared prompt KV with the caller's plan, prompts read
@@ -49,9 +46,8 @@
  * hint ptxas spills a few bytes at g = 1 (seen with nvcc 13.0); 4 keeps <= 128 registers and
  * no spills for every instantiation. g = 8 needs ~255 registers and gets no hint. */
 #define DEC_MIN_CTAS 4
-/* Short lists (g = 1, U = 2: the CTA kernel's instantiation and the warp kernel) are
- * latency-bound: ask for 8 CTAs (64 registers) so twice the loads are in flight per
- * multiprocessor. */
+/* The short-list instantiation (g = 1, U = 2) is latency-bound: ask for 8 CTAs (64 registers,
+ * no spills with nvcc 13.0) so twice the loads are in flight per multiprocessor. */
 #define DEC_SHORT_CTAS 8
 /* Split-K: at most this many CTAs per key list, each with at least DEC_SPLIT_KEYS keys (two
  * iterations of the widest row-group layout, so a split never runs mostly empty). */
@@ -185,10 +181,10 @@ template <int U> struct dec_chunk {
 
 /* Issue the loads of the chunk at j0: key j0 + u·NG + grp for u < U; an invalid slot index
  * (or a key past je) masks its key and loads nothing. */
-template <int D, int U, int NG>
+template <int D, int U>
 static __device__ __forceinline__ void dec_fetch(dec_chunk<U> &c, const dec_keys &k,
                                                  const decode_params &p, int j0, int grp) {
-    constexpr int L = D / 8;
+    constexpr int L = D / 8, NG = DEC_WARPS * (32 / L);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int j = j0 + u * NG + grp;
@@ -211,13 +207,13 @@ static __device__ __forceinline__ void dec_fetch(dec_chunk<U> &c, const dec_keys
 
 /* Fold the chunk at j0 into the online-softmax state; POL: also write its ring logits and fold
  * Diagonal's candidates (the policy outputs the call asked for). */
-template <int D, int G, int U, int NG, bool POL>
+template <int D, int G, int U, bool POL>
 static __device__ __forceinline__ void dec_consume(dec_state<G> &st, dec_amin &am,
                                                    const float (&q)[G][8],
                                                    const dec_chunk<U> &c, const dec_keys &k,
                                                    const decode_params &p, int j0, int grp,
                                                    int sub, int ng) {
-    constexpr int L = D / 8;
+    constexpr int L = D / 8, NG = DEC_WARPS * (32 / L);
     /* per-key logits z[u][i] = scale·(q_i·k_u), complete in every lane of the group */
     float z[U][G];
 #pragma unroll
@@ -298,21 +294,22 @@ static __device__ __forceinline__ void dec_consume(dec_state<G> &st, dec_amin &a
     }
 }
 
-/* Walk keys jb..je-1 with NG row groups: group grp takes keys jb + grp, jb + grp + NG, ..., U
- * per iteration; the next iteration's loads are issued before this one's math (one chunk of
- * prefetch), so a short list costs about one memory round trip rather than one per iteration. */
-template <int D, int G, int U, int NG, bool POL>
+/* Walk keys jb..je-1: row group grp takes keys jb + grp, jb + grp + NG, ..., U per iteration;
+ * the next iteration's loads are issued before this one's math (one chunk of prefetch), so a
+ * short list costs about one memory round trip rather than one per iteration. */
+template <int D, int G, int U, bool POL>
 static __device__ __forceinline__ void dec_attend(dec_state<G> &st, dec_amin &am,
                                                   const float (&q)[G][8],
                                                   const dec_keys &k, const decode_params &p,
                                                   int grp, int sub, int ng) {
+    constexpr int L = D / 8, NG = DEC_WARPS * (32 / L);
     if (k.jb >= k.je) return;
     dec_chunk<U> cur, nxt;
-    dec_fetch<D, U, NG>(cur, k, p, k.jb, grp);
+    dec_fetch<D, U>(cur, k, p, k.jb, grp);
     for (int j0 = k.jb; j0 < k.je; j0 += NG * U) {
         const bool more = j0 + NG * U < k.je;
-        if (more) dec_fetch<D, U, NG>(nxt, k, p, j0 + NG * U, grp);
-        dec_consume<D, G, U, NG, POL>(st, am, q, cur, k, p, j0, grp, sub, ng);
+        if (more) dec_fetch<D, U>(nxt, k, p, j0 + NG * U, grp);
+        dec_consume<D, G, U, POL>(st, am, q, cur, k, p, j0, grp, sub, ng);
         if (more) cur = nxt;
     }
 }
@@ -376,18 +373,6 @@ static __device__ __forceinline__ void dec_write(uint4 *out, const decode_params
     if (c == 0 && p.lse_out) p.lse_out[sq] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
 }
 
-/* Reduce the Diagonal candidates of a warp's row groups (lanes D / 8, 2·D / 8, ... apart): every
- * lane ends with the warp's. */
-template <int D>
-static __device__ __forceinline__ void dec_amin_warp(dec_amin &am, const int16_t *lag) {
-#pragma unroll
-    for (int o = D / 8; o < 32; o <<= 1) {
-        const float so = __shfl_xor_sync(0xffffffffu, am.s, o);
-        const int eo = __shfl_xor_sync(0xffffffffu, am.e, o);
-        amin_fold(am, so, eo, lag);
-    }
-}
-
 /* Reduce the CTA's Diagonal candidates (row groups by shuffles, warps through shared memory);
  * thread 0 rewrites the winning lag, or under split-K leaves the split's candidate in the pad
  * of the first head's partial for attn_decode_merge. */
@@ -395,7 +380,12 @@ template <int D>
 static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const decode_params &p,
                                        int64_t sq0, float *sm_s, int *sm_e) {
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    dec_amin_warp<D>(am, k.dl);
+#pragma unroll
+    for (int o = D / 8; o < 32; o <<= 1) {
+        const float so = __shfl_xor_sync(0xffffffffu, am.s, o);
+        const int eo = __shfl_xor_sync(0xffffffffu, am.e, o);
+        amin_fold(am, so, eo, k.dl);
+    }
     if (lane == 0) {
         sm_s[warp] = am.s;
         sm_e[warp] = am.e;
@@ -412,124 +402,7 @@ static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const dec
     }
 }
 
-/* ---- kernel prologue ---- */
-
-/* This lane's 8 elements of query heads hq0 .. hq0 + ng - 1 of sequence s (zeros past ng). */
-template <int D, int G>
-static __device__ __forceinline__ void dec_load_q(float (&q)[G][8], const uint4 *qkv,
-                                                  const decode_params &p, int s, int hq0,
-                                                  int ng, int sub) {
-    constexpr int L = D / 8;
-    const int64_t qkv_w = (int64_t)(p.h_q + 2 * p.h_kv) * L;
-#pragma unroll
-    for (int i = 0; i < G; i++) {
-        uint4 w = make_uint4(0, 0, 0, 0);
-        if (i < ng) w = __ldg(qkv + s * qkv_w + (int64_t)(hq0 + i) * L + sub);
-        bf16x8_to_f32(w, q[i]);
-    }
-}
-
-/* The whole key list of cache block bh = s·h_kv + h (jb = 0, je = n): lp prompt rows (none
- * when the cascade attended them), then the ring slots, clamped (file comment); K / V pointers
- * at the lane's chunk; the policy outputs of query head row sq0. */
-template <int D>
-static __device__ __forceinline__ dec_keys dec_keys_of(const uint4 *kc, const uint4 *vc,
-                                                       const decode_params &p, int64_t bh, int s,
-                                                       int h, int sub, int64_t sq0) {
-    constexpr int L = D / 8;
-    dec_keys k;
-    k.lp = p.pre_part ? 0 : min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
-    const int64_t li = p.shared ? 0 : bh; /* slot list of this (sequence, KV head) */
-    k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0);
-    k.jb = 0;
-    k.je = k.n;
-    const int64_t blk = bh * (p.p_cap + p.ring) * L + sub;
-    k.kb = k.kp = kc + blk;
-    k.vb = k.vp = vc + blk;
-    if (p.prefix) { /* a prefix index out of range is clamped: its rows stay in the store */
-        const int64_t pid = min(max(__ldg(p.prefix + s), 0), p.n_pre - 1);
-        const int64_t pre = (pid * p.h_kv + h) * p.pre_cap * L + sub;
-        k.kp = p.kpre + pre;
-        k.vp = p.vpre + pre;
-    }
-    k.sl = p.slots + li * p.max_slots;
-    k.lg = p.logits_out ? p.logits_out + sq0 * p.max_slots : nullptr;
-    k.pg = p.probs_out ? p.probs_out + sq0 * p.max_slots : nullptr;
-    k.dl = p.diag_lag ? p.diag_lag + bh * p.diag_a : nullptr; /* one chunk: launcher */
-    return k;
-}
-
-template <int G> static __device__ __forceinline__ void dec_state_init(dec_state<G> &st) {
-#pragma unroll
-    for (int i = 0; i < G; i++) {
-        st.m[i] = -INFINITY;
-        st.l[i] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; e++) st.acc[i][e] = 0.0f;
-    }
-}
-
 /* ---- kernels ---- */
-
-/* Short lists of single-head groups (g = 1, list <= DEC_SHORT_KEYS, no split-K): one warp per
- * (sequence, KV head), DEC_WARPS independent lists per CTA and no barrier between them, so a
- * multiprocessor works on four times the lists the CTA kernel holds while each one's fixed
- * costs (query and slot loads, merge, write) run; the key loop is the CTA kernel's with the
- * warp's 32 / (D / 8) row groups. The slot list is staged in the warp's shared memory (one
- * coalesced load, then every ring key load waits on one round trip only); the cascade's
- * prompt partial is the first row group's initial online-softmax state. */
-template <int D>
-static __global__ void __launch_bounds__(DEC_THREADS, DEC_SHORT_CTAS)
-attn_decode_warp_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
-                        const uint4 *__restrict__ kc, const uint4 *__restrict__ vc,
-                        decode_params p) {
-    constexpr int L = D / 8, RPW = 32 / L;
-    __shared__ int32_t sm_slot[DEC_WARPS][DEC_SHORT_KEYS];
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    const int sub = lane % L, grp = lane / L;
-    const int bh = (int)blockIdx.x * DEC_WARPS + warp; /* < n_seq·h_kv <= INT32_MAX: launcher */
-    if (bh >= p.n_seq * p.h_kv) return; /* warp-uniform; no CTA barrier follows */
-    const int s = bh / p.h_kv, h = bh - s * p.h_kv;
-    const int64_t sq = (int64_t)s * p.h_q + h; /* g = 1: query head h */
-    dec_keys k = dec_keys_of<D>(kc, vc, p, bh, s, h, sub, sq);
-    const int ns = k.n - k.lp; /* <= max_slots <= DEC_SHORT_KEYS (launcher) */
-    int32_t sl[DEC_SHORT_KEYS / 32];
-#pragma unroll
-    for (int i = 0; i < DEC_SHORT_KEYS / 32; i++)
-        if (lane + 32 * i < ns) sl[i] = __ldg(k.sl + lane + 32 * i);
-    float q[1][8];
-    dec_load_q<D, 1>(q, qkv, p, s, h, 1, sub);
-    dec_state<1> st;
-    dec_state_init<1>(st);
-    if (p.pre_part && grp == 0) { /* the prompt rows' (acc, m, l) from the cascade */
-        const float *pp = p.pre_part + sq * DEC_PART(D);
-        const float4 a = reinterpret_cast<const float4 *>(pp)[2 * sub];
-        const float4 b = reinterpret_cast<const float4 *>(pp)[2 * sub + 1];
-        st.acc[0][0] = a.x, st.acc[0][1] = a.y, st.acc[0][2] = a.z, st.acc[0][3] = a.w;
-        st.acc[0][4] = b.x, st.acc[0][5] = b.y, st.acc[0][6] = b.z, st.acc[0][7] = b.w;
-        st.m[0] = pp[D];
-        st.l[0] = pp[D + 1];
-    }
-#pragma unroll
-    for (int i = 0; i < DEC_SHORT_KEYS / 32; i++)
-        if (lane + 32 * i < ns) sm_slot[warp][lane + 32 * i] = sl[i];
-    __syncwarp();
-    k.sl = sm_slot[warp];
-    dec_amin am = {0.0f, -1};
-    dec_attend<D, 1, 2, RPW, true>(st, am, q, k, p, grp, sub, 1);
-    dec_merge_warp<D, 1>(st); /* every lane holds the list's state */
-    if (k.dl) {
-        dec_amin_warp<D>(am, k.dl);
-        __syncwarp(); /* every lane's reads of the lags are done */
-        if (lane == 0 && am.e >= 0) k.dl[am.e] = (int16_t)__ldg(p.diag_next);
-    }
-    if (lane < L) dec_write<D>(out, p, sq, sub, st.acc[0], st.m[0], st.l[0]);
-    if (k.pg) { /* probability epilogue: the ring logits the row groups wrote */
-        const float lse = st.l[0] == 0.0f ? -INFINITY : st.m[0] + logf(st.l[0]);
-        __syncwarp();
-        for (int c = lane; c < ns; c += 32) k.pg[c] = dec_prob(k.pg[c], lse);
-    }
-}
 
 /* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
  * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration.
@@ -554,23 +427,56 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     const int s = bh / p.h_kv, h = bh - s * p.h_kv;
     const int hq0 = h * p.g + (int)blockIdx.y * G;
     const int ng = min(G, p.g - (int)blockIdx.y * G);
+
+    /* this lane's 8 elements of each query head */
     float q[G][8];
-    dec_load_q<D, G>(q, qkv, p, s, hq0, ng, sub);
-    const int64_t sq0 = (int64_t)s * p.h_q + hq0; /* first query head row of the CTA */
-    dec_keys k = dec_keys_of<D>(kc, vc, p, bh, s, h, sub, sq0);
-    const int per = (k.n + p.splits - 1) / p.splits; /* this CTA's part of the list */
+    const int64_t qkv_w = (int64_t)(p.h_q + 2 * p.h_kv) * L;
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (i < ng) w = __ldg(qkv + s * qkv_w + (int64_t)(hq0 + i) * L + sub);
+        bf16x8_to_f32(w, q[i]);
+    }
+
+    /* key list: lp prompt rows, then ns ring slots (clamped: file comment); this CTA's part */
+    dec_keys k;
+    k.lp = p.pre_part ? 0 : min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
+    const int64_t li = p.shared ? 0 : bh; /* slot list of this (sequence, KV head) */
+    k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0);
+    const int per = (k.n + p.splits - 1) / p.splits;
     k.jb = min(k.n, (int)blockIdx.z * per);
     k.je = min(k.n, k.jb + per);
+    const int64_t blk = (int64_t)bh * (p.p_cap + p.ring) * L + sub;
+    k.kb = k.kp = kc + blk;
+    k.vb = k.vp = vc + blk;
+    if (p.prefix) { /* a prefix index out of range is clamped: its rows stay in the store */
+        const int64_t pid = min(max(__ldg(p.prefix + s), 0), p.n_pre - 1);
+        const int64_t pre = (pid * p.h_kv + h) * p.pre_cap * L + sub;
+        k.kp = p.kpre + pre;
+        k.vp = p.vpre + pre;
+    }
+    k.sl = p.slots + li * p.max_slots;
     const int s0 = max(k.jb - k.lp, 0), ns = max(k.je - k.lp, 0) - s0;
     if (!SHORT && ns > 0 && ns <= DEC_SMEM_SLOTS) {
         for (int t = (int)threadIdx.x; t < ns; t += DEC_THREADS) sm_slot[t] = __ldg(k.sl + s0 + t);
         k.sl = sm_slot - s0;
         __syncthreads();
     }
+    const int64_t sq0 = (int64_t)s * p.h_q + hq0; /* first query head row of the CTA */
+    k.lg = p.logits_out ? p.logits_out + sq0 * p.max_slots : nullptr;
+    k.pg = p.probs_out ? p.probs_out + sq0 * p.max_slots : nullptr;
+    k.dl = p.diag_lag ? p.diag_lag + (int64_t)bh * p.diag_a : nullptr; /* one chunk: launcher */
+
     dec_state<G> st;
-    dec_state_init<G>(st);
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        st.m[i] = -INFINITY;
+        st.l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) st.acc[i][e] = 0.0f;
+    }
     dec_amin am = {0.0f, -1};
-    dec_attend<D, G, U, DEC_WARPS * RPW, POL>(st, am, q, k, p, grp, sub, ng);
+    dec_attend<D, G, U, POL>(st, am, q, k, p, grp, sub, ng);
     dec_merge_warp<D, G>(st);
     if (POL && k.dl) dec_diag_finish<D>(am, k, p, sq0, sm_am_s, sm_am_e);
 
@@ -777,17 +683,8 @@ attn_prefix_kernel(const uint4 *__restrict__ qkv, decode_params p) {
 
 /* ---- launcher ---- */
 
-/* The warp kernel for short single-head lists, opt-in (FLEXDIAG_DEC_WARP=1) until it is
- * measured against the CTA kernel's short-list instantiation on a GPU host. */
-static bool decode_warp_on(void) {
-    const char *env = getenv("FLEXDIAG_DEC_WARP");
-    return env && !strcmp(env, "1");
-}
-
 /* Launch the instantiation for D and the CTA head count G (+ the split-K merge); keys = the
- * longest key list one CTA walks. Short single-head lists: the U = 2 CTA instantiation, or
- * without a split and with decode_warp_on() the warp kernel (grid.x = n_seq·h_kv lists,
- * DEC_WARPS a CTA). */
+ * longest key list one CTA walks. */
 template <int D, int G>
 static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv, const void *k,
                           const void *v, const decode_params &p, int64_t n_rows, int64_t keys) {
@@ -803,10 +700,7 @@ static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv
     uint4 *o = (uint4 *)out;
     const uint4 *x = (const uint4 *)qkv, *kc = (const uint4 *)k, *vc = (const uint4 *)v;
     const unsigned T = DEC_THREADS;
-    if (G == 1 && p.splits == 1 && keys <= DEC_SHORT_KEYS && decode_warp_on())
-        attn_decode_warp_kernel<D><<<(grid.x + DEC_WARPS - 1) / DEC_WARPS, T, 0, st>>>(o, x, kc,
-                                                                                       vc, p);
-    else if (G == 1 && keys <= DEC_SHORT_KEYS)
+    if (G == 1 && keys <= DEC_SHORT_KEYS)
         attn_decode_kernel<D, G, 2, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);
     else if (pol)
         attn_decode_kernel<D, G, U, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);

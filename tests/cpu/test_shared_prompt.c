@@ -8,7 +8,7 @@
  * outputs, ring logits, lse and the probability epilogue compared, bit for bit also on CUDA.
  * With FLEXDIAG_CASCADE=1 CUDA attends prompts shared by two sequences or more as a cascade (a
  * different summation order): compared within tolerances, on the small case and on
- * Janus-Pro-7B-like shapes; both again with the opt-in warp kernel. Bad prefix arguments are
+ * Janus-Pro-7B-like shapes. Bad prefix arguments are
  * refused.
  */
 #include <setjmp.h>
@@ -245,16 +245,6 @@ static void test_cuda_cascade(void **state) {
     unsetenv("FLEXDIAG_CASCADE");
 }
 
-/* The same with the opt-in warp kernel for short single-head lists (FLEXDIAG_DEC_WARP=1): its
- * plain path bit for bit, its cascade (the prompt partial as the initial state) within the
- * cascade's tolerances. */
-static void test_cuda_warp(void **state) {
-    setenv("FLEXDIAG_DEC_WARP", "1", 1);
-    tu_on_table(2, check_large);
-    test_cuda_cascade(state);
-    unsetenv("FLEXDIAG_DEC_WARP");
-}
-
 /* The plan: every sequence once, grouped by prefix in index order; tiles of at most
  * FLEXDIAG_CASCADE_ROWS / g sequences of one prefix each, then padding; the capacity bounds any
  * grouping; no plan for groups wider than a tile. */
@@ -311,7 +301,6 @@ int main(void) {
         cmocka_unit_test(test_cpu_fast),
         cmocka_unit_test(test_cuda),
         cmocka_unit_test(test_cuda_cascade),
-        cmocka_unit_test(test_cuda_warp),
         cmocka_unit_test(test_cascade_plan),
         cmocka_unit_test(test_refusals),
     };

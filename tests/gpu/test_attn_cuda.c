@@ -66,14 +66,14 @@ static const attn_case cases[] = {
     {8, 12, 4, 64, 20, 0, 133, 0},   {3, 24, 2, 64, 50, 1, 133, 0},
     {64, 4, 4, 64, 600, 0, 133, 0},  {64, 8, 2, 128, 300, 1, 133, 0},
     {64, 32, 32, 128, 24, 0, 133, 0},
-    /* short lists (p_cap + max_slots <= 128 keys, g = 1, no split-K): the warp kernel, also
-     * with lists that leave the last CTA's warps idle (15 and 21 lists); a list longer than the
-     * 1024 slots staged in shared memory */
+    /* short lists (p_cap + max_slots <= 128 keys, single-head CTAs, no split-K): the U = 2
+     * instantiation at 8 CTAs per SM, also at d_h 64 and 32 with few lists; a list longer than
+     * the 1024 slots staged in shared memory */
     {64, 32, 32, 128, 29, 0, 50, 0}, {64, 16, 16, 64, 40, 1, 40, 0},
     {3, 5, 5, 64, 29, 0, 50, 0},     {7, 3, 3, 32, 70, 0, 50, 0},
     {64, 8, 8, 16, 1100, 0, 133, 0},
-    /* all-tie ring keys for the fused Diagonal update: the warp kernel (also at d_h 16, 16
-     * row groups a warp), and split-K (g = 4) */
+    /* all-tie ring keys for the fused Diagonal update: short lists (also at d_h 16, 16 row
+     * groups a warp), and split-K (g = 4) */
     {64, 32, 32, 128, 29, 0, 50, 1}, {2, 8, 2, 64, 300, 0, 133, 1},
     {5, 3, 3, 16, 60, 0, 50, 1},
 };
@@ -639,7 +639,10 @@ static void check_policy_scores(const problem *pb, flexdiag_attn_args ga, dbuf *
                                 tu_rng *r, const char *label) {
     const attn_case *c = &pb->c;
     int64_t nq = (int64_t)c->n_seq * c->h_q, n_out = nq * c->d_h, n_lg = nq * pb->max_slots;
-    int32_t a = pb->max_slots, base = c->ring % 3, next = DIAG_NEXT;
+    /* all-tie cases keep column 0 (entry 0, where this step's token was appended: another
+     * logit) out of the candidates */
+    int32_t a = pb->max_slots, base = c->tie_all ? 1 + c->ring % 3 : c->ring % 3;
+    int32_t next = DIAG_NEXT;
     size_t lag_bytes = (size_t)(pb->n_lists * a) * 2;
     int16_t *lag = xmalloc(lag_bytes), *want = xmalloc(lag_bytes);
     diag_expect(pb, a, base, lg, lag, want, r);
@@ -747,37 +750,31 @@ static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *
     free(got);
 }
 
-/* One shape: append prompt, prefill, append a decode token, decode; with the decode kernels the
- * backend picks by default, then with the opt-in warp kernel for short single-head lists
- * (FLEXDIAG_DEC_WARP=1, read at each launch). */
+/* One shape: append prompt, prefill, append a decode token, decode. */
 static void test_case(void **state) {
     const attn_case *c = *state;
     int idx = (int)(c - cases);
-    for (int warp = 0; warp < 2; warp++) {
-        char label[112];
-        snprintf(label, sizeof label, "case %d (n_seq %d, h_q %d, h_kv %d, d_h %d, ring %d%s)",
-                 idx, c->n_seq, c->h_q, c->h_kv, c->d_h, c->ring, warp ? ", warp kernel" : "");
-        if (warp) setenv("FLEXDIAG_DEC_WARP", "1", 1);
-        tu_rng r;
-        tu_rng_seed(&r, 1000 + (uint64_t)idx);
-        problem pb;
-        problem_init(&pb, c, idx, &r);
-        dbuf dk = dbuf_new(pb.cache_n, 2, &r), dv = dbuf_new(pb.cache_n, 2, &r);
-        dbuf dlp = dbuf_new(c->n_seq, 4, &r);
-        dbuf_up(&dk, pb.kc);
-        dbuf_up(&dv, pb.vc);
-        dbuf_up(&dlp, pb.lp);
-        run_append_prompt(&pb, &dk, &dv, &r);
-        run_prefill(&pb, &dk, &dv, &dlp, &r, label);
-        run_append_decode(&pb, &dk, &dv, &r);
-        run_decode(&pb, &dk, &dv, &dlp, &r, label);
-        unsetenv("FLEXDIAG_DEC_WARP");
-        dbuf_check_guards(&dlp, label);
-        dbuf_free(&dk);
-        dbuf_free(&dv);
-        dbuf_free(&dlp);
-        problem_free(&pb);
-    }
+    char label[96];
+    snprintf(label, sizeof label, "case %d (n_seq %d, h_q %d, h_kv %d, d_h %d, ring %d)", idx,
+             c->n_seq, c->h_q, c->h_kv, c->d_h, c->ring);
+    tu_rng r;
+    tu_rng_seed(&r, 1000 + (uint64_t)idx);
+    problem pb;
+    problem_init(&pb, c, idx, &r);
+    dbuf dk = dbuf_new(pb.cache_n, 2, &r), dv = dbuf_new(pb.cache_n, 2, &r);
+    dbuf dlp = dbuf_new(c->n_seq, 4, &r);
+    dbuf_up(&dk, pb.kc);
+    dbuf_up(&dv, pb.vc);
+    dbuf_up(&dlp, pb.lp);
+    run_append_prompt(&pb, &dk, &dv, &r);
+    run_prefill(&pb, &dk, &dv, &dlp, &r, label);
+    run_append_decode(&pb, &dk, &dv, &r);
+    run_decode(&pb, &dk, &dv, &dlp, &r, label);
+    dbuf_check_guards(&dlp, label);
+    dbuf_free(&dk);
+    dbuf_free(&dv);
+    dbuf_free(&dlp);
+    problem_free(&pb);
 }
 
 /* ---- argument checks ---- */
