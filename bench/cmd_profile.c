@@ -21,12 +21,13 @@
 #include "bench/bench.h"
 #include "bench/cost_model.h"
 #include "bench/offload_report.h"
+#include "bench/timing.h"
 #include "cli/cli.h"
 #include "offload/sched.h"
 #include "offload/store.h"
 #include "runtime/engine/engine.h"
 
-#define REPS 4                              /* timed repeats per sample, after one warm-up */
+#define REPS 4                              /* timed repeats per sample (timing.h) */
 #define DISK_QD 64                          /* the store's default queue depth */
 #define DISK_BYTES ((uint64_t)256 << 20)    /* file region read for the disk rate */
 
@@ -53,20 +54,17 @@ void bench_device_name(const flexdiag_runtime *rt, char *out, size_t n) {
 
 /* ---- copies ---- */
 
-/* Seconds per copy of n bytes (dir 0 H2D, 1 D2H, 2 device to device) on stream s. */
-static double time_copy(const flexdiag_kernels *k, flexdiag_stream *s, void *dev, void *dev2,
-                        void *host, size_t n, int dir) {
-    double t0 = 0;
-    for (int i = 0; i <= REPS; i++) {
-        if (i == 1 && k->stream_sync(s) != FLEXDIAG_OK) return -1;
-        if (i == 1) t0 = flexdiag__now();
-        flexdiag_status st = dir == 0   ? k->copy_h2d_async(dev, host, n, s)
-                             : dir == 1 ? k->copy_d2h_async(host, dev, n, s)
-                                        : k->copy_d2d(dev2, dev, n, s);
-        if (st != FLEXDIAG_OK) return -1;
-    }
-    if (k->stream_sync(s) != FLEXDIAG_OK) return -1;
-    return (flexdiag__now() - t0) / REPS;
+typedef struct kv_load_call {
+    const flexdiag_kernels *k;
+    flexdiag_stream *s;
+    void *dev;
+    const void *host;
+    size_t width, pitch, rows;
+} kv_load_call;
+
+static flexdiag_status kv_load_once(void *ctx) {
+    const kv_load_call *c = ctx;
+    return c->k->copy_h2d_2d_async(c->dev, c->pitch, c->host, c->pitch, c->width, c->rows, c->s);
 }
 
 /* Bytes/s of a KV home's load (offload/sched_kv.c): copy_h2d_2d_async of 66 rows of 256 bytes
@@ -74,17 +72,9 @@ static double time_copy(const flexdiag_kernels *k, flexdiag_stream *s, void *dev
  * shapes early in an image), -1 on failure. On CUDA the device gathers these rows itself. */
 static double time_kv_load(const flexdiag_kernels *k, flexdiag_stream *s, void *dev, void *host,
                            size_t top) {
-    const size_t width = 66 * 256, pitch = 626 * 256, rows = top / pitch;
-    double t0 = 0;
-    for (int i = 0; i <= REPS; i++) {
-        if (i == 1 && k->stream_sync(s) != FLEXDIAG_OK) return -1;
-        if (i == 1) t0 = flexdiag__now();
-        if (k->copy_h2d_2d_async(dev, pitch, host, pitch, width, rows, s) != FLEXDIAG_OK)
-            return -1;
-    }
-    if (k->stream_sync(s) != FLEXDIAG_OK) return -1;
-    double t = (flexdiag__now() - t0) / REPS;
-    return t > 0 ? (double)(width * rows) / t : -1;
+    kv_load_call c = {k, s, dev, host, 66 * 256, 626 * 256, top / (626 * 256)};
+    double t = bench_time_calls(k, s, REPS, kv_load_once, &c);
+    return t > 0 ? (double)(c.width * c.rows) / t : -1;
 }
 
 static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
@@ -102,8 +92,8 @@ static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
     if (st == FLEXDIAG_OK) st = k->copy_stream_create(rt->p.device, &cs);
     for (int i = 0; st == FLEXDIAG_OK && i < CM_COPY_SIZES; i++) {
         progress("pinned H2D / D2H", i, CM_COPY_SIZES);
-        double h = time_copy(k, cs, dev, NULL, host, sizes[i], 0);
-        double d = time_copy(k, cs, dev, NULL, host, sizes[i], 1);
+        double h = bench_time_copy(k, cs, dev, NULL, host, sizes[i], 0, REPS);
+        double d = bench_time_copy(k, cs, dev, NULL, host, sizes[i], 1, REPS);
         p->copy_bytes[i] = (double)sizes[i];
         p->h2d[i] = h > 0 ? (double)sizes[i] / h : 0;
         p->d2h[i] = d > 0 ? (double)sizes[i] / d : 0;
@@ -111,7 +101,7 @@ static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
     if (st == FLEXDIAG_OK) progress("pinned H2D / D2H", CM_COPY_SIZES, CM_COPY_SIZES);
     double kv = st == FLEXDIAG_OK ? time_kv_load(k, cs, dev, host, top) : -1;
     p->kv_h2d = kv > 0 ? kv : 0;
-    double t = st == FLEXDIAG_OK ? time_copy(k, rt->s, dev, dev2, NULL, top, 2) : -1;
+    double t = st == FLEXDIAG_OK ? bench_time_copy(k, rt->s, dev, dev2, NULL, top, 2, REPS) : -1;
     p->hbm = t > 0 ? 2.0 * (double)top / t : 0;
     if (cs) k->stream_destroy(cs);
     if (k->host_alloc) k->host_free(host);
@@ -125,19 +115,24 @@ static int measure_copies(flexdiag_runtime *rt, cm_profile *p) {
 
 /* ---- GEMM ---- */
 
+typedef struct gemm_call {
+    flexdiag_runtime *rt;
+    void *x, *out;
+    const uint16_t *w;
+    int64_t n, kk, nn;
+} gemm_call;
+
+static flexdiag_status gemm_once(void *ctx) {
+    const gemm_call *c = ctx;
+    return c->rt->k->matmul(c->out, c->x, c->w, NULL, c->n, c->kk, c->nn, 0, c->rt->s);
+}
+
 /* FLOP/s of out (n, nn) = x (n, kk) W (nn, kk)^T on rt's stream; x and W hold a non-zero
  * pattern (zeros run faster than real data on some GPUs). */
 static double time_gemm(flexdiag_runtime *rt, void *x, const uint16_t *w, void *out, int64_t n,
                         int64_t kk, int64_t nn) {
-    const flexdiag_kernels *k = rt->k;
-    double t0 = 0;
-    for (int i = 0; i <= REPS; i++) {
-        if (i == 1 && k->stream_sync(rt->s) != FLEXDIAG_OK) return 0;
-        if (i == 1) t0 = flexdiag__now();
-        if (k->matmul(out, x, w, NULL, n, kk, nn, 0, rt->s) != FLEXDIAG_OK) return 0;
-    }
-    if (k->stream_sync(rt->s) != FLEXDIAG_OK) return 0;
-    double s = (flexdiag__now() - t0) / REPS;
+    gemm_call c = {rt, x, out, w, n, kk, nn};
+    double s = bench_time_calls(rt->k, rt->s, REPS, gemm_once, &c);
     return s > 0 ? 2.0 * (double)n * (double)kk * (double)nn / s : 0;
 }
 
@@ -197,33 +192,40 @@ static int measure_gemms(flexdiag_runtime *rt, cm_profile *p) {
 
 #define OP_CHAIN 64 /* small ops per timed chain */
 
+typedef struct op_chain_call {
+    flexdiag_runtime *rt;
+    void *out, *graph;
+    const void *gu;
+} op_chain_call;
+
+static flexdiag_status op_chain_once(void *ctx) {
+    const op_chain_call *c = ctx;
+    const flexdiag_kernels *k = c->rt->k;
+    if (c->graph) return k->graph_launch(c->graph, c->rt->s);
+    flexdiag_status st = FLEXDIAG_OK;
+    for (int j = 0; st == FLEXDIAG_OK && j < OP_CHAIN; j++)
+        st = k->swiglu(c->out, c->gu, 1, 1024, c->rt->s);
+    return st;
+}
+
 /* Seconds per op of a chain of OP_CHAIN swiglu ops over one 1024-wide row on rt's stream,
  * replayed from a launch graph (graph 1; the backend has graphs) or launched one by one. */
 static double time_op_chain(flexdiag_runtime *rt, void *out, const void *gu, int graph) {
     const flexdiag_kernels *k = rt->k;
-    void *g = NULL;
+    op_chain_call c = {rt, out, NULL, gu};
     if (graph) {
         flexdiag_status st = k->graph_begin(rt->s);
         for (int i = 0; st == FLEXDIAG_OK && i < OP_CHAIN; i++)
             st = k->swiglu(out, gu, 1, 1024, rt->s);
-        flexdiag_status st2 = k->graph_end(rt->s, &g);
+        flexdiag_status st2 = k->graph_end(rt->s, &c.graph);
         if (st != FLEXDIAG_OK || st2 != FLEXDIAG_OK) {
-            if (g) k->graph_destroy(g);
+            if (c.graph) k->graph_destroy(c.graph);
             return -1;
         }
     }
-    double t0 = 0;
-    flexdiag_status st = FLEXDIAG_OK;
-    for (int i = 0; st == FLEXDIAG_OK && i <= REPS; i++) {
-        if (i == 1 && (st = k->stream_sync(rt->s)) != FLEXDIAG_OK) break;
-        if (i == 1) t0 = flexdiag__now();
-        if (graph) st = k->graph_launch(g, rt->s);
-        for (int j = 0; !graph && st == FLEXDIAG_OK && j < OP_CHAIN; j++)
-            st = k->swiglu(out, gu, 1, 1024, rt->s);
-    }
-    if (st == FLEXDIAG_OK) st = k->stream_sync(rt->s);
-    if (g) k->graph_destroy(g);
-    return st == FLEXDIAG_OK ? (flexdiag__now() - t0) / (REPS * OP_CHAIN) : -1;
+    double t = bench_time_calls(k, rt->s, REPS, op_chain_once, &c);
+    if (c.graph) k->graph_destroy(c.graph);
+    return t > 0 ? t / OP_CHAIN : -1;
 }
 
 static int measure_ops(flexdiag_runtime *rt, cm_profile *p) {

@@ -11,6 +11,7 @@
 #include "base/core.h"
 #include "base/thread_pool.h"
 #include "bench/offload_report.h"
+#include "bench/timing.h"
 #include "runtime/engine/engine.h"
 
 #define CEIL_REPS 8
@@ -18,20 +19,6 @@
 #define DISK_MAX_BYTES (4ull << 30)      /* read at most this much for the disk ceiling */
 
 /* ---- ceilings ---- */
-
-/* Seconds per copy of n bytes, dir 0 H2D / 1 D2H, on a copy stream; -1 on failure. */
-static double time_copy(const flexdiag_kernels *k, flexdiag_stream *cs, void *dev, void *host,
-                        size_t n, int dir) {
-    flexdiag_op_copy *op = dir ? k->copy_d2h_async : k->copy_h2d_async;
-    void *dst = dir ? host : dev;
-    const void *src = dir ? dev : host;
-    if (op(dst, src, n, cs) != FLEXDIAG_OK || k->stream_sync(cs) != FLEXDIAG_OK) return -1;
-    double t0 = flexdiag__now();
-    for (int i = 0; i < CEIL_REPS; i++)
-        if (op(dst, src, n, cs) != FLEXDIAG_OK) return -1;
-    if (k->stream_sync(cs) != FLEXDIAG_OK) return -1;
-    return (flexdiag__now() - t0) / CEIL_REPS;
-}
 
 /* Pinned H2D / D2H at the size of a weight slot, or 256 MiB when only the KV moves (capped by
  * what the budget has left). */
@@ -51,8 +38,8 @@ static int copy_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, bench_ce
     if (st == FLEXDIAG_OK && !pinned && !(host = malloc(n))) st = FLEXDIAG_ERR_OOM_HOST;
     if (st == FLEXDIAG_OK) memset(host, 1, n);
     if (st == FLEXDIAG_OK) st = k->copy_stream_create(rt->p.device, &cs);
-    double h = st == FLEXDIAG_OK ? time_copy(k, cs, dev, host, n, 0) : -1;
-    double d = st == FLEXDIAG_OK ? time_copy(k, cs, dev, host, n, 1) : -1;
+    double h = st == FLEXDIAG_OK ? bench_time_copy(k, cs, dev, NULL, host, n, 0, CEIL_REPS) : -1;
+    double d = st == FLEXDIAG_OK ? bench_time_copy(k, cs, dev, NULL, host, n, 1, CEIL_REPS) : -1;
     out->copy_bytes = n;
     out->h2d = h > 0 ? (double)n / h : 0;
     out->d2h = d > 0 ? (double)n / d : 0;
@@ -133,7 +120,8 @@ static void read_task(void *ctx, int64_t t, void *scratch) {
     j->sums[t] = s;
 }
 
-/* Bytes/s of the best of `passes` passes of the pool's threads summing [buf, buf + bytes). */
+/* Bytes/s of the best of `passes` passes of the pool's threads summing [buf, buf + bytes), or of
+ * fewer (at least one) once the passes have taken BENCH_SAMPLE_BUDGET_S. */
 static flexdiag_status read_rate(const flexdiag_runtime *rt, const void *buf, size_t bytes,
                                  int passes, double *out) {
     int64_t n_tasks = (int64_t)(bytes / HOST_READ_TASK);
@@ -142,11 +130,12 @@ static flexdiag_status read_rate(const flexdiag_runtime *rt, const void *buf, si
     flexdiag_status st = sums ? flexdiag__pool_create(rt->p.threads, &pool)
                               : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
     read_job j = {buf, sums};
-    double best = 0;
-    for (int pass = 0; st == FLEXDIAG_OK && pass < passes; pass++) {
+    double best = 0, spent = 0;
+    for (int pass = 0; st == FLEXDIAG_OK && pass < passes && spent < BENCH_SAMPLE_BUDGET_S; pass++) {
         double t0 = flexdiag__now();
         st = flexdiag__pool_parallel_for(pool, n_tasks, 0, read_task, &j);
         double s = flexdiag__now() - t0;
+        spent += s;
         if (s > 0 && (double)n_tasks * HOST_READ_TASK / s > best)
             best = (double)n_tasks * HOST_READ_TASK / s;
     }

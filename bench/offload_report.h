@@ -66,7 +66,7 @@ int bench_offload_kv_home_read(const struct flexdiag_context *c, bench_ceilings 
  * second pass timed. 0, or 1 after a message (*out 0). */
 int bench_host_attn_rate(const flexdiag_runtime *rt, double *out);
 /* Bytes/s the runtime's --threads read from host memory together: the best of three passes
- * summing 2 GiB (the CPU attention's bound). 0, or 1 after a message (*out 0). */
+ * summing 2 GiB (the CPU attention's bound; fewer passes where they are slow, timing.h). 0, or 1 after a message (*out 0). */
 int bench_host_read_rate(const flexdiag_runtime *rt, double *out);
 /* The row of context c from its offload counters once the timed run's prefill is queued and
  * after its n_steps decode steps (decode_s seconds) and the profiled compute time per step. */
