@@ -26,6 +26,19 @@
 
 #include "kernels/kernels.h"
 
+/* ---- target clones of the hot tasks ---- */
+
+/* x86-64: a hot pool task (fast_matmul.c, host_attn.c) is also compiled for AVX2 and picked at
+ * load time (an ifunc). Nothing is contracted into FMAs (AVX2 alone brings none), so both
+ * versions give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang_analyzer__)
+#define FLEXDIAG_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FLEXDIAG_CPU_CLONES
+#endif
+/* A helper of such a task: always inlined, so it is compiled for each of the task's targets. */
+#define FLEXDIAG_CPU_INLINE static inline __attribute__((always_inline))
+
 /* ---- reference ops (ref_*.c) ---- */
 
 /* act is fp32 on the CPU: both conversions are copies. */

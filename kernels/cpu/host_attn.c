@@ -93,7 +93,6 @@ static void append_row(const bf16_job *jb, int64_t s, int32_t kh, int64_t blk) {
 #elif defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
@@ -110,16 +109,16 @@ static const int8_t PERM16[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 
 #define PICK16(a, b, ...) __builtin_shuffle(a, b, (v16h){__VA_ARGS__})
 #endif
 
-ALWAYS_INLINE v8f load8(const float *p) {
+FLEXDIAG_CPU_INLINE v8f load8(const float *p) {
     v8f v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-ALWAYS_INLINE void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+FLEXDIAG_CPU_INLINE void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
 
 /* The 16 bf16 at p as fp32 in lane order: *lo positions 0-7, *hi positions 8-15. */
-ALWAYS_INLINE void widen16(const uint16_t *p, v8f *lo, v8f *hi) {
+FLEXDIAG_CPU_INLINE void widen16(const uint16_t *p, v8f *lo, v8f *hi) {
     v16h x, z = {0};
     memcpy(&x, p, sizeof x);
     v16h l = PICK16(z, x, 0, 16, 1, 17, 2, 18, 3, 19, 8, 24, 9, 25, 10, 26, 11, 27);
@@ -129,7 +128,7 @@ ALWAYS_INLINE void widen16(const uint16_t *p, v8f *lo, v8f *hi) {
 }
 
 /* The 8 partial sums of a dot product into one value, in a fixed order. */
-ALWAYS_INLINE float sum8(v8f p) {
+FLEXDIAG_CPU_INLINE float sum8(v8f p) {
     float s = 0.0f;
     for (int l = 0; l < 8; l++) s += p[l];
     return s;
@@ -147,14 +146,14 @@ typedef struct ahead {
 /* Prefetch row c of the ahead list from block b (K or V), if there is one: a row at a time,
  * spread through the chunk's arithmetic, so that the loads in flight stay within what the
  * core can track instead of a burst of a chunk's lines that stalls it. */
-ALWAYS_INLINE void prefetch_row(const uint16_t *b, const ahead *nx, int64_t c, int32_t d_h) {
+FLEXDIAG_CPU_INLINE void prefetch_row(const uint16_t *b, const ahead *nx, int64_t c, int32_t d_h) {
     if (c < nx->n)
         for (int32_t e = 0; e < d_h; e += 32) /* 64-byte lines of bf16 */
             __builtin_prefetch(b + nx->off[c] + e);
 }
 
 /* Prefetch the ahead rows from c0 on, K and V: those a shorter chunk had no arithmetic for. */
-ALWAYS_INLINE void prefetch_rest(const ahead *nx, int64_t c0, int32_t d_h) {
+FLEXDIAG_CPU_INLINE void prefetch_rest(const ahead *nx, int64_t c0, int32_t d_h) {
     for (int64_t c = c0; c < nx->n; c++) {
         prefetch_row(nx->k, nx, c, d_h);
         prefetch_row(nx->v, nx, c, d_h);
@@ -165,7 +164,7 @@ ALWAYS_INLINE void prefetch_rest(const ahead *nx, int64_t c0, int32_t d_h) {
  * (q in lane order): KEYS keys at a time so that their sums are independent chains, each key's
  * sum 8 partial sums over the lane-ordered products, the keys widened as they are read. */
 #define KEYS 4
-ALWAYS_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float scale,
+FLEXDIAG_CPU_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float scale,
                                 const uint16_t *kc, const int64_t *off, int64_t nc, float *z,
                                 const ahead *nx) {
     for (int32_t i = 0; i < g; i++) {
@@ -202,7 +201,7 @@ ALWAYS_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, float sc
 /* acc_i += Σ_c p_ic · V row c for the g queries (acc in lane order), 32 columns (then 16) at a
  * time held in registers over the chunk's rows (each element sums its rows in order c = 0, 1,
  * ...). */
-ALWAYS_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const float *z,
+FLEXDIAG_CPU_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const float *z,
                                 const uint16_t *vc, const int64_t *off, int64_t nc,
                                 const ahead *nx) {
     int32_t wide = d_h - d_h % 32;
@@ -252,15 +251,6 @@ static int64_t chunk_offsets(const flexdiag_attn_args *a, const int32_t *slots, 
     return nc;
 }
 
-/* x86-64: the task is also compiled for AVX2 and picked at load time (an ifunc). The dot
- * products keep their 8 fixed partial sums and nothing is contracted into FMAs, so both
- * versions give the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang_analyzer__)
-#define HOST_ATTN_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define HOST_ATTN_CLONES
-#endif
-
 /* One (sequence, KV head) pair of a job: its cache block and the rows it attends. */
 typedef struct pair {
     int64_t s, blk;            /* sequence; first element of its block in K and V */
@@ -284,7 +274,7 @@ static pair pair_at(const bf16_job *jb, int64_t t) {
 }
 
 /* Pair p's rows [j0, j0 + CHUNK) as an ahead list, their offsets written into off. */
-ALWAYS_INLINE ahead chunk_ahead(const flexdiag_attn_args *a, const pair *p, int64_t j0,
+FLEXDIAG_CPU_INLINE ahead chunk_ahead(const flexdiag_attn_args *a, const pair *p, int64_t j0,
                                 int64_t *off) {
     return (ahead){p->kc, p->vc, off, chunk_offsets(a, p->slots, p->n_prompt, p->n, j0, off)};
 }
@@ -292,7 +282,7 @@ ALWAYS_INLINE ahead chunk_ahead(const flexdiag_attn_args *a, const pair *p, int6
 /* Attend pair p, the g query heads of its group; offs[x] holds its first chunk's offsets (rows
  * prefetched). Each chunk prefetches the next one's rows as it computes and, in p's last
  * chunk, next's first rows (offsets into offs[x'] for the chunk after p's last: *x on return). */
-ALWAYS_INLINE void attend_pair(const bf16_job *jb, const pair *p, const pair *next,
+FLEXDIAG_CPU_INLINE void attend_pair(const bf16_job *jb, const pair *p, const pair *next,
                                int64_t (*offs)[CHUNK], int64_t *x, float *scratch) {
     const flexdiag_attn_args *a = &jb->h->a;
     int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
@@ -330,8 +320,10 @@ ALWAYS_INLINE void attend_pair(const bf16_job *jb, const pair *p, const pair *ne
 
 /* Task t: pairs [t·PAIRS, (t + 1)·PAIRS) ∩ [0, n_seq·h_kv) in turn (pair i: sequence i / h_kv,
  * KV head i % h_kv), one prefetch stream running through them, so a pair's first rows arrive
- * while the previous pair computes rather than at its own start. */
-HOST_ATTN_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
+ * while the previous pair computes rather than at its own start. Also compiled for AVX2
+ * (cpu_ops.h FLEXDIAG_CPU_CLONES); the dot products keep their 8 fixed partial sums, so both
+ * versions give the same bits. */
+FLEXDIAG_CPU_CLONES static void bf16_task(void *ctx, int64_t t, void *scratch) {
     const bf16_job *jb = ctx;
     const flexdiag_attn_args *a = &jb->h->a;
     int64_t i0 = t * PAIRS, i1 = (int64_t)a->n_seq * a->h_kv;
