@@ -40,53 +40,16 @@
 
 /* ---- the model shell ---- */
 
-/* Images per decoder pass: runtime/api.c VQ_BATCH. */
-#define CM_VQ_BATCH 2
-
-/* Device bytes of the builtin decoder (runtime/api.c vq_builtin's shapes). */
-static flexdiag_status vq_builtin_bytes(const flexdiag_model_config *c, uint64_t *out) {
-    flexdiag_vq_config vc;
-    flexdiag__vq_config_default(&vc);
-    vc.codebook_size = c->image_vocab;
-    vc.grid_h = vc.grid_w = c->grid;
-    if (c->lm.hidden < 1024) { /* tiny/micro-janus: the small decoder */
-        vc.ch = 32;
-        vc.z_channels = 64;
-        vc.n_levels = 3;
-        vc.ch_mult[0] = 1, vc.ch_mult[1] = 2, vc.ch_mult[2] = 2;
-        memset(vc.attn, 0, sizeof vc.attn);
-        vc.attn[2] = 1;
-        vc.res_blocks = 1;
-    }
-    size_t wb = 0, sb = 0;
-    FLEXDIAG_TRY(flexdiag__vq_plan(&vc, CM_VQ_BATCH, &wb, &sb));
-    *out = wb + sb;
-    return FLEXDIAG_OK;
-}
-
-/* Device bytes of a folder model's decoder (runtime/api.c vq_from_dir), 0 when it has none. */
+/* Device bytes of a folder model's decoder (runtime/image/vq_choice.c), 0 when it has none. */
 static flexdiag_status vq_dir_bytes(const flexdiag_model_config *c, const char *dir,
                                     const flexdiag_safetensors *st, uint64_t *out) {
     flexdiag_vq_config vc;
-    flexdiag_safetensors *vst = NULL;
+    flexdiag_safetensors *vqgan = NULL;
+    int found = 0;
     *out = 0;
-    if (c->arch == FLEXDIAG_ARCH_CHAMELEON && c->image_vocab > 0) {
-        FLEXDIAG_TRY(flexdiag__vqgan_find(dir, c->grid, &vc, &vst));
-        if (!vst) return FLEXDIAG_OK;
-        flexdiag__st_close(vst);
-    } else if (c->arch == FLEXDIAG_ARCH_JANUS &&
-               (flexdiag__st_find(st, "gen_vision_model.quantize.embedding.weight") ||
-                flexdiag__st_find(st, "model.vqmodel.quantize.embedding.weight"))) {
-        char cj[4096];
-        snprintf(cj, sizeof cj, "%s/config.json", dir);
-        FLEXDIAG_TRY(flexdiag__vq_config_read(cj, &vc));
-    } else {
-        return FLEXDIAG_OK;
-    }
-    size_t wb = 0, sb = 0;
-    FLEXDIAG_TRY(flexdiag__vq_plan(&vc, CM_VQ_BATCH, &wb, &sb));
-    *out = wb + sb;
-    return FLEXDIAG_OK;
+    FLEXDIAG_TRY(flexdiag__vq_config_of_dir(c, st, dir, &vc, &vqgan, &found));
+    if (vqgan) flexdiag__st_close(vqgan);
+    return found ? flexdiag__vq_device_bytes(&vc, out) : FLEXDIAG_OK;
 }
 
 static flexdiag_status shell_from_dir(cm_model *cm, const char *dir) {
@@ -107,7 +70,9 @@ flexdiag_status cm_model_init(cm_model *cm, flexdiag_runtime *rt, const char *di
     if (dir) return shell_from_dir(cm, dir);
     FLEXDIAG_TRY(flexdiag__config_builtin(arch ? arch : "tiny-janus", &cm->m.cfg));
     if (cm->m.cfg.arch != FLEXDIAG_ARCH_JANUS || !rt->k->conv2d) return FLEXDIAG_OK;
-    return vq_builtin_bytes(&cm->m.cfg, &cm->vq_bytes);
+    flexdiag_vq_config vc;
+    flexdiag__vq_config_builtin(&cm->m.cfg, &vc);
+    return flexdiag__vq_device_bytes(&vc, &cm->vq_bytes);
 }
 
 /* ---- geometry ---- */

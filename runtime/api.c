@@ -169,11 +169,6 @@ flexdiag_status flexdiag_runtime_budget(const flexdiag_runtime *rt, uint64_t *by
 
 /* ---- model ---- */
 
-/* Images per VQ decoder pass. Its fp32 scratch (229 MB per VQ-16 image) is charged to the GPU
- * budget, where KV memory is worth more than the few percent of decode speed a larger pass
- * gains (H200: 7.2 ms per image at 4 per pass, 6.9 at 16; test_vq_cuda times 2 and 16). */
-#define VQ_BATCH 2
-
 /* Pick the decoder backend and charge its memory to the arena when it lives on the device. */
 static flexdiag_status vq_backend(flexdiag_model *m, const flexdiag_vq_config *vc) {
     flexdiag_runtime *rt = m->rt;
@@ -186,59 +181,36 @@ static flexdiag_status vq_backend(flexdiag_model *m, const flexdiag_vq_config *v
                       rt->k->name);
         return FLEXDIAG_OK;
     }
-    size_t wb = 0, sb = 0;
-    FLEXDIAG_TRY(flexdiag__vq_plan(vc, VQ_BATCH, &wb, &sb));
-    FLEXDIAG_TRY(flexdiag__arena_charge(&rt->arena, (int64_t)(wb + sb), "the VQ image decoder"));
-    m->vq_charge = wb + sb;
+    uint64_t bytes = 0;
+    FLEXDIAG_TRY(flexdiag__vq_device_bytes(vc, &bytes));
+    FLEXDIAG_TRY(flexdiag__arena_charge(&rt->arena, (int64_t)bytes, "the VQ image decoder"));
+    m->vq_charge = bytes;
     return FLEXDIAG_OK;
 }
 
-/* A Chameleon folder's VQGAN, when the user put vqgan.safetensors beside the checkpoint. */
-static flexdiag_status vqgan_from_dir(flexdiag_model *m, const char *path) {
-    flexdiag_vq_config vc;
-    flexdiag_safetensors *st = NULL;
-    FLEXDIAG_TRY(flexdiag__vqgan_find(path, m->cfg.grid, &vc, &st));
-    if (!st) return FLEXDIAG_OK;
-    flexdiag_status r = vq_backend(m, &vc);
-    if (r == FLEXDIAG_OK) r = flexdiag__vq_create(m->vq_k, m->vq_s, st, &vc, VQ_BATCH, &m->vq);
-    flexdiag__st_close(st);
-    return r;
-}
-
-/* The decoder of a folder model, when its checkpoint holds one. */
+/* The decoder of a folder model, when it has one: in its checkpoint st (Janus), or a
+ * Chameleon folder's vqgan.safetensors beside it. */
 static flexdiag_status vq_from_dir(flexdiag_model *m, const flexdiag_safetensors *st,
                                    const char *path) {
-    if (m->cfg.arch == FLEXDIAG_ARCH_CHAMELEON && m->cfg.image_vocab > 0)
-        return vqgan_from_dir(m, path);
-    if (m->cfg.arch != FLEXDIAG_ARCH_JANUS ||
-        (!flexdiag__st_find(st, "gen_vision_model.quantize.embedding.weight") &&
-         !flexdiag__st_find(st, "model.vqmodel.quantize.embedding.weight")))
-        return FLEXDIAG_OK;
-    char cj[4096];
-    snprintf(cj, sizeof cj, "%s/config.json", path);
     flexdiag_vq_config vc;
-    FLEXDIAG_TRY(flexdiag__vq_config_read(cj, &vc));
-    FLEXDIAG_TRY(vq_backend(m, &vc));
-    return flexdiag__vq_create(m->vq_k, m->vq_s, st, &vc, VQ_BATCH, &m->vq);
+    flexdiag_safetensors *vqgan = NULL;
+    int found = 0;
+    FLEXDIAG_TRY(flexdiag__vq_config_of_dir(&m->cfg, st, path, &vc, &vqgan, &found));
+    flexdiag_status r = found ? vq_backend(m, &vc) : FLEXDIAG_OK;
+    if (r == FLEXDIAG_OK && found)
+        r = flexdiag__vq_create(m->vq_k, m->vq_s, vqgan ? vqgan : st, &vc, FLEXDIAG__VQ_BATCH,
+                                &m->vq);
+    if (vqgan) flexdiag__st_close(vqgan);
+    return r;
 }
 
 /* Builtin models get a seeded random decoder: small for the toy shapes, VQ-16 for full ones. */
 static flexdiag_status vq_builtin(flexdiag_model *m, uint64_t seed) {
     flexdiag_vq_config vc;
-    flexdiag__vq_config_default(&vc);
-    vc.codebook_size = m->cfg.image_vocab;
-    vc.grid_h = vc.grid_w = m->cfg.grid;
-    if (m->cfg.lm.hidden < 1024) { /* tiny/micro-janus: 3 levels of 32/64 channels, 4x upscale */
-        vc.ch = 32;
-        vc.z_channels = 64;
-        vc.n_levels = 3;
-        vc.ch_mult[0] = 1, vc.ch_mult[1] = 2, vc.ch_mult[2] = 2;
-        memset(vc.attn, 0, sizeof vc.attn);
-        vc.attn[2] = 1;
-        vc.res_blocks = 1;
-    }
+    flexdiag__vq_config_builtin(&m->cfg, &vc);
     FLEXDIAG_TRY(vq_backend(m, &vc));
-    return flexdiag__vq_create_random(m->vq_k, m->vq_s, &vc, seed ^ 0x5157, VQ_BATCH, &m->vq);
+    return flexdiag__vq_create_random(m->vq_k, m->vq_s, &vc, seed ^ 0x5157, FLEXDIAG__VQ_BATCH,
+                                      &m->vq);
 }
 
 /* Where the layer weights of m go under pct (GPU, CPU, disk percent): the tiers made first. */

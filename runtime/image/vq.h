@@ -110,6 +110,30 @@ flexdiag_status flexdiag__vq_config_vqgan(const flexdiag_safetensors *st, int32_
 flexdiag_status flexdiag__vqgan_find(const char *dir, int32_t grid, flexdiag_vq_config *vc,
                                      flexdiag_safetensors **st);
 
+/* ---- which decoder a model gets (vq_choice.c) ---- */
+
+/* Images per decoder pass of a model's decoder. Its fp32 scratch (229 MB per VQ-16 image) is
+ * charged to the device budget, where KV memory is worth more than the few percent of decode
+ * speed a larger pass gains (H200: 7.2 ms per image at 4 per pass, 6.9 at 16; test_vq_cuda
+ * times 2 and 16). */
+#define FLEXDIAG__VQ_BATCH 2
+
+struct flexdiag_model_config;
+/* The decoder of a builtin Janus shape c (seeded random weights): VQ-16, or for the toy shapes
+ * (hidden < 1024) 3 levels of 32/64 channels with a 4x upscale. */
+void flexdiag__vq_config_builtin(const struct flexdiag_model_config *c, flexdiag_vq_config *out);
+/* The decoder of the model folder at path (config c, checkpoint st borrowed): *found 0 (none:
+ * the model writes token grids only) or 1 with its shape in *vc; a Chameleon folder's
+ * vqgan.safetensors comes back open in *vqgan (close it), a Janus decoder lives in st (*vqgan
+ * NULL). */
+flexdiag_status flexdiag__vq_config_of_dir(const struct flexdiag_model_config *c,
+                                           const flexdiag_safetensors *st, const char *path,
+                                           flexdiag_vq_config *vc, flexdiag_safetensors **vqgan,
+                                           int *found);
+/* Backend bytes of a decoder of shape vc at FLEXDIAG__VQ_BATCH images per pass (weights and
+ * scratch; flexdiag__vq_plan). */
+flexdiag_status flexdiag__vq_device_bytes(const flexdiag_vq_config *vc, uint64_t *out);
+
 /* ---- decoder ---- */
 
 /* Load the decoder weights of cfg from st (borrowed, may be closed after the call) into
