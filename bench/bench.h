@@ -33,5 +33,10 @@ void bench_device_name(const flexdiag_runtime *rt, char *out, size_t n);
 int bench_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n);
 /* Split s into at most BENCH_MAX_LIST numbers in [0, 1]; prints the error and returns 2. */
 int bench_parse_sparsities(const char *cmd, const char *s, double *out, int *n);
+/* Split s into at most BENCH_MAX_LIST Diagonal ring sizes in [0, 32767] (0: the default ring);
+ * prints the error and returns 2. */
+int bench_parse_rings(const char *cmd, const char *s, int32_t *out, int *n);
+/* Whether a policy kind has a ring (--n-r): the Diagonal kinds. */
+int bench_has_ring(flexdiag_policy_kind kind);
 
 #endif /* FLEXDIAG_BENCH_H */

@@ -6,8 +6,8 @@
  * the 2-D locality model, seeded value vectors, one layer, MHA heads; KL and top-1 need a model
  * head and print "n/a"), and the model-backed one (fidelity_model.c) otherwise. Both fill
  * fidelity.h rows that the printers of fidelity_report.c write, so calls go one way: this file
- * -> fidelity_model.c -> fidelity_report.c. Dense runs once (its sparsity is 0); a (policy,
- * sparsity) pair that fails validation (e.g. streaming with N_att < 5 on a small grid) is
+ * -> fidelity_model.c -> fidelity_report.c. Dense runs once (its sparsity is 0), the Diagonal
+ * kinds once per --n-r ring (a comma list); a (policy, sparsity, ring) that fails validation (e.g. streaming with N_att < 5 on a small grid) is
  * reported on stderr and skipped, the other rows still run. --json FILE is opened before
  * anything runs; its rows reach the file through cli/fileio.h (one append + fsync per row, never
  * a partial row), and a row that cannot be written stops the run with exit 1 and one line naming
@@ -100,8 +100,10 @@ static int fid_json_close(FILE *f, fid_json *j, int rc) {
 /* ---- synthetic runner ---- */
 
 typedef struct fid_opts {
-    const char *synthetic, *policies, *sparsities, *json;
-    int64_t prompt_len, heads, d_head, n_r;
+    const char *synthetic, *policies, *sparsities, *json, *n_rs;
+    int64_t prompt_len, heads, d_head;
+    int32_t rings[FID_MAX_LIST]; /* --n-r, parsed (0: the default ring) */
+    int n_rings;
     double alpha, sigma, prompt_logit;
     cli_model_opts mo;  /* model-backed mode (no --synthetic); mo.seed seeds everything */
     const char *prompt; /* its prompt text */
@@ -109,19 +111,19 @@ typedef struct fid_opts {
 
 /* One (policy, sparsity) row; returns 0, 1 on a library error, -1 when skipped. */
 static int synth_row(const flexdiag_synth_ctx *ctx, const flexdiag_synth_params *sp,
-                     const fid_opts *o, flexdiag_policy_kind kind, double s,
+                     const fid_opts *o, flexdiag_policy_kind kind, double s, int32_t ring,
                      flexdiag_fidelity_row *row) {
     flexdiag_policy_params pub;
     memset(&pub, 0, sizeof pub);
     pub.struct_size = sizeof pub;
     pub.kind = kind;
     pub.sparsity = s;
-    pub.n_r = (int32_t)o->n_r;
+    pub.n_r = ring;
     flexdiag_kvp_params kp;
     flexdiag__err_clear();
     if (flexdiag__kvp_resolve(&pub, sp->steps, &kp) != FLEXDIAG_OK) {
-        fprintf(stderr, "flexdiag " FID_CMD ": skipping %s at sparsity %g: %s\n",
-                flexdiag__kvp_name(kind), s, flexdiag_last_error(NULL));
+        fprintf(stderr, "flexdiag " FID_CMD ": skipping %s at sparsity %g, ring %d: %s\n",
+                flexdiag__kvp_name(kind), s, (int)ring, flexdiag_last_error(NULL));
         return -1;
     }
     flexdiag_synth_fidelity f;
@@ -149,13 +151,16 @@ static int synth_table(const flexdiag_synth_ctx *ctx, const flexdiag_synth_param
            sp->sigma, sp->prompt_logit, (unsigned long long)sp->seed);
     flexdiag_fidelity_md_header(stdout);
     int total = 0, done = 0;
-    for (int i = 0; i < nk; i++) total += kinds[i] == FLEXDIAG_POLICY_DENSE ? 1 : ns;
     for (int i = 0; i < nk; i++)
-        for (int j = 0; j < (kinds[i] == FLEXDIAG_POLICY_DENSE ? 1 : ns); j++) {
+        total += flexdiag_fidelity_rows_of(kinds[i], ns, o->n_rings);
+    for (int i = 0; i < nk; i++)
+        for (int r = 0; r < flexdiag_fidelity_rows_of(kinds[i], ns, o->n_rings); r++) {
             flexdiag_fidelity_row row;
-            fprintf(stderr, "[%d/%d] policy=%s sparsity=%g\n", ++done, total,
-                    flexdiag__kvp_name(kinds[i]), sps[j]);
-            int rc = synth_row(ctx, sp, o, kinds[i], sps[j], &row);
+            int j = r % ns;
+            int32_t ring = bench_has_ring(kinds[i]) ? o->rings[r / ns] : 0;
+            fprintf(stderr, "[%d/%d] policy=%s sparsity=%g ring=%d\n", ++done, total,
+                    flexdiag__kvp_name(kinds[i]), sps[j], (int)ring);
+            int rc = synth_row(ctx, sp, o, kinds[i], sps[j], ring, &row);
             if (rc > 0) return rc;
             if (rc < 0) continue;
             flexdiag_fidelity_md_row(stdout, &row);
@@ -205,18 +210,17 @@ static int check_flags(const fid_opts *o, const flexdiag_policy_kind *kinds, int
         {"--prompt-len", o->prompt_len, 0, INT32_MAX, NULL},
         {"--heads", o->heads, 1, INT32_MAX, NULL},
         {"--d-head", o->d_head, 1, INT32_MAX, NULL},
-        {"--n-r", o->n_r, 0, INT32_MAX, "0 = the default ring"},
     };
     if (cli_check_ints(FID_CMD, r, (int)(sizeof r / sizeof r[0])) ||
         cli_check_model(FID_CMD, &o->mo))
         return 2;
     for (int i = 0; i < nk; i++)
-        for (int j = 0; j < ns; j++) {
+        for (int r = 0; r < ns * o->n_rings; r++) {
             flexdiag_policy_params pub;
             flexdiag_policy_params_init(&pub);
             pub.kind = kinds[i];
-            pub.sparsity = sps[j];
-            pub.n_r = (int32_t)o->n_r;
+            pub.sparsity = sps[r % ns];
+            pub.n_r = bench_has_ring(kinds[i]) ? o->rings[r / ns] : 0;
             flexdiag__err_clear();
             flexdiag_status st = flexdiag__kvp_check(&pub);
             if (st != FLEXDIAG_OK) return cli_fail(FID_CMD, st);
@@ -225,9 +229,10 @@ static int check_flags(const fid_opts *o, const flexdiag_policy_kind *kinds, int
 }
 
 int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
-    fid_opts o = {NULL, "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4",
-                  "0.8,0.9,0.925,0.95,0.96", NULL, 50, 8, 64, 0, 0.5, 0.5, 0.0,
-                  {.seed = 1}, "a red apple on a wooden table"};
+    fid_opts o = {.policies = "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4",
+                  .sparsities = "0.8,0.9,0.925,0.95,0.96", .n_rs = "0", .prompt_len = 50,
+                  .heads = 8, .d_head = 64, .alpha = 0.5, .sigma = 0.5, .prompt_logit = 0.0,
+                  .mo = {.seed = 1}, .prompt = "a red apple on a wooden table"};
     const cli_opt opts[] = {
         {"--synthetic", CLI_STR, &o.synthetic, "grid:W, W <= 64: synthetic 2-D locality model"},
         CLI_MODEL_FLAGS_SEED(&o.mo, "seed (default 1) of the random weights, the synthetic "
@@ -238,7 +243,8 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
         {"--prompt-len", CLI_INT, &o.prompt_len, "prompt keys (default 50)"},
         {"--heads", CLI_INT, &o.heads, "attention heads (default 8)"},
         {"--d-head", CLI_INT, &o.d_head, "value vector dims (default 64)"},
-        {"--n-r", CLI_INT, &o.n_r, "Diagonal ring size (default max(round(0.5 T), N_att))"},
+        {"--n-r", CLI_STR, &o.n_rs, "comma list of Diagonal ring sizes, a row each (default 0: "
+                                    "max(round(0.5 T), N_att))"},
         {"--alpha", CLI_F64, &o.alpha, "locality strength (default 0.5)"},
         {"--sigma", CLI_F64, &o.sigma, "logit noise std (default 0.5)"},
         {"--prompt-logit", CLI_F64, &o.prompt_logit, "logit of prompt keys (default 0)"},
@@ -256,12 +262,13 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     int nk, ns;
     if ((rc = bench_parse_policies(FID_CMD, o.policies, kinds, &nk)) != 0) return rc;
     if ((rc = bench_parse_sparsities(FID_CMD, o.sparsities, sps, &ns)) != 0) return rc;
+    if ((rc = bench_parse_rings(FID_CMD, o.n_rs, o.rings, &o.n_rings)) != 0) return rc;
     if ((rc = check_flags(&o, kinds, nk, sps, ns)) != 0) return rc;
     if (o.synthetic) return synth_main(&o, kinds, nk, sps, ns);
     fid_json fj;
     FILE *json = NULL;
     if (o.json && !(json = fid_json_open(&fj, o.json))) return 1;
-    rc = flexdiag_fidelity_model(&o.mo, o.prompt, kinds, nk, sps, ns, (int32_t)o.n_r,
+    rc = flexdiag_fidelity_model(&o.mo, o.prompt, kinds, nk, sps, ns, o.rings, o.n_rings,
                                  (uint64_t)o.mo.seed, json);
     return fid_json_close(json, &fj, rc);
 }

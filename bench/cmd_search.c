@@ -8,7 +8,7 @@
  * micro-batches 50,50,0 and 0,100,0, each with the device or, for dense, window and
  * StreamingLLM when the profile has a host read rate, the host attending the host-homed
  * micro-batches), and every --policies entry at each sparsity of the grid
- * up to --max-sparsity. A candidate is kept only when the runtime's own sizing says it fits
+ * up to --max-sparsity (the Diagonal kinds at each --n-r ring). A candidate is kept only when the runtime's own sizing says it fits
  * (cost_model.h); kept ones are ranked by predicted rate, ties to more on the GPU and fewer
  * micro-batches. The top --top are printed with the exact `flexdiag bench` flags that reproduce
  * each; --measure K runs the first K through `flexdiag-bench bench` (this executable, a child
@@ -34,7 +34,7 @@
 
 typedef struct search_opts {
     cli_model_opts mo;
-    const char *policies, *profile;
+    const char *policies, *profile, *n_rs;
     double max_sparsity, min_fidelity;
     int64_t prompt_len, gen_len, max_batch, weight_step, top, measure, per_prompt, steps;
     int json;
@@ -47,17 +47,22 @@ typedef struct cand {
     double rate; /* img/s (images) or tok/s (text): the ranking key */
     double proj;   /* img/s over --steps tokens as the bench projects it (no --steps: t.img_s) */
     int32_t steps; /* --steps (0: whole images) */
+    int32_t n_r;   /* the Diagonal ring as resolved (0: not a Diagonal kind) */
 } cand;
 
-/* Top-1 agreement with dense of one (policy, sparsity), from `bench fidelity --model`. */
+/* Top-1 agreement with dense of one (policy, sparsity, resolved ring), from `bench fidelity
+ * --model`. */
 typedef struct fid {
     flexdiag_policy_kind kind;
     double sparsity, top1;
+    int32_t n_r; /* 0: not a Diagonal kind */
 } fid;
 
 typedef struct search {
     const search_opts *o;
     fid fids[BENCH_MAX_LIST * 8]; /* --min-fidelity: what the fidelity run measured */
+    int32_t rings[BENCH_MAX_LIST]; /* --n-r: Diagonal rings tried (0: the default ring) */
+    int n_rings;
     int n_fids;
     cm_model cm;
     cm_profile prof;
@@ -93,6 +98,11 @@ static void try_one(search *s, const cm_config *c) {
     if (s->o->mo.disk_mem && k.mem.disk > s->o->mo.disk_mem) return;
     if (cm_predict(&s->cm, c, &s->prof, &k.t) != FLEXDIAG_OK || !(k.t.img_s > 0)) return;
     k.rate = s->text ? k.t.tok_s : k.t.img_s;
+    int32_t l_dec, rpi, ring;
+    flexdiag_kvp_params kp;
+    if (bench_has_ring(c->policy.kind) &&
+        cm_resolve(&s->cm, c, &l_dec, &rpi, &kp, &ring) == FLEXDIAG_OK)
+        k.n_r = kp.n_r;
     k.proj = k.t.img_s;
     cm_config w = *c;
     w.steps = (int32_t)s->o->steps;
@@ -206,11 +216,19 @@ static void try_batches(search *s, const flexdiag_policy_params *pol) {
 
 /* ---- quality floor (--min-fidelity) ---- */
 
-/* Whether (kind, sparsity) reaches --min-fidelity (always without the flag, and for dense). */
-static int good_enough(const search *s, flexdiag_policy_kind kind, double sparsity) {
-    if (s->o->min_fidelity <= 0 || kind == FLEXDIAG_POLICY_DENSE) return 1;
+/* Whether policy pol (its ring resolved as the search's model resolves it) reaches
+ * --min-fidelity (always without the flag, and for dense). */
+static int good_enough(const search *s, const flexdiag_policy_params *pol) {
+    if (s->o->min_fidelity <= 0 || pol->kind == FLEXDIAG_POLICY_DENSE) return 1;
+    cm_config c = {.prompt_len = (int32_t)s->o->prompt_len, .gen_len = (int32_t)s->o->gen_len,
+                   .policy = *pol};
+    int32_t l_dec, rpi, ring;
+    flexdiag_kvp_params kp;
+    if (cm_resolve(&s->cm, &c, &l_dec, &rpi, &kp, &ring) != FLEXDIAG_OK) return 0;
+    int32_t n_r = bench_has_ring(pol->kind) ? kp.n_r : 0;
     for (int i = 0; i < s->n_fids; i++)
-        if (s->fids[i].kind == kind && fabs(s->fids[i].sparsity - sparsity) < 1e-9)
+        if (s->fids[i].kind == pol->kind && fabs(s->fids[i].sparsity - pol->sparsity) < 1e-9 &&
+            s->fids[i].n_r == n_r)
             return s->fids[i].top1 >= s->o->min_fidelity;
     return 0; /* not measured: never returned */
 }
@@ -235,8 +253,9 @@ static int measure_fidelity(search *s) {
     close(fd);
     sparsity_list(o, sp, sizeof sp);
     snprintf(cmd, sizeof cmd, "'/proc/%ld/exe' bench fidelity --model '%s' --policies '%s' "
-             "--sparsities '%s'%s --threads %lld --json '%s' 1>&2", (long)getpid(), o->mo.model,
-             o->policies, sp, o->mo.cpu ? " --cpu" : "", (long long)o->mo.threads, tmp);
+             "--sparsities '%s' --n-r '%s'%s --threads %lld --json '%s' 1>&2", (long)getpid(),
+             o->mo.model, o->policies, sp, o->n_rs, o->mo.cpu ? " --cpu" : "",
+             (long long)o->mo.threads, tmp);
     fprintf(stderr, "flexdiag search: --min-fidelity: measuring top-1 agreement on %s\n",
             o->mo.model);
     int rc = system(cmd);
@@ -250,7 +269,10 @@ static int measure_fidelity(search *s) {
         flexdiag_policy_kind k;
         if (pol && flexdiag_policy_from_name(pol, &k) == FLEXDIAG_OK && json_is_number(t1))
             s->fids[s->n_fids++] = (fid){k, json_number_value(json_object_get(r, "sparsity")),
-                                         json_number_value(t1)};
+                                         json_number_value(t1),
+                                         bench_has_ring(k) ? (int32_t)json_integer_value(
+                                                                 json_object_get(r, "n_r"))
+                                                           : 0};
         json_decref(r);
     }
     free(line);
@@ -268,7 +290,8 @@ static int measure_fidelity(search *s) {
     return 0;
 }
 
-/* Every (policy, sparsity) of --policies under --max-sparsity (and the quality floor). */
+/* Every (policy, sparsity[, ring]) of --policies under --max-sparsity (and the quality floor);
+ * a ring below a sparsity's N_att fits nothing (the runtime refuses it) and is not kept. */
 static int enumerate(search *s) {
     flexdiag_policy_kind kinds[BENCH_MAX_LIST];
     int nk = 0;
@@ -283,9 +306,11 @@ static int enumerate(search *s) {
         }
         for (size_t j = 0; j < sizeof SPARSITIES / sizeof *SPARSITIES; j++) {
             if (SPARSITIES[j] > s->o->max_sparsity + 1e-9) break;
-            if (!good_enough(s, kinds[k], SPARSITIES[j])) continue;
             pol.sparsity = SPARSITIES[j];
-            try_batches(s, &pol);
+            for (int r = 0; r < (bench_has_ring(kinds[k]) ? s->n_rings : 1); r++) {
+                pol.n_r = bench_has_ring(kinds[k]) ? s->rings[r] : 0;
+                if (good_enough(s, &pol)) try_batches(s, &pol);
+            }
         }
     }
     return 0;
@@ -347,8 +372,9 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
     at += snprintf(buf + at, n - (size_t)at, " --prompt-len %d", c->prompt_len);
     if (c->gen_len) at += snprintf(buf + at, n - (size_t)at, " --gen-len %d", c->gen_len);
     if (c->policy.kind != FLEXDIAG_POLICY_DENSE)
-        snprintf(buf + at, n - (size_t)at, " --policy %s --sparsity %g",
-                 flexdiag_policy_name(c->policy.kind), c->policy.sparsity);
+        at += snprintf(buf + at, n - (size_t)at, " --policy %s --sparsity %g",
+                       flexdiag_policy_name(c->policy.kind), c->policy.sparsity);
+    if (c->policy.n_r > 0) snprintf(buf + at, n - (size_t)at, " --n-r %d", c->policy.n_r);
 }
 
 static void print_table_head(const search *s) {
@@ -364,12 +390,15 @@ static void print_table_head(const search *s) {
 
 static void print_row(const search *s, int i, const cand *k, char *flags, size_t n) {
     const cm_config *c = &k->c;
-    char attn[32] = "";
+    char attn[32] = "", pol[64];
+    if (k->n_r)
+        snprintf(pol, sizeof pol, "%s, N_r %d", flexdiag_policy_name(c->policy.kind), k->n_r);
+    else snprintf(pol, sizeof pol, "%s", flexdiag_policy_name(c->policy.kind));
     int32_t host, attended;
     cm_host_mbs(c, &host, &attended);
     if (c->cpu_attention) snprintf(attn, sizeof attn, " CPU attn. %d/%d", attended, host);
     printf("| %d | %s | %g | %d | %d | %u,%u,%u%s | %u,%u,%u%s | %.4g | %.3f | %s | %.2f | %.2f |\n",
-           i + 1, flexdiag_policy_name(c->policy.kind),
+           i + 1, pol,
            c->policy.kind == FLEXDIAG_POLICY_DENSE ? 0 : c->policy.sparsity, c->batch,
            c->micro ? c->micro : c->batch, c->wpct[0], c->wpct[1], c->wpct[2],
            c->compress ? " 4-bit" : "", c->kvpct[0],
@@ -395,6 +424,7 @@ static void print_json(FILE *out, int i, const cand *k, const char *flags, doubl
         (json_int_t)k->mem.cpu, "disk_bytes", (json_int_t)k->mem.disk, "flags", flags,
         "pred_measured_img_per_s", k->proj, "measure_steps", (json_int_t)k->steps);
     if (o) json_object_set_new(o, "compress_weights", json_integer(c->compress ? 4 : 0));
+    if (o) json_object_set_new(o, "n_r", json_integer(k->n_r));
     if (o) json_object_set_new(o, "cpu_attention_share",
                                json_integer(c->cpu_attention ? (c->cpu_attn_pct ? c->cpu_attn_pct : 100) : 0));
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -498,6 +528,7 @@ static int open_runtime(const search_opts *o, flexdiag_runtime **rt) {
 /* The search itself; cands: see report. */
 static int search_run(const search_opts *o, FILE *cands) {
     search s = {.o = o, .cpu_limit = host_limit(o)};
+    if (bench_parse_rings("search", o->n_rs, s.rings, &s.n_rings)) return 2;
     if (o->min_fidelity > 0 && measure_fidelity(&s)) return 1;
     flexdiag_runtime *rt = NULL;
     int rc = open_runtime(o, &rt);
@@ -596,6 +627,9 @@ static int check_flags(const search_opts *o) {
     }
     const cli_f64_range f[] = {{"--max-sparsity", o->max_sparsity, 0, 1, 0, NULL},
                                {"--min-fidelity", o->min_fidelity, 0, 1, 0, NULL}};
+    int32_t rings[BENCH_MAX_LIST];
+    int n_rings;
+    if (bench_parse_rings("search", o->n_rs, rings, &n_rings)) return 2;
     return cli_check_ints("search", r, (int)(sizeof r / sizeof r[0])) ||
                    cli_check_f64s("search", f, 2)
                ? 2
@@ -604,7 +638,8 @@ static int check_flags(const search_opts *o) {
 
 int flexdiag_cmd_search(int argc, char **argv) {
     search_opts o = {.mo.seed = 1, .policies = "dense", .max_sparsity = 0.9, .prompt_len = 50,
-                     .max_batch = 1024, .weight_step = 10, .top = 5, .per_prompt = 1};
+                     .max_batch = 1024, .weight_step = 10, .top = 5, .per_prompt = 1,
+                     .n_rs = "0"};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         {"--prompt-len", CLI_INT, &o.prompt_len, "prompt tokens (default 50)"},
@@ -615,6 +650,9 @@ int flexdiag_cmd_search(int argc, char **argv) {
         {"--min-fidelity", CLI_F64, &o.min_fidelity,
          "quality floor: top-1 agreement with dense (bench fidelity on --model) a sparse policy "
          "must reach"},
+        {"--n-r", CLI_STR, &o.n_rs,
+         "comma list of Diagonal ring sizes tried, the KV memory knob (default 0: the default "
+         "ring, max(round(L_dec/2), N_att)); a ring below a sparsity's N_att is skipped"},
         {"--max-batch", CLI_INT, &o.max_batch, "largest batch tried, powers of two (default 1024)"},
         {"--images-per-prompt", CLI_INT, &o.per_prompt,
          "images per prompt of the job (default 1): with more, sizes the shared prompt KV"},

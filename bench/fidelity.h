@@ -51,11 +51,16 @@ void flexdiag_fidelity_md_row(FILE *f, const flexdiag_fidelity_row *r);
  * -1 when the write failed. */
 int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r);
 
-/* Model-backed mode (fidelity_model.c): kinds x sparsities on the model of mo, prompt text,
- * n_r for the Diagonal policies (0 = default); rows to stdout and json (may be NULL). */
+/* Rows of a policy kind over ns sparsities and n_rings rings: dense 1, a Diagonal kind ns per
+ * ring (row r: sparsity r % ns, ring r / ns), the others ns. */
+int flexdiag_fidelity_rows_of(flexdiag_policy_kind kind, int ns, int n_rings);
+
+/* Model-backed mode (fidelity_model.c): kinds x sparsities (x rings[n_rings] for the Diagonal
+ * kinds, 0 = the default ring) on the model of mo, prompt text; rows to stdout and json (may be
+ * NULL). A (sparsity, ring) whose N_att exceeds the ring is skipped with a message. */
 struct cli_model_opts;
 int flexdiag_fidelity_model(const struct cli_model_opts *mo, const char *prompt,
                             const flexdiag_policy_kind *kinds, int nk, const double *sps, int ns,
-                            int32_t n_r, uint64_t seed, FILE *json);
+                            const int32_t *rings, int n_rings, uint64_t seed, FILE *json);
 
 #endif /* FLEXDIAG_BENCH_FIDELITY_H */

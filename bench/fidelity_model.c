@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/core.h"
+#include "bench/bench.h"
 #include "bench/fidelity.h"
 #include "cli/cli.h"
 #include "policy/kv_policy.h"
@@ -155,7 +157,7 @@ static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity
 
 int flexdiag_fidelity_model(const cli_model_opts *mo, const char *prompt,
                             const flexdiag_policy_kind *kinds, int nk, const double *sps, int ns,
-                            int32_t n_r, uint64_t seed, FILE *json) {
+                            const int32_t *rings, int n_rings, uint64_t seed, FILE *json) {
     flexdiag_runtime *rt = NULL;
     flexdiag_model *m = NULL;
     dense_ref ref = {0};
@@ -172,12 +174,20 @@ int flexdiag_fidelity_model(const cli_model_opts *mo, const char *prompt,
         flexdiag_fidelity_md_header(stdout);
     }
     for (int i = 0; rc == 0 && i < nk; i++)
-        for (int j = 0; rc == 0 && j < (kinds[i] == FLEXDIAG_POLICY_DENSE ? 1 : ns); j++) {
+        for (int r = 0; rc == 0 && r < flexdiag_fidelity_rows_of(kinds[i], ns, n_rings); r++) {
             flexdiag_policy_params pol;
             flexdiag_policy_params_init(&pol);
             pol.kind = kinds[i];
-            pol.sparsity = kinds[i] == FLEXDIAG_POLICY_DENSE ? 0 : sps[j];
-            pol.n_r = n_r;
+            pol.sparsity = kinds[i] == FLEXDIAG_POLICY_DENSE ? 0 : sps[r % ns];
+            pol.n_r = bench_has_ring(kinds[i]) ? rings[r / ns] : 0;
+            flexdiag_kvp_params kp;
+            flexdiag__err_clear();
+            if (flexdiag__kvp_resolve(&pol, ref.n, &kp) != FLEXDIAG_OK) {
+                fprintf(stderr, "flexdiag bench fidelity: skipping %s at sparsity %g, ring %d: "
+                        "%s\n", flexdiag__kvp_name(pol.kind), pol.sparsity, (int)pol.n_r,
+                        flexdiag_last_error(NULL));
+                continue;
+            }
             flexdiag_fidelity_row row = {.mode = "model", .source = mo->model ? mo->model
                                                                                 : m->cfg.name,
                                          .sparsity = pol.sparsity, .l_dec = ref.n,

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "bench/bench.h"
 #include "bench/fidelity.h"
 #include "policy/kv_policy.h"
 
@@ -78,4 +79,8 @@ int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r) {
             tr->score_source, tr->granularity, tr->gqa_reduction, tr->eviction, tr->resident_kv,
             tr->extra_work, tr->needs_probabilities ? "true" : "false");
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
+}
+
+int flexdiag_fidelity_rows_of(flexdiag_policy_kind kind, int ns, int n_rings) {
+    return kind == FLEXDIAG_POLICY_DENSE ? 1 : bench_has_ring(kind) ? ns * n_rings : ns;
 }

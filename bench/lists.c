@@ -1,6 +1,7 @@
 /*
  * lists.c - the comma lists of the bench commands (--policies, --sparsities of `bench` and
- * `bench fidelity`); errors name the flag and the valid values, and exit 2.
+ * `bench fidelity`, the Diagonal rings of --n-r of `bench fidelity` and `search`); errors name
+ * the flag and the valid values, and exit 2.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,39 @@ static int sparsity_item(const char *tok, int i, void *out) {
     return end == tok || *end || !(v >= 0.0 && v <= 1.0);
 }
 
+static int ring_item(const char *tok, int i, void *out) {
+    char *end = NULL;
+    long v = strtol(tok, &end, 10);
+    ((int32_t *)out)[i] = (int32_t)v;
+    return end == tok || *end || v < 0 || v > 32767;
+}
+
+/* Split the numeric list s of flag into out (*n items); a bad item is named with rule, an
+ * empty list said so: 2 after the message. */
+static int parse_numbers(const char *cmd, const char *flag, const char *s,
+                         int (*item)(const char *, int, void *), void *out, int *n,
+                         const char *rule) {
+    char buf[512];
+    const char *bad;
+    if ((*n = split_list(s, buf, sizeof buf, item, out, &bad)) > 0) return 0;
+    if (bad)
+        fprintf(stderr, "flexdiag %s: %s %s: %s (a comma list of at most %d)\n", cmd, flag, bad,
+                rule, BENCH_MAX_LIST);
+    else
+        fprintf(stderr, "flexdiag %s: %s is empty\n", cmd, flag);
+    return 2;
+}
+
+int bench_parse_sparsities(const char *cmd, const char *s, double *out, int *n) {
+    return parse_numbers(cmd, "--sparsities", s, sparsity_item, out, n,
+                         "not a number in [0, 1] (e.g. 0.8,0.9,0.95)");
+}
+
+int bench_parse_rings(const char *cmd, const char *s, int32_t *out, int *n) {
+    return parse_numbers(cmd, "--n-r", s, ring_item, out, n,
+                         "not a ring size in [0, 32767] (0: the default ring; e.g. 0,144,64)");
+}
+
 int bench_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *out, int *n) {
     char buf[512];
     const char *bad;
@@ -52,14 +86,6 @@ int bench_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *o
     return 2;
 }
 
-int bench_parse_sparsities(const char *cmd, const char *s, double *out, int *n) {
-    char buf[512];
-    const char *bad;
-    if ((*n = split_list(s, buf, sizeof buf, sparsity_item, out, &bad)) > 0) return 0;
-    if (bad)
-        fprintf(stderr, "flexdiag %s: --sparsities: '%s' is not a number in [0, 1] (e.g. "
-                "0.8,0.9,0.95; at most %d)\n", cmd, bad, BENCH_MAX_LIST);
-    else
-        fprintf(stderr, "flexdiag %s: --sparsities is empty\n", cmd);
-    return 2;
+int bench_has_ring(flexdiag_policy_kind kind) {
+    return kind == FLEXDIAG_POLICY_DIAGONAL || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
 }

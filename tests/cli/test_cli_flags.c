@@ -16,7 +16,8 @@
  *    1 naming the non-finite logits and writes no .npy, as generate refuses to sample them.
  * 6. Leftovers: no command registers a flag twice (--help lists each once; bench fidelity had
  *    --seed twice); generate's progress rate counts the rows an image really runs (1 without
- *    CFG), checked against the summary's rate on the Llama model.
+ *    CFG), checked against the summary's rate on the Llama model; bench fidelity's --n-r list
+ *    (a row per Diagonal ring).
  * micro-janus on the CPU; the whole file runs in a few seconds.
  */
 #include <jansson.h>
@@ -174,6 +175,7 @@ static const flag_case bad_flags[] = {
     {"policy-trace --synthetic grid:100 --policy window --n-att 4", "--synthetic", "64"},
     {FID "--policies diagonal --n-r 40000", "--n-r 40000", NULL},
     {FID "--policies diagonal-sink4 --n-r 3", "--n-r 3", NULL},
+    {FID "--policies diagonal --n-r 8,x", "--n-r x", "comma list"},
     {FID "--policies dense --heads 0", "--heads 0", NULL},
     {FID "--policies dense --sigma -1", "--sigma", NULL},
     {FID "--policies dense --seed -2", "--seed -2", NULL},
@@ -625,6 +627,34 @@ static void test_progress_rows(void **state) {
                  sum_rate, ratio);
 }
 
+/* bench fidelity --n-r takes a list: a row per ring for the Diagonal kinds (one for the
+ * others), a (sparsity, ring) whose N_att exceeds the ring skipped with a message. grid:4 has
+ * L_dec 16: sparsity 0.5 attends 8, 0.9 attends 2; the default ring is 8. */
+static void test_fidelity_rings(void **state) {
+    (void)state;
+    assert_int_equal(run(FID "--policies dense,window,diagonal --sparsities 0.5,0.9 --n-r 0,4 "
+                             "--json f.jsonl"),
+                     0);
+    char *err = read_in_dir("err.txt"), *rows = read_in_dir("f.jsonl");
+    assert_non_null(strstr(err, "skipping diagonal at sparsity 0.5, ring 4: --sparsity 0.5 "
+                                "gives N_att 8, which exceeds --n-r 4"));
+    const char *want[] = {"dense:0", "window:0", "window:0", "diagonal:8", "diagonal:8",
+                          "diagonal:4"};
+    int n = 0;
+    for (char *line = strtok(rows, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        json_t *r = json_loads(line, 0, NULL);
+        char got[64];
+        snprintf(got, sizeof got, "%s:%d", json_string_value(json_object_get(r, "policy")),
+                 (int)json_integer_value(json_object_get(r, "n_r")));
+        json_decref(r);
+        if (n >= 6 || strcmp(got, want[n])) fail_msg("row %d: %s", n, got);
+    }
+    assert_int_equal(n, 6);
+    free(err);
+    free(rows);
+    assert_int_equal(tu_system("rm -f '%s/f.jsonl'", g_dir), 0);
+}
+
 static int setup(void **state) {
     (void)state;
     g_dir = tu_tempdir("flags");
@@ -655,6 +685,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_files), cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_flags_unique), cmocka_unit_test(test_progress_rows),
         cmocka_unit_test(test_text_generation), cmocka_unit_test(test_default_batch),
+        cmocka_unit_test(test_fidelity_rings),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

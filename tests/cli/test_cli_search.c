@@ -7,7 +7,8 @@
  * available loads the model and creates the context, and one with 4 KiB less fails; the model's
  * verdict says the same both times. search: with room for everything the top candidate is the
  * all-GPU placement; with a budget the layer weights cannot fit it keeps them partly on the CPU;
- * it also tries each placement's largest batch (one that fits where one more does not);
+ * it also tries each placement's largest batch (one that fits where one more does not), and
+ * with --n-r each Diagonal ring (a smaller ring, a larger batch, `--n-r` in the flags);
  * its reproduce flags run through `flexdiag bench` (--measure 1). profile: a profile of another
  * device is refused with exit 2, the message naming the file. min-fidelity: on the trained
  * models/shapes-janus a floor no sparse policy reaches leaves dense alone, and the flag without
@@ -546,6 +547,47 @@ static void test_measure_steps(void **state) {
     free(err);
 }
 
+/* --n-r tries each Diagonal ring (the KV memory knob): micro-janus decodes 64 tokens, so at
+ * sparsity 0.75 (N_att 16) the default ring is 32; ring 16 holds half the decode rows, so its
+ * largest all-GPU batch is larger. Its rows carry the ring (JSON n_r, `--n-r 16` in the flags),
+ * the default ring's carry no flag, and the best ring-16 row runs through bench. */
+static void test_rings(void **state) {
+    (void)state;
+    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
+                       "--random-weights --gpu-mem 64M --profile p.json --max-batch 4096 "
+                       "--policies diagonal --max-sparsity 0.75 --n-r 0,16 --top 1000 --json "
+                       ">r.jsonl 2>r.err", g_dir, g_bench);
+    assert_int_equal(rc, 0);
+    char *out = read_output("r.jsonl"), flags[2048] = "";
+    json_int_t largest[2] = {0, 0}; /* all on the GPU at sparsity 0.75: ring 32, ring 16 */
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *r = json_loads(line, 0, NULL);
+        json_int_t nr = json_integer_value(json_object_get(r, "n_r"));
+        const char *f = json_string_value(json_object_get(r, "flags"));
+        double sp = json_number_value(json_object_get(r, "sparsity"));
+        json_int_t b = json_integer_value(json_object_get(r, "batch"));
+        assert_true(nr == 32 || nr == 16);
+        assert_true(nr == 32 || sp > 0.7); /* sparsity 0.5 attends 32: more than ring 16 */
+        assert_int_equal(strstr(f, "--n-r 16") != NULL, nr == 16);
+        assert_null(strstr(f, "--n-r 32"));
+        if (nr == 16 && !flags[0]) snprintf(flags, sizeof flags, "%s", f);
+        if (sp > 0.7 && weights_gpu(r) == 100 &&
+            json_integer_value(json_array_get(json_object_get(r, "kv"), 0)) == 100 &&
+            b > largest[nr == 16])
+            largest[nr == 16] = b;
+        json_decref(r);
+    }
+    free(out);
+    assert_true(flags[0] && largest[0] > 0 && largest[1] > largest[0]);
+    assert_int_equal(tu_system("cd '%s' && '%s' %s --threads 2 --steps 2 >rb.out 2>rb.err", g_dir,
+                               g_bench, flags + strlen("flexdiag ")),
+                     0);
+    rc = tu_system("cd '%s' && '%s' search --cpu --arch micro-janus --random-weights "
+                   "--gpu-mem 64M --profile p.json --policies diagonal --n-r 16,40000 >g.out "
+                   "2>g.err", g_dir, g_bench);
+    assert_int_equal(rc, 2);
+}
+
 /* --offload-dir adds disk placements (all of the off-GPU weights on disk, or half; the KV of
  * every micro-batch on disk), with the flags that reproduce them; without a disk rate in the
  * profile they cannot be ranked. */
@@ -618,6 +660,7 @@ int main(void) {
         cmocka_unit_test(test_profile_other_device),
         cmocka_unit_test(test_min_fidelity),
         cmocka_unit_test(test_largest_batch),
+        cmocka_unit_test(test_rings),
         cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_host_limit),
         cmocka_unit_test(test_cpu_attention),
