@@ -283,10 +283,14 @@ static int measure_fidelity(search *s) {
                 WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
         return 1;
     }
-    for (int i = 0; i < s->n_fids; i++)
-        fprintf(stderr, "flexdiag search: %s at %g: top-1 %.4f %s\n",
-                flexdiag_policy_name(s->fids[i].kind), s->fids[i].sparsity, s->fids[i].top1,
+    for (int i = 0; i < s->n_fids; i++) {
+        char ring[32] = "";
+        if (s->fids[i].n_r) snprintf(ring, sizeof ring, ", N_r %d", (int)s->fids[i].n_r);
+        fprintf(stderr, "flexdiag search: %s at %g%s: top-1 %.4f %s\n",
+                flexdiag_policy_name(s->fids[i].kind), s->fids[i].sparsity, ring,
+                s->fids[i].top1,
                 s->fids[i].top1 >= o->min_fidelity ? "kept" : "below the floor, dropped");
+    }
     return 0;
 }
 
@@ -316,10 +320,12 @@ static int enumerate(search *s) {
     return 0;
 }
 
-/* Higher rate first; ties to more weights on the GPU, more KV on the GPU, fewer micro-batches. */
+/* Higher rate first; ties to the larger Diagonal ring (a wider window to skip in, at the same
+ * cost), more weights on the GPU, more KV on the GPU, fewer micro-batches. */
 static int cand_cmp(const void *a, const void *b) {
     const cand *x = a, *y = b;
     if (x->rate != y->rate) return x->rate < y->rate ? 1 : -1;
+    if (x->n_r != y->n_r) return x->n_r < y->n_r ? 1 : -1;
     if (x->c.wpct[0] != y->c.wpct[0]) return x->c.wpct[0] < y->c.wpct[0] ? 1 : -1;
     if (x->c.compress != y->c.compress) return x->c.compress - y->c.compress;
     if (x->c.kvpct[0] != y->c.kvpct[0]) return x->c.kvpct[0] < y->c.kvpct[0] ? 1 : -1;
