@@ -34,6 +34,7 @@ static const ch_attn_case cases[] = {
     {2, 8, 2, 128, 40, 37, 33}, /* chunk tails in prompt and ring */
     {5, 4, 4, 32, 5, 9, 9},     /* more tasks than threads */
     {2, 4, 2, 64, 50, 120, 110}, /* up to 160 rows: chunks past the prefetch distance */
+    {2, 4, 2, 112, 9, 40, 35},   /* d_h 112: value blocks of 64, 32 and 16 columns */
 };
 static const int threads[] = {-1, 1, 3};
 
