@@ -18,7 +18,8 @@
  * ring-slot logits and the log-sum-exp the policies consume; the Diagonal choice equals the
  * reference's unless two candidates' scores lie within that rounding. Every task owns disjoint
  * outputs (its lag list included) and computes them in a fixed order, so outputs do not depend
- * on the thread count. Plain C loops: no intrinsics and no runtime CPU dispatch yet.
+ * on the thread count. Plain C loops, no intrinsics; the decode and prefill tasks are also
+ * compiled for AVX2 (cpu_ops.h FLEXDIAG_CPU_CLONES: the same bits).
  */
 #include <math.h>
 #include <string.h>
@@ -68,8 +69,8 @@ static const float *key_row(const key_list *r, int64_t j, int kv) {
  * Online softmax of nq queries (q, rows of d_h) over all keys of r. Scratch layout:
  * acc (nq, d_h) | z (nq, CHUNK) | m (nq) | l (nq).
  */
-static void attend_group(const float *q, int32_t nq, const key_list *r, float scale,
-                         const group_out *go, float *scratch) {
+FLEXDIAG_CPU_INLINE void attend_group(const float *q, int32_t nq, const key_list *r, float scale,
+                                      const group_out *go, float *scratch) {
     int32_t d_h = r->d_h;
     float *acc = scratch, *z = acc + (int64_t)nq * d_h, *m = z + (int64_t)nq * CHUNK, *l = m + nq;
     memset(acc, 0, (size_t)nq * d_h * sizeof(float));
@@ -137,7 +138,7 @@ static size_t epilogue_floats(const flexdiag_attn_args *a) {
 }
 
 /* Task t: sequence t / h_kv, KV head t % h_kv, all g query heads of its group. */
-static void decode_task(void *ctx, int64_t t, void *scratch) {
+FLEXDIAG_CPU_CLONES static void decode_task(void *ctx, int64_t t, void *scratch) {
     const attn_job *jb = ctx;
     const flexdiag_attn_args *a = jb->a;
     int64_t s = t / a->h_kv;
@@ -172,7 +173,7 @@ flexdiag_status flexdiag__cpu_fast_attn_decode(void *out, const void *qkv, const
 /* ---- prefill ---- */
 
 /* Task t: sequence t / h_q, query head t % h_q, every query row of the prompt block. */
-static void prefill_task(void *ctx, int64_t t, void *scratch) {
+FLEXDIAG_CPU_CLONES static void prefill_task(void *ctx, int64_t t, void *scratch) {
     const attn_job *jb = ctx;
     const flexdiag_attn_args *a = jb->a;
     int64_t s = t / a->h_q, out_w = (int64_t)a->h_q * a->d_h;

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 
 #include "base/core.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_stream.h"
 
 /* ---- helpers ---- */
@@ -55,8 +56,8 @@ flexdiag_status flexdiag__cpu_ref_vq_lookup(void *out, const float *codebook, co
 /* ---- conv2d ---- */
 
 /* orow (wd) += w · xrow shifted by dx, columns clipped to stay inside the row. */
-static void conv_tap(float *restrict orow, const float *restrict xrow, float w, int32_t wd,
-                     int32_t dx) {
+FLEXDIAG_CPU_INLINE void conv_tap(float *restrict orow, const float *restrict xrow, float w,
+                              int32_t wd, int32_t dx) {
     int32_t x0 = imax(0, -dx), x1 = imin(wd, wd - dx);
     for (int32_t c = x0; c < x1; c++) orow[c] += w * xrow[c + dx];
 }
@@ -64,8 +65,9 @@ static void conv_tap(float *restrict orow, const float *restrict xrow, float w, 
 /* One output plane, row by row so the row being summed stays in L1:
  * o[y] (+)= b + Σ_ci Σ_ky Σ_kx w[ci][ky][kx] · x[ci][y + ky - pad] shifted by kx - pad,
  * summed in that order for every element (rows outside the image are the zero padding). */
-static void conv_plane(float *restrict o, const float *restrict x, const uint16_t *w, float b,
-                       int32_t cin, int32_t h, int32_t wd, int32_t k, int accum) {
+FLEXDIAG_CPU_INLINE void conv_plane(float *restrict o, const float *restrict x, const uint16_t *w,
+                                    float b, int32_t cin, int32_t h, int32_t wd, int32_t k,
+                                    int accum) {
     int64_t plane = (int64_t)h * wd;
     int32_t pad = (k - 1) / 2;
     for (int32_t y = 0; y < h; y++) {
@@ -92,8 +94,9 @@ typedef struct conv_job {
     int accum;
 } conv_job;
 
-/* Task t = output plane (image t / cout, channel t % cout). */
-static void conv_task(void *ctx, int64_t t, void *scratch) {
+/* Task t = output plane (image t / cout, channel t % cout); also compiled for AVX2 (cpu_ops.h
+ * FLEXDIAG_CPU_CLONES: the same bits). */
+FLEXDIAG_CPU_CLONES static void conv_task(void *ctx, int64_t t, void *scratch) {
     (void)scratch;
     const conv_job *j = ctx;
     int64_t plane = (int64_t)j->h * j->wd, i = t / j->cout;
