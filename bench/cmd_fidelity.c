@@ -7,8 +7,10 @@
  * head and print "n/a"), and the model-backed one (fidelity_model.c) otherwise. Both fill
  * fidelity.h rows that the printers of fidelity_report.c write, so calls go one way: this file
  * -> fidelity_model.c -> fidelity_report.c. Dense runs once (its sparsity is 0), the Diagonal
- * kinds once per --n-r ring (a comma list); a (policy, sparsity, ring) that fails validation (e.g. streaming with N_att < 5 on a small grid) is
- * reported on stderr and skipped, the other rows still run. --json FILE is opened before
+ * kinds once per --n-r ring (a comma list); a (policy, sparsity, ring) that fails validation
+ * (e.g. streaming with N_att < 5 on a small grid) is reported on stderr and skipped, the other
+ * rows still run. The model mode takes --prompt, or --prompts FILE (one a line): each row is
+ * then the mean over the prompts' images. --json FILE is opened before
  * anything runs; its rows reach the file through cli/fileio.h (one append + fsync per row, never
  * a partial row), and a row that cannot be written stops the run with exit 1 and one line naming
  * the file (the row is on stdout).
@@ -22,6 +24,7 @@
 #include "bench/bench.h"
 #include "bench/fidelity.h"
 #include "cli/cli.h"
+#include "cli/prompts.h"
 #include "cli/fileio.h"
 #include "policy/kv_policy.h"
 #include "policy/synthetic.h"
@@ -107,6 +110,7 @@ typedef struct fid_opts {
     double alpha, sigma, prompt_logit;
     cli_model_opts mo;  /* model-backed mode (no --synthetic); mo.seed seeds everything */
     const char *prompt; /* its prompt text */
+    const char *prompts; /* or a file of prompts, one a line: rows are means over them */
 } fid_opts;
 
 /* One (policy, sparsity) row; returns 0, 1 on a library error, -1 when skipped. */
@@ -228,6 +232,27 @@ static int check_flags(const fid_opts *o, const flexdiag_policy_kind *kinds, int
     return 0;
 }
 
+/* The model-backed run over --prompt, or --prompts' lines. */
+static int model_main(const fid_opts *o, const flexdiag_policy_kind *kinds, int nk,
+                      const double *sps, int ns) {
+    cli_prompts ps = {0};
+    int rc = cli_prompts_load(FID_CMD, CLI_LAYOUT_PLAIN, o->prompts, o->prompt, &ps);
+    const char **texts = rc == 0 ? malloc((size_t)ps.n * sizeof *texts) : NULL;
+    if (rc == 0 && !texts) rc = cli_fail(FID_CMD, FLEXDIAG_ERR_OOM_HOST);
+    for (int i = 0; texts && i < ps.n; i++) texts[i] = ps.p[i].text;
+    fid_json fj;
+    FILE *json = NULL;
+    if (rc == 0 && o->json && !(json = fid_json_open(&fj, o->json))) rc = 1;
+    if (rc == 0) {
+        rc = flexdiag_fidelity_model(&o->mo, texts, ps.n, kinds, nk, sps, ns, o->rings,
+                                     o->n_rings, (uint64_t)o->mo.seed, json);
+        rc = fid_json_close(json, &fj, rc);
+    }
+    free(texts);
+    cli_prompts_free(&ps);
+    return rc;
+}
+
 int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     fid_opts o = {.policies = "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4",
                   .sparsities = "0.8,0.9,0.925,0.95,0.96", .n_rs = "0", .prompt_len = 50,
@@ -238,6 +263,8 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
         CLI_MODEL_FLAGS_SEED(&o.mo, "seed (default 1) of the random weights, the synthetic "
                                     "noise and values, and the dense run's sampling"),
         {"--prompt", CLI_STR, &o.prompt, "model mode: prompt of the dense reference image"},
+        {"--prompts", CLI_STR, &o.prompts,
+         "model mode: a file of prompts, one a line; each row is the mean over their images"},
         {"--policies", CLI_STR, &o.policies, "comma list of policies (default: all eight)"},
         {"--sparsities", CLI_STR, &o.sparsities, "comma list (default 0.8,0.9,0.925,0.95,0.96)"},
         {"--prompt-len", CLI_INT, &o.prompt_len, "prompt keys (default 50)"},
@@ -264,11 +291,11 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     if ((rc = bench_parse_sparsities(FID_CMD, o.sparsities, sps, &ns)) != 0) return rc;
     if ((rc = bench_parse_rings(FID_CMD, o.n_rs, o.rings, &o.n_rings)) != 0) return rc;
     if ((rc = check_flags(&o, kinds, nk, sps, ns)) != 0) return rc;
+    if (o.synthetic && o.prompts) {
+        fprintf(stderr, "flexdiag " FID_CMD ": --prompts needs a model (--model or --arch); "
+                        "--synthetic has no prompt\n");
+        return 2;
+    }
     if (o.synthetic) return synth_main(&o, kinds, nk, sps, ns);
-    fid_json fj;
-    FILE *json = NULL;
-    if (o.json && !(json = fid_json_open(&fj, o.json))) return 1;
-    rc = flexdiag_fidelity_model(&o.mo, o.prompt, kinds, nk, sps, ns, o.rings, o.n_rings,
-                                 (uint64_t)o.mo.seed, json);
-    return fid_json_close(json, &fj, rc);
+    return model_main(&o, kinds, nk, sps, ns);
 }

@@ -34,7 +34,7 @@
 
 typedef struct search_opts {
     cli_model_opts mo;
-    const char *policies, *profile, *n_rs;
+    const char *policies, *profile, *n_rs, *fid_prompts;
     double max_sparsity, min_fidelity;
     int64_t prompt_len, gen_len, max_batch, weight_step, top, measure, per_prompt, steps;
     int json;
@@ -252,9 +252,11 @@ static int measure_fidelity(search *s) {
     if (fd < 0) return 1;
     close(fd);
     sparsity_list(o, sp, sizeof sp);
+    char pf[4200] = "";
+    if (o->fid_prompts) snprintf(pf, sizeof pf, " --prompts '%s'", o->fid_prompts);
     snprintf(cmd, sizeof cmd, "'/proc/%ld/exe' bench fidelity --model '%s' --policies '%s' "
-             "--sparsities '%s' --n-r '%s'%s --threads %lld --json '%s' 1>&2", (long)getpid(),
-             o->mo.model, o->policies, sp, o->n_rs, o->mo.cpu ? " --cpu" : "",
+             "--sparsities '%s' --n-r '%s'%s%s --threads %lld --json '%s' 1>&2", (long)getpid(),
+             o->mo.model, o->policies, sp, o->n_rs, pf, o->mo.cpu ? " --cpu" : "",
              (long long)o->mo.threads, tmp);
     fprintf(stderr, "flexdiag search: --min-fidelity: measuring top-1 agreement on %s\n",
             o->mo.model);
@@ -626,6 +628,11 @@ static int check_flags(const search_opts *o) {
         {"--steps", o->steps, 0, INT32_MAX, "0 = whole images"},
         {"--threads", o->mo.threads, 0, 1024, "0 = all cores"},
     };
+    if (o->fid_prompts && !(o->min_fidelity > 0)) {
+        fprintf(stderr, "flexdiag search: --fidelity-prompts sets what --min-fidelity measures "
+                "on: give --min-fidelity X too\n");
+        return 2;
+    }
     if (o->min_fidelity > 0 && !o->mo.model) {
         fprintf(stderr, "flexdiag search: --min-fidelity measures the policies on a checkpoint: "
                 "give --model DIR\n");
@@ -656,6 +663,9 @@ int flexdiag_cmd_search(int argc, char **argv) {
         {"--min-fidelity", CLI_F64, &o.min_fidelity,
          "quality floor: top-1 agreement with dense (bench fidelity on --model) a sparse policy "
          "must reach"},
+        {"--fidelity-prompts", CLI_STR, &o.fid_prompts,
+         "--min-fidelity: a file of prompts (one a line) whose images the agreement is the mean "
+         "over (default: one prompt)"},
         {"--n-r", CLI_STR, &o.n_rs,
          "comma list of Diagonal ring sizes tried, the KV memory knob (default 0: the default "
          "ring, max(round(L_dec/2), N_att)); a ring below a sparsity's N_att is skipped"},

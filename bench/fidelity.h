@@ -39,6 +39,8 @@ typedef struct flexdiag_fidelity_row {
     int64_t resident_rows;    /* prompt + peak decode KV rows per (sequence, KV head) */
     uint64_t resident_bytes;  /* resident K+V bytes per sequence (bf16, all heads, per layer) */
     uint64_t evictions;       /* KV rows evicted over the run */
+    int32_t prompts;          /* model mode: prompts the row averages over (the error max is
+                                 the largest; counts are rounded means); 0 in synthetic mode */
 } flexdiag_fidelity_row;
 
 /* ---- printers (fidelity_report.c) ---- */
@@ -56,11 +58,13 @@ int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r);
 int flexdiag_fidelity_rows_of(flexdiag_policy_kind kind, int ns, int n_rings);
 
 /* Model-backed mode (fidelity_model.c): kinds x sparsities (x rings[n_rings] for the Diagonal
- * kinds, 0 = the default ring) on the model of mo, prompt text; rows to stdout and json (may be
- * NULL). A (sparsity, ring) whose N_att exceeds the ring is skipped with a message. */
+ * kinds, 0 = the default ring) on the model of mo, each row the mean over the n_prompts
+ * prompts (a dense reference image each); rows to stdout and json (may be NULL). A (sparsity,
+ * ring) whose N_att exceeds the ring is skipped with a message. */
 struct cli_model_opts;
-int flexdiag_fidelity_model(const struct cli_model_opts *mo, const char *prompt,
-                            const flexdiag_policy_kind *kinds, int nk, const double *sps, int ns,
+int flexdiag_fidelity_model(const struct cli_model_opts *mo, const char *const *prompts,
+                            int n_prompts, const flexdiag_policy_kind *kinds, int nk,
+                            const double *sps, int ns,
                             const int32_t *rings, int n_rings, uint64_t seed, FILE *json);
 
 #endif /* FLEXDIAG_BENCH_FIDELITY_H */

@@ -155,37 +155,92 @@ static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity
     return st == FLEXDIAG_OK ? 0 : cli_fail("bench fidelity", st);
 }
 
-int flexdiag_fidelity_model(const cli_model_opts *mo, const char *prompt,
+/* Row r of the table (kinds x sparsities x rings, fidelity.h flexdiag_fidelity_rows_of) as a
+ * policy. */
+static flexdiag_policy_params row_policy(const flexdiag_policy_kind *kinds, int nk,
+                                         const double *sps, int ns, const int32_t *rings,
+                                         int n_rings, int r) {
+    flexdiag_policy_params pol;
+    flexdiag_policy_params_init(&pol);
+    int i = 0;
+    while (i < nk && r >= flexdiag_fidelity_rows_of(kinds[i], ns, n_rings))
+        r -= flexdiag_fidelity_rows_of(kinds[i++], ns, n_rings);
+    pol.kind = kinds[i];
+    pol.sparsity = kinds[i] == FLEXDIAG_POLICY_DENSE ? 0 : sps[r % ns];
+    pol.n_r = bench_has_ring(kinds[i]) ? rings[r / ns] : 0;
+    return pol;
+}
+
+/* Fold prompt k's row one into the running row sum (k = 0 starts it). */
+static void row_add(flexdiag_fidelity_row *sum, const flexdiag_fidelity_row *one, int k) {
+    if (k == 0) {
+        *sum = *one;
+        return;
+    }
+    sum->attn_err += one->attn_err;
+    sum->attn_err_max = one->attn_err_max > sum->attn_err_max ? one->attn_err_max
+                                                              : sum->attn_err_max;
+    sum->kl += one->kl;
+    sum->top1 += one->top1;
+    sum->prompt_len += one->prompt_len;
+    sum->resident_rows += one->resident_rows;
+    sum->resident_bytes += one->resident_bytes;
+    sum->evictions += one->evictions;
+}
+
+/* The sum of n prompts' rows into their mean (the largest attention error stays the largest). */
+static void row_mean(flexdiag_fidelity_row *r, int n) {
+    r->attn_err /= n;
+    r->kl /= n;
+    r->top1 /= n;
+    r->prompt_len = (int32_t)((r->prompt_len + n / 2) / n);
+    r->resident_rows = (r->resident_rows + n / 2) / n;
+    r->resident_bytes = (r->resident_bytes + (uint64_t)n / 2) / (uint64_t)n;
+    r->evictions = (r->evictions + (uint64_t)n / 2) / (uint64_t)n;
+    r->prompts = n;
+}
+
+int flexdiag_fidelity_model(const cli_model_opts *mo, const char *const *prompts, int n_prompts,
                             const flexdiag_policy_kind *kinds, int nk, const double *sps, int ns,
                             const int32_t *rings, int n_rings, uint64_t seed, FILE *json) {
     flexdiag_runtime *rt = NULL;
     flexdiag_model *m = NULL;
-    dense_ref ref = {0};
     int rc = cli_open_model("bench fidelity", mo, &rt, &m);
     if (rc == 0 && m->cfg.arch != FLEXDIAG_ARCH_JANUS) {
         fprintf(stderr, "flexdiag bench fidelity: the model-backed mode needs a Janus model\n");
         rc = 2;
     }
-    if (rc == 0) rc = dense_reference(m, prompt, seed, &ref);
-    if (rc == 0) {
-        printf("fidelity on %s (%s backend), prompt \"%s\" (%d tokens), %d teacher-forced image "
-               "tokens, sampling seed %llu\n\n", mo->model ? mo->model : m->cfg.name, rt->k->name,
-               prompt, ref.np, ref.n, (unsigned long long)seed);
-        flexdiag_fidelity_md_header(stdout);
-    }
-    for (int i = 0; rc == 0 && i < nk; i++)
-        for (int r = 0; rc == 0 && r < flexdiag_fidelity_rows_of(kinds[i], ns, n_rings); r++) {
-            flexdiag_policy_params pol;
-            flexdiag_policy_params_init(&pol);
-            pol.kind = kinds[i];
-            pol.sparsity = kinds[i] == FLEXDIAG_POLICY_DENSE ? 0 : sps[r % ns];
-            pol.n_r = bench_has_ring(kinds[i]) ? rings[r / ns] : 0;
+    int rows = 0;
+    for (int i = 0; i < nk; i++) rows += flexdiag_fidelity_rows_of(kinds[i], ns, n_rings);
+    flexdiag_fidelity_row *sum = calloc((size_t)rows, sizeof *sum);
+    char *skip = calloc((size_t)rows, 1);
+    if (rc == 0 && (!sum || !skip)) rc = cli_fail("bench fidelity", FLEXDIAG_ERR_OOM_HOST);
+    /* prompt-major: one dense reference in memory at a time; a row is printed once its last
+     * prompt is in (with one prompt, as it finishes) */
+    for (int k = 0; rc == 0 && k < n_prompts; k++) {
+        dense_ref ref = {0};
+        rc = dense_reference(m, prompts[k], seed, &ref);
+        if (rc == 0 && k == 0) {
+            printf("fidelity on %s (%s backend), ", mo->model ? mo->model : m->cfg.name,
+                   rt->k->name);
+            if (n_prompts == 1) printf("prompt \"%s\" (%d tokens), ", prompts[0], ref.np);
+            else printf("%d prompts (means over them), ", n_prompts);
+            printf("%d teacher-forced image tokens, sampling seed %llu\n\n", ref.n,
+                   (unsigned long long)seed);
+            flexdiag_fidelity_md_header(stdout);
+        }
+        if (rc == 0 && n_prompts > 1)
+            fprintf(stderr, "flexdiag bench fidelity: prompt %d/%d\n", k + 1, n_prompts);
+        for (int r = 0; rc == 0 && r < rows; r++) {
+            flexdiag_policy_params pol = row_policy(kinds, nk, sps, ns, rings, n_rings, r);
             flexdiag_kvp_params kp;
             flexdiag__err_clear();
-            if (flexdiag__kvp_resolve(&pol, ref.n, &kp) != FLEXDIAG_OK) {
-                fprintf(stderr, "flexdiag bench fidelity: skipping %s at sparsity %g, ring %d: "
-                        "%s\n", flexdiag__kvp_name(pol.kind), pol.sparsity, (int)pol.n_r,
-                        flexdiag_last_error(NULL));
+            if (skip[r] || flexdiag__kvp_resolve(&pol, ref.n, &kp) != FLEXDIAG_OK) {
+                if (!skip[r])
+                    fprintf(stderr, "flexdiag bench fidelity: skipping %s at sparsity %g, ring "
+                            "%d: %s\n", flexdiag__kvp_name(pol.kind), pol.sparsity,
+                            (int)pol.n_r, flexdiag_last_error(NULL));
+                skip[r] = 1;
                 continue;
             }
             flexdiag_fidelity_row row = {.mode = "model", .source = mo->model ? mo->model
@@ -194,13 +249,20 @@ int flexdiag_fidelity_model(const cli_model_opts *mo, const char *prompt,
                                          .prompt_len = ref.np, .heads = m->cfg.lm.heads,
                                          .d_head = m->cfg.lm.head_dim, .seed = seed};
             rc = policy_row(m, &ref, &row, &pol);
-            if (rc == 0) flexdiag_fidelity_md_row(stdout, &row);
-            if (rc == 0 && json && flexdiag_fidelity_jsonl_row(json, &row) != 0) rc = 1;
+            if (rc) break;
+            row_add(&sum[r], &row, k);
+            if (k < n_prompts - 1) continue;
+            row_mean(&sum[r], n_prompts);
+            flexdiag_fidelity_md_row(stdout, &sum[r]);
+            if (json && flexdiag_fidelity_jsonl_row(json, &sum[r]) != 0) rc = 1;
         }
-    free(ref.prompt);
-    free(ref.tokens);
-    free(ref.logits);
-    free(ref.attn);
+        free(ref.prompt);
+        free(ref.tokens);
+        free(ref.logits);
+        free(ref.attn);
+    }
+    free(sum);
+    free(skip);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
     return rc;

@@ -72,6 +72,7 @@ int flexdiag_fidelity_jsonl_row(FILE *f, const flexdiag_fidelity_row *r) {
     fprintf(f, ",\"resident_rows\":%lld,\"resident_bytes\":%llu,\"evictions\":%llu",
             (long long)r->resident_rows, (unsigned long long)r->resident_bytes,
             (unsigned long long)r->evictions);
+    if (r->prompts > 0) fprintf(f, ",\"prompts\":%d", (int)r->prompts);
     fprintf(f, ",\"phase\":\"decode\",\"score_source\":\"%s\",\"granularity\":\"%s\","
                "\"gqa_reduction\":\"%s\",\"normalisation\":\"full row\",\"positions\":\"keep\","
                "\"eviction\":\"%s\",\"resident_kv\":\"%s\",\"extra_work\":\"%s\","

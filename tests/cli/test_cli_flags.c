@@ -17,7 +17,7 @@
  * 6. Leftovers: no command registers a flag twice (--help lists each once; bench fidelity had
  *    --seed twice); generate's progress rate counts the rows an image really runs (1 without
  *    CFG), checked against the summary's rate on the Llama model; bench fidelity's --n-r list
- *    (a row per Diagonal ring).
+ *    (a row per Diagonal ring) and --prompts (rows the means over the prompts' images).
  * micro-janus on the CPU; the whole file runs in a few seconds.
  */
 #include <jansson.h>
@@ -176,6 +176,7 @@ static const flag_case bad_flags[] = {
     {FID "--policies diagonal --n-r 40000", "--n-r 40000", NULL},
     {FID "--policies diagonal-sink4 --n-r 3", "--n-r 3", NULL},
     {FID "--policies diagonal --n-r 8,x", "--n-r x", "comma list"},
+    {FID "--policies dense --prompts in.json", "--prompts needs a model", NULL},
     {FID "--policies dense --heads 0", "--heads 0", NULL},
     {FID "--policies dense --sigma -1", "--sigma", NULL},
     {FID "--policies dense --seed -2", "--seed -2", NULL},
@@ -655,6 +656,52 @@ static void test_fidelity_rings(void **state) {
     assert_int_equal(tu_system("rm -f '%s/f.jsonl'", g_dir), 0);
 }
 
+/* Field key of every row of the bench fidelity JSONL file name, in order, into out (n rows). */
+static int fidelity_rows(const char *name, const char *key, double *out, int n) {
+    char *rows = read_in_dir(name);
+    assert_non_null(rows);
+    int k = 0;
+    for (char *line = strtok(rows, "\n"); line && k < n; line = strtok(NULL, "\n"), k++) {
+        json_t *r = json_loads(line, 0, NULL);
+        out[k] = json_number_value(json_object_get(r, key));
+        json_decref(r);
+    }
+    free(rows);
+    return k;
+}
+
+/* bench fidelity --prompts FILE (model mode): each row is the mean over the prompts' images:
+ * its top-1 and KL equal the means of the single-prompt runs, its largest attention error the
+ * larger of theirs, and the rows say how many prompts they average. */
+static void test_fidelity_prompts(void **state) {
+    (void)state;
+    const char *f = "bench fidelity --arch micro-janus --random-weights --cpu --threads 2 "
+                    "--policies dense,window --sparsities 0.75";
+    write_text("two.txt", "a red apple\na blue cube\n");
+    assert_int_equal(run("%s --prompt 'a red apple' --json f1.jsonl", f), 0);
+    assert_int_equal(run("%s --prompt 'a blue cube' --json f2.jsonl", f), 0);
+    assert_int_equal(run("%s --prompts two.txt --json f12.jsonl", f), 0);
+    double a[2], b[2], m[2];
+    /* top-1 and KL: the means; the largest attention error: the larger */
+    const char *keys[] = {"top1", "kl", "attn_err_max"};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(fidelity_rows("f1.jsonl", keys[k], a, 2), 2);
+        assert_int_equal(fidelity_rows("f2.jsonl", keys[k], b, 2), 2);
+        assert_int_equal(fidelity_rows("f12.jsonl", keys[k], m, 2), 2);
+        for (int r = 0; r < 2; r++) {
+            double want = k < 2 ? (a[r] + b[r]) / 2 : a[r] > b[r] ? a[r] : b[r];
+            if (!(fabs(m[r] - want) <= 1e-5 * (1 + fabs(want)))) /* JSON keeps 6 digits */
+                fail_msg("row %d %s: %g, want %g", r, keys[k], m[r], want);
+        }
+    }
+    assert_int_equal(fidelity_rows("f1.jsonl", "prompts", a, 2), 2);
+    assert_int_equal(fidelity_rows("f12.jsonl", "prompts", m, 2), 2);
+    assert_true(a[0] == 1 && a[1] == 1 && m[0] == 2 && m[1] == 2);
+    char *out = read_in_dir("out.txt");
+    assert_non_null(strstr(out, "2 prompts (means over them)"));
+    free(out);
+}
+
 static int setup(void **state) {
     (void)state;
     g_dir = tu_tempdir("flags");
@@ -685,7 +732,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_files), cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_flags_unique), cmocka_unit_test(test_progress_rows),
         cmocka_unit_test(test_text_generation), cmocka_unit_test(test_default_batch),
-        cmocka_unit_test(test_fidelity_rings),
+        cmocka_unit_test(test_fidelity_rings), cmocka_unit_test(test_fidelity_prompts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -313,6 +313,10 @@ static void test_min_fidelity(void **state) {
                    "--gpu-mem 64M --profile p.json --min-fidelity 0.5 >g.out 2>g.err", g_dir,
                    g_bench, NULL);
     assert_int_equal(rc, 2);
+    rc = tu_system("cd '%s' && '%s' search --cpu --arch micro-janus --random-weights "
+                   "--gpu-mem 64M --profile p.json --fidelity-prompts x.txt >g.out 2>g.err",
+                   g_dir, g_bench, NULL);
+    assert_int_equal(rc, 2); /* without --min-fidelity it would measure nothing */
     free(model);
 }
 
