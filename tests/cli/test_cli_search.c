@@ -10,9 +10,8 @@
  * it also tries each placement's largest batch (one that fits where one more does not), and
  * with --n-r each Diagonal ring (a smaller ring, a larger batch, `--n-r` in the flags);
  * its reproduce flags run through `flexdiag bench` (--measure 1). profile: a profile of another
- * device is refused with exit 2, the message naming the file. min-fidelity: on the trained
- * models/shapes-janus a floor no sparse policy reaches leaves dense alone, and the flag without
- * --model is refused. disk: --offload-dir adds disk placements with flags that reproduce them.
+ * device is refused with exit 2, the message naming the file (--min-fidelity:
+ * test_cli_search_fidelity.c). disk: --offload-dir adds disk placements with flags that reproduce them.
  * CPU attention: offered for dense's host KV homes only, its verdicts exact (the workspaces in
  * the pinned bytes), its flags run.
  */
@@ -286,38 +285,6 @@ static void test_search_weights_cpu(void **state) {
     assert_int_equal(tu_system("cd '%s' && '%s' %s --threads 2 --steps 2 >q.out 2>q.err", g_dir,
                                g_bench, flags + strlen("flexdiag ")),
                      0);
-}
-
-static void test_min_fidelity(void **state) {
-    (void)state;
-    char *model = tu_data_path("../models/shapes-janus");
-    /* window at 50 % agrees with dense on ~86 % of the top-1 tokens there: below 0.999 */
-    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --model '%s' --gpu-mem 256M "
-                       "--profile p.json --policies dense,window --max-sparsity 0.5 "
-                       "--min-fidelity 0.999 --top 3 --json >f.out 2>f.err", g_dir, g_bench,
-                       model, NULL);
-    assert_int_equal(rc, 0);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/f.out", g_dir);
-    char *out = tu_read_file(path, NULL), *err = NULL;
-    assert_non_null(out);
-    assert_non_null(strstr(out, "\"policy\":\"dense\""));
-    assert_null(strstr(out, "\"policy\":\"window\""));
-    snprintf(path, sizeof path, "%s/f.err", g_dir);
-    assert_non_null(err = tu_read_file(path, NULL));
-    assert_non_null(strstr(err, "window at 0.5: top-1"));
-    assert_non_null(strstr(err, "below the floor, dropped"));
-    free(out);
-    free(err);
-    rc = tu_system("cd '%s' && '%s' search --cpu --arch micro-janus --random-weights "
-                   "--gpu-mem 64M --profile p.json --min-fidelity 0.5 >g.out 2>g.err", g_dir,
-                   g_bench, NULL);
-    assert_int_equal(rc, 2);
-    rc = tu_system("cd '%s' && '%s' search --cpu --arch micro-janus --random-weights "
-                   "--gpu-mem 64M --profile p.json --fidelity-prompts x.txt >g.out 2>g.err",
-                   g_dir, g_bench, NULL);
-    assert_int_equal(rc, 2); /* without --min-fidelity it would measure nothing */
-    free(model);
 }
 
 /* Without --cpu-mem the search keeps every configuration within three quarters of this
@@ -667,7 +634,6 @@ int main(void) {
         cmocka_unit_test(test_search_all_gpu),
         cmocka_unit_test(test_search_weights_cpu),
         cmocka_unit_test(test_profile_other_device),
-        cmocka_unit_test(test_min_fidelity),
         cmocka_unit_test(test_largest_batch),
         cmocka_unit_test(test_rings),
         cmocka_unit_test(test_disk_tier),
