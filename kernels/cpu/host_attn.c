@@ -198,6 +198,14 @@ FLEXDIAG_CPU_INLINE void chunk_logits(const float *q, int32_t g, int32_t d_h, fl
     }
 }
 
+/* (a0, a1, a2, a3) += p · the 32 bf16 at vr, widened in lane order. */
+FLEXDIAG_CPU_INLINE void add32(v8f *a0, v8f *a1, v8f *a2, v8f *a3, const uint16_t *vr, float p) {
+    v8f l0, h0, l1, h1;
+    widen16(vr, &l0, &h0);
+    widen16(vr + 16, &l1, &h1);
+    *a0 += p * l0, *a1 += p * h0, *a2 += p * l1, *a3 += p * h1;
+}
+
 /* acc_i += Σ_c p_ic · V row c for the g queries (acc in lane order), 64 columns (then 32, 16)
  * at a time held in registers over the chunk's rows (each element sums its rows in order c = 0,
  * 1, ...). 64 rather than 32 halves the passes over the chunk's rows; the same bits (this VM,
@@ -217,13 +225,8 @@ FLEXDIAG_CPU_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const 
                 if (i == 0 && e == 0) prefetch_row(nx->v, nx, c, d_h);
                 const uint16_t *vr = vc + off[c] + e;
                 float p = z[i * CHUNK + c];
-                v8f l0, h0, l1, h1;
-                widen16(vr, &l0, &h0);
-                widen16(vr + 16, &l1, &h1);
-                a0 += p * l0, a1 += p * h0, a2 += p * l1, a3 += p * h1;
-                widen16(vr + 32, &l0, &h0);
-                widen16(vr + 48, &l1, &h1);
-                a4 += p * l0, a5 += p * h0, a6 += p * l1, a7 += p * h1;
+                add32(&a0, &a1, &a2, &a3, vr, p);
+                add32(&a4, &a5, &a6, &a7, vr + 32, p);
             }
             store8(ai, a0), store8(ai + 8, a1), store8(ai + 16, a2), store8(ai + 24, a3);
             store8(ai + 32, a4), store8(ai + 40, a5), store8(ai + 48, a6), store8(ai + 56, a7);
@@ -233,12 +236,7 @@ FLEXDIAG_CPU_INLINE void chunk_values(float *acc, int32_t g, int32_t d_h, const 
             v8f a0 = load8(ai), a1 = load8(ai + 8), a2 = load8(ai + 16), a3 = load8(ai + 24);
             for (int64_t c = 0; c < nc; c++) {
                 if (i == 0 && e == 0) prefetch_row(nx->v, nx, c, d_h);
-                const uint16_t *vr = vc + off[c] + e;
-                float p = z[i * CHUNK + c];
-                v8f l0, h0, l1, h1;
-                widen16(vr, &l0, &h0);
-                widen16(vr + 16, &l1, &h1);
-                a0 += p * l0, a1 += p * h0, a2 += p * l1, a3 += p * h1;
+                add32(&a0, &a1, &a2, &a3, vc + off[c] + e, z[i * CHUNK + c]);
             }
             store8(ai, a0), store8(ai + 8, a1), store8(ai + 16, a2), store8(ai + 24, a3);
         }
