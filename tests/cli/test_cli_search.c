@@ -571,6 +571,31 @@ static void test_rings(void **state) {
     assert_int_equal(tu_system("cd '%s' && '%s' %s --threads 2 --steps 2 >rb.out 2>rb.err", g_dir,
                                g_bench, flags + strlen("flexdiag ")),
                      0);
+    /* ties go to the larger ring: at --max-batch 8 both rings fit the same batch and the same
+     * placements at the same predicted rate, and every ring-32 row of a rate comes first */
+    rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
+                   "--random-weights --gpu-mem 64M --profile p.json --max-batch 8 "
+                   "--policies diagonal --max-sparsity 0.75 --n-r 16,0 --top 1000 --json "
+                   ">t.jsonl 2>t.err", g_dir, g_bench);
+    assert_int_equal(rc, 0);
+    out = read_output("t.jsonl");
+    double rate = -1;
+    int seen16 = 0, seen32 = 0, ties = 0; /* within the rows of one predicted rate */
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *r = json_loads(line, 0, NULL);
+        double p = json_number_value(json_object_get(r, "pred_img_per_s"));
+        json_int_t nr = json_integer_value(json_object_get(r, "n_r"));
+        if (p != rate) seen16 = seen32 = 0;
+        rate = p;
+        assert_true(nr == 16 || nr == 32);
+        seen16 |= nr == 16;
+        seen32 |= nr == 32;
+        assert_false(seen16 && nr == 32); /* a ring-32 row after a ring-16 row of its rate */
+        ties += nr == 16 && seen32;
+        json_decref(r);
+    }
+    free(out);
+    assert_true(ties > 0);
     rc = tu_system("cd '%s' && '%s' search --cpu --arch micro-janus --random-weights "
                    "--gpu-mem 64M --profile p.json --policies diagonal --n-r 16,40000 >g.out "
                    "2>g.err", g_dir, g_bench);
