@@ -28,6 +28,10 @@
  * each row's (acc, m, l) in the workspace; the decode kernel then walks the ring keys only and
  * folds that partial into its result by the log-sum-exp rule, so the prompt rows are read once
  * per group instead of once per sequence.
+ * Staged short lists (opt-in, FLEXDIAG_DEC_STAGE=1): a single-head plain list of up to 128 keys
+ * (Diagonal, Window, StreamingLLM at Janus shapes) loads its metadata and slots together, then
+ * copies all its K / V rows to shared memory at once (cp.async), so it waits for two memory round
+ * trips where the register kernel, one chunk of prefetch deep, waits for one per chunk.
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
  * and a slot outside the ring masks its key (logit -inf, no load), so bad metadata never
  * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
@@ -402,6 +406,57 @@ static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const dec
     }
 }
 
+/* Shared memory of the merge across warps: each warp's state, and each head row's lse for the
+ * probability epilogue. */
+template <int D, int G> struct dec_merge_smem {
+    float acc[DEC_WARPS][G][D];
+    float m[DEC_WARPS][G], l[DEC_WARPS][G];
+    float lse[G];
+};
+
+/* Merge the row groups (shuffles) and the warps (shared memory) of the CTA's state and write its
+ * ng head rows from sq0 on, the cascade's prompt partial folded in; LSE: also leave each row's
+ * lse in sm.lse (visible after a barrier). */
+template <int D, int G, bool LSE>
+static __device__ __forceinline__ void dec_finish(dec_state<G> &st, uint4 *out,
+                                                  const decode_params &p, int64_t sq0, int ng,
+                                                  dec_merge_smem<D, G> &sm) {
+    constexpr int L = D / 8;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5, sub = lane % L;
+    dec_merge_warp<D, G>(st);
+    if (lane < L) {
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) sm.acc[warp][i][sub * 8 + e] = st.acc[i][e];
+            if (sub == 0) {
+                sm.m[warp][i] = st.m[i];
+                sm.l[warp][i] = st.l[i];
+            }
+        }
+    }
+    __syncthreads();
+    for (int t = (int)threadIdx.x; t < G * L; t += DEC_THREADS) {
+        const int i = t / L, c = t % L;
+        if (i >= ng) continue;
+        float mx = sm.m[0][i];
+#pragma unroll
+        for (int w = 1; w < DEC_WARPS; w++) mx = fmaxf(mx, sm.m[w][i]);
+        float lsum = 0.0f, o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) {
+            const float f = exp_shift(sm.m[w][i], mx);
+            lsum += sm.l[w][i] * f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = fmaf(sm.acc[w][i][c * 8 + e], f, o[e]);
+        }
+        if (p.pre_part && p.splits == 1)
+            dec_fold<D>(p.pre_part + (sq0 + i) * DEC_PART(D), c, o, mx, lsum);
+        dec_write<D>(out, p, sq0 + i, c, o, mx, lsum);
+        if (LSE && c == 0) sm.lse[i] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
+    }
+}
+
 /* ---- kernels ---- */
 
 /* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
@@ -415,10 +470,9 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
                    const uint4 *__restrict__ kc, const uint4 *__restrict__ vc, decode_params p) {
     constexpr int L = D / 8;              /* lanes per key row */
     constexpr int RPW = 32 / L;           /* row groups per warp */
-    __shared__ float sm_acc[DEC_WARPS][G][D];
-    __shared__ float sm_m[DEC_WARPS][G], sm_l[DEC_WARPS][G];
+    __shared__ dec_merge_smem<D, G> sm;
     __shared__ int32_t sm_slot[DEC_SMEM_SLOTS];
-    __shared__ float sm_lse[G], sm_am_s[DEC_WARPS];
+    __shared__ float sm_am_s[DEC_WARPS];
     __shared__ int sm_am_e[DEC_WARPS];
 
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
@@ -477,50 +531,99 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     }
     dec_amin am = {0.0f, -1};
     dec_attend<D, G, U, POL>(st, am, q, k, p, grp, sub, ng);
-    dec_merge_warp<D, G>(st);
     if (POL && k.dl) dec_diag_finish<D>(am, k, p, sq0, sm_am_s, sm_am_e);
 
-    /* merge the warps through shared memory */
-    if (lane < L) {
-#pragma unroll
-        for (int i = 0; i < G; i++) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) sm_acc[warp][i][sub * 8 + e] = st.acc[i][e];
-            if (sub == 0) {
-                sm_m[warp][i] = st.m[i];
-                sm_l[warp][i] = st.l[i];
-            }
-        }
-    }
-    __syncthreads();
-    for (int t = (int)threadIdx.x; t < G * L; t += DEC_THREADS) {
-        const int i = t / L, c = t % L;
-        if (i >= ng) continue;
-        float mx = sm_m[0][i];
-#pragma unroll
-        for (int w = 1; w < DEC_WARPS; w++) mx = fmaxf(mx, sm_m[w][i]);
-        float lsum = 0.0f, o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) {
-            const float f = exp_shift(sm_m[w][i], mx);
-            lsum += sm_l[w][i] * f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) o[e] = fmaf(sm_acc[w][i][c * 8 + e], f, o[e]);
-        }
-        if (p.pre_part && p.splits == 1)
-            dec_fold<D>(p.pre_part + (sq0 + i) * DEC_PART(D), c, o, mx, lsum);
-        dec_write<D>(out, p, sq0 + i, c, o, mx, lsum);
-        if (POL && c == 0) sm_lse[i] = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
-    }
+    dec_finish<D, G, POL>(st, out, p, sq0, ng, sm);
     if (POL && k.pg && p.splits == 1) { /* probability epilogue (split-K: the merge) */
         __syncthreads();
         const int ns = k.n - k.lp;
         for (int t = (int)threadIdx.x; t < ng * ns; t += DEC_THREADS) {
             const int i = t / ns, c = t - i * ns;
             float *pr = k.pg + (int64_t)i * p.max_slots + c;
-            *pr = dec_prob(*pr, sm_lse[i]);
+            *pr = dec_prob(*pr, sm.lse[i]);
         }
     }
+}
+
+/* ---- staged short lists ---- */
+
+/* 16 bytes global -> shared, asynchronously (cp.async, L2 only); ok = false writes zeros and
+ * reads nothing (src must still be a valid address). */
+static __device__ __forceinline__ void dec_cp_async(void *dst, const void *src, bool ok) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+
+/* A single-head list of up to DEC_SHORT_KEYS keys, plain (no policy outputs, no split): its
+ * metadata, query and (speculatively, up to max_slots) slots load together, then every K / V row
+ * of the list is copied to shared memory at once, so the CTA waits for two memory round trips
+ * instead of one per key chunk (the register kernel prefetches one chunk ahead: five or more
+ * round trips at 79 keys). Dynamic shared memory: cap·D·4 bytes, cap = the launch's longest
+ * list (K rows, then V rows). Same arithmetic as attn_decode_kernel<D, 1, 2, ...>. */
+template <int D>
+static __global__ void __launch_bounds__(DEC_THREADS)
+attn_decode_staged(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
+                   const uint4 *__restrict__ kc, const uint4 *__restrict__ vc, decode_params p) {
+    constexpr int L = D / 8, NG = DEC_WARPS * (32 / L), U = 2;
+    extern __shared__ uint4 sm_kv[];
+    __shared__ dec_merge_smem<D, 1> sm;
+    __shared__ int32_t sm_row[DEC_SHORT_KEYS]; /* entry j's row in its block, -1: masked */
+    const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int sub = lane % L, grp = warp * (32 / L) + lane / L;
+    const int bh = (int)blockIdx.x, s = bh / p.h_kv, h = bh - s * p.h_kv;
+    const int cap = (p.pre_part ? 0 : p.prefix ? p.pre_cap : p.p_cap) + p.max_slots;
+
+    /* independent loads: query, prompt rows, slot count, prefix block, this thread's slot */
+    float q[1][8];
+    const int64_t qkv_w = (int64_t)(p.h_q + 2 * p.h_kv) * L;
+    bf16x8_to_f32(__ldg(qkv + s * qkv_w + (int64_t)h * L + sub), q[0]);
+    const int64_t li = p.shared ? 0 : bh;
+    const int lp = p.pre_part ? 0 : min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
+    const int ns = p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0;
+    const int32_t slot = t < p.max_slots ? __ldg(p.slots + li * p.max_slots + t) : -1;
+    const int64_t blk = (int64_t)bh * (p.p_cap + p.ring) * L;
+    const uint4 *kp = kc + blk, *vp = vc + blk;
+    if (p.prefix) {
+        const int64_t pid = min(max(__ldg(p.prefix + s), 0), p.n_pre - 1);
+        kp = p.kpre + (pid * p.h_kv + h) * p.pre_cap * L;
+        vp = p.vpre + (pid * p.h_kv + h) * p.pre_cap * L;
+    }
+    const int n = lp + ns;
+    if (t < lp) sm_row[t] = t;
+    if (t < ns) sm_row[lp + t] = (uint32_t)slot < (uint32_t)p.ring ? p.p_cap + slot : -1;
+    __syncthreads();
+
+    /* every row of the list to shared memory (masked rows zero) */
+    for (int i = t; i < n * L; i += DEC_THREADS) {
+        const int j = i / L, c = i - j * L, row = sm_row[j];
+        const bool pr = j < lp, ok = row >= 0;
+        const int64_t o = (int64_t)(ok ? row : 0) * L + c;
+        dec_cp_async(sm_kv + i, (pr ? kp : kc + blk) + o, ok);
+        dec_cp_async(sm_kv + cap * L + i, (pr ? vp : vc + blk) + o, ok);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+
+    dec_state<1> st;
+    st.m[0] = -INFINITY;
+    st.l[0] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) st.acc[0][e] = 0.0f;
+    dec_amin am = {0.0f, -1};
+    dec_keys k = {};
+    for (int j0 = 0; j0 < n; j0 += NG * U) {
+        dec_chunk<U> c;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = j0 + u * NG + grp;
+            c.ok[u] = j < n && sm_row[j] >= 0;
+            c.kr[u] = c.ok[u] ? sm_kv[j * L + sub] : make_uint4(0, 0, 0, 0);
+            c.vr[u] = c.ok[u] ? sm_kv[cap * L + j * L + sub] : make_uint4(0, 0, 0, 0);
+        }
+        dec_consume<D, 1, U, false>(st, am, q, c, k, p, j0, grp, sub, 1);
+    }
+    dec_finish<D, 1, false>(st, out, p, (int64_t)s * p.h_q + h, 1, sm);
 }
 
 /* Split-K merge: one warp per query head row sq; out (n_seq·h_q, D) bf16, lse (n_seq·h_q); the
@@ -683,6 +786,13 @@ attn_prefix_kernel(const uint4 *__restrict__ qkv, decode_params p) {
 
 /* ---- launcher ---- */
 
+/* Short single-head plain lists staged in shared memory (attn_decode_staged) when
+ * FLEXDIAG_DEC_STAGE=1: opt-in until measured against the register kernel on the GPU host. */
+static bool decode_staged(void) {
+    const char *env = getenv("FLEXDIAG_DEC_STAGE");
+    return env && !strcmp(env, "1");
+}
+
 /* Launch the instantiation for D and the CTA head count G (+ the split-K merge); keys = the
  * longest key list one CTA walks. */
 template <int D, int G>
@@ -700,7 +810,13 @@ static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv
     uint4 *o = (uint4 *)out;
     const uint4 *x = (const uint4 *)qkv, *kc = (const uint4 *)k, *vc = (const uint4 *)v;
     const unsigned T = DEC_THREADS;
-    if (G == 1 && keys <= DEC_SHORT_KEYS)
+    if (G == 1 && keys <= DEC_SHORT_KEYS && !pol && p.splits == 1 && decode_staged()) {
+        const size_t smem = (size_t)keys * D * 4;
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(attn_decode_staged<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
+        attn_decode_staged<D><<<grid, T, smem, st>>>(o, x, kc, vc, p);
+    } else if (G == 1 && keys <= DEC_SHORT_KEYS)
         attn_decode_kernel<D, G, 2, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);
     else if (pol)
         attn_decode_kernel<D, G, U, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);
