@@ -811,11 +811,18 @@ static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv
     const uint4 *x = (const uint4 *)qkv, *kc = (const uint4 *)k, *vc = (const uint4 *)v;
     const unsigned T = DEC_THREADS;
     if (G == 1 && keys <= DEC_SHORT_KEYS && !pol && p.splits == 1 && decode_staged()) {
-        const size_t smem = (size_t)keys * D * 4;
-        if (smem > 48 * 1024)
+        /* all of the multiprocessor's unified memory as shared memory (the copies bypass L1),
+         * and up to 128 keys' rows: set once, the first launch being outside graph capture */
+        static bool attr;
+        if (!attr) {
             cudaFuncSetAttribute(attn_decode_staged<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-        attn_decode_staged<D><<<grid, T, smem, st>>>(o, x, kc, vc, p);
+                                 DEC_SHORT_KEYS * D * 4);
+            cudaFuncSetAttribute(attn_decode_staged<D>,
+                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+            attr = true;
+        }
+        attn_decode_staged<D><<<grid, T, (size_t)keys * D * 4, st>>>(o, x, kc, vc, p);
     } else if (G == 1 && keys <= DEC_SHORT_KEYS)
         attn_decode_kernel<D, G, 2, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);
     else if (pol)
