@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "bench/cost_model.h"
+#include "search_fixture.h"
 #include "util.h"
 
 static const char *g_bench; /* $FLEXDIAG_BENCH_BIN */
@@ -163,13 +164,7 @@ static void test_verdicts(void **state) {
 }
 
 /* The contents of file name in this run's folder (the output of a command run there). */
-static char *read_output(const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    char *out = tu_read_file(path, NULL);
-    if (!out) fail_msg("%s: cannot read it", path);
-    return out;
-}
+static char *read_output(const char *name) { return search_fixture_read(g_dir, name); }
 
 /* Line 1 of `search --json` on arch under gpu_mem, parsed. */
 static json_t *search_top(const char *arch, uint64_t gpu_mem, const char *extra) {
@@ -656,17 +651,8 @@ static void test_profile_other_device(void **state) {
 }
 
 int main(void) {
-    g_bench = getenv("FLEXDIAG_BENCH_BIN");
-    if (!g_bench) {
-        fprintf(stderr, "test_cli_search: FLEXDIAG_BENCH_BIN not set (run through meson test)\n");
-        return 77;
-    }
-    g_dir = tu_tempdir("search");
-    if (tu_system("cd '%s' && '%s' profile --cpu --threads 2 --out p.json >/dev/null 2>prof.err",
-                  g_dir, g_bench)) {
-        fprintf(stderr, "test_cli_search: flexdiag-bench profile failed (see %s/prof.err)\n", g_dir);
-        return 1;
-    }
+    int set = search_fixture_open("test_cli_search", "search", &g_bench, &g_dir);
+    if (set) return set;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verdicts),
         cmocka_unit_test(test_search_all_gpu),

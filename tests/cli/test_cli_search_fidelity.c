@@ -15,18 +15,13 @@
 
 #include <cmocka.h>
 
+#include "search_fixture.h"
 #include "util.h"
 
 static const char *g_bench; /* $FLEXDIAG_BENCH_BIN */
 static char *g_dir;         /* temporary folder of this run, with the profile p.json */
 
-static char *read_in_dir(const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    char *text = tu_read_file(path, NULL);
-    if (!text) fail_msg("%s: cannot read it", path);
-    return text;
-}
+static char *read_in_dir(const char *name) { return search_fixture_read(g_dir, name); }
 
 static void test_min_fidelity(void **state) {
     (void)state;
@@ -60,19 +55,8 @@ static void test_refusals(void **state) {
 }
 
 int main(void) {
-    g_bench = getenv("FLEXDIAG_BENCH_BIN");
-    if (!g_bench) {
-        fprintf(stderr, "test_cli_search_fidelity: FLEXDIAG_BENCH_BIN not set (run through meson "
-                        "test)\n");
-        return 77;
-    }
-    g_dir = tu_tempdir("search-fid");
-    if (tu_system("cd '%s' && '%s' profile --cpu --threads 2 --out p.json >/dev/null 2>prof.err",
-                  g_dir, g_bench)) {
-        fprintf(stderr, "test_cli_search_fidelity: flexdiag-bench profile failed (see "
-                        "%s/prof.err)\n", g_dir);
-        return 1;
-    }
+    int set = search_fixture_open("test_cli_search_fidelity", "search-fid", &g_bench, &g_dir);
+    if (set) return set;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_min_fidelity),
