@@ -28,14 +28,13 @@
  * each row's (acc, m, l) in the workspace; the decode kernel then walks the ring keys only and
  * folds that partial into its result by the log-sum-exp rule, so the prompt rows are read once
  * per group instead of once per sequence.
- * Staged short lists (opt-in, FLEXDIAG_DEC_STAGE=1): a single-head plain list of up to 128 keys
- * (Diagonal, Window, StreamingLLM at Janus shapes) loads its metadata and slots together, then
- * copies all its K / V rows to shared memory at once (cp.async), so it waits for two memory round
- * trips where the register kernel, one chunk of prefetch deep, waits for one per chunk.
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
  * and a slot outside the ring masks its key (logit -inf, no load), so bad metadata never
  * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
- * memory (each row feeds one row group only).
+ * memory (each row feeds one row group only); for short single-head lists, copying all K/V
+ * rows to shared memory by cp.async after one metadata round trip (two round trips instead of
+ * one per chunk, but 5 instead of 8 CTAs per multiprocessor: H100, 872 sequences of 79 keys,
+ * 313 against 222 us a layer).
  */
 #include "kernels/cuda/attn.cuh"
 #include "kernels/cuda/cuda_common.cuh"
@@ -545,87 +544,6 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     }
 }
 
-/* ---- staged short lists ---- */
-
-/* 16 bytes global -> shared, asynchronously (cp.async, L2 only); ok = false writes zeros and
- * reads nothing (src must still be a valid address). */
-static __device__ __forceinline__ void dec_cp_async(void *dst, const void *src, bool ok) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(ok ? 16 : 0));
-}
-
-/* A single-head list of up to DEC_SHORT_KEYS keys, plain (no policy outputs, no split): its
- * metadata, query and (speculatively, up to max_slots) slots load together, then every K / V row
- * of the list is copied to shared memory at once, so the CTA waits for two memory round trips
- * instead of one per key chunk (the register kernel prefetches one chunk ahead: five or more
- * round trips at 79 keys). Dynamic shared memory: cap·D·4 bytes, cap = the launch's longest
- * list (K rows, then V rows). Same arithmetic as attn_decode_kernel<D, 1, 2, ...>. */
-template <int D>
-static __global__ void __launch_bounds__(DEC_THREADS)
-attn_decode_staged(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
-                   const uint4 *__restrict__ kc, const uint4 *__restrict__ vc, decode_params p) {
-    constexpr int L = D / 8, NG = DEC_WARPS * (32 / L), U = 2;
-    extern __shared__ uint4 sm_kv[];
-    __shared__ dec_merge_smem<D, 1> sm;
-    __shared__ int32_t sm_row[DEC_SHORT_KEYS]; /* entry j's row in its block, -1: masked */
-    const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
-    const int sub = lane % L, grp = warp * (32 / L) + lane / L;
-    const int bh = (int)blockIdx.x, s = bh / p.h_kv, h = bh - s * p.h_kv;
-    const int cap = (p.pre_part ? 0 : p.prefix ? p.pre_cap : p.p_cap) + p.max_slots;
-
-    /* independent loads: query, prompt rows, slot count, prefix block, this thread's slot */
-    float q[1][8];
-    const int64_t qkv_w = (int64_t)(p.h_q + 2 * p.h_kv) * L;
-    bf16x8_to_f32(__ldg(qkv + s * qkv_w + (int64_t)h * L + sub), q[0]);
-    const int64_t li = p.shared ? 0 : bh;
-    const int lp = p.pre_part ? 0 : min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
-    const int ns = p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0;
-    const int32_t slot = t < p.max_slots ? __ldg(p.slots + li * p.max_slots + t) : -1;
-    const int64_t blk = (int64_t)bh * (p.p_cap + p.ring) * L;
-    const uint4 *kp = kc + blk, *vp = vc + blk;
-    if (p.prefix) {
-        const int64_t pid = min(max(__ldg(p.prefix + s), 0), p.n_pre - 1);
-        kp = p.kpre + (pid * p.h_kv + h) * p.pre_cap * L;
-        vp = p.vpre + (pid * p.h_kv + h) * p.pre_cap * L;
-    }
-    const int n = lp + ns;
-    if (t < lp) sm_row[t] = t;
-    if (t < ns) sm_row[lp + t] = (uint32_t)slot < (uint32_t)p.ring ? p.p_cap + slot : -1;
-    __syncthreads();
-
-    /* every row of the list to shared memory (masked rows zero) */
-    for (int i = t; i < n * L; i += DEC_THREADS) {
-        const int j = i / L, c = i - j * L, row = sm_row[j];
-        const bool pr = j < lp, ok = row >= 0;
-        const int64_t o = (int64_t)(ok ? row : 0) * L + c;
-        dec_cp_async(sm_kv + i, (pr ? kp : kc + blk) + o, ok);
-        dec_cp_async(sm_kv + cap * L + i, (pr ? vp : vc + blk) + o, ok);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();
-
-    dec_state<1> st;
-    st.m[0] = -INFINITY;
-    st.l[0] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 8; e++) st.acc[0][e] = 0.0f;
-    dec_amin am = {0.0f, -1};
-    dec_keys k = {};
-    for (int j0 = 0; j0 < n; j0 += NG * U) {
-        dec_chunk<U> c;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int j = j0 + u * NG + grp;
-            c.ok[u] = j < n && sm_row[j] >= 0;
-            c.kr[u] = c.ok[u] ? sm_kv[j * L + sub] : make_uint4(0, 0, 0, 0);
-            c.vr[u] = c.ok[u] ? sm_kv[cap * L + j * L + sub] : make_uint4(0, 0, 0, 0);
-        }
-        dec_consume<D, 1, U, false>(st, am, q, c, k, p, j0, grp, sub, 1);
-    }
-    dec_finish<D, 1, false>(st, out, p, (int64_t)s * p.h_q + h, 1, sm);
-}
-
 /* Split-K merge: one warp per query head row sq; out (n_seq·h_q, D) bf16, lse (n_seq·h_q); the
  * row's probabilities (probs_out) and, in a group's first head row, Diagonal's update from the
  * splits' candidates. */
@@ -786,13 +704,6 @@ attn_prefix_kernel(const uint4 *__restrict__ qkv, decode_params p) {
 
 /* ---- launcher ---- */
 
-/* Short single-head plain lists staged in shared memory (attn_decode_staged) when
- * FLEXDIAG_DEC_STAGE=1: opt-in until measured against the register kernel on the GPU host. */
-static bool decode_staged(void) {
-    const char *env = getenv("FLEXDIAG_DEC_STAGE");
-    return env && !strcmp(env, "1");
-}
-
 /* Launch the instantiation for D and the CTA head count G (+ the split-K merge); keys = the
  * longest key list one CTA walks. */
 template <int D, int G>
@@ -810,20 +721,7 @@ static void decode_launch(dim3 grid, cudaStream_t st, void *out, const void *qkv
     uint4 *o = (uint4 *)out;
     const uint4 *x = (const uint4 *)qkv, *kc = (const uint4 *)k, *vc = (const uint4 *)v;
     const unsigned T = DEC_THREADS;
-    if (G == 1 && keys <= DEC_SHORT_KEYS && !pol && p.splits == 1 && decode_staged()) {
-        /* all of the multiprocessor's unified memory as shared memory (the copies bypass L1),
-         * and up to 128 keys' rows: set once, the first launch being outside graph capture */
-        static bool attr;
-        if (!attr) {
-            cudaFuncSetAttribute(attn_decode_staged<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 DEC_SHORT_KEYS * D * 4);
-            cudaFuncSetAttribute(attn_decode_staged<D>,
-                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 cudaSharedmemCarveoutMaxShared);
-            attr = true;
-        }
-        attn_decode_staged<D><<<grid, T, (size_t)keys * D * 4, st>>>(o, x, kc, vc, p);
-    } else if (G == 1 && keys <= DEC_SHORT_KEYS)
+    if (G == 1 && keys <= DEC_SHORT_KEYS)
         attn_decode_kernel<D, G, 2, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);
     else if (pol)
         attn_decode_kernel<D, G, U, true><<<grid, T, 0, st>>>(o, x, kc, vc, p);

@@ -327,13 +327,8 @@ int main(int argc, char **argv) {
     printf("attn_decode on %s (%d SMs, L2 %d MiB): B sequences, d_h 128, lp 50, ring 576; us per "
            "call, medians: wflush / rflush = one launch after an L2 flush by writes / by reads "
            "(%d runs), graph = %d calls per graph over %d rotating input sets (%d replays); GB/s "
-           "from graph\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+           "from graph\n\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            BENCH_REPS, BENCH_GRAPH_LAUNCHES, n_sets, BENCH_GRAPH_REPS);
-    /* the kernel switch the op reads at launch, so that an A/B's two logs say which ran (the
-     * cascade's is set per row) */
-    const char *stage = getenv("FLEXDIAG_DEC_STAGE");
-    printf("FLEXDIAG_DEC_STAGE=%s (1: short plain single-head lists staged in shared memory)\n\n",
-           stage ? stage : "unset");
     printf("| %-29s | %8s | %8s | %8s | %8s | %8s | %7s |\n", "case", "MB", "wflush us",
            "rflush us", "graph us", "GB/s", "of 4.3T");
     printf("|-------------------------------|----------|----------|----------|----------|----------"

@@ -911,10 +911,6 @@ int main(void) {
     struct CMUnitTest tb = cmocka_unit_test(test_bad_args);
     tests[n++] = tb;
     int rc = _cmocka_run_group_tests("attn_cuda", tests, n, NULL, NULL);
-    /* again with short single-head lists staged in shared memory (attn_decode_staged, opt-in):
-     * its plain calls must give the register kernel's bits (the "no extras" check) */
-    setenv("FLEXDIAG_DEC_STAGE", "1", 1);
-    rc |= _cmocka_run_group_tests("attn_cuda_staged", tests, n - 1, NULL, NULL);
     gk->stream_destroy(gs);
     rk->stream_destroy(rs);
     return rc;
