@@ -20,6 +20,8 @@
  *    rotating over the input sets (caches, q, out; BENCH_SETS, or argv[2]), so no call finds
  *    its data in L2 (METHOD.md: rotate inputs rather than flush); 2 warm-up replays, 10 timed;
  *    time per call = replay time / launches.
+ *  - "gather us": the access pattern's ceiling, gather_rows over the same rows, timed as "graph";
+ *    "x gth" = graph / gather.
  * Bytes are what the op must move (K/V rows, q, out, slot lists, optional logits; a shared
  * prompt block once); GB/s and the
  * fraction of 4.3 TB/s (device-to-device copy rate measured on the H200) use the graph time.
@@ -132,6 +134,37 @@ static __global__ void read_flush(const uint4 *__restrict__ x, size_t n, uint4 *
     if (acc == 0x9e3779b9u && threadIdx.x == 1023) sink[0] = make_uint4(acc, 0, 0, 0);
 }
 
+/* The access pattern's ceiling: every 16-byte word of every K and V row a row's op call reads
+ * (its prompt rows, from the shared prompt block when prefix is set, then its listed ring rows),
+ * one word per thread of a flat grid, so nothing waits but the slot index and every word can be
+ * in flight at once; folded into a value stored only if it matches an impossible pattern. The
+ * op cannot beat this kernel's time on the same rows: "gather us" in the table. */
+static __global__ void gather_rows(const uint4 *__restrict__ kc, const uint4 *__restrict__ vc,
+                                   const uint4 *__restrict__ kp, const uint4 *__restrict__ vp,
+                                   const int32_t *__restrict__ slots,
+                                   const int32_t *__restrict__ prefix, int h_kv, int lp, int p_cap,
+                                   int ring, int n_slots, int64_t n_words, uint4 *sink) {
+    constexpr int L = 16; /* words of a 128-wide bf16 row */
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= n_words) return;
+    const int64_t per = (int64_t)(lp + n_slots) * L, sh = i / per;
+    const int r = (int)(i - sh * per), j = r / L, c = r - j * L;
+    const int64_t blk = sh * (p_cap + ring) * L;
+    uint4 kw, vw;
+    if (j < lp && prefix) {
+        const int64_t s = sh / h_kv, h = sh - s * h_kv;
+        const int64_t o = ((__ldg(prefix + s) * h_kv + h) * lp + j) * L + c;
+        kw = kp[o];
+        vw = vp[o];
+    } else {
+        const int row = j < lp ? j : p_cap + __ldg(slots + sh * n_slots + (j - lp));
+        kw = kc[blk + (int64_t)row * L + c];
+        vw = vc[blk + (int64_t)row * L + c];
+    }
+    const uint32_t acc = kw.x ^ kw.y ^ kw.z ^ kw.w ^ vw.x ^ vw.y ^ vw.z ^ vw.w;
+    if (acc == 0x9e3779b9u && threadIdx.x == 1023) sink[0] = make_uint4(acc, 0, 0, 0);
+}
+
 /* The L2 flush buffer and the device's multiprocessor count. */
 struct bench_flush {
     void *buf;
@@ -169,6 +202,24 @@ static double median_ms(cudaStream_t st, int warm, int reps, F fn) {
     BENCH_CHECK(cudaEventDestroy(e1));
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
+}
+
+/* One CUDA graph of BENCH_GRAPH_LAUNCHES back-to-back fn(set) calls rotating over n_sets
+ * input sets, replayed (2 warm, BENCH_GRAPH_REPS timed): median ms per call. */
+template <class F>
+static double graph_call_ms(cudaStream_t st, int n_sets, F fn) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    BENCH_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < BENCH_GRAPH_LAUNCHES; i++) fn(i % n_sets);
+    BENCH_CHECK(cudaStreamEndCapture(st, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const double ms = median_ms(st, 2, BENCH_GRAPH_REPS, [&](int, int timed) {
+        if (timed) BENCH_CHECK(cudaGraphLaunch(exec, st));
+    }) / BENCH_GRAPH_LAUNCHES;
+    BENCH_CHECK(cudaGraphExecDestroy(exec));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    return ms;
 }
 
 /* Time one row both ways (file comment); prints a markdown table line and returns the times
@@ -269,18 +320,17 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
         }
     });
 
-    /* graph: back-to-back calls over the rotating sets */
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    BENCH_CHECK(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < BENCH_GRAPH_LAUNCHES; i++) call(sets[i % n_sets]);
-    BENCH_CHECK(cudaStreamEndCapture(s->stream, &graph));
-    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    const double graph_ms = median_ms(s->stream, 2, BENCH_GRAPH_REPS, [&](int, int timed) {
-        if (timed) BENCH_CHECK(cudaGraphLaunch(exec, s->stream));
-    }) / BENCH_GRAPH_LAUNCHES;
-    BENCH_CHECK(cudaGraphExecDestroy(exec));
-    BENCH_CHECK(cudaGraphDestroy(graph));
+    /* graph: back-to-back calls over the rotating sets; the gather ceiling the same way */
+    const double graph_ms = graph_call_ms(s->stream, n_sets, [&](int i) { call(sets[i]); });
+    const int64_t n_words = (int64_t)B * r.h_kv * (lp + r.n_slots) * 16;
+    const double gather_ms = graph_call_ms(s->stream, n_sets, [&](int i) {
+        const bench_set &b = sets[i];
+        gather_rows<<<(unsigned)((n_words + 255) / 256), 256, 0, s->stream>>>(
+            (const uint4 *)b.kc, (const uint4 *)b.vc, (const uint4 *)b.kp, (const uint4 *)b.vp,
+            d_slots, r.n_pre ? d_pre : NULL, r.h_kv, lp, p_cap, ring, max_slots, n_words,
+            (uint4 *)b.out);
+        BENCH_CHECK(cudaGetLastError());
+    });
 
     /* bytes the op must move: K and V rows (a shared prompt block once), q, out, slot lists
      * (+ logits, lse) */
@@ -290,9 +340,10 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
     bytes += (double)B * r.h_kv * r.n_slots * 4;
     if (r.extras) bytes += (double)B * r.h_q * (r.n_slots + 1) * 4;
     const double sec = graph_ms * 1e-3;
-    printf("| %-29s | %8.1f | %8.2f | %8.2f | %8.2f | %8.1f | %5.1f %% |\n", r.name, bytes / 1e6,
-           wflush_ms * 1e3, rflush_ms * 1e3, graph_ms * 1e3, bytes / sec / 1e9,
-           100.0 * bytes / sec / BENCH_HBM_BPS);
+    printf("| %-29s | %8.1f | %8.2f | %8.2f | %8.2f | %8.1f | %5.1f %% | %8.2f | %5.2f |\n",
+           r.name, bytes / 1e6, wflush_ms * 1e3, rflush_ms * 1e3, graph_ms * 1e3,
+           bytes / sec / 1e9, 100.0 * bytes / sec / BENCH_HBM_BPS, gather_ms * 1e3,
+           graph_ms / gather_ms);
 
     for (int i = 0; i < n_sets; i++) {
         void *bufs[] = {sets[i].kc, sets[i].vc, sets[i].qkv, sets[i].out, sets[i].kp, sets[i].vp};
@@ -329,10 +380,10 @@ int main(int argc, char **argv) {
            "(%d runs), graph = %d calls per graph over %d rotating input sets (%d replays); GB/s "
            "from graph\n\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            BENCH_REPS, BENCH_GRAPH_LAUNCHES, n_sets, BENCH_GRAPH_REPS);
-    printf("| %-29s | %8s | %8s | %8s | %8s | %8s | %7s |\n", "case", "MB", "wflush us",
-           "rflush us", "graph us", "GB/s", "of 4.3T");
+    printf("| %-29s | %8s | %8s | %8s | %8s | %8s | %7s | %8s | %5s |\n", "case", "MB",
+           "wflush us", "rflush us", "graph us", "GB/s", "of 4.3T", "gather us", "x gth");
     printf("|-------------------------------|----------|----------|----------|----------|----------"
-           "|---------|\n");
+           "|---------|----------|-------|\n");
     const bench_row rows[] = {
         {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64, 0, 0},
         {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64, 0, 0},
