@@ -20,8 +20,9 @@
  *    rotating over the input sets (caches, q, out; BENCH_SETS, or argv[2]), so no call finds
  *    its data in L2 (METHOD.md: rotate inputs rather than flush); 2 warm-up replays, 10 timed;
  *    time per call = replay time / launches.
- *  - "gather us": the access pattern's ceiling, gather_rows over the same rows, timed as "graph";
- *    "x gth" = graph / gather.
+ *  - "gather us": the access pattern's ceiling, gather_rows over the same rows, timed as "graph"
+ *    (the cascade rows: the rows of its layout, each list's ring rows and each prompt block
+ *    once); "x gth" = graph / gather.
  * Bytes are what the op must move (K/V rows, q, out, slot lists, optional logits; a shared
  * prompt block once); GB/s and the
  * fraction of 4.3 TB/s (device-to-device copy rate measured on the H200) use the graph time.
@@ -322,13 +323,20 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
 
     /* graph: back-to-back calls over the rotating sets; the gather ceiling the same way */
     const double graph_ms = graph_call_ms(s->stream, n_sets, [&](int i) { call(sets[i]); });
-    const int64_t n_words = (int64_t)B * r.h_kv * (lp + r.n_slots) * 16;
+    /* the cascade's layout: each list's ring rows, and each prompt block once */
+    const int glp = r.cascade ? 0 : lp;
+    const int64_t n_words = (int64_t)B * r.h_kv * (glp + r.n_slots) * 16;
+    const int64_t n_pre_words = r.cascade ? (int64_t)r.n_pre * r.h_kv * lp * 16 : 0;
     const double gather_ms = graph_call_ms(s->stream, n_sets, [&](int i) {
         const bench_set &b = sets[i];
         gather_rows<<<(unsigned)((n_words + 255) / 256), 256, 0, s->stream>>>(
             (const uint4 *)b.kc, (const uint4 *)b.vc, (const uint4 *)b.kp, (const uint4 *)b.vp,
-            d_slots, r.n_pre ? d_pre : NULL, r.h_kv, lp, p_cap, ring, max_slots, n_words,
-            (uint4 *)b.out);
+            d_slots, r.n_pre && !r.cascade ? d_pre : NULL, r.h_kv, glp, p_cap, ring, max_slots,
+            n_words, (uint4 *)b.out);
+        if (n_pre_words) /* the prompt-only store as lists of lp rows and no slots */
+            gather_rows<<<(unsigned)((n_pre_words + 255) / 256), 256, 0, s->stream>>>(
+                (const uint4 *)b.kp, (const uint4 *)b.vp, NULL, NULL, NULL, NULL, r.h_kv, lp, lp,
+                0, 0, n_pre_words, (uint4 *)b.out);
         BENCH_CHECK(cudaGetLastError());
     });
 
