@@ -28,6 +28,9 @@
  * each row's (acc, m, l) in the workspace; the decode kernel then walks the ring keys only and
  * folds that partial into its result by the log-sum-exp rule, so the prompt rows are read once
  * per group instead of once per sequence.
+ * Head-major order (opt-in, FLEXDIAG_DEC_HEAD_MAJOR=1, shared prompt KV without the cascade):
+ * CTA x attends (sequence x mod n_seq, KV head x / n_seq), so the CTAs resident together share
+ * a head's few prompt blocks and find their rows in L1 (decode_head_major).
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
  * and a slot outside the ring masks its key (logit -inf, no load), so bad metadata never
  * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
@@ -99,6 +102,7 @@ typedef struct decode_params {
                                             one tile, or its prompt part is undefined */
     float *pre_part;              /* cascade: (n_seq·h_q, DEC_PART(d_h)) prompt partials acc|m|l,
                                      the decode kernel then skips the prompt keys; or NULL */
+    int32_t head_major;           /* 1: CTA x = h·n_seq + s, else s·h_kv + h (decode_head_major) */
 } decode_params;
 
 /* ---- small device helpers ---- */
@@ -476,8 +480,9 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int sub = lane % L, grp = warp * RPW + lane / L;
-    const int bh = (int)blockIdx.x; /* s·h_kv + h: also the index of the (s, h) cache block */
-    const int s = bh / p.h_kv, h = bh - s * p.h_kv;
+    const int x = (int)blockIdx.x, h = p.head_major ? x / p.n_seq : x % p.h_kv;
+    const int s = p.head_major ? x - h * p.n_seq : x / p.h_kv;
+    const int bh = s * p.h_kv + h; /* the index of the (s, h) cache block */
     const int hq0 = h * p.g + (int)blockIdx.y * G;
     const int ng = min(G, p.g - (int)blockIdx.y * G);
 
@@ -766,6 +771,16 @@ static bool decode_cascade(const flexdiag_attn_args *a, const flexdiag_stream *s
            flexdiag__round256(part_bytes(a, 1)) <= s->workspace_bytes;
 }
 
+/* Head-major CTA order when FLEXDIAG_DEC_HEAD_MAJOR=1 and prompt KV is shared (not as a
+ * cascade): consecutive CTAs are one KV head of consecutive sequences, so the CTAs in flight on a
+ * multiprocessor read one or a few prompt blocks of one head and their prompt rows come from L1
+ * instead of each CTA pulling them through L2 (sequence-major, the CTAs in flight read 32 heads'
+ * blocks). Every CTA computes what it did before: the same bits. Opt-in until measured. */
+static bool decode_head_major(const flexdiag_attn_args *a, bool cascade) {
+    const char *env = getenv("FLEXDIAG_DEC_HEAD_MAJOR");
+    return env && !strcmp(env, "1") && a->prefix && !cascade;
+}
+
 /* CTAs per key list (keys: the longest list): 1 unless the grid leaves multiprocessors idle
  * (fewer than two CTAs each) and the lists are long enough to share; limited by the
  * workspace left (avail bytes). */
@@ -847,7 +862,8 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
                        a->diag_next, (float *)((char *)s->workspace + pre), a->prefix,
                        (const uint4 *)a->k_pre, (const uint4 *)a->v_pre, a->n_pre, a->pre_cap,
                        a->n_seq, a->casc_seq, a->casc_tile,
-                       cascade ? (float *)s->workspace : nullptr};
+                       cascade ? (float *)s->workspace : nullptr,
+                       decode_head_major(a, cascade) ? 1 : 0};
     const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
     const int64_t keys = (list + splits - 1) / splits;
     switch (a->d_h) {

@@ -7,8 +7,9 @@
  * the sparse case with logits_out / lse_out and a GQA (g = 4) row; then the engine's shape with
  * shared prompt KV (CFG: every odd sequence reads one unconditional prompt block, the even ones
  * one of 4 prompts' blocks; ring-only caches) at 254 and 872 sequences (Janus-Pro-7B's largest
- * Diagonal batches at 48G and on a whole H200), plain and with the cascade (FLEXDIAG_CASCADE=1:
- * each prompt block read once per tile of query rows). Each row is timed three
+ * Diagonal batches at 48G and on a whole H200), plain, with the cascade (FLEXDIAG_CASCADE=1:
+ * each prompt block read once per tile of query rows) and head-major (FLEXDIAG_DEC_HEAD_MAJOR=1:
+ * the CTAs in flight read the prompt blocks of one head). Each row is timed three
  * ways, all with CUDA events on the op's own stream, median reported:
  *  - "wflush": one launch after an L2 flush by a memset of twice the L2 size (the usual flush),
  *    3 warm-up calls then 20 timed. The time includes the launch latency and the write-back of
@@ -77,6 +78,8 @@ struct bench_row {
     int B;         /* sequences (CFG rows counted) */
     int n_pre;     /* 0: each sequence's prompt rows in its block; else shared prompt blocks */
     int cascade;   /* with n_pre: 1 = the cascade (FLEXDIAG_CASCADE=1), 0 = the plain kernel */
+    int head_major; /* with n_pre: FLEXDIAG_DEC_HEAD_MAJOR=1 (CTAs one head of consecutive
+                       sequences after another) */
 };
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -144,12 +147,15 @@ static __global__ void gather_rows(const uint4 *__restrict__ kc, const uint4 *__
                                    const uint4 *__restrict__ kp, const uint4 *__restrict__ vp,
                                    const int32_t *__restrict__ slots,
                                    const int32_t *__restrict__ prefix, int h_kv, int lp, int p_cap,
-                                   int ring, int n_slots, int64_t n_words, uint4 *sink) {
+                                   int ring, int n_slots, int n_seq, int head_major,
+                                   int64_t n_words, uint4 *sink) {
     constexpr int L = 16; /* words of a 128-wide bf16 row */
     const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (i >= n_words) return;
-    const int64_t per = (int64_t)(lp + n_slots) * L, sh = i / per;
-    const int r = (int)(i - sh * per), j = r / L, c = r - j * L;
+    const int64_t per = (int64_t)(lp + n_slots) * L, x = i / per;
+    const int r = (int)(i - x * per), j = r / L, c = r - j * L;
+    /* lists in the op's CTA order: sequence-major, or head-major (bench_row.head_major) */
+    const int64_t sh = head_major ? (x % n_seq) * h_kv + x / n_seq : x;
     const int64_t blk = sh * (p_cap + ring) * L;
     uint4 kw, vw;
     if (j < lp && prefix) {
@@ -300,6 +306,7 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
         a.n_casc_tiles = n_tiles;
     }
     setenv("FLEXDIAG_CASCADE", r.cascade ? "1" : "0", 1); /* read at each call */
+    setenv("FLEXDIAG_DEC_HEAD_MAJOR", r.head_major ? "1" : "0", 1);
     auto call = [&](const bench_set &b) {
         a.k_pre = b.kp;
         a.v_pre = b.vp;
@@ -332,11 +339,11 @@ static bench_time bench_one(const flexdiag_kernels *k, flexdiag_stream *s, const
         gather_rows<<<(unsigned)((n_words + 255) / 256), 256, 0, s->stream>>>(
             (const uint4 *)b.kc, (const uint4 *)b.vc, (const uint4 *)b.kp, (const uint4 *)b.vp,
             d_slots, r.n_pre && !r.cascade ? d_pre : NULL, r.h_kv, glp, p_cap, ring, max_slots,
-            n_words, (uint4 *)b.out);
+            B, r.head_major, n_words, (uint4 *)b.out);
         if (n_pre_words) /* the prompt-only store as lists of lp rows and no slots */
             gather_rows<<<(unsigned)((n_pre_words + 255) / 256), 256, 0, s->stream>>>(
                 (const uint4 *)b.kp, (const uint4 *)b.vp, NULL, NULL, NULL, NULL, r.h_kv, lp, lp,
-                0, 0, n_pre_words, (uint4 *)b.out);
+                0, 0, 1, 0, n_pre_words, (uint4 *)b.out);
         BENCH_CHECK(cudaGetLastError());
     });
 
@@ -393,18 +400,20 @@ int main(int argc, char **argv) {
     printf("|-------------------------------|----------|----------|----------|----------|----------"
            "|---------|----------|-------|\n");
     const bench_row rows[] = {
-        {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64, 0, 0},
-        {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64, 0, 0},
-        {"B64 MHA sparse + logits, lse", 32, 32, 29, 1, 64, 0, 0},
-        {"B64 GQA 32/8 dense (576)", 32, 8, 576, 0, 64, 0, 0},
-        {"B128 MHA 32/32 dense (576)", 32, 32, 576, 0, 128, 0, 0},
-        {"B128 MHA 32/32 sparse (29)", 32, 32, 29, 0, 128, 0, 0},
-        {"B222 MHA 32/32 dense (576)", 32, 32, 576, 0, 222, 0, 0},
-        {"B222 MHA 32/32 sparse (29)", 32, 32, 29, 0, 222, 0, 0},
-        {"B254 shared prompt, sparse", 32, 32, 29, 0, 254, 5, 0},
-        {"B254 shared prompt, cascade", 32, 32, 29, 0, 254, 5, 1},
-        {"B872 shared prompt, sparse", 32, 32, 29, 0, 872, 5, 0},
-        {"B872 shared prompt, cascade", 32, 32, 29, 0, 872, 5, 1},
+        {"B64 MHA 32/32 dense (576)", 32, 32, 576, 0, 64, 0, 0, 0},
+        {"B64 MHA 32/32 sparse 95% (29)", 32, 32, 29, 0, 64, 0, 0, 0},
+        {"B64 MHA sparse + logits, lse", 32, 32, 29, 1, 64, 0, 0, 0},
+        {"B64 GQA 32/8 dense (576)", 32, 8, 576, 0, 64, 0, 0, 0},
+        {"B128 MHA 32/32 dense (576)", 32, 32, 576, 0, 128, 0, 0, 0},
+        {"B128 MHA 32/32 sparse (29)", 32, 32, 29, 0, 128, 0, 0, 0},
+        {"B222 MHA 32/32 dense (576)", 32, 32, 576, 0, 222, 0, 0, 0},
+        {"B222 MHA 32/32 sparse (29)", 32, 32, 29, 0, 222, 0, 0, 0},
+        {"B254 shared prompt, sparse", 32, 32, 29, 0, 254, 5, 0, 0},
+        {"B254 shared prompt, cascade", 32, 32, 29, 0, 254, 5, 1, 0},
+        {"B254 shared prompt, head-major", 32, 32, 29, 0, 254, 5, 0, 1},
+        {"B872 shared prompt, sparse", 32, 32, 29, 0, 872, 5, 0, 0},
+        {"B872 shared prompt, cascade", 32, 32, 29, 0, 872, 5, 1, 0},
+        {"B872 shared prompt, head-major", 32, 32, 29, 0, 872, 5, 0, 1},
     };
     const int n_rows = (int)(sizeof rows / sizeof rows[0]);
     bench_time t[sizeof rows / sizeof rows[0]];
