@@ -473,6 +473,7 @@ static double measure_one(const char *flags, int64_t steps) {
 static void report(const search *s, FILE *cands) {
     int top = s->n < s->o->top ? s->n : (int)s->o->top;
     if (!s->o->json) print_table_head(s);
+    else fprintf(stderr, "flexdiag search: %d configurations fit; %d printed\n", s->n, top);
     char flags[top > 0 ? top : 1][1024];
     for (int i = 0; i < top; i++) {
         if (s->o->json) repro_flags(s, &s->v[i], flags[i], sizeof flags[i]);
