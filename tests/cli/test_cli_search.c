@@ -254,8 +254,8 @@ static void test_largest_batch(void **state) {
         }
         json_decref(r);
     }
-    assert_true(found);
     free(out);
+    assert_true(found);
 }
 
 static void test_search_weights_cpu(void **state) {
