@@ -28,9 +28,9 @@
  * each row's (acc, m, l) in the workspace; the decode kernel then walks the ring keys only and
  * folds that partial into its result by the log-sum-exp rule, so the prompt rows are read once
  * per group instead of once per sequence.
- * Head-major order (opt-in, FLEXDIAG_DEC_HEAD_MAJOR=1, shared prompt KV without the cascade):
- * CTA x attends (sequence x mod n_seq, KV head x / n_seq), so the CTAs resident together share
- * a head's few prompt blocks and find their rows in L1 (decode_head_major).
+ * Head-major order (shared prompt KV without the cascade; FLEXDIAG_DEC_HEAD_MAJOR=0 turns it
+ * off): CTA x attends (sequence x mod n_seq, KV head x / n_seq), so the CTAs resident together
+ * share a head's few prompt blocks and find their rows in L1 (decode_head_major).
  * lp, slots, n_slots are device data (no host sync to check them): lp and n_slots are clamped
  * and a slot outside the ring masks its key (logit -inf, no load), so bad metadata never
  * reads outside its block. Rejected: a CTA per query head (g re-reads), staging K/V in shared
@@ -771,14 +771,15 @@ static bool decode_cascade(const flexdiag_attn_args *a, const flexdiag_stream *s
            flexdiag__round256(part_bytes(a, 1)) <= s->workspace_bytes;
 }
 
-/* Head-major CTA order when FLEXDIAG_DEC_HEAD_MAJOR=1 and prompt KV is shared (not as a
- * cascade): consecutive CTAs are one KV head of consecutive sequences, so the CTAs in flight on a
- * multiprocessor read one or a few prompt blocks of one head and their prompt rows come from L1
- * instead of each CTA pulling them through L2 (sequence-major, the CTAs in flight read 32 heads'
- * blocks). Every CTA computes what it did before: the same bits. Opt-in until measured. */
+/* Head-major CTA order when prompt KV is shared (not as a cascade): consecutive CTAs are one KV
+ * head of consecutive sequences, so the CTAs in flight on a multiprocessor read one or a few
+ * prompt blocks of one head and their prompt rows come from L1 instead of each CTA pulling them
+ * through L2 (sequence-major, the CTAs in flight read 32 heads' blocks). Every CTA computes what
+ * it did before: the same bits. 2.6-3.1 % less time a layer on an H100 (bench/RESULTS.md,
+ * session 24); FLEXDIAG_DEC_HEAD_MAJOR=0 keeps sequence-major order. */
 static bool decode_head_major(const flexdiag_attn_args *a, bool cascade) {
     const char *env = getenv("FLEXDIAG_DEC_HEAD_MAJOR");
-    return env && !strcmp(env, "1") && a->prefix && !cascade;
+    return !(env && !strcmp(env, "0")) && a->prefix && !cascade;
 }
 
 /* CTAs per key list (keys: the longest list): 1 unless the grid leaves multiprocessors idle

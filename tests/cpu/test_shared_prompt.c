@@ -6,7 +6,8 @@
  * their addresses differ). Sequences of one prefix with
  * different prompt lengths, an empty prompt, an empty slot list, per-(sequence, head) lists;
  * outputs, ring logits, lse and the probability epilogue compared, bit for bit also on CUDA.
- * With FLEXDIAG_DEC_HEAD_MAJOR=1 (CUDA's CTAs in head-major order) the bits must not change.
+ * CUDA numbers its CTAs head-major with shared prompt KV; with FLEXDIAG_DEC_HEAD_MAJOR=0
+ * (sequence-major) the bits must not change.
  * With FLEXDIAG_CASCADE=1 CUDA attends prompts shared by two sequences or more as a cascade (a
  * different summation order): compared within tolerances, on the small case and on
  * Janus-Pro-7B-like shapes. Bad prefix arguments are
@@ -239,11 +240,12 @@ static void check_large(const flexdiag_kernels *k) {
     check_shape(k, (shape){160, 100, 4, 4, 64, 40, 64, 29}, NULL, NULL);
 }
 
-/* Head-major CTA order (FLEXDIAG_DEC_HEAD_MAJOR=1): every CTA computes what it did before, so
- * the shared layout still gives the bits of the per-sequence copies, at every shape. */
-static void test_cuda_head_major(void **state) {
+/* Sequence-major CTA order (FLEXDIAG_DEC_HEAD_MAJOR=0; head-major is the default): every CTA
+ * computes what it did before, so the shared layout still gives the bits of the per-sequence
+ * copies, at every shape. */
+static void test_cuda_seq_major(void **state) {
     (void)state;
-    setenv("FLEXDIAG_DEC_HEAD_MAJOR", "1", 1);
+    setenv("FLEXDIAG_DEC_HEAD_MAJOR", "0", 1);
     tu_on_table(2, check);
     tu_on_table(2, check_large);
     unsetenv("FLEXDIAG_DEC_HEAD_MAJOR");
@@ -311,7 +313,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_ref),
         cmocka_unit_test(test_cpu_fast),
         cmocka_unit_test(test_cuda),
-        cmocka_unit_test(test_cuda_head_major),
+        cmocka_unit_test(test_cuda_seq_major),
         cmocka_unit_test(test_cuda_cascade),
         cmocka_unit_test(test_cascade_plan),
         cmocka_unit_test(test_refusals),

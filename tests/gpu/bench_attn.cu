@@ -7,9 +7,9 @@
  * the sparse case with logits_out / lse_out and a GQA (g = 4) row; then the engine's shape with
  * shared prompt KV (CFG: every odd sequence reads one unconditional prompt block, the even ones
  * one of 4 prompts' blocks; ring-only caches) at 254 and 872 sequences (Janus-Pro-7B's largest
- * Diagonal batches at 48G and on a whole H200), plain, with the cascade (FLEXDIAG_CASCADE=1:
- * each prompt block read once per tile of query rows) and head-major (FLEXDIAG_DEC_HEAD_MAJOR=1:
- * the CTAs in flight read the prompt blocks of one head). Each row is timed three
+ * Diagonal batches at 48G and on a whole H200), sequence-major (FLEXDIAG_DEC_HEAD_MAJOR=0),
+ * with the cascade (FLEXDIAG_CASCADE=1: each prompt block read once per tile of query rows) and
+ * head-major (the default: the CTAs in flight read the prompt blocks of one head). Each row is timed three
  * ways, all with CUDA events on the op's own stream, median reported:
  *  - "wflush": one launch after an L2 flush by a memset of twice the L2 size (the usual flush),
  *    3 warm-up calls then 20 timed. The time includes the launch latency and the write-back of
@@ -78,8 +78,8 @@ struct bench_row {
     int B;         /* sequences (CFG rows counted) */
     int n_pre;     /* 0: each sequence's prompt rows in its block; else shared prompt blocks */
     int cascade;   /* with n_pre: 1 = the cascade (FLEXDIAG_CASCADE=1), 0 = the plain kernel */
-    int head_major; /* with n_pre: FLEXDIAG_DEC_HEAD_MAJOR=1 (CTAs one head of consecutive
-                       sequences after another) */
+    int head_major; /* with n_pre: 1 = head-major CTAs (the default: one head of consecutive
+                       sequences after another), 0 = FLEXDIAG_DEC_HEAD_MAJOR=0 */
 };
 
 static uint64_t rng_state = 88172645463325252ull;
