@@ -31,6 +31,7 @@
 
 #include "base/core.h"
 #include "bench/bench.h"
+#include "bench/eta.h"
 #include "bench/offload_report.h"
 #include "cli/cli.h"
 #include "cli/fileio.h"
@@ -188,13 +189,14 @@ static int32_t *make_prompt(const flexdiag_context *c, int32_t len, int32_t g) {
 }
 
 /* Progress of a long run on stderr: after the first PROGRESS_S seconds, one line at most every
- * PROGRESS_S with the decode step, the elapsed time and a linear estimate of what is left (a
+ * PROGRESS_S with the decode step, the elapsed time and an estimate of what is left (eta.h; a
  * run that ends sooner prints nothing, so short rows stay quiet). */
 #define PROGRESS_S 10.0
 
 typedef struct progress_state {
     const char *what; /* "warm-up", "timed run", "profile" */
     double t0, last;
+    bench_eta eta; /* the samples so far, from the run's start */
     flexdiag_context *c;
     flexdiag_offload_info *pf_end; /* optional: the transfer counters once prefill is queued */
 } progress_state;
@@ -206,10 +208,10 @@ static bool on_progress(int phase, uint64_t done, uint64_t total, void *user) {
     double now = flexdiag__now();
     if (phase != 1 || now - p->last < PROGRESS_S || done == 0) return true;
     p->last = now;
-    double el = now - p->t0;
+    double el = now - p->t0, left = bench_eta_sample(&p->eta, el, done, total);
+    if (left < 0) return true;
     fprintf(stderr, "bench: %s: decode step %llu/%llu, %.0f s, ~%.0f s left\n", p->what,
-            (unsigned long long)done, (unsigned long long)total, el,
-            el * (double)(total - done) / (double)done);
+            (unsigned long long)done, (unsigned long long)total, el, left);
     return true;
 }
 
