@@ -23,8 +23,8 @@ typedef struct bench_eta {
 } bench_eta;
 
 /* A sample: `done` of `total` steps after `t` seconds since the start (the start is a sample of
- * 0 steps at 0 s in a zeroed bench_eta). Returns the projected seconds left, -1 when `done` has
- * not moved since the last sample. */
+ * 0 steps at 0 s in a zeroed bench_eta). Returns the projected seconds left, -1 when `done` or
+ * `t` has not moved past the last sample (which is then kept). */
 double bench_eta_sample(bench_eta *e, double t, uint64_t done, uint64_t total);
 
 #endif
