@@ -77,6 +77,7 @@ const char *flexdiag_status_str(flexdiag_status s) {
     case FLEXDIAG_ERR_BUSY: return "busy";
     case FLEXDIAG_ERR_NUMERIC: return "non-finite value";
     case FLEXDIAG_ERR_INTERNAL: return "internal error";
+    case FLEXDIAG_ERR_TIMEOUT: return "timed out";
     }
     return "unknown status";
 }

@@ -23,6 +23,9 @@ int flexdiag_cmd_policy_trace(int argc, char **argv);
 int flexdiag_cmd_profile(int argc, char **argv);
 /* `search`: rank batch, placement and policy configurations by predicted img/s (cmd_search.c). */
 int flexdiag_cmd_search(int argc, char **argv);
+/* `requests`: a mix of requests through a context's request queue, per batching mode
+ * (cmd_requests.c). */
+int flexdiag_cmd_requests(int argc, char **argv);
 /* The runtime's device name ("NVIDIA H200", the CPU's model name) into out (n bytes). */
 void bench_device_name(const flexdiag_runtime *rt, char *out, size_t n);
 

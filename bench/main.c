@@ -5,6 +5,7 @@
  *   flexdiag-bench policy-trace ...                   a KV policy's sets, step by step
  *   flexdiag-bench profile ...                        this machine's rates for search
  *   flexdiag-bench search ...                         best batch / placement / policy (predicted)
+ *   flexdiag-bench requests ...                       a request mix through the request queue
  *
  * These commands need the library's internals (profiling splits and the op table for the
  * roofline, the host policy state machines and the synthetic locality model), so the tool links
@@ -30,6 +31,8 @@ static const command commands[] = {
     {"policy-trace", flexdiag_cmd_policy_trace, "trace a KV policy's attended sets as JSON"},
     {"profile", flexdiag_cmd_profile, "measure this machine's rates for search"},
     {"search", flexdiag_cmd_search, "rank batch, placement and policy by predicted img/s"},
+    {"requests", flexdiag_cmd_requests,
+     "a mix of requests through the continuous engine: tok/s, img/s, latency"},
 };
 
 static void usage(FILE *f) {

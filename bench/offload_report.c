@@ -183,7 +183,8 @@ int bench_host_attn_rate(const flexdiag_runtime *rt, double *out) {
     void *qkv = calloc((size_t)HA_SEQ * 3 * HA_HEADS * HA_DH, (size_t)act);
     void *att = calloc((size_t)HA_SEQ * HA_HEADS * HA_DH, (size_t)act);
     float *cs = calloc((size_t)HA_SEQ * HA_DH, sizeof *cs);
-    int32_t lp[HA_SEQ], pos[HA_SEQ], wrow[HA_SEQ * HA_HEADS], slots[HA_RING], n_slots = HA_RING;
+    int32_t lp[HA_SEQ], pos[HA_SEQ], wrow[HA_SEQ * HA_HEADS], n_slots[HA_SEQ];
+    int32_t slots[HA_SEQ * HA_RING]; /* one list per sequence, as the engine passes them */
     flexdiag_stream *cpu = NULL;
     flexdiag_status st = kv && qkv && att && cs ? FLEXDIAG_OK
                                                 : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
@@ -191,13 +192,14 @@ int bench_host_attn_rate(const flexdiag_runtime *rt, double *out) {
     if (st == FLEXDIAG_OK) memset(kv, 0x3c, 2 * (size_t)homes * home); /* bf16 0.0115 / fp32 0.0115 */
     for (int i = 0; i < HA_SEQ; i++) lp[i] = HA_PROMPT, pos[i] = HA_PROMPT + HA_RING;
     for (int i = 0; i < HA_SEQ * HA_HEADS; i++) wrow[i] = HA_PROMPT + HA_RING - 1;
-    for (int i = 0; i < HA_RING; i++) slots[i] = i;
+    for (int i = 0; i < HA_SEQ * HA_RING; i++) slots[i] = i % HA_RING;
+    for (int i = 0; i < HA_SEQ; i++) n_slots[i] = HA_RING;
     flexdiag_host_attn h = {
         .out = att, .qkv = qkv, .rows = wrow, .cs = cs, .act_bytes = act,
         .a = {.n_seq = HA_SEQ, .h_q = HA_HEADS, .h_kv = HA_HEADS, .d_h = HA_DH,
               .p_cap = HA_PROMPT, .ring = HA_RING, .scale = 0.088f, .lp = lp, .slots = slots,
-              .n_slots = &n_slots, .max_slots = HA_RING, .shared_slots = 1, .pos = pos,
-              .rope_theta = 10000.0f}};
+              .n_slots = n_slots, .max_slots = HA_RING, .shared_slots = FLEXDIAG_SLOTS_PER_SEQ,
+              .pos = pos, .rope_theta = 10000.0f}};
     double t0 = 0;
     for (int i = 0; st == FLEXDIAG_OK && i < 2 * homes; i++) { /* the second pass is timed */
         if (i == homes) t0 = flexdiag__now();

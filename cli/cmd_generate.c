@@ -51,7 +51,8 @@
 typedef struct gen_opts {
     cli_model_opts mo;
     cli_policy_opts po;
-    const char *prompt, *prompts_file, *out, *layout_name, *batch;
+    const char *prompt, *prompts_file, *out, *layout_name, *batch, *batching;
+    int blocks;            /* --batching blocks */
     cli_layout layout;
     int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed, max_new_tokens;
     double cfg, temperature, top_p;
@@ -155,6 +156,17 @@ typedef struct gen_run {
     double finish_s;       /* seconds from the job's start to running out of chunks */
 } gen_run;
 
+/* Add the context's counters of the run just ended to the job's. */
+static void add_stats(gen_run *r) {
+    flexdiag_stats s;
+    flexdiag_context_stats(r->c, &s);
+    r->sum.prefill_s += s.prefill_s;
+    r->sum.decode_s += s.decode_s;
+    r->sum.tokens_generated += s.tokens_generated;
+    r->sum.kv_bytes_per_seq = s.kv_bytes_per_seq;
+    r->sum.peak_device_bytes = s.peak_device_bytes;
+}
+
 /* Generate images [first, first + n) and hand them to the output thread: 0, 1 after a message
  * (the output thread's failure included), -1 when a signal cancelled the block (nothing of it is
  * written). */
@@ -171,21 +183,105 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     if (st == FLEXDIAG_ERR_CANCELLED && g_signal) return -1;
     if (st == FLEXDIAG_ERR_CANCELLED && gen_writer_failed(r->out)) return gen_writer_wait(r->out);
     if (st != FLEXDIAG_OK) return cli_fail(CMD, st);
-    flexdiag_stats s;
-    flexdiag_context_stats(r->c, &s);
-    r->sum.prefill_s += s.prefill_s;
-    r->sum.decode_s += s.decode_s;
-    r->sum.tokens_generated += s.tokens_generated;
-    r->sum.kv_bytes_per_seq = s.kv_bytes_per_seq;
-    r->sum.peak_device_bytes = s.peak_device_bytes;
+    add_stats(r);
     r->made += n;
     return gen_writer_put(r->out, first, n, r->tokens, cli_now() - t0);
 }
 
-/* Images [first, first + n) in blocks of --batch, all written when it returns: 0, -1 after a
+/* The images of a continuous range as they finish (the engine thread's callback). */
+typedef struct cont_images {
+    int32_t *tokens;       /* (n, per_image) */
+    atomic_uchar *done;    /* (n) */
+    int32_t per;
+} cont_images;
+
+static void on_image(flexdiag_handle *h, int32_t i, const int32_t *tokens, int32_t n,
+                     void *user) {
+    cont_images *ci = user;
+    (void)h;
+    memcpy(ci->tokens + (size_t)i * (size_t)ci->per, tokens, (size_t)n * 4);
+    atomic_store(&ci->done[i], 1);
+}
+
+/* The finished images [*next, ...) of the range at first, in order, to the output thread in
+ * groups of at most --batch, until a signal came: 0, or the writer's exit code. */
+static int flush_done(gen_run *r, const cont_images *ci, int64_t first, int64_t n, int64_t *next,
+                      double *t_last) {
+    int rc = 0;
+    while (!rc && !g_signal && *next < n && atomic_load(&ci->done[*next])) {
+        int64_t e = *next;
+        while (e < n && e - *next < r->batch && atomic_load(&ci->done[e])) e++;
+        double now = cli_now();
+        int32_t m = (int32_t)(e - *next);
+        rc = gen_writer_put(r->out, first + *next, m, ci->tokens + *next * ci->per, now - *t_last);
+        if (!rc && r->world->size == 1) gen_progress_block(&r->jp, r->made + m, m, now - *t_last);
+        r->made += m;
+        *t_last = now;
+        *next = e;
+    }
+    return rc;
+}
+
+/* Images [first, first + n) as one request through the context's queue (--batching
+ * continuous): a finished image's slot takes the next image at the next step, and the
+ * finished images go to the output thread in order while the others generate. 0, -1 after a
  * signal, or an exit code. */
+static int run_continuous(gen_run *r, int64_t first, int64_t n) {
+    int64_t per = r->o->per_prompt;
+    const char **texts = calloc((size_t)n, sizeof *texts);
+    cont_images ci = {.tokens = calloc((size_t)n * (size_t)r->w.per_image, 4),
+                      .done = calloc((size_t)n, 1), .per = r->w.per_image};
+    if (!texts || !ci.tokens || !ci.done) {
+        free(texts), free(ci.tokens), free(ci.done);
+        return fail(1, "no host memory for %lld images", (long long)n);
+    }
+    for (int64_t i = 0; i < n; i++) texts[i] = r->w.ps->p[(first + i) / per].text;
+    flexdiag_request rq = r->rq;
+    rq.n_prompts = (int32_t)n;
+    rq.prompts = texts;
+    rq.first_image = first;
+    flexdiag_submit_params sp;
+    flexdiag_submit_params_init(&sp);
+    sp.on_image = on_image;
+    sp.user = &ci;
+    sp.wait_for_room = true;
+    r->prog.rows = (uint64_t)r->batch * (uint64_t)r->rows_per_img;
+    r->prog.t0 = r->prog.last = cli_now();
+    flexdiag_handle *h = NULL;
+    flexdiag_status st = flexdiag_submit(r->c, &rq, &sp, &h);
+    int64_t next = 0;
+    double t_last = cli_now();
+    int rc = 0, ended = st != FLEXDIAG_OK;
+    while (!ended) {
+        ended = flexdiag_handle_wait(h, 0.05) == FLEXDIAG_OK;
+        if (g_signal) rc = -1; /* what is not with the writer yet is dropped (--resume) */
+        rc = rc ? rc : flush_done(r, &ci, first, n, &next, &t_last);
+        if (rc) flexdiag_handle_cancel(h); /* a signal, or the writer failed: stop */
+    }
+    char msg[512] = "";
+    if (h) flexdiag_handle_status(h, &st, NULL);
+    if (h) snprintf(msg, sizeof msg, "%s", flexdiag_handle_error(h));
+    flexdiag_handle_release(h);
+    free(texts), free(ci.tokens), free(ci.done);
+    add_stats(r);
+    if (rc) return rc;
+    if (st == FLEXDIAG_ERR_CANCELLED && g_signal) return -1;
+    if (st == FLEXDIAG_ERR_CANCELLED && gen_writer_failed(r->out)) return gen_writer_wait(r->out);
+    if (st == FLEXDIAG_OK) return 0;
+    if (!h || !*msg) return cli_fail(CMD, st); /* the submit's own failure */
+    return fail(st == FLEXDIAG_ERR_INVALID_ARG ? 2 : 1, "%s", msg);
+}
+
+/* Images [first, first + n): as one continuous request, or in blocks of --batch (--batching
+ * blocks); all written when it returns: 0, -1 after a signal, or an exit code. */
 static int run_range(gen_run *r, int64_t first, int64_t n) {
     int rc = 0;
+    if (!r->o->blocks) {
+        if (!r->t0) r->t0 = cli_now();
+        rc = g_signal ? -1 : run_continuous(r, first, n);
+        int wrc = gen_writer_wait(r->out);
+        return rc ? rc : wrc;
+    }
     for (int64_t b = first; !rc && b < first + n; b += r->batch) {
         if (g_signal) {
             rc = -1;
@@ -245,6 +341,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     if (r->o->max_new_tokens > 0) cp->max_new_tokens = (int32_t)r->o->max_new_tokens;
     cp->text = r->o->max_new_tokens > 0; /* Lumina-mGPT continues text instead of drawing */
     cp->images_per_prompt = (int32_t)r->o->per_prompt; /* one copy of each prompt's KV rows */
+    cp->batching = r->o->blocks;
     cli_kv_homes(CMD, &r->o->mo, cp);
 }
 
@@ -270,11 +367,11 @@ static int pick_batch(gen_run *r, flexdiag_runtime *rt, const flexdiag_policy_pa
     int32_t b = cli_batch(CMD, batch, r->m, &cp);
     if (b < 1) return 2;
     r->batch = (int32_t)(b < r->total ? b : r->total);
-    if (!strcmp(batch, "auto")) r->batch = balanced_block(b, r->total);
+    if (!strcmp(batch, "auto") && r->o->blocks) r->batch = balanced_block(b, r->total);
     if (!strcmp(batch, "auto") && !r->quiet)
-        fprintf(stderr, "flexdiag " CMD ": %s: %d image(s) fit the budget; blocks of %d\n",
+        fprintf(stderr, "flexdiag " CMD ": %s: %d image(s) fit the budget; %s of %d\n",
                 r->o->batch ? "--batch auto" : "no --batch (the largest block that fits)", b,
-                r->batch);
+                r->o->blocks ? "blocks" : "slots", r->batch);
     return 0;
 }
 
@@ -576,13 +673,16 @@ static int check_opts(gen_opts *o) {
                                                 : "a folder of <id>.txt, or <id><TAB><prompt>");
     if (o->batch && strcmp(o->batch, "auto") && cli_batch(CMD, o->batch, NULL, NULL) < 1)
         return 2;
+    if (strcmp(o->batching, "continuous") && strcmp(o->batching, "blocks"))
+        return fail(2, "--batching: unknown mode '%s' (valid: continuous, blocks)", o->batching);
+    o->blocks = !strcmp(o->batching, "blocks");
     return check_ranges(o) || cli_check_model(CMD, &o->mo) ? 2 : 0;
 }
 
 int flexdiag_cmd_generate(int argc, char **argv) {
     gen_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .per_prompt = 4, .batch = NULL,
                   .max_prompt_len = 128, .cfg = 5.0, .temperature = 1.0, .top_p = 1.0,
-                  .layout_name = "plain"};
+                  .layout_name = "plain", .batching = "continuous"};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
@@ -596,6 +696,9 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         {"--batch", CLI_STR, &o.batch,
          "images generated together, or 'auto': the most that fit the device (--gpu-mem); "
          "default auto on a GPU, 16 on the CPU engine without --gpu-mem"},
+        {"--batching", CLI_STR, &o.batching,
+         "continuous (default): a finished image's slot takes the next image at the next step; "
+         "blocks: --batch images at a time in lock step, blocks evened over the job"},
         {"--micro-batch", CLI_INT, &o.micro_batch, "images per micro-batch (default: batch)"},
         {"--max-prompt-len", CLI_INT, &o.max_prompt_len, "prompt capacity in tokens (default 128)"},
         {"--max-new-tokens", CLI_INT, &o.max_new_tokens,

@@ -16,8 +16,10 @@
  *   - calls on different contexts may run at the same time from different threads, also on
  *     contexts of one runtime and one model (flexdiag_generate, flexdiag_score,
  *     flexdiag_context_stats, flexdiag_context_create and _destroy of other contexts);
- *   - one context runs one call at a time: a second call while one is in flight returns
- *     FLEXDIAG_ERR_BUSY; flexdiag_context_cancel may come from any thread at any time;
+ *   - one context runs one thing at a time: requests (flexdiag_generate, flexdiag_submit, from
+ *     any threads) share its slots on its engine thread, and a scoring call waits its turn
+ *     (since API version 12; before, a second call returned FLEXDIAG_ERR_BUSY);
+ *     flexdiag_context_cancel may come from any thread at any time;
  *   - flexdiag_decode_images and the decoder calls may run beside generation; decode calls of
  *     models of one runtime take turns, as do calls on one flexdiag_decoder;
  *   - a model must outlive its contexts, a runtime its models; create/destroy of a runtime or
@@ -50,8 +52,10 @@ extern "C" {
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
  * 6: flexdiag_device_count. 7: context_params cpu_attention. 8: disk KV homes (kv_pct[2]),
  * offload_info kv_disk_*. 10: model_params compress_weights. 11: context_params
- * cpu_attention_pct, offload_info cpu_attn_mb and host_mb. */
-#define FLEXDIAG_API_VERSION 11u
+ * cpu_attention_pct, offload_info cpu_attn_mb and host_mb. 12: the request queue
+ * (flexdiag_submit, flexdiag_handle_*), context_params queue_images and batching, status
+ * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. */
+#define FLEXDIAG_API_VERSION 12u
 
 /* ---- enums ---- */
 
@@ -72,6 +76,7 @@ typedef enum flexdiag_status {
     FLEXDIAG_ERR_BUSY = -13,
     FLEXDIAG_ERR_NUMERIC = -14,
     FLEXDIAG_ERR_INTERNAL = -15,
+    FLEXDIAG_ERR_TIMEOUT = -16, /* since API version 12: a wait ran out of time */
 } flexdiag_status; /* values never change; new codes are appended */
 
 typedef enum flexdiag_log_level {
@@ -153,7 +158,10 @@ typedef struct flexdiag_context_params {
     int32_t max_new_tokens;        /* Llama: tokens generated per prompt (default 128);
                                       Janus: fixed by the model (576), this field is ignored */
     flexdiag_progress_fn progress; /* optional, called after each prefill layer (phase 0)
-                                      and each decode step (phase 1); false cancels */
+                                      and each decode step (phase 1: the tokens made by the
+                                      furthest image and its total); false cancels every
+                                      request of the context. Since API version 12 it runs on
+                                      the context's engine thread (the request queue) */
     void *progress_user;           /* passed to progress */
     /* since API version 5 */
     bool text;                     /* Chameleon (Lumina-mGPT): run as a text decoder over the
@@ -192,6 +200,15 @@ typedef struct flexdiag_context_params {
                                       others over the rows they stream from the home, so the
                                       host's memory serves the CPU attention and the bus at
                                       once. */
+    /* since API version 12 */
+    int32_t queue_images;          /* images (text: sequences) the request queue holds waiting
+                                      for a slot; 0 = 4 x max_images, at least 64. A submit
+                                      beyond it returns FLEXDIAG_ERR_BUSY (or waits, by its
+                                      params) */
+    int32_t batching;              /* 0: continuous (a slot freed by a finished image takes
+                                      the next waiting one at the next step); 1: blocks (the
+                                      waiting images are taken only when every slot is free:
+                                      the lock-step of API versions <= 11) */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {
@@ -296,12 +313,14 @@ FLEXDIAG_API flexdiag_status flexdiag_context_create(flexdiag_model *m,
 FLEXDIAG_API flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
                                                          const flexdiag_context_params *p,
                                                          int32_t *out);
-/* Generate image tokens for req into out->tokens (caller-owned). Returns FLEXDIAG_ERR_BUSY if a
- * call is in flight on c, FLEXDIAG_ERR_CANCELLED after flexdiag_context_cancel. */
+/* Generate image tokens for req into out->tokens (caller-owned): flexdiag_submit of the whole
+ * request, then flexdiag_handle_wait, so it shares the context's slots with other requests
+ * (since API version 12; before, it returned FLEXDIAG_ERR_BUSY beside another call). Returns
+ * FLEXDIAG_ERR_CANCELLED after flexdiag_context_cancel or a false from the progress callback. */
 FLEXDIAG_API flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *req,
                                                flexdiag_output *out);
-/* Ask the call in flight to stop before its next prefill layer or decode step; callable from
- * any thread. */
+/* Cancel every request submitted to c so far (and the scoring call in flight): each stops at
+ * its next step boundary; callable from any thread. */
 FLEXDIAG_API flexdiag_status flexdiag_context_cancel(flexdiag_context *c);
 /* Counters of the last call. */
 FLEXDIAG_API flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats *out);
@@ -424,7 +443,8 @@ typedef struct flexdiag_score_output {
 FLEXDIAG_API void flexdiag_score_request_init(flexdiag_score_request *r);
 /* Teacher-forced logits of req on c under c's policy: row i predicts ids[i] from the prompt and
  * ids[0..i). Fills out->vocab and out->rows; with both buffers NULL that is all (size query).
- * FLEXDIAG_ERR_BUSY if a call is in flight on c. */
+ * Waits while c's engine thread runs requests (since API version 12; FLEXDIAG_ERR_BUSY
+ * before). */
 FLEXDIAG_API flexdiag_status flexdiag_score(flexdiag_context *c, const flexdiag_score_request *req,
                                             flexdiag_score_output *out);
 
@@ -455,6 +475,87 @@ FLEXDIAG_API flexdiag_status flexdiag_decoder_decode(flexdiag_decoder *d, const 
                                                      int32_t n, float *pixels);
 /* Destroy; NULL is a no-op. */
 FLEXDIAG_API void flexdiag_decoder_destroy(flexdiag_decoder *d);
+
+/* ---- the request queue (since API version 12) ----
+ *
+ * A context runs its requests on an engine thread it owns (started by the first submit): each
+ * image (or text sequence) of a request takes a slot of the context when one is free, at a
+ * step boundary, and frees it when its tokens are made, so requests of any size and arrival
+ * time share the batch (continuous batching; context_params batching 1 keeps the lock step).
+ * Images are the same whichever slot and neighbours they get: sampling is keyed by (seed, image
+ * index, step). Submit, wait, cancel and release are thread-safe; the callbacks run on the
+ * engine thread, one at a time, and may submit (without waiting for room) or cancel, but must
+ * not wait on a request of the same context (nor score on it). flexdiag_score on the context
+ * waits for the engine thread's run in flight, and the engine thread for a scoring call. */
+
+typedef struct flexdiag_handle flexdiag_handle; /* one submitted request */
+
+/* An image (its code grid, as flexdiag_output's tokens) or a text sequence (its ids, up to and
+ * including the end id when stop_at_eos ended it) of request h is finished: index is its
+ * place in the request (prompt-major), tokens (n of them) valid for the call. */
+typedef void (*flexdiag_image_fn)(flexdiag_handle *h, int32_t index, const int32_t *tokens,
+                                  int32_t n, void *user);
+/* Token `step` of image or sequence `index` of h was made: id (text streaming). */
+typedef void (*flexdiag_token_fn)(flexdiag_handle *h, int32_t index, int32_t step, int32_t id,
+                                  void *user);
+/* Request h ended with st (OK, CANCELLED, or the first failure of its images); no callback of h
+ * follows. */
+typedef void (*flexdiag_done_fn)(flexdiag_handle *h, flexdiag_status st, void *user);
+
+typedef struct flexdiag_submit_params {
+    uint32_t struct_size;      /* sizeof(flexdiag_submit_params), set by _init */
+    flexdiag_image_fn on_image; /* optional */
+    flexdiag_token_fn on_token; /* optional */
+    flexdiag_done_fn on_done;   /* optional */
+    void *user;                 /* passed to the callbacks */
+    bool wait_for_room;         /* a full queue: wait until the request fits instead of
+                                   FLEXDIAG_ERR_BUSY */
+    int32_t max_new_tokens;     /* text: tokens per prompt, <= the context's max_new_tokens
+                                   (0 = that); images: ignored */
+    bool stop_at_eos;           /* text: a sequence ends after the model's end id
+                                   (flexdiag_model_eos) */
+} flexdiag_submit_params;
+
+/* Per-request timings (seconds from its submit) and counts. */
+typedef struct flexdiag_handle_stats {
+    uint32_t struct_size;  /* sizeof(flexdiag_handle_stats), set by the caller */
+    int32_t n_images;      /* images (sequences) of the request */
+    int32_t done_images;   /* finished so far */
+    uint64_t tokens;       /* tokens made so far */
+    double queue_s;        /* until its first image took a slot (-1: not yet) */
+    double first_token_s;  /* until its first token (-1: not yet) */
+    double first_image_s;  /* until its first finished image (-1: not yet) */
+    double total_s;        /* until it ended (-1: not yet) */
+} flexdiag_handle_stats;
+
+/* Fill defaults and struct_size. */
+FLEXDIAG_API void flexdiag_submit_params_init(flexdiag_submit_params *p);
+/* Queue req (copied: its prompts are tokenized now) on c; *out is the caller's reference
+ * (flexdiag_handle_release). FLEXDIAG_ERR_BUSY when the queue has no room for its images
+ * (context_params queue_images) and p asks not to wait; a request larger than the whole queue
+ * waits for an empty one. p may be NULL (defaults). */
+FLEXDIAG_API flexdiag_status flexdiag_submit(flexdiag_context *c, const flexdiag_request *req,
+                                             const flexdiag_submit_params *p,
+                                             flexdiag_handle **out);
+/* Wait until h ended (its status then comes from flexdiag_handle_status), at most timeout_s
+ * seconds (< 0: no limit): FLEXDIAG_OK once it ended, FLEXDIAG_ERR_TIMEOUT otherwise. */
+FLEXDIAG_API flexdiag_status flexdiag_handle_wait(flexdiag_handle *h, double timeout_s);
+/* Ask h to stop: waiting images are dropped, live ones stop at their next step boundary. */
+FLEXDIAG_API flexdiag_status flexdiag_handle_cancel(flexdiag_handle *h);
+/* h's status (FLEXDIAG_ERR_BUSY while it runs; its final status once ended) and, with stats
+ * non-NULL (struct_size set), its timings. */
+FLEXDIAG_API flexdiag_status flexdiag_handle_status(const flexdiag_handle *h, flexdiag_status *st,
+                                                    flexdiag_handle_stats *stats);
+/* The tokens of h's finished images into out (as flexdiag_generate fills it; images not
+ * finished are zeros). */
+FLEXDIAG_API flexdiag_status flexdiag_handle_tokens(const flexdiag_handle *h,
+                                                    flexdiag_output *out);
+/* The message of h's failure (its first failing image's, "generation cancelled"), "" while it
+ * runs or when it succeeded; valid while the caller holds h. */
+FLEXDIAG_API const char *flexdiag_handle_error(const flexdiag_handle *h);
+/* Drop the caller's reference; an unfinished request keeps running (cancel it first to stop
+ * it). NULL is a no-op. */
+FLEXDIAG_API void flexdiag_handle_release(flexdiag_handle *h);
 
 #ifdef __cplusplus
 }

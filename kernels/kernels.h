@@ -62,6 +62,13 @@ typedef struct flexdiag_sample_params {
                           a slice of the vocabulary, e.g. Chameleon's image codes); 0 = none */
 } flexdiag_sample_params;
 
+/* How the slot lists of an attention call are shared (flexdiag_attn_args shared_slots). */
+enum {
+    FLEXDIAG_SLOTS_PER_HEAD = 0, /* one list per (sequence, KV head) */
+    FLEXDIAG_SLOTS_ONE = 1,      /* one list for every (sequence, KV head) */
+    FLEXDIAG_SLOTS_PER_SEQ = 2,  /* one list per sequence, shared by its KV heads */
+};
+
 /* Shapes and per-sequence metadata of one attention call (host struct, device pointers). */
 typedef struct flexdiag_attn_args {
     int32_t n_seq;         /* sequences in this call (a micro-batch, CFG rows included) */
@@ -79,8 +86,12 @@ typedef struct flexdiag_attn_args {
                               attended ring rows, in slot-list order */
     float *lse_out;        /* (optional) (n_seq, h_q) fp32 log-sum-exp over the whole attended row
                               (prompt + ring): p = exp(logit - lse) */
-    int32_t shared_slots;  /* 1: slots (max_slots) and n_slots (1) hold ONE list that every
-                              (sequence, KV head) attends (position-only policies) */
+    int32_t shared_slots;  /* how the lists are shared (FLEXDIAG_SLOTS_*): 0 one list per
+                              (sequence, KV head) as above; 1 ONE list, slots (max_slots) and
+                              n_slots (1), that every (sequence, KV head) attends; 2 one list
+                              per sequence, slots (n_seq, max_slots) and n_slots (n_seq), that
+                              all its KV heads attend (position-only policies with sequences at
+                              their own steps) */
     /* kv_append only (the attention ops ignore them) */
     const int32_t *pos;    /* (optional) (n_tok) absolute positions of the appended tokens:
                               RoPE is applied before the append; NULL = plain copy */
@@ -95,10 +106,12 @@ typedef struct flexdiag_attn_args {
      * (s, h) is diag_base sink slots, then ring column c (diag_base <= c < n_slots) holding
      * list entry e = n_slots - 1 - c. After attention, the entry e < n_slots - diag_base
      * minimising (score, -lag[e]), score = max over the g query heads of the group of the fp32
-     * logit of column c, is replaced: lag[e] = *diag_next. diag_next points to one int32 in
-     * backend memory (the step's new lag), so a recorded graph replays every step. Needs
-     * per-(sequence, KV head) lists (shared_slots 0); backends that fuse it only for small
-     * groups say so in diag_max_group. */
+     * logit of column c, is replaced: lag[e] = diag_next[s]. diag_next (n_seq) is backend
+     * memory, one int32 per sequence of the call (sequences sit at their own steps): the new
+     * lag of sequence s's lists, or a negative value when s is not at a build-up step (its
+     * lists are left as they are). Being device data, a recorded graph replays every step.
+     * Needs per-(sequence, KV head) lists (shared_slots 0); backends that fuse it only for
+     * small groups say so in diag_max_group. */
     int16_t *diag_lag;
     int32_t diag_a, diag_base;
     const int32_t *diag_next;
@@ -122,6 +135,14 @@ typedef struct flexdiag_attn_args {
     const int32_t *casc_seq, *casc_tile;
     int32_t n_casc_tiles;
 } flexdiag_attn_args;
+
+/* The slot list (index into n_slots; times max_slots into slots) of (sequence s of the call,
+ * KV head h) under a's sharing. */
+static inline int64_t flexdiag__slot_list(const flexdiag_attn_args *a, int64_t s, int32_t h) {
+    return a->shared_slots == FLEXDIAG_SLOTS_ONE      ? 0
+           : a->shared_slots == FLEXDIAG_SLOTS_PER_SEQ ? s
+                                                       : s * a->h_kv + h;
+}
 
 /* Query rows (sequences x h_q / h_kv) of one cascade tile. */
 #define FLEXDIAG_CASCADE_ROWS 16
@@ -343,12 +364,28 @@ typedef flexdiag_status flexdiag_op_attn_decode(void *out, const void *qkv, cons
 /* out (n_pairs, V) f32 = u + w·(c - u) with c = logits row 2i, u = row 2i+1 */
 typedef flexdiag_status flexdiag_op_cfg_combine(float *out, const float *logits, int64_t n_pairs,
                                                 int64_t V, float w, flexdiag_stream *s);
-/* ids (n) int32 = p->id0 + the column drawn from softmax(logits (n, V) / T) after top-k /
- * top-p; the uniform number for row i is flexdiag__rng_uniform(p->seed, req0 + i, step). A
- * row without a finite logit gets -1 (CUDA) or fails (CPU). */
+/* One row of a sample call: its draw's key and its settings (each row its own request's). */
+typedef struct flexdiag_sample_row {
+    uint64_t seed;     /* the draw is keyed by (seed, req, step) */
+    int64_t req;       /* the request (image) index; < 0: skip the row (ids[i] untouched, its
+                          logits not read: a free slot, a forced token) */
+    int64_t step;      /* the token's step */
+    float temperature; /* > 0 */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* (0, 1]; >= 1 = off */
+    int32_t id0;       /* added to the drawn column (flexdiag_sample_params id0) */
+} flexdiag_sample_row;
+
+/* ids (n) int32 = rows[i].id0 + the column drawn from softmax(logits (n, V) / T) after top-k /
+ * top-p with row i's settings; the uniform number for row i is flexdiag__rng_uniform(
+ * rows[i].seed, rows[i].req, rows[i].step). rows (n) is backend memory (device memory on
+ * CUDA), so the host writes it with copy_h2d. A row without a finite logit, or whose settings
+ * are out of range (temperature <= 0 or not finite, top_k < 0, top_p <= 0 or NaN), gets -1
+ * (CUDA: the op cannot read the rows without a host sync) or fails the call (CPU:
+ * NUMERIC / INVALID_ARG naming the row). Rows with req < 0 are skipped. */
 typedef flexdiag_status flexdiag_op_sample(int32_t *ids, const float *logits, int64_t n,
-                                           int64_t V, const flexdiag_sample_params *p,
-                                           int64_t req0, int64_t step, flexdiag_stream *s);
+                                           int64_t V, const flexdiag_sample_row *rows,
+                                           flexdiag_stream *s);
 
 /* ---- image decoder (VQ-16) ---- */
 /* Tensors are NCHW f32 on every backend, not act: bf16 activations put the CUDA decode 0.022
@@ -401,19 +438,35 @@ typedef flexdiag_status flexdiag_op_host_register(void *p, size_t bytes);
 /* Unpin memory of host_register (p as registered); NULL is a no-op. */
 typedef flexdiag_status flexdiag_op_host_unregister(void *p);
 
+/* ---- the steps of the device-resident policies: sequences sit at their own decode steps, so
+ * each list of a policy op reads its sequence's step t from backend memory. Lists are laid out
+ * (layers, n_seq sequences, per_seq lists): list i belongs to sequence (i / per_seq) mod n_seq
+ * and its step is t[that sequence]. A negative step (a free slot) leaves the list, and every
+ * output the op would write for it, as it is. ---- */
+typedef struct flexdiag_list_steps {
+    const int32_t *t; /* (n_seq) backend memory: the decode step of each sequence */
+    int32_t n_seq;    /* sequences (entries of t) */
+    int32_t per_seq;  /* consecutive lists of one sequence in one layer (>= 1) */
+} flexdiag_list_steps;
+
+/* The step of list i (i >= 0), for the backends' loops. */
+static inline int32_t flexdiag__list_step(const flexdiag_list_steps *st, int64_t i) {
+    return st->t[(i / st->per_seq) % st->n_seq];
+}
+
 /* ---- device-resident Diagonal policy (docs/policies.md §2.3, §2.8; policy/policy_diagonal.c
  * is the reference these must equal). A lag list i = (layer, seq, KV head) holds cnt[i]
  * lags lag[i·a ..]; base = 4 for diagonal-sink4 (4 sink rows ahead of the ring), else 0;
- * inner step ti = t - base. ---- */
+ * inner step ti = t - base, t the list's step (flexdiag_list_steps). ---- */
 
-/* (optional) Plan step t for n_lists lists: when 0 <= ti <= a-1 first append lag ti
+/* (optional) Plan each list at its step t: when 0 <= ti <= a-1 first append lag ti
  * (ti == 0 resets the list to {0}); then slots[i] = sinks 0..base-1 followed by list
  * entry j at column base + cnt-1-j: base + (ti - lag[j]) mod n_r; n_slots[i] = base + cnt.
  * For ti < 0 (sink4, t <= 3): slots 0..t. slots (n_lists, max_slots), n_slots (n_lists). */
 typedef flexdiag_status flexdiag_op_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
                                                int16_t *cnt, int64_t n_lists, int32_t max_slots,
-                                               int32_t a, int32_t t, int32_t n_r, int32_t base,
-                                               flexdiag_stream *s);
+                                               int32_t a, flexdiag_list_steps t, int32_t n_r,
+                                               int32_t base, flexdiag_stream *s);
 
 /* ---- device-resident eviction policies H2O and TOVA (docs/policies.md §3.4, §3.5;
  * policy/policy_score.c is the reference these must equal). List i owns n_att ring slots:
@@ -423,15 +476,17 @@ typedef flexdiag_status flexdiag_op_diag_slots(int32_t *slots, int32_t *n_slots,
  * last update chose. Slots 0..min(t+1, n_att)-1 are the occupied ones, so every list
  * attends the same slot list and only the write slot differs. ---- */
 
-/* (optional) Plan step t: t == 0 resets the list (pos -1, acc 0); f = t < n_att ? t :
- * free_slot[i]; pos[i][f] = t, acc[i][f] = 0; rows[i·rows_per_list + r] = p_cap + f for
- * r < rows_per_list (the cache rows kv_append writes: 1 for H2O, h_kv for TOVA). */
+/* (optional) Plan each list at its step t (flexdiag_list_steps): t == 0 resets the list
+ * (pos -1, acc 0); f = t < n_att ? t : free_slot[i]; pos[i][f] = t, acc[i][f] = 0;
+ * rows[i·rows_per_list + r] = p_cap + f for r < rows_per_list (the cache rows kv_append
+ * writes: 1 for H2O, h_kv for TOVA). */
 typedef flexdiag_status flexdiag_op_evict_plan(int32_t *rows, int32_t *pos, float *acc,
                                                const int32_t *free_slot, int64_t n_lists,
-                                               int32_t rows_per_list, int32_t n_att, int32_t t,
-                                               int32_t p_cap, flexdiag_stream *s);
-/* (optional) Update after step t from probs (n_lists·heads, max_slots), attn_decode's
- * probs_out (list i owns rows i·heads ..), n = min(t+1, n_att):
+                                               int32_t rows_per_list, int32_t n_att,
+                                               flexdiag_list_steps t, int32_t p_cap,
+                                               flexdiag_stream *s);
+/* (optional) Update each list after its step t from probs (n_lists·heads, max_slots),
+ * attn_decode's probs_out (list i owns rows i·heads ..), n = min(t+1, n_att):
  *   acc != NULL (H2O, heads = the group g): acc[i][j] += the sum over q of
  *     probs[i·heads + q][j] for j < n; when n == n_att, free_slot[i] = the slot minimising
  *     (acc, pos) among those with pos <= t - R + 1, R = n_att - n_att / 2;
@@ -442,8 +497,8 @@ typedef flexdiag_status flexdiag_op_evict_plan(int32_t *rows, int32_t *pos, floa
 typedef flexdiag_status flexdiag_op_evict_update(int32_t *free_slot, float *acc,
                                                  const int32_t *pos, const float *probs,
                                                  int64_t n_lists, int32_t heads,
-                                                 int32_t max_slots, int32_t n_att, int32_t t,
-                                                 flexdiag_stream *s);
+                                                 int32_t max_slots, int32_t n_att,
+                                                 flexdiag_list_steps t, flexdiag_stream *s);
 
 /* ---- device-resident ALISA (docs/policies.md §3.6; policy/policy_alisa.c is the reference).
  * List i = (layer, seq) keeps the records of its last w = n_att - n_att/2 steps: rec_pos,
@@ -451,24 +506,25 @@ typedef flexdiag_status flexdiag_op_evict_update(int32_t *free_slot, float *acc,
  * probabilities, rec_n (n_lists, w) their counts. All KV heads of a list attend the same
  * positions; ALISA never evicts, so ring slot = position. ---- */
 
-/* (optional) Plan step t: the positions attended at t, i.e. the top k_g = n_att/2 of the
+/* (optional) Plan each list at its step t (flexdiag_list_steps; a step outside [0, l_dec)
+ * leaves the list as it is): the positions attended at t, i.e. the top k_g = n_att/2 of the
  * older tokens 0..t-w by S_t = the sum of the records' probabilities (S descending, then
  * position descending; the order of flexdiag__alisa_key), ascending, followed by t-w+1..t;
  * written as the slot list of each of the list's `copies` KV heads (slots
  * (n_lists·copies, max_slots), n_slots (n_lists·copies)) and as record t mod w with zero
- * probabilities. score (n_lists, l_dec) and keys (n_lists, l_dec) are scratch, l_dec > t. */
+ * probabilities. score (n_lists, l_dec) and keys (n_lists, l_dec) are scratch. */
 typedef flexdiag_status flexdiag_op_alisa_plan(int32_t *slots, int32_t *n_slots, int32_t *rec_pos,
                                                float *rec_p, int32_t *rec_n, float *score,
                                                uint64_t *keys, int64_t n_lists, int32_t copies,
                                                int32_t max_slots, int32_t n_att, int32_t l_dec,
-                                               int32_t t, flexdiag_stream *s);
-/* (optional) Update after step t: entry j < rec_n of record t mod w gets the sum over
- * q = 0, 1, ..., heads-1 (fp32, in order) of probs[i·heads + q][j]: probs is attn_decode's
+                                               flexdiag_list_steps t, flexdiag_stream *s);
+/* (optional) Update each list after its step t: entry j < rec_n of record t mod w gets the sum
+ * over q = 0, 1, ..., heads-1 (fp32, in order) of probs[i·heads + q][j]: probs is attn_decode's
  * probs_out (n_lists·heads, max_slots), heads = h_q. */
 typedef flexdiag_status flexdiag_op_alisa_update(float *rec_p, const int32_t *rec_n,
                                                  const float *probs, int64_t n_lists,
                                                  int32_t heads, int32_t max_slots, int32_t n_att,
-                                                 int32_t t, flexdiag_stream *s);
+                                                 flexdiag_list_steps t, flexdiag_stream *s);
 
 /* ---- launch graphs (optional; NULL: the engine launches op by op) ---- */
 

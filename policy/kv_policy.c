@@ -341,6 +341,25 @@ void flexdiag__kvp_reset(flexdiag_kvp *kvp) {
         memset(kvp->free_slot, 0, (p->kind == FLEXDIAG_POLICY_H2O ? nh : nsl) * sizeof(int32_t));
 }
 
+void flexdiag__kvp_reset_seq(flexdiag_kvp *kvp, int32_t seq) {
+    const flexdiag_kvp_params *p = &kvp->p;
+    FLEXDIAG_ASSERT(seq >= 0 && seq < p->n_seq);
+    size_t L = (size_t)p->n_layers, hkv = (size_t)p->h_kv, na = (size_t)p->n_att;
+    size_t l0 = flexdiag__kvp_li(kvp, seq, 0), h0 = l0 * hkv, hn = L * hkv;
+    for (size_t l = l0; l < l0 + L; l++) {
+        kvp->next_t[l] = 0;
+        kvp->scored_t[l] = -1;
+    }
+    if (kvp->lag) memset(kvp->lag + h0 * (size_t)kvp->a, 0, hn * (size_t)kvp->a * 2);
+    if (kvp->cnt) memset(kvp->cnt + h0, 0, hn * 2);
+    int h2o = p->kind == FLEXDIAG_POLICY_H2O;
+    size_t p0 = (h2o ? h0 : l0) * na, pn = (h2o ? hn : L) * na;
+    for (size_t i = 0; kvp->pos && i < pn; i++) kvp->pos[p0 + i] = -1;
+    if (kvp->acc) memset(kvp->acc + h0 * na, 0, hn * na * sizeof(float));
+    if (kvp->rec_n) memset(kvp->rec_n + l0 * (size_t)kvp->w, 0, L * (size_t)kvp->w * 4);
+    if (kvp->free_slot) memset(kvp->free_slot + (h2o ? h0 : l0), 0, (h2o ? hn : L) * 4);
+}
+
 /* ---- per-step protocol ---- */
 
 int flexdiag__kvp_needs_scores(const flexdiag_kvp *kvp, int32_t t) {

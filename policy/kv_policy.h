@@ -86,18 +86,23 @@ flexdiag_status flexdiag__kvp_create(const flexdiag_kvp_params *p, flexdiag_kvp 
 void flexdiag__kvp_destroy(flexdiag_kvp *kvp);
 /* Back to step 0 for a new generation. */
 void flexdiag__kvp_reset(flexdiag_kvp *kvp);
+/* Back to step 0 for sequence seq alone (a slot that takes a new sequence): its state in every
+ * layer, its eviction counts kept (they count the run's evictions). The other sequences are
+ * untouched, so sequences may sit at different steps. */
+void flexdiag__kvp_reset_seq(flexdiag_kvp *kvp, int32_t seq);
 /* Step t of layer `layer` for sequences [s0, s0+n): write_slot (n, h_kv) ring slot of token
  * t; slots (n, h_kv, max_slots) attended ring slots; n_slots (n, h_kv). Must be called for
  * t = 0, 1, ... in order for each (layer, sequence). */
 void flexdiag__kvp_plan(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,
                         int32_t *write_slot, int32_t *slots, int32_t *n_slots);
 /* Position-only policies (dense, window, streaming) attend the same ring slots for every
- * (sequence, layer, KV head) at a step. For them this plans step t for ALL sequences [0, n_seq)
- * and layers at once: *write_slot, slots (max_slots) and *n_slots get the one common plan,
- * evictions are counted for everyone, and per-(layer, sequence) plan() must not be used in the
- * same run. Returns 1; returns 0 (and does nothing) for every other policy. */
-int flexdiag__kvp_plan_shared(flexdiag_kvp *kvp, int32_t t, int32_t n_seq, int32_t *write_slot,
-                              int32_t *slots, int32_t *n_slots);
+ * (layer, KV head) of a sequence at its step, and the same for all sequences at one step. For
+ * them this plans step t for the sequences [s0, s0 + n) and every layer at once: *write_slot,
+ * slots (max_slots) and *n_slots get their one common plan, evictions are counted for those
+ * sequences, and per-(layer, sequence) plan() must not be used in the same run. Returns 1;
+ * returns 0 (and does nothing) for every other policy. */
+int flexdiag__kvp_plan_shared(flexdiag_kvp *kvp, int32_t t, int32_t s0, int32_t n,
+                              int32_t *write_slot, int32_t *slots, int32_t *n_slots);
 /* After attention of the same (layer, t, s0, n): logits (n, h_q, max_slots) fp32 scaled logits
  * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row;
  * probs (n, h_q, max_slots) the kernels' probability epilogue expf(logit - lse) (kernels.h

@@ -71,15 +71,15 @@ int32_t flexdiag__kvp_pos_position(const flexdiag_kvp *k, int32_t t, int32_t slo
     }
 }
 
-int flexdiag__kvp_plan_shared(flexdiag_kvp *k, int32_t t, int32_t n_seq, int32_t *ws,
+int flexdiag__kvp_plan_shared(flexdiag_kvp *k, int32_t t, int32_t s0, int32_t n, int32_t *ws,
                               int32_t *slots, int32_t *ns) {
     if (k->p.kind != FLEXDIAG_POLICY_DENSE && k->p.kind != FLEXDIAG_POLICY_WINDOW &&
         k->p.kind != FLEXDIAG_POLICY_STREAMING)
         return 0;
-    FLEXDIAG_ASSERT(t >= 0 && t < k->p.l_dec && n_seq >= 0 && n_seq <= k->p.n_seq);
+    FLEXDIAG_ASSERT(t >= 0 && t < k->p.l_dec && s0 >= 0 && n >= 0 && s0 + n <= k->p.n_seq);
     int evict;
     *ns = position_list(k, t, slots, ws, &evict);
-    for (int32_t s = 0; evict && s < n_seq; s++)
+    for (int32_t s = s0; evict && s < s0 + n; s++)
         for (int32_t l = 0; l < k->p.n_layers; l++)
             k->evictions[flexdiag__kvp_li(k, s, l)] += (uint64_t)k->p.h_kv;
     return 1;

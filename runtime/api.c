@@ -4,8 +4,9 @@
  * Entry points clear the thread's error message, check params (struct_size first), and turn
  * every failure into a status plus a message; nothing here aborts or exits. The runtime picks
  * the backend: CUDA when the build has it, device >= 0 and a device answers; otherwise the CPU
- * engine (logged once). A context allows one call at a time (FLEXDIAG_ERR_BUSY) and honours
- * cancel at the next layer boundary.
+ * engine (logged once). Generation goes through the context's request queue (api_queue.c);
+ * scoring takes the context for its call (FLEXDIAG_ERR_BUSY beside the queue's engine thread)
+ * and honours cancel at the next layer boundary.
  */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 
 #include "base/core.h"
 #include "runtime/api_check.h"
+#include "runtime/api_queue.h"
 #include "runtime/engine/engine.h"
 #include "runtime/text/prompt.h"
 #include "runtime/text/tokenizer.h"
@@ -409,6 +411,7 @@ flexdiag_status flexdiag_context_create(flexdiag_model *m, const flexdiag_contex
     memcpy(&c->p, p, p->struct_size);
     flexdiag_status st = check_fits(m, &c->p);
     if (st == FLEXDIAG_OK) st = flexdiag__context_alloc(c);
+    if (st == FLEXDIAG_OK) st = flexdiag__queue_create(c);
     if (st != FLEXDIAG_OK) {
         flexdiag_context_destroy(c);
         return st;
@@ -419,13 +422,15 @@ flexdiag_status flexdiag_context_create(flexdiag_model *m, const flexdiag_contex
 
 void flexdiag_context_destroy(flexdiag_context *c) {
     if (!c) return;
+    flexdiag__queue_destroy(c); /* its requests end, its engine thread stops */
     flexdiag__context_free(c);
     free(c);
 }
 
 flexdiag_status flexdiag_context_cancel(flexdiag_context *c) {
-    if (!c) return FLEXDIAG_ERR_INVALID_ARG;
-    atomic_store(&c->cancel, 1);
+    if (!c) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_cancel: NULL context");
+    atomic_store(&c->cancel, 1); /* a scoring call in flight */
+    flexdiag__queue_cancel_all(c);
     return FLEXDIAG_OK;
 }
 
@@ -434,119 +439,4 @@ flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats
     *out = c->stats;
     out->peak_device_bytes = atomic_load(&((flexdiag_context *)c)->m->rt->arena.peak);
     return FLEXDIAG_OK;
-}
-
-/* ---- generate ---- */
-
-static flexdiag_status check_request(const flexdiag_request *r) {
-    FLEXDIAG_TRY(flexdiag__check_params(r->struct_size, sizeof *r, "flexdiag_request"));
-    if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "request needs n_prompts >= 1 and prompts or prompt_ids+prompt_lens");
-    if (r->images_per_prompt < 1 || r->first_image < 0)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "images_per_prompt must be >= 1 and first_image >= 0");
-    /* sampling: one message per field, naming it and its command-line flag */
-    if (!(r->temperature > 0) || !isfinite(r->temperature))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: temperature (--temperature) is "
-                             "%g: it must be finite and > 0 (greedy decoding is top_k 1)",
-                             (double)r->temperature);
-    if (r->top_k < 0)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: top_k (--top-k) is %d: it "
-                             "must be >= 0 (0 = off)", (int)r->top_k);
-    if (!(r->top_p > 0 && r->top_p <= 1))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: top_p (--top-p) is %g: it "
-                             "must be in (0, 1] (1 = off)", (double)r->top_p);
-    if (!isfinite(r->cfg_weight))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: cfg_weight (--cfg) is %g: it "
-                             "must be finite", (double)r->cfg_weight);
-    return FLEXDIAG_OK;
-}
-
-/* Token ids of every prompt (tokenised or copied). */
-static flexdiag_status prompt_table(const flexdiag_context *c, const flexdiag_request *r,
-                                    int32_t **ids, int32_t *lens) {
-    for (int32_t i = 0; i < r->n_prompts; i++) {
-        int64_t n = 0;
-        if (r->prompts) {
-            FLEXDIAG_TRY(flexdiag__prompt_ids(c->m, r->prompts[i], c->rows_per_img == 2,
-                                              &ids[i], &n));
-        } else {
-            n = r->prompt_lens[i];
-            ids[i] = malloc((size_t)(n > 0 ? n : 1) * 4);
-            if (!ids[i]) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "prompts: no memory");
-            memcpy(ids[i], r->prompt_ids[i], (size_t)(n > 0 ? n : 0) * 4);
-        }
-        lens[i] = (int32_t)n;
-    }
-    return FLEXDIAG_OK;
-}
-
-/* Chameleon images of a block: the generated ids (rows of codes + row ends, n_img x l_dec in
- * ids) -> code grids into out (n_img x image_tokens). */
-static void block_codes(const flexdiag_context *c, const int32_t *ids, int32_t n_img,
-                        int32_t *out) {
-    const flexdiag_model_config *m = &c->m->cfg;
-    for (int32_t i = 0; i < n_img; i++)
-        flexdiag__image_codes(m, c->m->img_codes, ids + (size_t)i * (size_t)c->l_dec,
-                              out + (size_t)i * (size_t)m->image_tokens);
-}
-
-static flexdiag_status generate_blocks(flexdiag_context *c, const flexdiag_request *r,
-                                       int32_t **ids, const int32_t *lens, flexdiag_output *out) {
-    int32_t total = out->n_images, per = out->tokens_per_image;
-    const int32_t **pp = malloc((size_t)c->n_img * sizeof *pp);
-    int32_t *pl = malloc((size_t)c->n_img * 4);
-    int32_t *seq = c->row_len ? malloc((size_t)c->n_img * (size_t)c->l_dec * 4) : NULL;
-    flexdiag_status st = pp && pl && (seq || !c->row_len)
-                             ? FLEXDIAG_OK
-                             : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no memory");
-    int32_t top_k = r->top_k == 0 && c->row_len ? FLEXDIAG_LUMINA_TOP_K : r->top_k;
-    for (int32_t img0 = 0; st == FLEXDIAG_OK && img0 < total; img0 += c->n_img) {
-        int32_t *dst = out->tokens + (size_t)img0 * (size_t)per;
-        flexdiag_block b = {.n_img = total - img0 < c->n_img ? total - img0 : c->n_img,
-                            .n_steps = c->l_dec, .img0 = r->first_image + img0,
-                            .cfg_weight = r->cfg_weight,
-                            .sp = {r->temperature, top_k, r->top_p, r->seed, 0},
-                            .tokens = seq ? seq : dst,
-                            .progress = c->p.progress, .progress_user = c->p.progress_user};
-        for (int32_t i = 0; i < b.n_img; i++) {
-            int32_t prompt = (img0 + i) / r->images_per_prompt;
-            pp[i] = ids[prompt];
-            pl[i] = lens[prompt];
-        }
-        b.prompt = pp;
-        b.prompt_len = pl;
-        st = flexdiag__engine_run(c, &b);
-        if (st == FLEXDIAG_OK && seq) block_codes(c, seq, b.n_img, dst);
-    }
-    free(seq);
-    free(pp);
-    free(pl);
-    return st;
-}
-
-flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *req,
-                                  flexdiag_output *out) {
-    flexdiag__err_clear();
-    if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "generate: NULL argument");
-    FLEXDIAG_TRY(check_request(req));
-    out->n_images = req->n_prompts * req->images_per_prompt;
-    out->tokens_per_image = c->rows_per_img == 2 ? c->m->cfg.image_tokens : c->l_dec;
-    if (!out->tokens) return FLEXDIAG_OK; /* size query */
-    int expected = 0;
-    if (!atomic_compare_exchange_strong(&c->busy, &expected, 1))
-        return flexdiag__err(FLEXDIAG_ERR_BUSY, "another call is running on this context");
-    atomic_store(&c->cancel, 0);
-    memset(&c->stats, 0, sizeof c->stats);
-    int32_t **ids = calloc((size_t)req->n_prompts, sizeof *ids);
-    int32_t *lens = calloc((size_t)req->n_prompts, 4);
-    flexdiag_status st = ids && lens ? prompt_table(c, req, ids, lens)
-                                     : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no memory");
-    if (st == FLEXDIAG_OK) st = generate_blocks(c, req, ids, lens, out);
-    for (int32_t i = 0; ids && i < req->n_prompts; i++) free(ids[i]);
-    free(ids);
-    free(lens);
-    atomic_store(&c->busy, 0);
-    return st;
 }

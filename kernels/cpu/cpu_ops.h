@@ -9,8 +9,8 @@
  * rmsnorm, layernorm, qk_norm, rope, swiglu, gelu, relu, gather), ref_matmul.c, ref_attn.c (KV
  * append with optional RoPE, attention, argument checks), ref_sample.c (CFG, sampling) are the
  * scalar oracle; fast_matmul.c and fast_attn.c are the multi-threaded replacements of the "cpu"
- * table. ref_policy.c (Diagonal slot lists, the decode epilogue) is shared by both tables. act is
- * fp32 throughout.
+ * table. ref_policy.c (the device-resident policy ops, the decode epilogue) is shared by both
+ * tables. act is fp32 throughout.
  */
 #ifndef FLEXDIAG_CPU_OPS_H
 #define FLEXDIAG_CPU_OPS_H
@@ -89,11 +89,14 @@ flexdiag_op_attn_prefill flexdiag__cpu_ref_attn_prefill;
 flexdiag_op_attn_decode flexdiag__cpu_ref_attn_decode;
 /* out (n_pairs, V) = u + w·(c − u) of logits rows (2i, 2i+1). */
 flexdiag_op_cfg_combine flexdiag__cpu_ref_cfg_combine;
-/* Temperature / top-k / top-p sampling keyed by (seed, req0 + i, step). */
+/* Temperature / top-k / top-p sampling, each row with its own settings and (seed, req, step)
+ * key; rows are host memory, read by the op. */
 flexdiag_op_sample flexdiag__cpu_ref_sample;
 
 /* ---- device-resident Diagonal policy (ref_policy.c; kernels.h diag_slots and the
  * attn_decode epilogue) ---- */
+/* The five policy ops refuse (INVALID_ARG naming the op) steps without the step array when
+ * there are lists, or with n_seq or per_seq below 1. */
 flexdiag_op_diag_slots flexdiag__cpu_diag_slots;
 /* ---- device-resident H2O / TOVA (ref_policy.c; kernels.h evict_plan, evict_update) ---- */
 flexdiag_op_evict_plan flexdiag__cpu_evict_plan;
@@ -105,7 +108,8 @@ flexdiag_op_alisa_update flexdiag__cpu_alisa_update;
  * group's g = h_q/h_kv rows of ring logits (z_stride floats apart, column = slot-list index,
  * n_slots of the group's list valid), lse its g log-sum-exps (both borrowed). Writes the
  * group's probs_out rows when a->probs_out is set and applies the Diagonal update to list
- * (s, h) when a->diag_lag is set (kernels.h flexdiag_attn_args); arguments already checked. */
+ * (s, h), lag a->diag_next[s], when a->diag_lag is set (kernels.h flexdiag_attn_args);
+ * arguments already checked. */
 void flexdiag__cpu_decode_scores(const flexdiag_attn_args *a, int64_t s, int32_t h,
                                  const float *z, int64_t z_stride, const float *lse);
 

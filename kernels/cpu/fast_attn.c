@@ -146,7 +146,7 @@ FLEXDIAG_CPU_CLONES static void decode_task(void *ctx, int64_t t, void *scratch)
     int64_t hq0 = s * a->h_q + (int64_t)h * g; /* first (sequence, query head) of the group */
     key_list r = block_keys(jb, s, h, 1);
     r.n_prompt = a->lp[s];
-    int64_t li = a->shared_slots ? 0 : t; /* this (sequence, KV head)'s slot list */
+    int64_t li = flexdiag__slot_list(a, s, h); /* this (sequence, KV head)'s slot list */
     r.slots = a->slots ? a->slots + li * a->max_slots : NULL;
     r.n_slots = a->n_slots[li];
     /* the epilogue's buffer follows attend_group's scratch; logits and lse go to the optional

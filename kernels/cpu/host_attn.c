@@ -286,7 +286,7 @@ static pair pair_at(const bf16_job *jb, int64_t t) {
     p.blk = (p.s * a->h_kv + p.kh) * jb->block * a->d_h;
     p.kc = (const uint16_t *)jb->h->k + p.blk;
     p.vc = (const uint16_t *)jb->h->v + p.blk;
-    int64_t li = a->shared_slots ? 0 : t;
+    int64_t li = flexdiag__slot_list(a, p.s, p.kh);
     p.slots = a->slots ? a->slots + li * a->max_slots : NULL;
     p.n_prompt = a->lp[p.s];
     p.n = p.n_prompt + a->n_slots[li];

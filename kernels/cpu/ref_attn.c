@@ -19,6 +19,7 @@
  * before any cache access because a bad one would read outside the cache.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,38 +59,53 @@ static flexdiag_status check_shape(const char *op, const flexdiag_attn_args *a) 
     return FLEXDIAG_OK;
 }
 
-/* Decode slot lists: n_slots within [0, max_slots], every slot a ring row. */
+/* "seq S][head H", "seq S" or "shared": list li of a's sharing, for messages (buf, n bytes). */
+static const char *list_name(const flexdiag_attn_args *a, int64_t li, char *buf, size_t n) {
+    if (a->shared_slots == FLEXDIAG_SLOTS_ONE) return "shared";
+    if (a->shared_slots == FLEXDIAG_SLOTS_PER_SEQ)
+        snprintf(buf, n, "seq %lld", (long long)li);
+    else
+        snprintf(buf, n, "seq %lld][head %lld", (long long)(li / a->h_kv),
+                 (long long)(li % a->h_kv));
+    return buf;
+}
+
+/* Decode slot lists: a known sharing, n_slots within [0, max_slots], every slot a ring row. */
 static flexdiag_status check_slots(const char *op, const flexdiag_attn_args *a) {
+    if (a->shared_slots < FLEXDIAG_SLOTS_PER_HEAD || a->shared_slots > FLEXDIAG_SLOTS_PER_SEQ)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: shared_slots = %d: need 0 (a list per sequence and KV "
+                             "head), 1 (one list) or 2 (a list per sequence)",
+                             op, a->shared_slots);
     if (a->max_slots < 0)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: max_slots = %d is negative", op,
                              a->max_slots);
     if (!a->n_slots || (a->max_slots > 0 && !a->slots))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op,
                              a->n_slots ? "slots" : "n_slots");
-    int64_t lists = a->shared_slots ? 1 : (int64_t)a->n_seq * a->h_kv;
-    for (int64_t sh = 0; sh < lists; sh++) {
-        int32_t ns = a->n_slots[sh];
+    /* lists: 1, n_seq or n_seq·h_kv, the last group's list being the last one */
+    int64_t lists = a->n_seq > 0 ? flexdiag__slot_list(a, a->n_seq - 1, a->h_kv - 1) + 1 : 0;
+    char name[64];
+    for (int64_t li = 0; li < lists; li++) {
+        int32_t ns = a->n_slots[li];
         if (ns < 0 || ns > a->max_slots)
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                                 "cpu %s: n_slots[seq %lld][head %lld] = %d outside [0, "
-                                 "max_slots = %d]",
-                                 op, (long long)(sh / a->h_kv), (long long)(sh % a->h_kv), ns,
-                                 a->max_slots);
+                                 "cpu %s: n_slots[%s] = %d outside [0, max_slots = %d]", op,
+                                 list_name(a, li, name, sizeof name), ns, a->max_slots);
         for (int32_t j = 0; j < ns; j++) {
-            int32_t slot = a->slots[sh * a->max_slots + j];
+            int32_t slot = a->slots[li * a->max_slots + j];
             if (slot < 0 || slot >= a->ring)
                 return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                                     "cpu %s: slots[seq %lld][head %lld][%d] = %d outside the "
-                                     "ring [0, %d)",
-                                     op, (long long)(sh / a->h_kv), (long long)(sh % a->h_kv), j,
-                                     slot, a->ring);
+                                     "cpu %s: slots[%s][%d] = %d outside the ring [0, %d)", op,
+                                     list_name(a, li, name, sizeof name), j, slot, a->ring);
         }
     }
     return FLEXDIAG_OK;
 }
 
 /* Fused Diagonal update (diag_lag set): per-(sequence, KV head) lists, diag_a >= 1,
- * diag_base >= 0, *diag_next a lag int16 holds, and no list longer than diag_base + diag_a. */
+ * diag_base >= 0, every diag_next[s] a lag int16 holds or negative (no update), and no list
+ * longer than diag_base + diag_a. */
 static flexdiag_status check_diag(const char *op, const flexdiag_attn_args *a) {
     if (!a->diag_lag) return FLEXDIAG_OK;
     if (a->shared_slots)
@@ -104,12 +120,14 @@ static flexdiag_status check_diag(const char *op, const flexdiag_attn_args *a) {
                              op, a->diag_a, a->diag_base);
     if (!a->diag_next)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "cpu %s: diag_lag is set but diag_next (the new lag) is NULL", op);
-    /* a CPU op runs before it returns: the value read here is the one the update writes */
-    if (*a->diag_next < 0 || *a->diag_next > INT16_MAX)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "cpu %s: *diag_next = %d outside the int16 lag range [0, %d]", op,
-                             *a->diag_next, INT16_MAX);
+                             "cpu %s: diag_lag is set but diag_next (the new lags) is NULL", op);
+    /* a CPU op runs before it returns: the values read here are the ones the update writes */
+    for (int32_t s = 0; s < a->n_seq; s++)
+        if (a->diag_next[s] > INT16_MAX)
+            return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                                 "cpu %s: diag_next[%d] = %d above the int16 lag range [0, %d] "
+                                 "(negative: no update)",
+                                 op, s, a->diag_next[s], INT16_MAX);
     for (int64_t li = 0; li < (int64_t)a->n_seq * a->h_kv; li++)
         if (a->n_slots[li] - a->diag_base > a->diag_a)
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
@@ -293,7 +311,7 @@ static void decode_group(float *out, const float *qkv, const void *k, const void
                          const flexdiag_attn_args *a, int64_t sq, int32_t h, float *zbuf) {
     int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
     int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h, hq0 = sq * a->h_q + (int64_t)h * g;
-    int64_t li = a->shared_slots ? 0 : sq * a->h_kv + h; /* this group's slot list */
+    int64_t li = flexdiag__slot_list(a, sq, h); /* this group's slot list */
     key_rows kr = block_rows(a, k, v, sq, h, 1);
     kr.n_prompt = a->lp[sq];
     kr.slots = a->slots ? a->slots + li * a->max_slots : NULL;

@@ -7,12 +7,14 @@
  * KV head) group with that group's ring logits.
  *
  * They restate policy/policy_diagonal.c and policy/policy_score.c in the op-table form the
- * CUDA backend implements, so
- * the engine's device-policy path runs (and is tested) on the CPU too; the host state machine
- * stays the reference both are checked against. The update scans list entries in index order
- * with the host's comparisons (strict <, then == with the larger lag), so it picks the same
- * entry, NaN scores included. Keeping the epilogue in one function (rather than one copy per
- * decode) makes the two CPU decodes agree whenever their logits agree.
+ * CUDA backend implements, so the engine's device-policy path runs (and is tested) on the CPU
+ * too; the host state machine stays the reference both are checked against. Each list runs at
+ * its own sequence's step (kernels.h flexdiag_list_steps): the per-list code is the host's for
+ * that step, and a list whose step is negative (or, for ALISA's plan, past the decode length)
+ * is skipped whole. The update scans list entries in index order with the host's comparisons
+ * (strict <, then == with the larger lag), so it picks the same entry, NaN scores included.
+ * Keeping the epilogue in one function (rather than one copy per decode) makes the two CPU
+ * decodes agree whenever their logits agree.
  */
 #include <math.h>
 #include <string.h>
@@ -21,13 +23,29 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "policy/kv_policy.h"
 
+/* The step arguments of a policy op: the step array (when there are lists to read it for), at
+ * least one sequence, at least one list per sequence. */
+static flexdiag_status check_steps(const char *op, const flexdiag_list_steps *st,
+                                   int64_t n_lists) {
+    if ((n_lists > 0 && !st->t) || st->n_seq < 1 || st->per_seq < 1)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: steps t %s, n_seq = %d, per_seq = %d: need the step array "
+                             "(n_seq >= 1 entries, one per sequence) and per_seq >= 1",
+                             op, st->t ? "set" : "NULL", st->n_seq, st->per_seq);
+    return FLEXDIAG_OK;
+}
+
+/* ---- Diagonal (kernels.h diag_slots; policy_diagonal.c's rules) ---- */
+
 flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
                                          int16_t *cnt, int64_t n_lists, int32_t max_slots,
-                                         int32_t a, int32_t t, int32_t n_r, int32_t base,
-                                         flexdiag_stream *s) {
+                                         int32_t a, flexdiag_list_steps steps, int32_t n_r,
+                                         int32_t base, flexdiag_stream *s) {
     (void)s;
-    int32_t ti = t - base;
+    FLEXDIAG_TRY(check_steps("diag_slots", &steps, n_lists));
     for (int64_t i = 0; i < n_lists; i++) {
+        int32_t t = flexdiag__list_step(&steps, i), ti = t - base;
+        if (t < 0) continue; /* a free slot */
         int32_t *sl = slots + i * max_slots;
         int16_t *lg = lag + i * a;
         if (ti < 0) { /* sink4, t <= 3: decode tokens 0..t are the sinks written so far */
@@ -53,10 +71,14 @@ flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16
 
 flexdiag_status flexdiag__cpu_evict_plan(int32_t *rows, int32_t *pos, float *acc,
                                          const int32_t *free_slot, int64_t n_lists,
-                                         int32_t rows_per_list, int32_t n_att, int32_t t,
-                                         int32_t p_cap, flexdiag_stream *s) {
+                                         int32_t rows_per_list, int32_t n_att,
+                                         flexdiag_list_steps steps, int32_t p_cap,
+                                         flexdiag_stream *s) {
     (void)s;
+    FLEXDIAG_TRY(check_steps("evict_plan", &steps, n_lists));
     for (int64_t i = 0; i < n_lists; i++) {
+        int32_t t = flexdiag__list_step(&steps, i);
+        if (t < 0) continue;
         int32_t *ps = pos + i * n_att;
         float *ac = acc ? acc + i * n_att : NULL;
         for (int32_t j = 0; t == 0 && j < n_att; j++) { /* a new run: empty slots */
@@ -110,10 +132,13 @@ static void tova_update_list(int32_t *free_slot, const int32_t *pos, const float
 
 flexdiag_status flexdiag__cpu_evict_update(int32_t *free_slot, float *acc, const int32_t *pos,
                                            const float *probs, int64_t n_lists, int32_t heads,
-                                           int32_t max_slots, int32_t n_att, int32_t t,
-                                           flexdiag_stream *s) {
+                                           int32_t max_slots, int32_t n_att,
+                                           flexdiag_list_steps steps, flexdiag_stream *s) {
     (void)s;
+    FLEXDIAG_TRY(check_steps("evict_update", &steps, n_lists));
     for (int64_t i = 0; i < n_lists; i++) {
+        int32_t t = flexdiag__list_step(&steps, i);
+        if (t < 0) continue;
         const float *p = probs + i * heads * max_slots;
         if (acc)
             h2o_update_list(free_slot + i, acc + i * n_att, pos + i * n_att, p, heads, max_slots,
@@ -130,10 +155,13 @@ flexdiag_status flexdiag__cpu_alisa_plan(int32_t *slots, int32_t *n_slots, int32
                                          float *rec_p, int32_t *rec_n, float *score,
                                          uint64_t *keys, int64_t n_lists, int32_t copies,
                                          int32_t max_slots, int32_t n_att, int32_t l_dec,
-                                         int32_t t, flexdiag_stream *s) {
+                                         flexdiag_list_steps steps, flexdiag_stream *s) {
     (void)s;
+    FLEXDIAG_TRY(check_steps("alisa_plan", &steps, n_lists));
     size_t w = (size_t)(n_att - n_att / 2), na = (size_t)n_att;
     for (int64_t i = 0; i < n_lists; i++) {
+        int32_t t = flexdiag__list_step(&steps, i);
+        if (t < 0 || t >= l_dec) continue; /* a free slot, or past the scratch's l_dec steps */
         int32_t *sl = slots + i * copies * max_slots;
         int32_t n = flexdiag__alisa_plan_list(rec_pos + (size_t)i * w * na,
                                               rec_p + (size_t)i * w * na, rec_n + (size_t)i * w,
@@ -148,10 +176,15 @@ flexdiag_status flexdiag__cpu_alisa_plan(int32_t *slots, int32_t *n_slots, int32
 
 flexdiag_status flexdiag__cpu_alisa_update(float *rec_p, const int32_t *rec_n, const float *probs,
                                            int64_t n_lists, int32_t heads, int32_t max_slots,
-                                           int32_t n_att, int32_t t, flexdiag_stream *s) {
+                                           int32_t n_att, flexdiag_list_steps steps,
+                                           flexdiag_stream *s) {
     (void)s;
-    int32_t w = n_att - n_att / 2, r = t % w;
+    FLEXDIAG_TRY(check_steps("alisa_update", &steps, n_lists));
+    int32_t w = n_att - n_att / 2;
     for (int64_t i = 0; i < n_lists; i++) {
+        int32_t t = flexdiag__list_step(&steps, i);
+        if (t < 0) continue;
+        int32_t r = t % w;
         float *rv = rec_p + ((size_t)i * (size_t)w + (size_t)r) * (size_t)n_att;
         const float *p = probs + i * heads * max_slots;
         for (int32_t j = 0; j < rec_n[i * w + r]; j++) { /* sum over all h_q heads */
@@ -185,12 +218,13 @@ static float diag_score(const float *z, int64_t z_stride, int32_t g, int32_t c) 
     return best;
 }
 
-/* The fused build-up update of list li: lexicographic argmin of (score, -lag) over the list
- * entries e < n_slots - diag_base (entry e at column n_slots - 1 - e) gets lag *diag_next. */
-static void diag_update(const flexdiag_attn_args *a, int64_t li, int32_t g, const float *z,
-                        int64_t z_stride) {
-    int32_t ns = a->n_slots[li], n = ns - a->diag_base, best = 0;
-    if (n <= 0) return; /* only sinks (or nothing) attended: no candidate */
+/* The fused build-up update of list li of sequence s: lexicographic argmin of (score, -lag) over
+ * the list entries e < n_slots - diag_base (entry e at column n_slots - 1 - e) gets lag
+ * diag_next[s]; nothing when that is negative (s is not at a build-up step). */
+static void diag_update(const flexdiag_attn_args *a, int64_t s, int64_t li, int32_t g,
+                        const float *z, int64_t z_stride) {
+    int32_t next = a->diag_next[s], ns = a->n_slots[li], n = ns - a->diag_base, best = 0;
+    if (next < 0 || n <= 0) return; /* no build-up step, or no candidate (only sinks) */
     int16_t *lag = a->diag_lag + li * a->diag_a;
     float best_s = diag_score(z, z_stride, g, ns - 1);
     for (int32_t e = 1; e < n; e++) {
@@ -200,14 +234,14 @@ static void diag_update(const flexdiag_attn_args *a, int64_t li, int32_t g, cons
             best_s = sc;
         }
     }
-    lag[best] = (int16_t)*a->diag_next;
+    lag[best] = (int16_t)next;
 }
 
 void flexdiag__cpu_decode_scores(const flexdiag_attn_args *a, int64_t s, int32_t h, const float *z,
                                  int64_t z_stride, const float *lse) {
     int32_t g = a->h_q / a->h_kv;
-    int64_t li = a->shared_slots ? 0 : s * a->h_kv + h;
+    int64_t li = flexdiag__slot_list(a, s, h);
     if (a->probs_out)
         decode_probs(a, s * a->h_q + (int64_t)h * g, g, a->n_slots[li], z, z_stride, lse);
-    if (a->diag_lag) diag_update(a, li, g, z, z_stride);
+    if (a->diag_lag) diag_update(a, s, li, g, z, z_stride);
 }

@@ -2,7 +2,12 @@
  * ref_sample.c - classifier-free guidance mix and token sampling (the definition the CUDA
  * sampler reproduces).
  *
- * sample, per row i of logits (n, V):
+ * sample, per row i of logits (n, V), with row i's own settings and key rows[i] (kernels.h
+ * flexdiag_sample_row; every row may belong to another request):
+ *   0. req < 0: the row is skipped: ids[i] is left as it is and its logits are not read (nor its
+ *      settings checked). Settings out of range (temperature not finite or <= 0, top_k < 0,
+ *      top_p not > 0) are FLEXDIAG_ERR_INVALID_ARG naming the row and the field, before any
+ *      row is drawn.
  *   1. l = logit / T in fp32 (T > 0). A NaN/Inf logit, or an l that overflows, is
  *      FLEXDIAG_ERR_NUMERIC naming the row.
  *   2. top_k > 0 and < V: keep the top_k largest l; equal l keep the lower id.
@@ -11,14 +16,15 @@
  *   4. top_p < 1: order the kept ids by p descending (equal p: lower id first) and keep the
  *      shortest prefix whose cumulative p (double) reaches top_p; at least one id; all of them
  *      if rounding keeps the sum below top_p.
- *   5. u = flexdiag__rng_uniform(seed, req0 + i, step); walk the kept ids in ascending id order
- *      accumulating p in double and return the first id whose cumulative sum exceeds
+ *   5. u = flexdiag__rng_uniform(seed, req, step); walk the kept ids in ascending id order
+ *      accumulating p in double and return id0 + the first id whose cumulative sum exceeds
  *      u · (Σ p over the kept ids, summed in the same order); if rounding leaves none, the
  *      largest kept id.
- * The draw depends only on (seed, request, step) and the row's logits, never on the batch or
- * thread count. Ascending-id order for the walk (rather than probability order) makes it
- * independent of how a backend sorts. Sorting here is qsort of (value, id) pairs with a total
- * order, so no step depends on qsort's instability; rows without top-k/top-p never sort.
+ * The draw depends only on the row's (seed, request, step), its settings and its logits, never
+ * on the batch or thread count. Ascending-id order for the walk (rather than probability order)
+ * makes it independent of how a backend sorts. Sorting here is qsort of (value, id) pairs with
+ * a total order, so no step depends on qsort's instability; rows without top-k/top-p never
+ * sort.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -107,18 +113,18 @@ static int64_t top_p_prefix(cand *c, int64_t n, float top_p) {
     return n;
 }
 
-/* Steps 2-5 for one row whose values c hold l; u is the row's uniform draw. */
-static int32_t sample_row(cand *c, int64_t V, const flexdiag_sample_params *p, double u) {
+/* Steps 2-5 for one row whose values c hold l, with settings r; u is the row's uniform draw. */
+static int32_t sample_row(cand *c, int64_t V, const flexdiag_sample_row *r, double u) {
     int64_t n = V;
     int sorted = 0;
-    if (p->top_k > 0 && p->top_k < V) {
+    if (r->top_k > 0 && r->top_k < V) {
         qsort(c, (size_t)V, sizeof *c, cmp_value_desc);
-        n = p->top_k;
+        n = r->top_k;
         sorted = 1;
     }
     softmax_kept(c, n);
-    if (p->top_p < 1.0f) {
-        n = top_p_prefix(c, n, p->top_p);
+    if (r->top_p < 1.0f) {
+        n = top_p_prefix(c, n, r->top_p);
         sorted = 1;
     }
     if (sorted) qsort(c, (size_t)n, sizeof *c, cmp_id);
@@ -132,39 +138,53 @@ static int32_t sample_row(cand *c, int64_t V, const flexdiag_sample_params *p, d
     return c[n - 1].id;
 }
 
-/* INVALID_ARG for sizes or parameters sample cannot use. */
+/* Step 0: INVALID_ARG for the settings of row i (not skipped) that sample cannot use. */
+static flexdiag_status check_row(const flexdiag_sample_row *r, int64_t i) {
+    if (!isfinite(r->temperature) || !(r->temperature > 0.0f))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu sample: row %lld: temperature = %g: need a finite value > 0",
+                             (long long)i, (double)r->temperature);
+    if (r->top_k < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu sample: row %lld: top_k = %d: need >= 0 (0 = off)", (long long)i,
+                             r->top_k);
+    if (!(r->top_p > 0.0f))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu sample: row %lld: top_p = %g: need > 0 (>= 1 = off)",
+                             (long long)i, (double)r->top_p);
+    return FLEXDIAG_OK;
+}
+
+/* INVALID_ARG for sizes, pointers or row settings sample cannot use. */
 static flexdiag_status check_sample(const int32_t *ids, const float *logits, int64_t n, int64_t V,
-                                    const flexdiag_sample_params *p) {
-    if (!p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu sample: params are NULL");
+                                    const flexdiag_sample_row *rows) {
     if (n < 0 || V < 1 || V > INT32_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "cpu sample: n = %lld, V = %lld: need n >= 0 and 1 <= V <= 2^31-1",
                              (long long)n, (long long)V);
-    if (!(p->temperature > 0.0f) || p->top_k < 0 || !(p->top_p > 0.0f))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "cpu sample: temperature = %g, top_k = %d, top_p = %g: need "
-                             "temperature > 0, top_k >= 0 (0 = off), top_p > 0 (>= 1 = off)",
-                             (double)p->temperature, p->top_k, (double)p->top_p);
-    if (n > 0 && (!ids || !logits))
+    if (n > 0 && (!ids || !logits || !rows))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu sample: %s is NULL",
-                             ids ? "logits" : "ids");
+                             !ids ? "ids" : !logits ? "logits" : "rows");
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i].req >= 0) FLEXDIAG_TRY(check_row(&rows[i], i));
     return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__cpu_ref_sample(int32_t *ids, const float *logits, int64_t n, int64_t V,
-                                         const flexdiag_sample_params *p, int64_t req0,
-                                         int64_t step, flexdiag_stream *s) {
-    FLEXDIAG_TRY(check_sample(ids, logits, n, V, p));
+                                         const flexdiag_sample_row *rows, flexdiag_stream *s) {
+    FLEXDIAG_TRY(check_sample(ids, logits, n, V, rows));
     if (n == 0) return FLEXDIAG_OK;
     void *buf, *tmp;
     FLEXDIAG_TRY(flexdiag__cpu_scratch(s, (size_t)V * sizeof(cand), &buf, &tmp));
     cand *c = buf;
     flexdiag_status st = FLEXDIAG_OK;
     for (int64_t i = 0; i < n && st == FLEXDIAG_OK; i++) {
-        st = scale_row(c, logits + i * V, V, p->temperature, i);
+        const flexdiag_sample_row *r = &rows[i];
+        if (r->req < 0) continue; /* a free slot or a forced token */
+        st = scale_row(c, logits + i * V, V, r->temperature, i);
         if (st != FLEXDIAG_OK) break;
-        double u = flexdiag__rng_uniform(p->seed, (uint64_t)(req0 + i), (uint64_t)step);
-        ids[i] = p->id0 + sample_row(c, V, p, u);
+        double u = flexdiag__rng_uniform(r->seed, (uint64_t)r->req, (uint64_t)r->step);
+        ids[i] = r->id0 + sample_row(c, V, r, u);
     }
     free(tmp);
     return st;

@@ -1,7 +1,9 @@
 /*
  * alisa_policy.cu - ALISA kept on the device (kernels.h alisa_plan / alisa_update): each
  * (layer, sequence) list's records of the last w steps live in device memory, so a decode step
- * needs no host round trip for the selection.
+ * needs no host round trip for the selection. Each list runs at its sequence's own step, read
+ * from the device steps (kernels.h flexdiag_list_steps): a negative step leaves the list as it
+ * is, and so does a plan step >= l_dec.
  *
  * The rules are policy/policy_alisa.c's exactly (the CPU backend runs that code itself).
  * Plan: one CTA per list. S_t is summed into the list's score scratch one record at a time in
@@ -86,9 +88,11 @@ alisa_plan_kernel(int32_t *__restrict__ slots, int32_t *__restrict__ n_slots,
                   int32_t *__restrict__ rec_pos, float *__restrict__ rec_p,
                   int32_t *__restrict__ rec_n, float *__restrict__ score,
                   uint64_t *__restrict__ keys, int32_t copies, int32_t ms, int32_t na,
-                  int32_t l_dec, int32_t t) {
+                  int32_t l_dec, flexdiag_list_steps st) {
     const int64_t i = blockIdx.x;
     const int tid = (int)threadIdx.x;
+    const int32_t t = flexdiag__cuda_list_step(st, i); /* the same for the whole CTA */
+    if (t < 0 || t >= l_dec) return;                   /* a free slot or past the run */
     const int32_t w = na - na / 2, k_g = na - w, ncand = t - w + 1, rt = t % w;
     int32_t *rp_all = rec_pos + i * w * na, *rn = rec_n + i * w;
     float *rv_all = rec_p + i * w * na;
@@ -112,12 +116,15 @@ alisa_plan_kernel(int32_t *__restrict__ slots, int32_t *__restrict__ n_slots,
 static __global__ void alisa_update_kernel(float *__restrict__ rec_p,
                                            const int32_t *__restrict__ rec_n,
                                            const float *__restrict__ probs, int64_t n_lists,
-                                           int32_t heads, int32_t ms, int32_t na, int32_t t) {
+                                           int32_t heads, int32_t ms, int32_t na,
+                                           flexdiag_list_steps st) {
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int32_t w = na - na / 2, r = t % w;
     const int64_t i = e / na;
-    const int32_t j = (int32_t)(e - i * na);
-    if (i >= n_lists || j >= rec_n[i * w + r]) return;
+    if (i >= n_lists) return;
+    const int32_t t = flexdiag__cuda_list_step(st, i);
+    if (t < 0) return; /* a free slot: nothing to update */
+    const int32_t w = na - na / 2, r = t % w, j = (int32_t)(e - i * na);
+    if (j >= rec_n[i * w + r]) return;
     const float *p = probs + i * heads * (int64_t)ms + j;
     float sc = 0.0f;
     for (int32_t q = 0; q < heads; q++) sc += p[(int64_t)q * ms];
@@ -129,14 +136,15 @@ extern "C" flexdiag_status flexdiag__cuda_alisa_plan(int32_t *slots, int32_t *n_
                                                      int32_t *rec_n, float *score, uint64_t *keys,
                                                      int64_t n_lists, int32_t copies,
                                                      int32_t max_slots, int32_t n_att,
-                                                     int32_t l_dec, int32_t t,
+                                                     int32_t l_dec, flexdiag_list_steps t,
                                                      flexdiag_stream *s) {
     if (n_lists < 0 || n_lists > INT32_MAX || copies < 1 || n_att < 1 || max_slots < n_att ||
-        t < 0 || l_dec <= t)
+        l_dec < 1)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "cuda alisa_plan: n_lists %lld, copies %d, max_slots %d, n_att %d, "
-                             "l_dec %d, t %d out of range (max_slots >= n_att >= 1, l_dec > t)",
-                             (long long)n_lists, copies, max_slots, n_att, l_dec, t);
+                             "l_dec %d out of range (max_slots >= n_att >= 1, l_dec >= 1)",
+                             (long long)n_lists, copies, max_slots, n_att, l_dec);
+    FLEXDIAG_TRY(flexdiag__cuda_steps_check("alisa_plan", t, n_lists));
     if (n_lists == 0) return FLEXDIAG_OK;
     cudaStream_t st = flexdiag__cuda_st(s);
     alisa_plan_kernel<<<(unsigned)n_lists, ALISA_THREADS, 0, st>>>(
@@ -148,13 +156,14 @@ extern "C" flexdiag_status flexdiag__cuda_alisa_plan(int32_t *slots, int32_t *n_
 extern "C" flexdiag_status flexdiag__cuda_alisa_update(float *rec_p, const int32_t *rec_n,
                                                        const float *probs, int64_t n_lists,
                                                        int32_t heads, int32_t max_slots,
-                                                       int32_t n_att, int32_t t,
+                                                       int32_t n_att, flexdiag_list_steps t,
                                                        flexdiag_stream *s) {
-    if (n_lists < 0 || heads < 1 || n_att < 1 || max_slots < n_att || t < 0)
+    if (n_lists < 0 || heads < 1 || n_att < 1 || max_slots < n_att)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "cuda alisa_update: n_lists %lld, heads %d, max_slots %d, n_att %d, "
-                             "t %d out of range (max_slots >= n_att >= 1)", (long long)n_lists,
-                             heads, max_slots, n_att, t);
+                             "cuda alisa_update: n_lists %lld, heads %d, max_slots %d, n_att %d "
+                             "out of range (max_slots >= n_att >= 1)", (long long)n_lists, heads,
+                             max_slots, n_att);
+    FLEXDIAG_TRY(flexdiag__cuda_steps_check("alisa_update", t, n_lists));
     if (n_lists == 0) return FLEXDIAG_OK;
     cudaStream_t st = flexdiag__cuda_st(s);
     const int64_t work = n_lists * n_att;

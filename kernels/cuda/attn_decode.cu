@@ -7,9 +7,9 @@
  * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
  * (contiguous: in the block, or with shared prompt KV in the sequence's prefix block of the
  * prompt-only store, which the sequences of one prompt read through L2), j >= lp ring rows
- * p_cap + slots[s][h][j - lp] (token-granular gather; one
- * list for all (s, h) when shared_slots), the CTA's slots staged in shared memory first (short
- * lists excepted) so key loads never wait on a slot load. A row of d_h bf16 is split over
+ * p_cap + slots[s][h][j - lp] (token-granular gather; the list of (s, h), of sequence s or
+ * one for all as shared_slots says: dec_list), the CTA's slots staged in shared memory first
+ * (short lists excepted) so key loads never wait on a slot load. A row of d_h bf16 is split over
  * L = d_h / 8 lanes
  * with 16-byte loads; each such row group takes every NG-th key, U per iteration, all loads
  * issued before use, and keeps its own fp32 online-softmax state (m, l, acc) per head; groups
@@ -17,7 +17,8 @@
  * Policy scores, fused (§4.3): all g logits of a key sit in the row group's registers, so
  * Diagonal's build-up update folds max-over-the-group, then a lexicographic (score, -lag)
  * minimum, into per-thread registers as keys pass; shuffles and shared memory reduce it and one
- * thread rewrites the lag (no extra pass over K, no logits written). H2O/TOVA/ALISA get
+ * thread rewrites the lag with the sequence's diag_next[s], unless that is negative (no extra
+ * pass over K, no logits written). H2O/TOVA/ALISA get
  * probabilities: the ring logits go to probs_out during the pass and the epilogue, once lse is
  * known, turns them into expf(logit - lse) in place (same CTA, after a barrier).
  * Small batches (< 2 CTAs per multiprocessor) split each list over up to 16 CTAs that write
@@ -85,13 +86,14 @@ typedef struct decode_params {
     const int32_t *lp;            /* (n_seq) prompt rows */
     const int32_t *slots;         /* (n_seq, h_kv, max_slots) ring rows */
     const int32_t *n_slots;       /* (n_seq, h_kv) valid slots */
-    int32_t shared;               /* 1: one slot list (row 0) for every (seq, KV head) */
+    int32_t shared;               /* FLEXDIAG_SLOTS_*: lists per (seq, KV head), one for all
+                                     or per sequence (dec_list) */
     float *logits_out;            /* (n_seq, h_q, max_slots) or NULL */
     float *lse_out;               /* (n_seq, h_q) or NULL */
     float *probs_out;             /* (n_seq, h_q, max_slots) or NULL */
     int16_t *diag_lag;            /* (n_seq, h_kv, diag_a) lag lists or NULL (kernels.h) */
     int32_t diag_a, diag_base;
-    const int32_t *diag_next;     /* device int32: the new lag */
+    const int32_t *diag_next;     /* (n_seq) the new lag of each sequence, < 0: none */
     float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l,
                                      Diagonal's partial (score, entry) in the first head's pad */
     const int32_t *prefix;        /* (n_seq) shared prompt block of each sequence, or NULL */
@@ -106,6 +108,22 @@ typedef struct decode_params {
 } decode_params;
 
 /* ---- small device helpers ---- */
+
+/* The slot list (index into n_slots; times max_slots into slots) of sequence s, KV head h under
+ * p.shared: kernels.h flexdiag__slot_list on the device. */
+static __device__ __forceinline__ int64_t dec_list(const decode_params &p, int64_t s, int h) {
+    return p.shared == FLEXDIAG_SLOTS_ONE ? 0
+           : p.shared == FLEXDIAG_SLOTS_PER_SEQ ? s
+                                                : s * p.h_kv + h;
+}
+
+/* The sequence s and KV head h this CTA attends for: CTA x = s·h_kv + h, or head-major
+ * x = h·n_seq + s (decode_head_major). */
+static __device__ __forceinline__ void dec_cta(const decode_params &p, int &s, int &h) {
+    const int x = (int)blockIdx.x;
+    h = p.head_major ? x / p.n_seq : x % p.h_kv;
+    s = p.head_major ? x - h * p.n_seq : x / p.h_kv;
+}
 
 /* 8 bf16 of a 16-byte vector to fp32 (element 0 in the low half of word 0). */
 static __device__ __forceinline__ void bf16x8_to_f32(uint4 w, float f[8]) {
@@ -381,8 +399,10 @@ static __device__ __forceinline__ void dec_write(uint4 *out, const decode_params
 }
 
 /* Reduce the CTA's Diagonal candidates (row groups by shuffles, warps through shared memory);
- * thread 0 rewrites the winning lag, or under split-K leaves the split's candidate in the pad
- * of the first head's partial for attn_decode_merge. */
+ * thread 0 rewrites the winning lag with diag_next[s] of the CTA's sequence s (nothing when it
+ * is negative), or under split-K leaves the split's candidate in the pad of the first head's
+ * partial for attn_decode_merge. s is found again from the CTA index rather than kept live
+ * through the key loop (one register less: no spills at g = 1, d_h 128). */
 template <int D>
 static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const decode_params &p,
                                        int64_t sq0, float *sm_s, int *sm_e) {
@@ -405,7 +425,10 @@ static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const dec
         dst[D + 2] = am.s;
         dst[D + 3] = __int_as_float(am.e);
     } else if (am.e >= 0) {
-        k.dl[am.e] = (int16_t)__ldg(p.diag_next);
+        int s, h;
+        dec_cta(p, s, h);
+        const int32_t next = __ldg(p.diag_next + s);
+        if (next >= 0) k.dl[am.e] = (int16_t)next;
     }
 }
 
@@ -480,8 +503,8 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int sub = lane % L, grp = warp * RPW + lane / L;
-    const int x = (int)blockIdx.x, h = p.head_major ? x / p.n_seq : x % p.h_kv;
-    const int s = p.head_major ? x - h * p.n_seq : x / p.h_kv;
+    int s, h;
+    dec_cta(p, s, h);
     const int bh = s * p.h_kv + h; /* the index of the (s, h) cache block */
     const int hq0 = h * p.g + (int)blockIdx.y * G;
     const int ng = min(G, p.g - (int)blockIdx.y * G);
@@ -499,7 +522,7 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     /* key list: lp prompt rows, then ns ring slots (clamped: file comment); this CTA's part */
     dec_keys k;
     k.lp = p.pre_part ? 0 : min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
-    const int64_t li = p.shared ? 0 : bh; /* slot list of this (sequence, KV head) */
+    const int64_t li = dec_list(p, s, h); /* slot list of this (sequence, KV head) */
     k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0);
     const int per = (k.n + p.splits - 1) / p.splits;
     k.jb = min(k.n, (int)blockIdx.z * per);
@@ -575,7 +598,7 @@ attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
     if (threadIdx.x == 0 && p.lse_out) p.lse_out[sq] = lse;
     if (!p.probs_out && !p.diag_lag) return;
     const int s = (int)(sq / p.h_q), hq = (int)(sq - (int64_t)s * p.h_q);
-    const int64_t li = p.shared ? 0 : (int64_t)s * p.h_kv + hq / p.g;
+    const int64_t li = dec_list(p, s, hq / p.g);
     const int ns = p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0;
     if (p.probs_out)
         for (int c = (int)threadIdx.x; c < ns; c += 32) {
@@ -583,12 +606,14 @@ attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
             *pr = dec_prob(*pr, lse);
         }
     if (p.diag_lag && hq % p.g == 0 && threadIdx.x == 0) {
-        int16_t *dl = p.diag_lag + li * p.diag_a;
+        const int32_t next = __ldg(p.diag_next + s); /* < 0: s keeps its lags */
+        if (next < 0) return;
+        int16_t *dl = p.diag_lag + ((int64_t)s * p.h_kv + hq / p.g) * p.diag_a;
         dec_amin am = {0.0f, -1};
         for (int z = 0; z < p.splits; z++)
             amin_fold(am, pp[z * DEC_PART(D) + D + 2], __float_as_int(pp[z * DEC_PART(D) + D + 3]),
                       dl);
-        if (am.e >= 0) dl[am.e] = (int16_t)__ldg(p.diag_next);
+        if (am.e >= 0) dl[am.e] = (int16_t)next;
     }
 }
 
@@ -822,6 +847,10 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "attn_decode: max_slots = %d needs >= 0 and, when > 0, the slots "
                              "and n_slots arrays", (int)a->max_slots);
+    if (a->shared_slots < FLEXDIAG_SLOTS_PER_HEAD || a->shared_slots > FLEXDIAG_SLOTS_PER_SEQ)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "attn_decode: shared_slots = %d is none of FLEXDIAG_SLOTS_PER_HEAD "
+                             "(0), _ONE (1) and _PER_SEQ (2)", (int)a->shared_slots);
     if (a->prefix && (!a->k_pre || !a->v_pre || a->p_cap != 0 || a->n_pre < 1 || a->pre_cap < 0))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "attn_decode: prefix is set with k_pre %s, v_pre %s, p_cap = %d, "
@@ -842,8 +871,8 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "attn_decode: group size h_q / h_kv = %d exceeds %d", g,
                              65535 * DEC_MAX_G);
-    if (a->diag_lag &&
-        (a->shared_slots || a->diag_a < 1 || a->diag_base < 0 || !a->diag_next || chunks > 1))
+    if (a->diag_lag && (a->shared_slots != FLEXDIAG_SLOTS_PER_HEAD || a->diag_a < 1 ||
+                        a->diag_base < 0 || !a->diag_next || chunks > 1))
         return flexdiag__err(chunks > 1 ? FLEXDIAG_ERR_UNSUPPORTED : FLEXDIAG_ERR_INVALID_ARG,
                              "attn_decode: the fused Diagonal update needs per-(sequence, KV "
                              "head) slot lists, diag_a >= 1, diag_base >= 0, diag_next and a "
@@ -858,7 +887,7 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
     const int64_t list = (cascade ? 0 : (int64_t)prompt_cap(a)) + a->max_slots;
     const int splits = decode_splits(a, s, ctas, list, s->workspace_bytes - pre);
     decode_params p = {a->h_q, a->h_kv, g, a->p_cap, a->ring, a->max_slots, splits, a->scale,
-                       a->lp, a->slots, a->n_slots, a->shared_slots ? 1 : 0, a->logits_out,
+                       a->lp, a->slots, a->n_slots, a->shared_slots, a->logits_out,
                        a->lse_out, a->probs_out, a->diag_lag, a->diag_a, a->diag_base,
                        a->diag_next, (float *)((char *)s->workspace + pre), a->prefix,
                        (const uint4 *)a->k_pre, (const uint4 *)a->v_pre, a->n_pre, a->pre_cap,

@@ -131,6 +131,26 @@ static inline unsigned flexdiag__cuda_blocks(int64_t work, int64_t per_block) {
     return (unsigned)b;
 }
 
+/* The step of list i of a device-resident policy op (kernels.h flexdiag_list_steps): its
+ * sequence's entry of st.t, in device memory. */
+static __device__ __forceinline__ int32_t flexdiag__cuda_list_step(const flexdiag_list_steps &st,
+                                                                  int64_t i) {
+    return __ldg(st.t + (i / st.per_seq) % st.n_seq);
+}
+
+/* Host-side check of the steps of a policy op (op names it in the message) over n_lists lists:
+ * with lists to plan, st must point at the steps, n_seq >= 1 and per_seq >= 1. */
+static inline flexdiag_status flexdiag__cuda_steps_check(const char *op,
+                                                         const flexdiag_list_steps &st,
+                                                         int64_t n_lists) {
+    if (n_lists > 0 && (!st.t || st.n_seq < 1 || st.per_seq < 1))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cuda %s: steps t %s, n_seq %d, per_seq %d: need the device steps, "
+                             "n_seq >= 1 and per_seq >= 1", op, st.t ? "set" : "NULL",
+                             (int)st.n_seq, (int)st.per_seq);
+    return FLEXDIAG_OK;
+}
+
 /* Sum of v over the CTA (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
  * red must hold 32 floats; the call contains __syncthreads() and may be repeated. */
 static __device__ __forceinline__ float flexdiag__block_sum(float v, float *red) {

@@ -153,8 +153,9 @@ flexdiag_op_matmul flexdiag__cuda_matmul;
 
 /* cfg.cu: out (n_pairs, V) = u + w·(c − u), c = row 2i, u = row 2i+1 of logits. */
 flexdiag_op_cfg_combine flexdiag__cuda_cfg_combine;
-/* sample.cu: one id per row (see the file comment); a row holding a non-finite value after
- * the temperature gets id -1, which the runtime detects when it copies the ids back. */
+/* sample.cu: one id per row with the row's own settings (see the file comment); a row holding
+ * a non-finite value after the temperature, or with settings out of range, gets id -1, which
+ * the runtime detects when it copies the ids back; a row with req < 0 is left as it is. */
 flexdiag_op_sample flexdiag__cuda_sample;
 /* Device-resident Diagonal policy (diag_policy.cu); contracts in kernels.h. */
 flexdiag_op_diag_slots flexdiag__cuda_diag_slots;

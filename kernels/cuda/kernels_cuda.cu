@@ -11,8 +11,8 @@
  * events in event.cu.
  *
  * Device-side contracts the runtime must keep (documented at the launchers): ids passed to
- * embed / gather_rows are in range; sample writes id -1 for a row with non-finite logits, and
- * the runtime turns that into FLEXDIAG_ERR_NUMERIC after copying the ids back.
+ * embed / gather_rows are in range; sample writes id -1 for a row with non-finite logits or
+ * settings out of range, and the runtime turns that into an error after copying the ids back.
  */
 #include "kernels/cuda/attn.cuh"
 #include "kernels/cuda/cuda_common.cuh"

@@ -1,29 +1,34 @@
 /*
- * sample.cu - token sampling on the GPU, the same definition as kernels/cpu/ref_sample.c:
+ * sample.cu - token sampling on the GPU, the same definition as kernels/cpu/ref_sample.c, each
+ * row with its own key and settings (kernels.h flexdiag_sample_row, device memory):
+ *   0. req < 0: the row is skipped (its id untouched, its logits not read); settings out of
+ *      range (T not > 0 or not finite, top_k < 0, top_p not > 0) make the id -1 (see below);
  *   1. l = logit / T (fp32); a non-finite l makes the row's id -1 (see below);
  *   2. top_k in (0, V): keep the top_k largest l, equal l keep the lower id;
  *   3. p = (float)(expf(l − max) / Σ e) over the kept ids, Σ in double;
  *   4. top_p < 1: keep the shortest prefix, by p descending (equal p: lower id first), whose
  *      cumulative p (double) reaches top_p; at least one id, all if rounding stays below;
- *   5. u = flexdiag__rng_uniform(seed, req0 + i, step); walk the kept ids in ascending id order
- *      and return the first whose cumulative p (double) exceeds u · Σ p(kept); else the largest
- *      kept id.
+ *   5. u = flexdiag__rng_uniform(seed, req, step); walk the kept ids in ascending id order and
+ *      return the first whose cumulative p (double) exceeds u · Σ p(kept); else the largest
+ *      kept id; the row's id is that plus id0.
  *
- * No sorting: one CTA per row (grid-stride over rows) turns each "keep" into a threshold plus a
- * tie cut-off. Top-k is a 4-pass radix select (8-bit digits, shared-memory histogram) over an
- * order-preserving integer key of l (−0 folded into +0, since −0 == +0 ties on the CPU); then the
- * needed number of equal keys is taken in ascending id order. Top-p binary-searches the fp32 bit
- * pattern π of the boundary probability: the smallest v whose mass above v, G(v), is < top_p
- * (30 passes over the row, each a deterministic reduction); then ties at π are added one by one
- * as the CPU's sequential sum would until top_p is reached. The walk scans the row in chunks of
- * the CTA size with a block-wide prefix sum. Every reduction runs in a fixed order, so a row's id
- * depends only on its logits and (seed, request, step). Double sums are associated differently
+ * No sorting: one CTA per row (grid-stride over rows) reads the row's settings, then turns each
+ * "keep" into a threshold plus a tie cut-off. Top-k is a 4-pass radix select (8-bit digits,
+ * shared-memory histogram) over an order-preserving integer key of l (−0 folded into +0, since
+ * −0 == +0 ties on the CPU); then the needed number of equal keys is taken in ascending id
+ * order. Top-p binary-searches the fp32 bit pattern π of the boundary probability: the smallest
+ * v whose mass above v, G(v), is < top_p (30 passes over the row, each a deterministic
+ * reduction); then ties at π are added one by one as the CPU's sequential sum would until top_p
+ * is reached. The walk scans the row in chunks of the CTA size with a block-wide prefix sum.
+ * Every reduction runs in a fixed order, so a row's id depends only on its logits and its
+ * settings (seed, request, step, T, top_k, top_p, id0). Double sums are associated differently
  * from the CPU's sequential ones; that moves a result only when u·Σ falls within ~1e-15 of a
  * CDF boundary. The logits row (≤ 400 KiB) stays in L2 across the passes; nothing is stored.
  *
- * Non-finite logits: the op cannot report FLEXDIAG_ERR_NUMERIC without a host sync, so it writes
+ * Non-finite logits and bad settings: the op cannot report FLEXDIAG_ERR_NUMERIC or
+ * FLEXDIAG_ERR_INVALID_ARG without a host sync (the settings are device data), so it writes
  * id -1 for that row; the runtime copies the ids to the host every step and must treat -1 as
- * FLEXDIAG_ERR_NUMERIC for that row.
+ * an error of that row.
  */
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.cuh"
@@ -288,16 +293,26 @@ static __device__ int64_t last_kept(const row_ctx &c, sample_smem *sm) {
     return block_reduce<int64_t>(best, op_max(), (int64_t *)sm->red);
 }
 
+/* Settings a row can be drawn with (kernels.h flexdiag_sample_row). */
+static __device__ __forceinline__ bool row_settings_ok(const flexdiag_sample_row &r) {
+    return r.temperature > 0.0f && isfinite(r.temperature) && r.top_k >= 0 && r.top_p > 0.0f;
+}
+
 static __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_kernel(int32_t *__restrict__ ids, const float *__restrict__ logits, int64_t n,
-                  int64_t V, float T, int32_t top_k, float top_p, uint64_t seed, int64_t req0,
-                  int64_t step, int32_t id0) {
+                  int64_t V, const flexdiag_sample_row *__restrict__ rows) {
     __shared__ sample_smem sm;
     for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+        const flexdiag_sample_row rs = rows[row]; /* the same for the whole CTA */
+        if (rs.req < 0) continue;                 /* skipped: id untouched, logits not read */
+        if (!row_settings_ok(rs)) {
+            if (threadIdx.x == 0) ids[row] = -1;
+            continue;
+        }
         row_ctx c;
         c.lg = logits + row * V;
         c.V = V;
-        c.T = T;
+        c.T = rs.temperature;
         c.tk_key = 0; /* every finite l has a key > 0: all kept */
         c.tk_cut = V;
         c.tp_bits = 0; /* p > 0, or p == 0 with any id: all kept */
@@ -306,9 +321,9 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
             if (threadIdx.x == 0) ids[row] = -1;
             continue;
         }
-        if (top_k > 0 && top_k < V) select_top_k(&c, top_k, &sm);
+        if (rs.top_k > 0 && rs.top_k < V) select_top_k(&c, rs.top_k, &sm);
         c.z = sum_kept_k(c, [&](int64_t, float l) { return (double)expf(l - c.mx); }, &sm);
-        if (top_p < 1.0f) select_top_p(&c, top_p, &sm);
+        if (rs.top_p < 1.0f) select_top_p(&c, rs.top_p, &sm);
         const row_ctx cc = c;
         const double total = sum_kept_k(
             cc,
@@ -317,33 +332,26 @@ static __global__ void __launch_bounds__(SAMPLE_THREADS)
                 return kept_p(cc, j, p) ? (double)p : 0.0;
             },
             &sm);
-        const double u =
-            flexdiag__rng_uniform(seed, (uint64_t)(req0 + row), (uint64_t)step);
+        const double u = flexdiag__rng_uniform(rs.seed, (uint64_t)rs.req, (uint64_t)rs.step);
         int64_t id = walk(c, u * total, &sm);
         if (id < 0) id = last_kept(c, &sm);
-        if (threadIdx.x == 0) ids[row] = id0 + (int32_t)id;
+        if (threadIdx.x == 0) ids[row] = rs.id0 + (int32_t)id;
     }
 }
 
-/* ids (n) int32, logits (n, V) f32 */
+/* ids (n) int32, logits (n, V) f32, rows (n) device settings (the kernel checks them) */
 extern "C" flexdiag_status flexdiag__cuda_sample(int32_t *ids, const float *logits, int64_t n,
-                                                 int64_t V, const flexdiag_sample_params *p,
-                                                 int64_t req0, int64_t step, flexdiag_stream *s) {
-    if (!p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cuda sample: params are NULL");
-    if (n < 0 || V < 1 || V > INT32_MAX || (n > 0 && (!ids || !logits)))
+                                                 int64_t V, const flexdiag_sample_row *rows,
+                                                 flexdiag_stream *s) {
+    if (n < 0 || V < 1 || V > INT32_MAX || (n > 0 && (!ids || !logits || !rows)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "cuda sample: n = %lld, V = %lld: need n >= 0, 1 <= V <= 2^31-1 and "
-                             "device buffers",
+                             "device buffers (ids, logits, rows)",
                              (long long)n, (long long)V);
-    if (!(p->temperature > 0.0f) || p->top_k < 0 || !(p->top_p > 0.0f))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "cuda sample: temperature = %g, top_k = %d, top_p = %g: need "
-                             "temperature > 0, top_k >= 0 (0 = off), top_p > 0 (>= 1 = off)",
-                             (double)p->temperature, p->top_k, (double)p->top_p);
     if (n == 0) return FLEXDIAG_OK;
     cudaStream_t st = flexdiag__cuda_st(s);
-    sample_kernel<<<flexdiag__cuda_blocks(n, 1), SAMPLE_THREADS, 0, st>>>(
-        ids, logits, n, V, p->temperature, p->top_k, p->top_p, p->seed, req0, step, p->id0);
+    sample_kernel<<<flexdiag__cuda_blocks(n, 1), SAMPLE_THREADS, 0, st>>>(ids, logits, n, V,
+                                                                         rows);
     FLEXDIAG_CUDA_LAUNCH_CHECK(st);
     return FLEXDIAG_OK;
 }

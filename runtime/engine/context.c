@@ -64,6 +64,8 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     if (c->m->w.homes)
         TAKE(wslots, WEIGHT_SLOTS * flexdiag__sched_tiered_slot_bytes(c->m->w.homes));
     TAKE(x, S * (size_t)c->p_cap * d * act);
+    if (c->n_pre) TAKE(xl_pre, (size_t)c->n_pre * d * act);
+    if (c->n_pre) TAKE(last_pre, (size_t)c->n_pre * 4);
     TAKE(h, mbt * d * act);
     TAKE(qkv, mbt * qkvw * act);
     TAKE(att, mbt * hq * dh * act);
@@ -81,6 +83,7 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     TAKE(pos, S * 4);
     TAKE(last, S * 4);
     TAKE(ids, S * 4);
+    TAKE(srows, (size_t)c->n_img * sizeof(flexdiag_sample_row));
 #undef TAKE
     return off + flexdiag__pd_layout(&c->pd, base ? base + off : NULL);
 }
@@ -295,17 +298,20 @@ static flexdiag_status upload_prefill_tables(flexdiag_context *c) {
     return st;
 }
 
-/* Host block of the sampled ids and step positions (page-locked when the backend offers it,
- * so the per-step copies are asynchronous). */
+/* Host block of the sampled ids, step positions and draws (page-locked when the backend offers
+ * it, so the per-step copies are asynchronous). */
 static flexdiag_status host_alloc(flexdiag_context *c) {
     const flexdiag_kernels *k = c->m->rt->k;
     size_t each = al((size_t)c->n_seq * 4);
-    flexdiag_status st = k->host_alloc ? k->host_alloc(2 * each, &c->host) : FLEXDIAG_OK;
-    if (!k->host_alloc) c->host = malloc(2 * each);
+    size_t total = 2 * each + al((size_t)c->n_img * sizeof *c->h_srows);
+    flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->host) : FLEXDIAG_OK;
+    if (!k->host_alloc) c->host = malloc(total);
     if (st != FLEXDIAG_OK) return st;
     if (!c->host) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no host memory");
+    memset(c->host, 0, total);
     c->h_ids = c->host;
     c->h_pos = (int32_t *)((char *)c->host + each);
+    c->h_srows = (flexdiag_sample_row *)((char *)c->host + 2 * each);
     return FLEXDIAG_OK;
 }
 

@@ -225,11 +225,11 @@ static void fill_job(const run_state *r, const flexdiag_layer_io *io, ca_ws *w, 
                                 .a = io->a, .cs = w->cs, .act_bytes = (int)r->act};
     flexdiag_attn_args *a = &j->h.a;
     a->lp = r->lp + m->s0;
-    a->slots = c->pd.h_slots;
-    a->n_slots = c->pd.h_nslots;
+    a->slots = c->pd.h_slots + (size_t)m->s0 * (size_t)c->pd.max_slots; /* one per sequence */
+    a->n_slots = c->pd.h_nslots + m->s0;
     a->pos = io->a.pos ? c->h_pos + m->s0 : NULL;
     uint64_t rows = 0;
-    for (int32_t s = 0; s < m->n_seq; s++) rows += (uint64_t)a->lp[s] + (uint64_t)*a->n_slots;
+    for (int32_t s = 0; s < m->n_seq; s++) rows += (uint64_t)a->lp[s] + (uint64_t)a->n_slots[s];
     j->kv_bytes = rows * 2 * (uint64_t)a->h_kv * (uint64_t)a->d_h * r->act;
 }
 

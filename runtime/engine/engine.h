@@ -40,6 +40,7 @@
 #include "runtime/model/model.h"
 
 struct flexdiag_tokenizer;
+struct flexdiag_queue;
 
 struct flexdiag_runtime {
     flexdiag_runtime_params p;   /* copy of the creation params */
@@ -86,6 +87,9 @@ typedef struct flexdiag_ctx_bufs {
                           flexdiag__sched_kv_staging_bytes); NULL when every KV is here */
     void *wslots;      /* (WEIGHT_SLOTS, slot bytes) device weight slots of a split model */
     void *x;           /* (n_seq, p_cap, d) act: residual stream (decode uses (n_seq, d)) */
+    void *xl_pre;      /* (n_pre, d) act: the last prompt row's hidden state of each shared
+                          prompt row (n_pre > 0), what a sequence admitted onto it starts from */
+    int32_t *last_pre; /* (n_pre) gather index of each shared prompt row's last row in x */
     void *h;           /* (mb_tok, d) normed input */
     void *qkv;         /* (mb_tok, (h_q + 2 h_kv) d_h) */
     void *att;         /* (mb_tok, h_q d_h) attention output */
@@ -103,6 +107,7 @@ typedef struct flexdiag_ctx_bufs {
     int32_t *pos;      /* (n_seq) decode positions */
     int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
     int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
+    flexdiag_sample_row *srows; /* (n_img) each image's draw of the current step (kernels.h) */
 } flexdiag_ctx_bufs;
 
 /* A context: one block of work at a time (busy), independent of every other context of the
@@ -125,8 +130,9 @@ struct flexdiag_context {
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
     int32_t n_pre;                   /* shared prompt rows the context holds (0: each
                                         sequence keeps its own in its KV block) */
-    int32_t n_pf;                    /* distinct prompt rows of the last block (n_pre > 0),
-                                        the rows its prefill ran; its sequences otherwise */
+    int32_t n_pf;                    /* distinct prompt rows of the last run's first
+                                        admission (n_pre > 0), the rows its prefill ran; its
+                                        sequences otherwise */
     int32_t blk_p;                   /* prompt rows in each sequence's KV block: p_cap, or 0
                                         when the prompt rows are shared (n_pre > 0) */
     size_t pre_bytes;                /* bytes of one shared prompt row's K (or V) in a layer */
@@ -167,8 +173,11 @@ struct flexdiag_context {
                                         backend can) */
     int32_t *h_ids;                  /* (n_seq) sampled or forced ids */
     int32_t *h_pos;                  /* (n_seq) decode positions of a step */
-    atomic_int busy;                 /* a call is in flight */
-    atomic_int cancel;               /* cancel requested */
+    flexdiag_sample_row *h_srows;    /* (n_img) staging of b.srows */
+    atomic_int busy;                 /* a run is in flight (the queue's engine thread, or a
+                                        scoring call) */
+    atomic_int cancel;               /* cancel of a lock-step run (scoring) requested */
+    struct flexdiag_queue *queue;    /* the request queue and its engine thread (api_queue.c) */
     flexdiag_stats stats;            /* counters of the last call */
 };
 
@@ -205,6 +214,59 @@ typedef struct flexdiag_block {
                                       normally, graphs included) */
 } flexdiag_block;
 
+/* One job of the engine: an image (its CFG rows) or a text continuation, which holds one slot
+ * of the context from its admission to its retirement, at its own decode step. Pointers are
+ * borrowed until the feed's done() for it. */
+typedef struct flexdiag_job {
+    const int32_t *prompt;     /* conditional prompt ids (prompt_len of them) */
+    int32_t prompt_len;
+    int32_t n_steps;           /* tokens to generate, 1 .. the context's l_dec */
+    int32_t eos;               /* text: the id that ends the job early (kept), -1: none */
+    int64_t img;               /* sampling key: the image (request) index */
+    flexdiag_sample_params sp; /* temperature, top_k, top_p, seed (id0 is the context's) */
+    float cfg_weight;          /* CFG weight (images) */
+    const int32_t *forced;     /* (n_steps) teacher-forced ids, or NULL to sample */
+    int32_t *tokens;           /* out (n_steps) */
+    float *logits;             /* optional out (n_steps, vocab_out): the distribution each token
+                                  was drawn from (CFG-combined for images); tests, fidelity */
+    const atomic_int *cancel;  /* nonzero: retire the job at the next step boundary; or NULL */
+    void *tag;                 /* the feed's */
+    int32_t idx;               /* the feed's */
+} flexdiag_job;
+
+/* Where a run of the engine takes its jobs and leaves their results. The engine calls it from
+ * its own thread, at step boundaries only. */
+typedef struct flexdiag_feed {
+    /* The next waiting job, or NULL; it stays first until take() (admission is FIFO: a job the
+     * context cannot take yet holds the ones behind it). */
+    const flexdiag_job *(*peek)(void *user);
+    void (*take)(void *user);
+    /* No sequence is live: block until a job waits (return 1) or none will come (0). */
+    int (*wait)(void *user);
+    /* (optional) token `step` of job is in job->tokens. */
+    void (*token)(void *user, const flexdiag_job *job, int32_t step);
+    /* job ended: st OK with its n tokens (n_steps, or fewer after its eos), CANCELLED with the n
+     * it made, or a failure (NUMERIC: its logits; INVALID_ARG: refused at admission, n = 0;
+     * the run's failure) with msg saying what failed ("" for OK). */
+    void (*done)(void *user, const flexdiag_job *job, int32_t n, flexdiag_status st,
+                 const char *msg);
+    /* (optional) The run stops with a failure (a cancel of the whole run included): the feed
+     * cancels what it still holds of the requests the run served, before done() of the live
+     * jobs; what is submitted after this call is not affected. */
+    void (*abort)(void *user);
+    void *user;
+    int lockstep;  /* admit only when no sequence is live (--batching blocks) */
+    int fail_fast; /* a job's failure ends the run with its status (a block: one image fails
+                      the block) */
+} flexdiag_feed;
+
+/* Run jobs from f on context c until f has no more (wait() returns 0 with nothing live), each
+ * admitted into a free slot at a step boundary once the slots and shared prompt rows it needs
+ * are free (continuous batching), retired when its tokens are made. A context cancel retires
+ * every live job (CANCELLED) and returns CANCELLED; a failure of the engine fails the live jobs
+ * with it and returns it. The caller holds c busy. */
+flexdiag_status flexdiag__engine_serve(flexdiag_context *c, const flexdiag_feed *f);
+
 /* Device bytes a context with these params needs (for --batch auto and error messages). */
 flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
                                         size_t *out);
@@ -237,9 +299,13 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c);
 void flexdiag__context_free(flexdiag_context *c);
 /* Run one block on context c. */
 flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b);
+/* Take c for a run (busy), waiting for the run in flight to end: the queue's engine thread and
+ * scoring calls take turns. Release with atomic_store(&c->busy, 0). Never from inside a run
+ * (a callback of it): that waits forever. */
+void flexdiag__context_take(flexdiag_context *c);
 /* Teacher-forced scoring of one image (or text continuation): prompt (np ids, the conditional
  * row) then ids (n); logits (n, V) CFG-combined for Janus / plain for Llama, raw (rows, n, V)
- * per-row logits; either may be NULL. Marks the context busy for the call. */
+ * per-row logits; either may be NULL. Takes the context for the call (flexdiag__context_take). */
 flexdiag_status flexdiag__context_score(flexdiag_context *c, const int32_t *prompt, int32_t np,
                                         const int32_t *ids, int32_t n, float cfg_weight,
                                         float *logits, float *raw);

@@ -6,6 +6,8 @@
  * input embedding (text and Chameleon: embed_tokens, plus OPT's learned positions; Janus:
  * gen_embed -> gen_aligner MLP).
  */
+#include <stdio.h>
+
 #include "base/core.h"
 #include "runtime/engine/run_state.h"
 
@@ -35,48 +37,124 @@ flexdiag_status flexdiag__head(const run_state *r, const void *xin, int32_t s0, 
     return FLEXDIAG_OK;
 }
 
-/* The ids of output step `step` into c->b.ids and c->h_ids: teacher-forced, the row end of a
- * Chameleon image (the same step for every image of the block), or drawn from dist. */
-static flexdiag_status step_ids(const run_state *r, int32_t step, const float *dist) {
-    flexdiag_context *c = r->c;
-    const flexdiag_block *b = r->b;
-    int row_end = c->row_len && step % c->row_len == c->row_len - 1;
-    if (b->forced || row_end) {
-        for (int32_t i = 0; i < b->n_img; i++)
-            c->h_ids[i] = b->forced ? b->forced[(size_t)i * b->n_steps + step]
-                                    : c->m->cfg.row_end_id;
-        return r->k->copy_h2d(c->b.ids, c->h_ids, (size_t)b->n_img * 4, r->s);
+/* Whether slot i takes part in this output: live, and fresh (just prefilled) when asked. */
+static int taking(const run_state *r, int32_t i, int fresh) {
+    return r->slot[i].live && (!fresh || r->slot[i].fresh);
+}
+
+/* The id slot sl must take at its next step without drawing: teacher-forced, or the row end of
+ * a Chameleon image; 0 when it draws. */
+static int forced_id(const run_state *r, const run_slot *sl, int32_t *id) {
+    const flexdiag_context *c = r->c;
+    int32_t step = sl->made;
+    if (sl->job.forced) *id = sl->job.forced[step];
+    else if (c->row_len && step % c->row_len == c->row_len - 1) *id = c->m->cfg.row_end_id;
+    else return 0;
+    return 1;
+}
+
+/* CFG: the guided distribution of every taking image, one call per run of consecutive taking
+ * images with the same weight. */
+static flexdiag_status combine(const run_state *r, int fresh) {
+    const flexdiag_context *c = r->c;
+    size_t V = (size_t)c->vocab_out;
+    for (int32_t i = 0, e; i < r->n_img; i = e) {
+        float w = r->slot[i].job.cfg_weight;
+        int in = taking(r, i, fresh);
+        for (e = i + 1; e < r->n_img && taking(r, e, fresh) == in &&
+                        (!in || r->slot[e].job.cfg_weight == w);
+             e++) {}
+        if (in)
+            FLEXDIAG_TRY(r->k->cfg_combine(c->b.cfg + (size_t)i * V,
+                                           c->b.logits + (size_t)i * 2 * V, e - i, (int64_t)V,
+                                           w, r->s));
     }
-    flexdiag_sample_params sp = b->sp;
-    sp.id0 = c->id0;
-    FLEXDIAG_TRY(r->k->sample(c->b.ids, dist, b->n_img, c->vocab_out, &sp, b->img0, step, r->s));
-    FLEXDIAG_TRY(r->k->copy_d2h(c->h_ids, c->b.ids, (size_t)b->n_img * 4, r->s));
-    for (int32_t i = 0; i < b->n_img; i++)
-        if (c->h_ids[i] < c->id0 || c->h_ids[i] >= c->id0 + c->vocab_out)
-            return flexdiag__err(FLEXDIAG_ERR_NUMERIC,
-                                 "step %d: image %d: logits are not finite (sampled id %d)", step,
-                                 i, c->h_ids[i]);
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__take_step_output(run_state *r, int32_t step) {
+/* The draw of each taking image that does not take a forced id into c->h_srows (req -1: no
+ * draw); returns how many draw. A forced id goes to the slot's `forced` (-1: none). */
+static int32_t plan_draws(const run_state *r, int fresh) {
     flexdiag_context *c = r->c;
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n_img; i++) {
+        run_slot *sl = &r->slot[i];
+        sl->forced = -1;
+        c->h_srows[i] = (flexdiag_sample_row){.req = -1};
+        if (!taking(r, i, fresh) || forced_id(r, sl, &sl->forced)) continue;
+        const flexdiag_sample_params *sp = &sl->job.sp;
+        c->h_srows[i] = (flexdiag_sample_row){.seed = sp->seed, .req = sl->job.img,
+                                              .step = sl->made, .temperature = sp->temperature,
+                                              .top_k = sp->top_k, .top_p = sp->top_p,
+                                              .id0 = c->id0};
+        n++;
+    }
+    return n;
+}
+
+/* The ids of the taking images' next tokens into c->b.ids and c->h_ids: drawn from dist, or
+ * forced. A drawn id outside the vocabulary (logits not finite) fails its slot: made = -1. */
+static flexdiag_status step_ids(const run_state *r, int fresh, const float *dist) {
+    flexdiag_context *c = r->c;
+    int32_t n_draw = plan_draws(r, fresh), n_forced = 0;
+    size_t n = (size_t)r->n_img;
+    if (n_draw) {
+        FLEXDIAG_TRY(r->k->copy_h2d(c->b.srows, c->h_srows, n * sizeof *c->h_srows, r->s));
+        FLEXDIAG_TRY(r->k->sample(c->b.ids, dist, r->n_img, c->vocab_out, c->b.srows, r->s));
+        FLEXDIAG_TRY(r->k->copy_d2h(c->h_ids, c->b.ids, n * 4, r->s));
+    }
+    for (int32_t i = 0; i < r->n_img; i++) {
+        if (r->slot[i].forced >= 0) {
+            c->h_ids[i] = r->slot[i].forced;
+            n_forced++;
+        } else if (c->h_srows[i].req >= 0 &&
+                   (c->h_ids[i] < c->id0 || c->h_ids[i] >= c->id0 + c->vocab_out)) {
+            run_slot *sl = &r->slot[i];
+            snprintf(sl->msg, sizeof sl->msg,
+                     "step %d: image %lld: logits are not finite (sampled id %d)", sl->made,
+                     (long long)sl->job.img, c->h_ids[i]);
+            sl->made = -1;
+        }
+    }
+    if (!n_forced) return FLEXDIAG_OK;
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.ids, c->h_ids, n * 4, r->s));
+    /* without a draw nothing waits for the stream before the host writes h_ids again */
+    return n_draw ? FLEXDIAG_OK : r->k->stream_sync(r->s);
+}
+
+/* The lock-step captures of a block (engine.h flexdiag_block): the guided and per-row logits
+ * of token `step` of every image. */
+static flexdiag_status capture_logits(const run_state *r, const float *dist, int32_t step) {
+    const flexdiag_context *c = r->c;
     const flexdiag_block *b = r->b;
     size_t V = (size_t)c->vocab_out;
-    const float *dist = c->b.logits;
-    if (c->rows_per_img == 2) {
-        FLEXDIAG_TRY(r->k->cfg_combine(c->b.cfg, c->b.logits, b->n_img, (int64_t)V,
-                                       b->cfg_weight, r->s));
-        dist = c->b.cfg;
-    }
-    FLEXDIAG_TRY(step_ids(r, step, dist));
-    for (int32_t i = 0; i < b->n_img; i++) b->tokens[(size_t)i * b->n_steps + step] = c->h_ids[i];
     for (int32_t i = 0; b->logits && i < b->n_img; i++)
         FLEXDIAG_TRY(r->k->copy_d2h(b->logits + ((size_t)i * b->n_steps + step) * V,
                                     dist + (size_t)i * V, V * 4, r->s));
-    for (int32_t i = 0; b->raw_logits && i < r->n_seq; i++)
+    for (int32_t i = 0; b->raw_logits && i < b->n_img * c->rows_per_img; i++)
         FLEXDIAG_TRY(r->k->copy_d2h(b->raw_logits + ((size_t)i * b->n_steps + step) * V,
                                     c->b.logits + (size_t)i * V, V * 4, r->s));
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__take_step_output(run_state *r, int fresh) {
+    flexdiag_context *c = r->c;
+    const float *dist = c->b.logits;
+    if (c->rows_per_img == 2) {
+        FLEXDIAG_TRY(combine(r, fresh));
+        dist = c->b.cfg;
+    }
+    FLEXDIAG_TRY(step_ids(r, fresh, dist));
+    if (r->b->logits || r->b->raw_logits) FLEXDIAG_TRY(capture_logits(r, dist, r->slot[0].made));
+    size_t V = (size_t)c->vocab_out;
+    for (int32_t i = 0; i < r->n_img; i++) {
+        run_slot *sl = &r->slot[i];
+        if (!taking(r, i, fresh) || sl->made < 0) continue;
+        if (sl->job.logits)
+            FLEXDIAG_TRY(r->k->copy_d2h(sl->job.logits + (size_t)sl->made * V,
+                                        dist + (size_t)i * V, V * 4, r->s));
+        sl->job.tokens[sl->made++] = c->h_ids[i];
+    }
     return FLEXDIAG_OK;
 }
 

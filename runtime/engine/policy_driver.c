@@ -5,8 +5,10 @@
  * A "list" is what one attention call attends for one (layer, sequence, KV head). Every mode
  * writes the same three arrays the attention ops read (kernels.h flexdiag_attn_args): the
  * cache row each list's new K/V goes to (rows), the ring slots it attends (slots) and their
- * count (nslots). Position-only policies share one list; the others keep one per (layer,
- * sequence, KV head), H2O / TOVA on the device one shared slot list with per-list write rows.
+ * count (nslots). Position-only policies keep one list per sequence for every layer and KV
+ * head (its step alone decides it); the others keep one per (layer, sequence, KV head), H2O /
+ * TOVA on the device one list per sequence with per-list write rows. Each sequence is planned
+ * at its own step (policy_driver.h).
  *
  * The device modes (diag, evict, alisa) need the backend's optional policy ops and, for
  * Diagonal, a GQA group the fused attention update supports (kernels.h diag_max_group);
@@ -27,9 +29,9 @@ struct pd_mode {
     const char *name;
     int device;      /* the state lives on the device */
     int fuse_diag;   /* attention applies Diagonal's build-up update (diag_lag) */
-    flexdiag_status (*plan)(flexdiag_policy_driver *pd, const flexdiag_pd_run *run, int32_t t,
+    flexdiag_status (*plan)(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
                             flexdiag_stream *s);
-    flexdiag_status (*update)(flexdiag_policy_driver *pd, const flexdiag_pd_run *run, int32_t t,
+    flexdiag_status (*update)(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
                               flexdiag_stream *s);
 };
 
@@ -63,7 +65,7 @@ static size_t head_index(const flexdiag_policy_driver *pd, int32_t j, int32_t s0
 }
 
 static size_t list_index(const flexdiag_policy_driver *pd, int32_t j, int32_t s0) {
-    return pd->shared_slots ? 0 : head_index(pd, j, s0);
+    return pd->shared_slots ? (size_t)s0 : head_index(pd, j, s0);
 }
 
 /* Rows of the whole per-list arrays (capacity strides). */
@@ -71,17 +73,28 @@ static size_t all_lists(const flexdiag_policy_driver *pd) {
     return (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq * (size_t)pd->kp.h_kv;
 }
 
+/* The steps of the device modes' lists: (layers, sequences, per_seq) (kernels.h). */
+static flexdiag_list_steps list_steps(const flexdiag_policy_driver *pd, int32_t per_seq) {
+    return (flexdiag_list_steps){pd->b.steps, pd->kp.n_seq, per_seq};
+}
+
+/* Step of sequence s at this pass (-1: free, or beyond the pass). */
+static int32_t seq_step(const flexdiag_pd_run *run, int32_t s) {
+    return s < run->n_seq ? run->t[s] : -1;
+}
+
 /* ---- plan recording (tests) ---- */
 
-/* Copy step t's host plan into run->plan_out (layout in engine.h flexdiag_block). */
-static void record_plan(const flexdiag_policy_driver *pd, const flexdiag_pd_run *run, int32_t t) {
+/* Copy the pass's host plan into run->plan_out at step run->plan_t (layout in engine.h
+ * flexdiag_block). */
+static void record_plan(const flexdiag_policy_driver *pd, const flexdiag_pd_run *run) {
     size_t hkv = (size_t)pd->kp.h_kv, ms = (size_t)pd->max_slots, rec = 1 + ms;
-    size_t n_lists = (size_t)run->n_seq * hkv;
+    size_t n_lists = (size_t)run->n_seq * hkv, t = (size_t)run->plan_t;
     for (int32_t j = 0; j < pd->kp.n_layers; j++)
         for (size_t i = 0; i < n_lists; i++) {
-            size_t li = pd->shared_slots ? 0 : list_index(pd, j, 0) + i;
+            size_t li = pd->shared_slots ? i / hkv : head_index(pd, j, 0) + i;
             int32_t *dst = run->plan_out +
-                           (((size_t)t * (size_t)pd->kp.n_layers + (size_t)j) * n_lists + i) * rec;
+                           ((t * (size_t)pd->kp.n_layers + (size_t)j) * n_lists + i) * rec;
             int32_t n = pd->h_nslots[li];
             dst[0] = n;
             memcpy(dst + 1, pd->h_slots + li * ms, (size_t)n * 4);
@@ -91,38 +104,87 @@ static void record_plan(const flexdiag_policy_driver *pd, const flexdiag_pd_run 
 
 /* Device modes: read the planned lists back, then record them. */
 static flexdiag_status record_device_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                          int32_t t, flexdiag_stream *s) {
+                                          flexdiag_stream *s) {
     size_t lists = all_lists(pd), ms = (size_t)pd->max_slots;
     FLEXDIAG_TRY(pd->k->copy_d2h(pd->h_slots, pd->b.slots, lists * ms * 4, s));
     FLEXDIAG_TRY(pd->k->copy_d2h(pd->h_nslots, pd->b.nslots, lists * 4, s));
-    record_plan(pd, run, t);
+    record_plan(pd, run);
     return FLEXDIAG_OK;
 }
 
-/* Every list of the run writes cache row p_cap + slot (shared rows layout). */
+/* The steps of every sequence of the context to b.steps (-1 beyond the pass). */
+static flexdiag_status upload_steps(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                    flexdiag_stream *s) {
+    for (int32_t i = 0; i < pd->kp.n_seq; i++) pd->h_steps[i] = seq_step(run, i);
+    return pd->k->copy_h2d(pd->b.steps, pd->h_steps, (size_t)pd->kp.n_seq * 4, s);
+}
+
+/* Every live sequence's lists write cache row p_cap + slot_of(its step) (shared rows layout);
+ * the rows of free slots stay as they are. */
 static flexdiag_status upload_shared_rows(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                          int32_t slot, flexdiag_stream *s) {
-    size_t n_rows = (size_t)run->n_seq * (size_t)pd->kp.h_kv;
-    for (size_t i = 0; i < n_rows; i++) pd->h_rows[i] = pd->p_cap + slot;
-    return pd->k->copy_h2d(pd->b.rows, pd->h_rows, n_rows * 4, s);
+                                          int32_t (*slot_of)(const flexdiag_policy_driver *,
+                                                             int32_t),
+                                          flexdiag_stream *s) {
+    size_t hkv = (size_t)pd->kp.h_kv;
+    for (int32_t q = 0; q < run->n_seq; q++) {
+        if (run->t[q] < 0) continue;
+        int32_t row = pd->p_cap + slot_of(pd, run->t[q]);
+        for (size_t h = 0; h < hkv; h++) pd->h_rows[(size_t)q * hkv + h] = row;
+    }
+    return pd->k->copy_h2d(pd->b.rows, pd->h_rows, (size_t)run->n_seq * hkv * 4, s);
+}
+
+/* Whether any live sequence of the pass needs scores at its step. */
+static int any_scores(const flexdiag_policy_driver *pd, const flexdiag_pd_run *run) {
+    for (int32_t q = 0; q < run->n_seq; q++)
+        if (run->t[q] >= 0 && flexdiag__kvp_needs_scores(pd->kvp, run->t[q])) return 1;
+    return 0;
+}
+
+/* Evictions of the device modes: every list of a live sequence whose step overwrites a row
+ * (its step reaches the ring: from_t), lists_per_seq lists each. */
+static void count_evictions(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                            int32_t from_t) {
+    for (int32_t q = 0; q < run->n_seq; q++)
+        if (run->t[q] >= from_t)
+            pd->dev_evictions += (uint64_t)pd->kp.n_layers * (uint64_t)pd->kp.h_kv;
 }
 
 static flexdiag_status no_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                 int32_t t, flexdiag_stream *s) {
-    (void)pd, (void)run, (void)t, (void)s;
+                                 flexdiag_stream *s) {
+    (void)pd, (void)run, (void)s;
     return FLEXDIAG_OK;
+}
+
+/* The per-sequence slot lists of the pass (shared slots) to the device. */
+static flexdiag_status upload_seq_lists(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
+                                        flexdiag_stream *s) {
+    size_t n = (size_t)run->n_seq;
+    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.slots, pd->h_slots, n * (size_t)pd->max_slots * 4, s));
+    return pd->k->copy_h2d(pd->b.nslots, pd->h_nslots, n * 4, s);
 }
 
 /* ---- shared: dense, window, streaming ---- */
 
+/* One plan per run of sequences at the same step, copied to each sequence's list. */
 static flexdiag_status shared_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                   int32_t t, flexdiag_stream *s) {
-    int32_t ws = 0;
-    flexdiag__kvp_plan_shared(pd->kvp, t, run->n_seq, &ws, pd->h_slots, pd->h_nslots);
-    if (run->plan_out) record_plan(pd, run, t);
-    FLEXDIAG_TRY(upload_shared_rows(pd, run, ws, s));
-    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.slots, pd->h_slots, (size_t)pd->max_slots * 4, s));
-    return pd->k->copy_h2d(pd->b.nslots, pd->h_nslots, 4, s);
+                                   flexdiag_stream *s) {
+    size_t ms = (size_t)pd->max_slots, hkv = (size_t)pd->kp.h_kv;
+    for (int32_t q0 = 0, q1; q0 < run->n_seq; q0 = q1) {
+        int32_t t = run->t[q0];
+        for (q1 = q0 + 1; q1 < run->n_seq && run->t[q1] == t; q1++) {}
+        if (t < 0) continue;
+        int32_t ws = 0, *sl = pd->h_slots + (size_t)q0 * ms;
+        flexdiag__kvp_plan_shared(pd->kvp, t, q0, q1 - q0, &ws, sl, pd->h_nslots + q0);
+        for (int32_t q = q0; q < q1; q++) {
+            if (q > q0) memcpy(pd->h_slots + (size_t)q * ms, sl, (size_t)pd->h_nslots[q0] * 4);
+            pd->h_nslots[q] = pd->h_nslots[q0];
+            for (size_t h = 0; h < hkv; h++) pd->h_rows[(size_t)q * hkv + h] = pd->p_cap + ws;
+        }
+    }
+    if (run->plan_out) record_plan(pd, run);
+    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.rows, pd->h_rows, (size_t)run->n_seq * hkv * 4, s));
+    return upload_seq_lists(pd, run, s);
 }
 
 static const pd_mode mode_shared = {"shared", 0, 0, shared_plan, no_update};
@@ -132,57 +194,61 @@ static const pd_mode mode_shared = {"shared", 0, 0, shared_plan, no_update};
 typedef struct host_job {
     flexdiag_policy_driver *pd;
     const flexdiag_pd_run *run;
-    int32_t t;
 } host_job;
 
-/* Plan step t of layer j for every micro-batch into the host plan arrays (the state machines
- * allow concurrent calls on disjoint layers, kv_policy.h). */
+/* Plan layer j of every live sequence at its step into the host plan arrays, one call per run
+ * of sequences at the same step (the state machines allow concurrent calls on disjoint layers,
+ * kv_policy.h); slots become cache rows. */
 static void host_plan_layer(void *ctx, int64_t j, void *scratch) {
     const host_job *jb = ctx;
     flexdiag_policy_driver *pd = jb->pd;
+    const flexdiag_pd_run *run = jb->run;
+    size_t hkv = (size_t)pd->kp.h_kv, ms = (size_t)pd->max_slots;
     (void)scratch;
-    for (int32_t mb = 0; mb < jb->run->n_mb; mb++) {
-        int32_t s0 = mb * jb->run->mb_seq, left = jb->run->n_seq - s0;
-        int32_t nb = left < jb->run->mb_seq ? left : jb->run->mb_seq;
-        size_t li = list_index(pd, (int32_t)j, s0);
-        flexdiag__kvp_plan(pd->kvp, (int32_t)j, jb->t, s0, nb, pd->h_rows + li,
-                           pd->h_slots + li * (size_t)pd->max_slots, pd->h_nslots + li);
+    for (int32_t q0 = 0, q1; q0 < run->n_seq; q0 = q1) {
+        int32_t t = run->t[q0];
+        for (q1 = q0 + 1; q1 < run->n_seq && run->t[q1] == t; q1++) {}
+        if (t < 0) continue;
+        size_t li = list_index(pd, (int32_t)j, q0);
+        flexdiag__kvp_plan(pd->kvp, (int32_t)j, t, q0, q1 - q0, pd->h_rows + li,
+                           pd->h_slots + li * ms, pd->h_nslots + li);
+        for (size_t i = li; i < li + (size_t)(q1 - q0) * hkv; i++) pd->h_rows[i] += pd->p_cap;
     }
 }
 
-/* Update layer j after step t from the read-back scores (probabilities or logits). */
+/* Update layer j of every live sequence after its step from the read-back scores
+ * (probabilities or logits); the state machine skips steps that need none. */
 static void host_update_layer(void *ctx, int64_t j, void *scratch) {
     const host_job *jb = ctx;
     flexdiag_policy_driver *pd = jb->pd;
-    (void)scratch;
+    const flexdiag_pd_run *run = jb->run;
     size_t hq = (size_t)pd->kp.h_q, ms = (size_t)pd->max_slots;
-    for (int32_t mb = 0; mb < jb->run->n_mb; mb++) {
-        int32_t s0 = mb * jb->run->mb_seq, left = jb->run->n_seq - s0;
-        int32_t nb = left < jb->run->mb_seq ? left : jb->run->mb_seq;
-        size_t q0 = ((size_t)j * (size_t)pd->kp.n_seq + (size_t)s0) * hq;
+    (void)scratch;
+    for (int32_t q = 0; q < run->n_seq; q++) {
+        if (run->t[q] < 0) continue;
+        size_t q0 = ((size_t)j * (size_t)pd->kp.n_seq + (size_t)q) * hq;
         const float *sc = pd->h_pscore + q0 * ms;
-        flexdiag__kvp_update(pd->kvp, (int32_t)j, jb->t, s0, nb, pd->score_probs ? NULL : sc,
+        flexdiag__kvp_update(pd->kvp, (int32_t)j, run->t[q], q, 1, pd->score_probs ? NULL : sc,
                              NULL, pd->score_probs ? sc : NULL);
     }
 }
 
 static flexdiag_status host_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                 int32_t t, flexdiag_stream *s) {
-    host_job jb = {pd, run, t};
+                                 flexdiag_stream *s) {
+    host_job jb = {pd, run};
     FLEXDIAG_TRY(flexdiag__pool_parallel_for(pd->pool, pd->kp.n_layers, 0, host_plan_layer, &jb));
     size_t lists = all_lists(pd), ms = (size_t)pd->max_slots;
-    for (size_t i = 0; i < lists; i++) pd->h_rows[i] += pd->p_cap; /* slot -> cache row */
-    if (run->plan_out) record_plan(pd, run, t);
+    if (run->plan_out) record_plan(pd, run);
     FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.rows, pd->h_rows, lists * 4, s));
     FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.slots, pd->h_slots, lists * ms * 4, s));
     return pd->k->copy_h2d(pd->b.nslots, pd->h_nslots, lists * 4, s);
 }
 
 static flexdiag_status host_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                   int32_t t, flexdiag_stream *s) {
+                                   flexdiag_stream *s) {
     size_t rows = (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq * (size_t)pd->kp.h_q;
     FLEXDIAG_TRY(pd->k->copy_d2h(pd->h_pscore, pd->b.pscore, rows * (size_t)pd->max_slots * 4, s));
-    host_job jb = {pd, run, t};
+    host_job jb = {pd, run};
     return flexdiag__pool_parallel_for(pd->pool, pd->kp.n_layers, 0, host_update_layer, &jb);
 }
 
@@ -190,81 +256,98 @@ static const pd_mode mode_host = {"host", 0, 0, host_plan, host_update};
 
 /* ---- diag: Diagonal lag lists on the device ---- */
 
-/* Shared write row, lag lists planned by diag_slots for every list; on build-up steps the new
- * lag goes to b.dnext for the update fused into attention. */
+/* The ring slot Diagonal writes at step t (sinks first for sink4). */
+static int32_t diag_write_slot(const flexdiag_policy_driver *pd, int32_t t) {
+    int32_t base = diag_base(pd), ti = t - base;
+    return ti < 0 ? t : base + ti % pd->kp.n_r;
+}
+
+/* Shared write rows, lag lists planned by diag_slots for every list at its sequence's step;
+ * the sequences at a build-up step get their new lag in b.dnext for the update fused into
+ * attention, the others -1. */
 static flexdiag_status diag_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                 int32_t t, flexdiag_stream *s) {
-    int32_t base = diag_base(pd), ti = t - base, ws = ti < 0 ? t : base + ti % pd->kp.n_r;
-    size_t lists = all_lists(pd);
-    if (ti >= pd->kp.n_r) /* every list overwrites its oldest row */
-        pd->dev_evictions += (uint64_t)pd->kp.n_layers * (uint64_t)run->n_seq *
-                             (uint64_t)pd->kp.h_kv;
-    FLEXDIAG_TRY(upload_shared_rows(pd, run, ws, s));
+                                 flexdiag_stream *s) {
+    int32_t base = diag_base(pd);
+    count_evictions(pd, run, base + pd->kp.n_r); /* every list overwrites its oldest row */
+    FLEXDIAG_TRY(upload_steps(pd, run, s));
+    FLEXDIAG_TRY(upload_shared_rows(pd, run, diag_write_slot, s));
     FLEXDIAG_TRY(pd->k->diag_slots(pd->b.slots, pd->b.nslots, pd->b.lag, pd->b.cnt,
-                                   (int64_t)lists, pd->max_slots, diag_len(pd), t, pd->kp.n_r,
-                                   base, s));
-    if (flexdiag__kvp_needs_scores(pd->kvp, t)) {
-        *pd->h_dnext = ti + 1;
-        FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.dnext, pd->h_dnext, 4, s));
+                                   (int64_t)all_lists(pd), pd->max_slots, diag_len(pd),
+                                   list_steps(pd, pd->kp.h_kv), pd->kp.n_r, base, s));
+    for (int32_t q = 0; q < pd->kp.n_seq; q++) {
+        int32_t t = seq_step(run, q);
+        pd->h_dnext[q] = t >= 0 && flexdiag__kvp_needs_scores(pd->kvp, t) ? t - base + 1 : -1;
     }
-    return run->plan_out ? record_device_plan(pd, run, t, s) : FLEXDIAG_OK;
+    if (pd->pass_scores)
+        FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.dnext, pd->h_dnext, (size_t)pd->kp.n_seq * 4, s));
+    return run->plan_out ? record_device_plan(pd, run, s) : FLEXDIAG_OK;
 }
 
 static const pd_mode mode_diag = {"diag", 1, 1, diag_plan, no_update};
 
 /* ---- evict: H2O / TOVA slot maps on the device ---- */
 
-/* Every list attends its occupied slots 0..n-1 (one shared list); the write slot of each list
- * (the last update's victim once all are occupied) is planned on the device into b.rows. */
+/* Each sequence attends its occupied slots 0..n-1 (one list per sequence); the write slot of
+ * each list (the last update's victim once all are occupied) is planned on the device. */
 static flexdiag_status evict_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                  int32_t t, flexdiag_stream *s) {
-    int32_t na = pd->kp.n_att, n = t + 1 < na ? t + 1 : na, h2o = is_h2o(pd);
-    for (int32_t j = 0; j < n; j++) pd->h_slots[j] = j;
-    *pd->h_nslots = n;
-    if (t >= na) /* every (layer, sequence, KV head) overwrites a victim's row */
-        pd->dev_evictions += (uint64_t)pd->kp.n_layers * (uint64_t)run->n_seq *
-                             (uint64_t)pd->kp.h_kv;
-    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.slots, pd->h_slots, (size_t)n * 4, s));
-    FLEXDIAG_TRY(pd->k->copy_h2d(pd->b.nslots, pd->h_nslots, 4, s));
+                                  flexdiag_stream *s) {
+    int32_t na = pd->kp.n_att, h2o = is_h2o(pd);
+    size_t ms = (size_t)pd->max_slots;
+    for (int32_t q = 0; q < run->n_seq; q++) {
+        int32_t t = run->t[q], n = t + 1 < na ? t + 1 : na;
+        if (t < 0) continue;
+        for (int32_t j = 0; j < n; j++) pd->h_slots[(size_t)q * ms + (size_t)j] = j;
+        pd->h_nslots[q] = n;
+    }
+    count_evictions(pd, run, na); /* every (layer, KV head) overwrites a victim's row */
+    FLEXDIAG_TRY(upload_steps(pd, run, s));
+    FLEXDIAG_TRY(upload_seq_lists(pd, run, s));
     FLEXDIAG_TRY(pd->k->evict_plan(pd->b.rows, pd->b.epos, h2o ? pd->b.eacc : NULL, pd->b.efree,
-                                   (int64_t)evict_lists(pd), h2o ? 1 : pd->kp.h_kv, na, t,
-                                   pd->p_cap, s));
-    if (run->plan_out) record_plan(pd, run, t);
+                                   (int64_t)evict_lists(pd), h2o ? 1 : pd->kp.h_kv, na,
+                                   list_steps(pd, h2o ? pd->kp.h_kv : 1), pd->p_cap, s));
+    if (run->plan_out) record_plan(pd, run);
     return FLEXDIAG_OK;
 }
 
 static flexdiag_status evict_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                    int32_t t, flexdiag_stream *s) {
+                                    flexdiag_stream *s) {
     int h2o = is_h2o(pd);
     (void)run;
     return pd->k->evict_update(pd->b.efree, h2o ? pd->b.eacc : NULL, pd->b.epos, pd->b.pscore,
                                (int64_t)evict_lists(pd),
                                h2o ? pd->kp.h_q / pd->kp.h_kv : pd->kp.h_q, pd->max_slots,
-                               pd->kp.n_att, t, s);
+                               pd->kp.n_att, list_steps(pd, h2o ? pd->kp.h_kv : 1), s);
 }
 
 static const pd_mode mode_evict = {"evict", 1, 0, evict_plan, evict_update};
 
 /* ---- alisa: ALISA records on the device ---- */
 
+/* ALISA never evicts: token t goes to ring slot t. */
+static int32_t alisa_write_slot(const flexdiag_policy_driver *pd, int32_t t) {
+    (void)pd;
+    return t;
+}
+
 /* Every list writes row t (shared rows); alisa_plan selects each (layer, sequence)'s attended
  * positions into the slot lists of its KV heads. */
 static flexdiag_status alisa_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                  int32_t t, flexdiag_stream *s) {
+                                  flexdiag_stream *s) {
     size_t lists = (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq;
-    FLEXDIAG_TRY(upload_shared_rows(pd, run, t, s));
+    FLEXDIAG_TRY(upload_steps(pd, run, s));
+    FLEXDIAG_TRY(upload_shared_rows(pd, run, alisa_write_slot, s));
     FLEXDIAG_TRY(pd->k->alisa_plan(pd->b.slots, pd->b.nslots, pd->b.arpos, pd->b.arp, pd->b.arn,
                                    pd->b.ascore, pd->b.akeys, (int64_t)lists, pd->kp.h_kv,
-                                   pd->max_slots, pd->kp.n_att, pd->l_dec, t, s));
-    return run->plan_out ? record_device_plan(pd, run, t, s) : FLEXDIAG_OK;
+                                   pd->max_slots, pd->kp.n_att, pd->l_dec, list_steps(pd, 1), s));
+    return run->plan_out ? record_device_plan(pd, run, s) : FLEXDIAG_OK;
 }
 
 static flexdiag_status alisa_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                    int32_t t, flexdiag_stream *s) {
+                                    flexdiag_stream *s) {
     (void)run;
     return pd->k->alisa_update(pd->b.arp, pd->b.arn, pd->b.pscore,
                                (int64_t)pd->kp.n_layers * pd->kp.n_seq, pd->kp.h_q,
-                               pd->max_slots, pd->kp.n_att, t, s);
+                               pd->max_slots, pd->kp.n_att, list_steps(pd, 1), s);
 }
 
 static const pd_mode mode_alisa = {"alisa", 1, 0, alisa_plan, alisa_update};
@@ -315,7 +398,7 @@ flexdiag_status flexdiag__pd_setup(flexdiag_policy_driver *pd, const flexdiag_po
 size_t flexdiag__pd_layout(flexdiag_policy_driver *pd, char *base) {
     size_t L = (size_t)pd->kp.n_layers, S = (size_t)pd->kp.n_seq, hkv = (size_t)pd->kp.h_kv;
     size_t hq = (size_t)pd->kp.h_q, ms = (size_t)pd->max_slots, na = (size_t)pd->kp.n_att;
-    size_t lists = pd->shared_slots ? 1 : L * S * hkv, off = 0;
+    size_t lists = pd->shared_slots ? S : L * S * hkv, off = 0;
     int diag = pd->mode == &mode_diag, evict = pd->mode == &mode_evict;
     int alisa = pd->mode == &mode_alisa;
 #define TAKE(field, bytes)                                                                         \
@@ -327,10 +410,11 @@ size_t flexdiag__pd_layout(flexdiag_policy_driver *pd, char *base) {
     TAKE(rows, (pd->shared_rows ? S * hkv : L * S * hkv) * 4);
     TAKE(slots, lists * ms * 4);
     TAKE(nslots, lists * 4);
+    TAKE(steps, S * 4);
     size_t dl = diag ? L * S * hkv : 0;
     TAKE(lag, dl * (size_t)diag_len(pd) * 2);
     TAKE(cnt, dl * 2);
-    TAKE(dnext, diag ? 4 : 0);
+    TAKE(dnext, diag ? S * 4 : 0);
     size_t el = evict ? evict_lists(pd) : 0;
     TAKE(epos, el * na * 4);
     TAKE(eacc, (is_h2o(pd) ? el * na : 0) * 4);
@@ -346,27 +430,30 @@ size_t flexdiag__pd_layout(flexdiag_policy_driver *pd, char *base) {
 }
 
 /* Host mirrors of the plan and scores: one block, page-locked when the backend offers it so the
- * per-step copies are asynchronous. */
+ * per-step copies are asynchronous. Zeroed, with every write row a ring row: the rows of a
+ * free slot are uploaded as they are. */
 static flexdiag_status host_mirrors(flexdiag_policy_driver *pd) {
     const flexdiag_kernels *k = pd->k;
     size_t L = (size_t)pd->kp.n_layers, S = (size_t)pd->kp.n_seq, hkv = (size_t)pd->kp.h_kv;
-    size_t lists = pd->shared_slots ? 1 : L * S * hkv, ms = (size_t)pd->max_slots;
+    size_t lists = pd->shared_slots ? S : L * S * hkv, ms = (size_t)pd->max_slots;
     size_t scored = pd->mode == &mode_host ? L * S * (size_t)pd->kp.h_q * ms : 0;
     size_t n_rows = pd->shared_rows ? S * hkv : L * S * hkv;
-    size_t sz[5] = {n_rows, lists * ms, lists, scored, 1}, total = 0;
-    for (int i = 0; i < 5; i++) total += al(sz[i] * 4);
+    size_t sz[6] = {n_rows, lists * ms, lists, scored, S, S}, total = 0;
+    for (int i = 0; i < 6; i++) total += al(sz[i] * 4);
     flexdiag_status st = k->host_alloc ? k->host_alloc(total, &pd->host) : FLEXDIAG_OK;
     if (!k->host_alloc) pd->host = malloc(total);
     if (st != FLEXDIAG_OK) return st;
     if (!pd->host) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "policy: no host memory");
     pd->host_bytes = total;
+    memset(pd->host, 0, total);
     char *p = pd->host;
-    void **dst[5] = {(void **)&pd->h_rows, (void **)&pd->h_slots, (void **)&pd->h_nslots,
-                     (void **)&pd->h_pscore, (void **)&pd->h_dnext};
-    for (int i = 0; i < 5; i++) {
+    void **dst[6] = {(void **)&pd->h_rows, (void **)&pd->h_slots, (void **)&pd->h_nslots,
+                     (void **)&pd->h_pscore, (void **)&pd->h_dnext, (void **)&pd->h_steps};
+    for (int i = 0; i < 6; i++) {
         *dst[i] = p;
         p += al(sz[i] * 4);
     }
+    for (size_t i = 0; i < n_rows; i++) pd->h_rows[i] = pd->p_cap;
     return FLEXDIAG_OK;
 }
 
@@ -393,16 +480,19 @@ void flexdiag__pd_reset(flexdiag_policy_driver *pd) {
     pd->dev_evictions = 0;
 }
 
-/* ---- per step ---- */
+void flexdiag__pd_admit(flexdiag_policy_driver *pd, int32_t s0, int32_t n) {
+    for (int32_t q = s0; q < s0 + n; q++) flexdiag__kvp_reset_seq(pd->kvp, q);
+}
+
+/* ---- per pass ---- */
 
 flexdiag_status flexdiag__pd_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                  int32_t t, flexdiag_stream *s) {
-    return pd->mode->plan(pd, run, t, s);
+                                  flexdiag_stream *s) {
+    pd->pass_scores = pd->scored && any_scores(pd, run);
+    return pd->mode->plan(pd, run, s);
 }
 
-int flexdiag__pd_scores(const flexdiag_policy_driver *pd, int32_t t) {
-    return pd->scored && flexdiag__kvp_needs_scores(pd->kvp, t);
-}
+int flexdiag__pd_scores(const flexdiag_policy_driver *pd) { return pd->pass_scores; }
 
 const int32_t *flexdiag__pd_attn(const flexdiag_policy_driver *pd, int32_t j, int32_t s0,
                                  int scores, flexdiag_attn_args *a) {
@@ -410,12 +500,12 @@ const int32_t *flexdiag__pd_attn(const flexdiag_policy_driver *pd, int32_t j, in
     a->slots = pd->b.slots + li * ms;
     a->n_slots = pd->b.nslots + li;
     a->max_slots = pd->max_slots;
-    a->shared_slots = pd->shared_slots;
+    a->shared_slots = pd->shared_slots ? FLEXDIAG_SLOTS_PER_SEQ : FLEXDIAG_SLOTS_PER_HEAD;
     if (scores && pd->mode->fuse_diag) {
         a->diag_lag = pd->b.lag + li * (size_t)diag_len(pd);
         a->diag_a = diag_len(pd);
         a->diag_base = diag_base(pd);
-        a->diag_next = pd->b.dnext;
+        a->diag_next = pd->b.dnext + s0;
     } else if (scores) {
         size_t q0 = ((size_t)j * (size_t)pd->kp.n_seq + (size_t)s0) * (size_t)pd->kp.h_q;
         float *out = pd->b.pscore + q0 * ms; /* (n_seq, h_q, ms) rows of this micro-batch */
@@ -427,9 +517,9 @@ const int32_t *flexdiag__pd_attn(const flexdiag_policy_driver *pd, int32_t j, in
 }
 
 flexdiag_status flexdiag__pd_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                    int32_t t, flexdiag_stream *s) {
-    if (!flexdiag__pd_scores(pd, t)) return FLEXDIAG_OK;
-    return pd->mode->update(pd, run, t, s);
+                                    flexdiag_stream *s) {
+    if (!pd->pass_scores) return FLEXDIAG_OK;
+    return pd->mode->update(pd, run, s);
 }
 
 uint64_t flexdiag__pd_evictions(const flexdiag_policy_driver *pd) {

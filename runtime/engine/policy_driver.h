@@ -15,10 +15,17 @@
  *   alisa   ALISA records on the device: alisa_plan, alisa_update.
  * Device modes need one host sync per step at most (the engine's, for the sampled ids).
  *
+ * Sequences sit at their own decode steps: a pass plans every list at its sequence's step
+ * (flexdiag_pd_run t, negative for a free slot, whose lists stay as they are), the device
+ * modes read the steps from b.steps (kernels.h flexdiag_list_steps), and a slot that takes a
+ * new sequence is reset alone (flexdiag__pd_admit), so a sequence's plans depend only on its
+ * own history, whoever its neighbours are and whenever it was admitted.
+ *
  * Lifetime: flexdiag__pd_setup (geometry, no allocation) -> the context sizes and carves the
  * driver's device buffers with flexdiag__pd_layout inside its own block -> flexdiag__pd_start
- * (host state) -> per run: reset, then per step plan, attn (per layer and micro-batch),
- * update -> flexdiag__pd_fini. docs/policies.md holds each policy's exact semantics.
+ * (host state) -> reset, then per admitted sequence admit, per pass plan, attn (per layer and
+ * micro-batch), update -> flexdiag__pd_fini. docs/policies.md holds each policy's exact
+ * semantics.
  */
 #ifndef FLEXDIAG_POLICY_DRIVER_H
 #define FLEXDIAG_POLICY_DRIVER_H
@@ -43,11 +50,14 @@ typedef struct flexdiag_pd_bufs {
     float *pscore;    /* (L, S, h_q, ms) scores read by the policy: logits (host Diagonal) or
                          probabilities (H2O / TOVA / ALISA) */
     int32_t *rows;    /* cache rows kv_append writes: (S, h_kv) when shared, else (L, S, h_kv) */
-    int32_t *slots;   /* attended ring slots: (ms) when shared, else (L, S, h_kv, ms) */
-    int32_t *nslots;  /* valid entries of slots: (1) when shared, else (L, S, h_kv) */
+    int32_t *slots;   /* attended ring slots: (S, ms) one list per sequence when shared, else
+                         (L, S, h_kv, ms) */
+    int32_t *nslots;  /* valid entries of slots: (S) when shared, else (L, S, h_kv) */
+    int32_t *steps;   /* (S) the decode step of each sequence at this pass, -1: a free slot */
     int16_t *lag;     /* diag: (L, S, h_kv, a) attended-lag lists */
     int16_t *cnt;     /* diag: (L, S, h_kv) list fill */
-    int32_t *dnext;   /* diag: (1) the lag a build-up step's fused update writes */
+    int32_t *dnext;   /* diag: (S) the lag each sequence's fused build-up update writes, -1:
+                         none at this pass */
     int32_t *epos;    /* evict: (lists, n_att) decode position of each slot */
     float *eacc;      /* evict, H2O only: (lists, n_att) accumulated scores */
     int32_t *efree;   /* evict: (lists) the victim of the last update */
@@ -67,7 +77,10 @@ typedef struct flexdiag_policy_driver {
     int32_t ring, max_slots;     /* decode ring rows; stride of slot lists */
     int32_t l_dec;               /* decode tokens per sequence */
     int shared_rows;             /* one write row per (sequence, KV head) for every layer */
-    int shared_slots;            /* one attended slot list for every (layer, seq, KV head) */
+    int shared_slots;            /* one attended slot list per sequence for every layer and KV
+                                    head (kernels.h FLEXDIAG_SLOTS_PER_SEQ), else one per
+                                    (layer, sequence, KV head) */
+    int pass_scores;             /* the planned pass needs attention scores */
     int scored;                  /* the policy reads attention scores at some steps */
     int score_probs;             /* ... as probabilities (H2O/TOVA/ALISA), else logits */
     flexdiag_pd_bufs b;          /* device buffers (carved by the context) */
@@ -76,19 +89,22 @@ typedef struct flexdiag_policy_driver {
     int32_t *h_rows, *h_slots, *h_nslots; /* host plan of a step (layouts of b.rows/...) */
     float *h_pscore;             /* host copy of a step's scores (host mode) */
     int32_t *h_dnext;            /* staging of b.dnext */
+    int32_t *h_steps;            /* staging of b.steps */
     flexdiag_kvp *kvp;           /* host state machines (host and shared modes; the others
                                     use it for the step schedule of score reads) */
     flexdiag_pool *pool;         /* host mode: one CPU task per layer for plan and update */
     uint64_t dev_evictions;      /* evictions counted by the device modes */
 } flexdiag_policy_driver;
 
-/* A run's shape as the driver sees it. */
+/* A pass as the driver sees it. */
 typedef struct flexdiag_pd_run {
-    int32_t n_seq;     /* sequences in this run (<= capacity) */
+    int32_t n_seq;     /* sequences the pass runs: [0, n_seq), <= capacity */
     int32_t mb_seq;    /* sequences per micro-batch */
     int32_t n_mb;      /* micro-batches */
-    int32_t *plan_out; /* optional (tests): per step t the attended slots of every (layer,
+    const int32_t *t;  /* (n_seq) host: the decode step of each sequence, < 0: a free slot */
+    int32_t *plan_out; /* optional (tests): per step the attended slots of every (layer,
                           sequence, KV head), count first (engine.h flexdiag_block) */
+    int32_t plan_t;    /* the step plan_out records this pass at (lock-step runs) */
 } flexdiag_pd_run;
 
 /* Resolve pub for a model of n_layers layers, h_q / h_kv heads, n_seq sequences, p_cap prompt
@@ -105,22 +121,26 @@ size_t flexdiag__pd_layout(flexdiag_policy_driver *pd, char *base);
 flexdiag_status flexdiag__pd_start(flexdiag_policy_driver *pd, int threads);
 /* Free what pd_start made (the device buffers belong to the context). */
 void flexdiag__pd_fini(flexdiag_policy_driver *pd);
-/* Back to step 0 for a new run. */
+/* Back to step 0 for a new run: every sequence, the eviction counts. */
 void flexdiag__pd_reset(flexdiag_policy_driver *pd);
+/* Sequences [s0, s0 + n) take new sequences: their host state back to step 0 (the device
+ * modes reset a list at its step 0). */
+void flexdiag__pd_admit(flexdiag_policy_driver *pd, int32_t s0, int32_t n);
 
-/* Plan decode step t on stream s: write rows and slot lists of every list of the run. */
+/* Plan a pass on stream s: write rows and slot lists of every list of run's live sequences, each
+ * at its own step, and whether the pass needs scores (flexdiag__pd_scores). */
 flexdiag_status flexdiag__pd_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                  int32_t t, flexdiag_stream *s);
-/* Whether the attention of step t must produce the policy's scores. */
-int flexdiag__pd_scores(const flexdiag_policy_driver *pd, int32_t t);
-/* The policy's part of layer j's attention for sequences [s0, s0 + nb) at a step with or
+                                  flexdiag_stream *s);
+/* Whether the attention of the planned pass must produce the policy's scores. */
+int flexdiag__pd_scores(const flexdiag_policy_driver *pd);
+/* The policy's part of layer j's attention for sequences [s0, s0 + nb) at a pass with or
  * without scores: slot lists and score outputs into a (shape fields untouched); returns the
  * cache rows kv_append writes for those sequences. */
 const int32_t *flexdiag__pd_attn(const flexdiag_policy_driver *pd, int32_t j, int32_t s0,
                                  int scores, flexdiag_attn_args *a);
-/* After step t's attention (queued on s): the policy's update. */
+/* After the planned pass's attention (queued on s): the policy's update. */
 flexdiag_status flexdiag__pd_update(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                    int32_t t, flexdiag_stream *s);
+                                    flexdiag_stream *s);
 /* KV rows evicted since the last reset. */
 uint64_t flexdiag__pd_evictions(const flexdiag_policy_driver *pd);
 /* Whether the policy state lives on the device (no host state machine runs). */

@@ -1,6 +1,7 @@
 /*
- * run_state.h - what the files of one run share (private to runtime/engine): the run's state, the
- * profiling brackets, and the layer I/O object the step hands each (layer, micro-batch).
+ * run_state.h - what the files of one run share (private to runtime/engine): the run's state (its
+ * slots, each sequence's prompt length and step), the profiling brackets, and the layer I/O
+ * object a pass hands each (layer, micro-batch).
  *
  * A layer I/O object is everything one layer forward touches, resolved before it runs: the
  * scheduler's addresses (weights, KV, activations: offload/sched.h), the named tensors of the
@@ -19,19 +20,51 @@
 #include "base/core.h"
 #include "runtime/engine/engine.h"
 
+/* One image slot of the context (rows_per_img sequences): the job it runs. */
+typedef struct run_slot {
+    flexdiag_job job; /* copy of the feed's job */
+    int live;         /* holds a job */
+    int fresh;        /* admitted at this boundary: its prefill is pending */
+    int32_t made;     /* tokens made so far; -1: its logits failed (NUMERIC) */
+    int32_t forced;   /* the id its next token is forced to, -1: drawn (heads.c) */
+    char msg[160];    /* why it failed (made -1) */
+} run_slot;
+
 typedef struct run_state {
     flexdiag_context *c;
-    const flexdiag_block *b;
+    const flexdiag_block *b; /* captures, progress and profiling of a lock-step run
+                                (flexdiag__engine_run); an empty block otherwise */
+    const flexdiag_feed *f;  /* where the jobs come from */
+    const atomic_int *abort; /* a lock-step run's cancel flag (the context's), or NULL: jobs
+                                are cancelled one by one at step boundaries */
+    flexdiag_progress_fn progress; /* after each prefill layer (phase 0) and decode pass
+                                      (phase 1); false cancels the run (the block's, or the
+                                      context's params') */
+    void *progress_user;
     const flexdiag_kernels *k;
-    flexdiag_stream *s;     /* the context's stream */
-    flexdiag_pd_run pr;     /* the run as the policy driver sees it */
-    int32_t n_seq;          /* sequences in this run */
-    int32_t n_mb;           /* micro-batches in this run */
-    int32_t *lp;            /* host copy of prompt lengths (n_seq) */
-    int32_t n_pf;           /* sequences the prefill runs: n_seq, or the distinct prompt rows
-                               when the context shares them (c->n_pre > 0) */
-    size_t act;             /* act_bytes */
-    double *split;          /* profiling accumulators (block's split) or NULL */
+    flexdiag_stream *s;      /* the context's stream */
+    flexdiag_pd_run pr;      /* the pass as the policy driver sees it */
+    int32_t n_img;           /* images the current pass runs: slots [0, n_img) */
+    int32_t n_seq;           /* their sequences */
+    int32_t n_mb;            /* their micro-batches */
+    int32_t *lp;             /* (S) prompt length of each sequence */
+    int32_t *t;              /* (S) decode step of each sequence at the next pass: tokens
+                                made - 1; -1 for a free slot */
+    run_slot *slot;          /* (n_img capacity) */
+    int32_t live;            /* slots holding a job */
+    int32_t *ids_h;          /* (S, p_cap) host prompt table, by sequence or shared row */
+    int32_t *last;           /* (S) gather index of each sequence's last prompt row in x */
+    int32_t *prefix;         /* (S) shared prompt row of each sequence (c->n_pre > 0) */
+    int32_t *pre_lp;         /* (n_pre) length of each shared prompt row, 0: free */
+    int32_t *pre_ref;        /* (n_pre) sequences reading it */
+    int32_t *pre_last;       /* (n_pre) gather index of its last row in x */
+    int32_t *pf;             /* rows the boundary's prefill runs: sequences, or shared prompt
+                                rows (c->n_pre > 0), ascending */
+    int32_t n_pf;            /* how many */
+    int32_t *row_tmp;        /* (2, p_cap) host scratch of an admission's prompt rows */
+    int32_t rounds;          /* admissions so far */
+    size_t act;              /* act_bytes */
+    double *split;           /* profiling accumulators (block's split) or NULL */
     struct flexdiag_layer_io *held; /* (n_mb) I/O of the host-attended micro-batches between
                                        their two halves (CPU attention), else NULL */
 } run_state;
@@ -42,7 +75,8 @@ typedef struct flexdiag_layer_io {
     flexdiag_layer_w w;      /* named tensors of mem.weights */
     flexdiag_attn_args a;    /* attention: shapes, policy slot lists and score outputs */
     const int32_t *rows;     /* cache rows kv_append writes (n_tok, h_kv) */
-    int32_t t;               /* decode step, -1 in prefill */
+    int32_t t;               /* decode step of its first sequence (captures of lock-step
+                                runs), -1 in prefill */
 } flexdiag_layer_io;
 
 enum { PROF_GEMM, PROF_ATTN, PROF_REST };
@@ -86,12 +120,23 @@ flexdiag_status flexdiag__layer_decode(const run_state *r, const flexdiag_layer_
 flexdiag_status flexdiag__layer_decode_send(const run_state *r, const flexdiag_layer_io *io);
 flexdiag_status flexdiag__layer_decode_finish(const run_state *r, const flexdiag_layer_io *io);
 
+/* ---- run.c ---- */
+
+/* The prefill pass of the boundary: the prompt rows r->pf, then the first token of every fresh
+ * slot (heads, CFG, sampling). */
+flexdiag_status flexdiag__pass_prefill(run_state *r);
+/* One decode pass over the sequences [0, r->n_seq), each at its own step r->t: one token more
+ * for every live slot. */
+flexdiag_status flexdiag__pass_decode(run_state *r);
+
 /* ---- heads.c ---- */
 
 /* Final norm + output head for the rows xin (nb of them) into logits rows s0.. */
 flexdiag_status flexdiag__head(const run_state *r, const void *xin, int32_t s0, int32_t nb);
-/* CFG, sampling (or the forced id) and outputs for token `step` of every image. */
-flexdiag_status flexdiag__take_step_output(run_state *r, int32_t step);
+/* CFG, sampling (or the forced id) and outputs of the next token of every live slot of the pass
+ * (fresh: only the fresh ones, after their prefill): its made count goes up by one. A slot whose
+ * logits are not finite gets made = -1 and its msg (its job fails with NUMERIC). */
+flexdiag_status flexdiag__take_step_output(run_state *r, int fresh);
 /* Next input embedding: the step's token of every image, fed to all its rows. */
 flexdiag_status flexdiag__feedback(const run_state *r);
 /* x (n, d) act += the learned position rows of pos (n) (OPT); nothing for RoPE models. */

@@ -559,12 +559,13 @@ static void test_flags_unique(void **state) {
 }
 
 /* generate without --batch: the largest block that fits when there is a device budget
- * (--gpu-mem here), evened over a job that needs more than one, and 16 images on the CPU
- * engine without a budget. */
+ * (--gpu-mem here), evened over a job that needs more than one under --batching blocks (all
+ * of it as slots under the default continuous batching), and 16 images on the CPU engine
+ * without a budget. */
 static void test_default_batch(void **state) {
     (void)state;
     assert_int_equal(run("generate --cpu --arch micro-janus --gpu-mem 64M --images-per-prompt 40 "
-                         "--out o"),
+                         "--batching blocks --out o"),
                      0);
     char *err = read_in_dir("err.txt");
     unsigned fit = 0, block = 0;
@@ -575,9 +576,22 @@ static void test_default_batch(void **state) {
                      2);
     assert_true(fit > 16 && block == 40); /* more than the CPU default, capped by the job */
     free(err);
+    /* continuous: every slot that fits, none evened away */
+    assert_int_equal(run("generate --cpu --arch micro-janus --gpu-mem 20M --images-per-prompt 30 "
+                         "--out o3"),
+                     0);
+    err = read_in_dir("err.txt");
+    line = strstr(err, "no --batch (the largest block that fits): ");
+    assert_non_null(line);
+    unsigned slots = 0;
+    assert_int_equal(sscanf(line, "no --batch (the largest block that fits): %u image(s) fit the "
+                                  "budget; slots of %u", &fit, &slots),
+                     2);
+    assert_true(fit >= 15 && fit < 30 && slots == fit);
+    free(err);
     /* a job larger than the largest block runs in as few blocks, of equal size */
     assert_int_equal(run("generate --cpu --arch micro-janus --gpu-mem 20M --images-per-prompt 30 "
-                         "--out o2"),
+                         "--batching blocks --out o2"),
                      0);
     err = read_in_dir("err.txt");
     line = strstr(err, "no --batch (the largest block that fits): ");

@@ -256,7 +256,7 @@ static void test_batch_invariance(void **state) {
     static const int batches[] = {1, 3};
     for (int b = 0; b < 2; b++)
         assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 2 --batch %d --threads %d "
-                                  "--out b%d",
+                                  "--batching blocks --out b%d",
                              batches[b], batches[b], batches[b]),
                          0);
     /* --batch auto under a budget: whatever it picks, the same images */
@@ -300,6 +300,54 @@ static void test_batch_invariance(void **state) {
     assert_string_equal(rec_str(ref, 3, "prompt"), "blue car on a road");
     assert_string_equal(rec_str(ref, 3, "file"), "1/1.png");
     json_decref(ref);
+    tu_rmtree(tmp);
+    free(tmp);
+}
+
+/* The same bytes of a file in two folders. */
+static void assert_same_file(const char *a_dir, const char *b_dir, const char *name) {
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/%s", a_dir, name);
+    snprintf(b, sizeof b, "%s/%s", b_dir, name);
+    size_t na = 0, nb = 0;
+    char *da = tu_read_file(a, &na), *db = tu_read_file(b, &nb);
+    assert_non_null(da);
+    assert_non_null(db);
+    if (na != nb || memcmp(da, db, na)) fail_msg("%s differs between %s and %s", name, a, b);
+    free(da);
+    free(db);
+}
+
+/* --batching continuous (the default) and --batching blocks write the same PNGs and token grids
+ * for 5 prompts x 3 images at --batch 4, under every policy. */
+static void test_batching(void **state) {
+    (void)state;
+    static const char *policies[] = {"dense", "window", "streaming", "h2o", "tova", "alisa",
+                                     "diagonal", "diagonal-sink4"};
+    char *tmp = tu_tempdir("cli-batching");
+    write_text(tmp, "p.txt", "a red apple\nblue car\nthree green circles on the left\nsky\n"
+                             "a dog\n");
+    for (size_t k = 0; k < sizeof policies / sizeof policies[0]; k++) {
+        const char *sp = strcmp(policies[k], "dense") ? "--sparsity 0.75" : "";
+        assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 3 --batch 4 --policy %s %s "
+                                  "--out c%zu",
+                             policies[k], sp, k),
+                         0);
+        assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 3 --batch 4 --policy %s %s "
+                                  "--batching blocks --out b%zu",
+                             policies[k], sp, k),
+                         0);
+        char c[4096], b[4096];
+        snprintf(c, sizeof c, "%s/c%zu", tmp, k);
+        snprintf(b, sizeof b, "%s/b%zu", tmp, k);
+        json_t *res = read_results(c);
+        assert_int_equal(json_array_size(res), 15);
+        for (size_t i = 0; i < 15; i++) assert_same_file(c, b, rec_str(res, i, "file"));
+        json_decref(res);
+        assert_same_file(c, b, "tokens.json");
+    }
+    assert_int_equal(gen(tmp, "--batching lockstep --out x"), 2);
+    assert_err_has(tmp, "--batching", "lockstep", "continuous, blocks", NULL);
     tu_rmtree(tmp);
     free(tmp);
 }
@@ -528,6 +576,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain),        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_batching),
         cmocka_unit_test(test_geneval),      cmocka_unit_test(test_dpg),
         cmocka_unit_test(test_sigint_plain), cmocka_unit_test(test_sigterm_dpg),
         cmocka_unit_test(test_errors),

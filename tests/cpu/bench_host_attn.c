@@ -4,6 +4,7 @@
  * [spinners [gap_us]]]]]; not a test).
  *
  * Janus-Pro-7B shapes (32 heads of 128, prompt 50, ring 576), one micro-batch of 32 sequences (or as given),
+ * each with its own slot list (shared_slots 2, as the engine's position-only policies pass them),
  * its K and V homes mapped as the pinned pool maps them (anonymous mmap), once with 4 KiB
  * pages (MADV_NOHUGEPAGE) and once with transparent huge pages (MADV_HUGEPAGE). For each and
  * for 82, 338 and 626 attended rows per (sequence, head): the GB/s of KV the kernel reads
@@ -113,7 +114,8 @@ static int spread(run *r, int homes, int32_t *n_slots, long gap_us) {
     memset(vc, 0x3c, all);
     int attended[] = {82, 338, PCAP + RING};
     for (int ai = 0; ai < 3; ai++) {
-        *n_slots = attended[ai] - PCAP; /* the list 0, 1, ... set by main covers it */
+        for (int sq = 0; sq < NSEQ_SPREAD; sq++) /* the lists 0, 1, ... set by main cover it */
+            n_slots[sq] = attended[ai] - PCAP;
         double s = 0;
         for (int i = 0; i < 2 * homes; i++) { /* two passes: the second is timed */
             r->h.k = kc + (size_t)(i % homes) * cache;
@@ -154,7 +156,9 @@ int main(int argc, char **argv) {
     run r = {0};
     if (k->stream_create(-1, threads, &r.cpu) != FLEXDIAG_OK) return 1;
     size_t block = (size_t)(PCAP + RING) * DH, cache = (size_t)NSEQ * HKV * block * 2;
-    int32_t lp[MAX_SEQ], rows[MAX_SEQ * HKV], pos[MAX_SEQ], n_slots[1], slots[RING];
+    int32_t lp[MAX_SEQ], rows[MAX_SEQ * HKV], pos[MAX_SEQ], n_slots[MAX_SEQ];
+    static int32_t slots[MAX_SEQ * RING]; /* one list per sequence: ring rows 0, 1, ... */
+    for (int i = 0; i < MAX_SEQ * RING; i++) slots[i] = i % RING;
     uint16_t *qkv = calloc((size_t)NSEQ * 3 * HKV * DH, 2), *out = calloc((size_t)NSEQ * HKV * DH, 2);
     float *cs = calloc((size_t)NSEQ * DH, sizeof(float)), *sums = calloc(1 << 16, sizeof(float));
     for (int i = 0; i < NSEQ * 3 * HKV * DH; i++) qkv[i] = (uint16_t)(0x3c00u + (i % 97));
@@ -167,15 +171,14 @@ int main(int argc, char **argv) {
         int attended[] = {82 - PCAP, 338 - PCAP, RING};
         for (int ai = 0; ai < 3; ai++) {
             int n = attended[ai];
-            n_slots[0] = n;
-            for (int i = 0; i < n; i++) slots[i] = i;
+            for (int sq = 0; sq < NSEQ; sq++) n_slots[sq] = n;
             for (int i = 0; i < NSEQ * HKV; i++) rows[i] = PCAP + (n > 0 ? n - 1 : 0);
             r.h = (flexdiag_host_attn){
                 .out = out, .qkv = qkv, .k = kc, .v = vc, .rows = rows, .cs = cs, .act_bytes = 2,
                 .a = {.n_seq = NSEQ, .h_q = HKV, .h_kv = HKV, .d_h = DH, .p_cap = PCAP,
                       .ring = RING, .scale = 0.088f, .lp = lp, .slots = slots,
-                      .n_slots = n_slots, .max_slots = RING, .shared_slots = 1, .pos = pos,
-                      .rope_theta = 10000.0f}};
+                      .n_slots = n_slots, .max_slots = RING,
+                      .shared_slots = FLEXDIAG_SLOTS_PER_SEQ, .pos = pos, .rope_theta = 10000.0f}};
             double kv = 2.0 * NSEQ * HKV * (PCAP + n) * DH * 2;
             double ta = best_of(attn_once, &r);
             /* the plain sum reads the same number of bytes from the start of K and V */

@@ -89,13 +89,14 @@ void df_init(df_fix *d, const df_case *c, int structured, uint64_t seed) {
     d->n_lag = n_lists * c->a;
     d->lag0 = malloc((size_t)d->n_lag * sizeof *d->lag0);
     d->tie = malloc((size_t)(2 * n_lists) * sizeof *d->tie);
+    d->next = malloc((size_t)c->n_seq * sizeof *d->next);
     int32_t *perm = malloc((size_t)ring * sizeof *perm);
     float *w = malloc((size_t)c->d_h * sizeof *w);
-    assert_true(d->lag0 && d->tie && perm && w);
-    d->next = DF_NEXT;
+    assert_true(d->lag0 && d->tie && d->next && perm && w);
+    for (int32_t s = 0; s < c->n_seq; s++) d->next[s] = DF_NEXT + s;
     d->f.a.diag_a = c->a;
     d->f.a.diag_base = c->base;
-    d->f.a.diag_next = &d->next;
+    d->f.a.diag_next = d->next;
     for (int64_t li = 0; li < n_lists; li++) {
         d->f.n_slots[li] = list_len(li, c->a, c->base);
         permute(&r, perm, ring); /* distinct ring rows: sinks and candidates never share one */
@@ -112,6 +113,7 @@ void df_free(df_fix *d) {
     ch_attn_fix_free(&d->f);
     free(d->lag0);
     free(d->tie);
+    free(d->next);
     memset(d, 0, sizeof *d);
 }
 
@@ -173,11 +175,11 @@ void df_expect(const df_fix *d, const float *logits, int16_t *want) {
     int32_t g = a->h_q / a->h_kv;
     memcpy(want, d->lag0, (size_t)d->n_lag * sizeof *want);
     for (int64_t li = 0; li < (int64_t)a->n_seq * a->h_kv; li++) {
-        int32_t ns = a->n_slots[li], best = -1;
+        int32_t ns = a->n_slots[li], best = -1, next = d->next[li / a->h_kv];
         const int16_t *lag = d->lag0 + li * a->diag_a;
         const float *z = logits + ((li / a->h_kv) * a->h_q + (li % a->h_kv) * g) * a->max_slots;
         float best_s = 0.0f;
-        for (int32_t e = 0; e < ns - a->diag_base; e++) {
+        for (int32_t e = 0; next >= 0 && e < ns - a->diag_base; e++) {
             float sc = -INFINITY;
             for (int32_t q = 0; q < g; q++)
                 sc = fmaxf(sc, z[(int64_t)q * a->max_slots + ns - 1 - e]);
@@ -186,6 +188,6 @@ void df_expect(const df_fix *d, const float *logits, int16_t *want) {
                 best_s = sc;
             }
         }
-        if (best >= 0) want[li * a->diag_a + best] = (int16_t)d->next;
+        if (best >= 0) want[li * a->diag_a + best] = (int16_t)next;
     }
 }

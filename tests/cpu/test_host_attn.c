@@ -7,8 +7,10 @@
  * as the CUDA kv_append stores them; the host kernel's rotated queries and cache rows must equal
  * those bit for bit, its output must be within bf16 output rounding (ATOL + RTOL·|ref|) and
  * identical for every thread count, also when the RoPE angles come from the caller's scratch
- * (cs_ready: computed by the first run; zero angles given so rotate the queries to zero). fp32 (the CPU backends): exactly the "cpu" table's
- * kv_append + attn_decode. Bad arguments are refused with a message.
+ * (cs_ready: computed by the first run; zero angles given so rotate the queries to zero). One
+ * slot list per sequence (shared_slots 2) equals each sequence's list copied to its KV heads,
+ * bit for bit. fp32 (the CPU backends): exactly the "cpu" table's kv_append + attn_decode. Bad
+ * arguments are refused with a message.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -141,6 +143,75 @@ static void test_bf16_vs_ref(void **state) {
     }
 }
 
+/* Run the bf16 host kernel on copies of qb, kb, vb (nq, nc elements) with args a; returns
+ * out (no) | rotated queries | K | V as bf16, concatenated. */
+static uint16_t *run_bf16(const flexdiag_attn_args *a, const uint16_t *qb, const uint16_t *kb,
+                          const uint16_t *vb, int32_t *rows, int64_t nq, int64_t nc, int64_t no) {
+    uint16_t *res = malloc((size_t)(no + nq + 2 * nc) * 2);
+    uint16_t *q2 = res + no, *k2 = q2 + nq, *v2 = k2 + nc;
+    memcpy(q2, qb, (size_t)nq * 2);
+    memcpy(k2, kb, (size_t)nc * 2);
+    memcpy(v2, vb, (size_t)nc * 2);
+    float *cs = malloc((size_t)a->n_seq * a->d_h * 4);
+    flexdiag_host_attn h = {res, q2, k2, v2, rows, *a, cs, 2, 0};
+    flexdiag_stream *s = ch_stream(flexdiag__kernels_cpu(), 3);
+    assert_int_equal(flexdiag__host_attn_decode(&h, s), FLEXDIAG_OK);
+    flexdiag__kernels_cpu()->stream_destroy(s);
+    free(cs);
+    return res;
+}
+
+/* One list per sequence (shared_slots 2) against the same lists copied to every KV head. */
+static void test_bf16_per_seq_lists(void **state) {
+    (void)state;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        ch_attn_fix f;
+        ch_attn_fix_init(&f, &cases[ci], 600 + ci);
+        tu_rng rng = {91 + ci};
+        const flexdiag_attn_args *a0 = &f.a;
+        int64_t nq = (int64_t)a0->n_seq * f.width, nc = f.cache_n;
+        int64_t no = (int64_t)a0->n_seq * a0->h_q * a0->d_h, ms = a0->max_slots;
+        int32_t *rows = malloc((size_t)a0->n_seq * a0->h_kv * 4);
+        int32_t *pos = malloc((size_t)a0->n_seq * 4);
+        new_rows(&f, rows, pos, &rng);
+        uint16_t *qb = malloc((size_t)nq * 2), *kb = malloc((size_t)nc * 2);
+        uint16_t *vb = malloc((size_t)nc * 2);
+        round_bf16(f.qkv_dec, qb, nq);
+        round_bf16(f.k, kb, nc);
+        round_bf16(f.v, vb, nc);
+        /* sequence s's list: the fixture's list of its last KV head (lengths differ) */
+        int32_t *sl = malloc((size_t)(a0->n_seq * ms) * 4), *ns = malloc((size_t)a0->n_seq * 4);
+        for (int32_t s = 0; s < a0->n_seq; s++) {
+            int64_t li = (int64_t)s * a0->h_kv + a0->h_kv - 1;
+            ns[s] = f.n_slots[li];
+            memcpy(sl + s * ms, f.slots + li * ms, (size_t)ms * 4);
+            for (int32_t h = 0; h < a0->h_kv; h++) {
+                f.n_slots[(int64_t)s * a0->h_kv + h] = ns[s];
+                memcpy(f.slots + ((int64_t)s * a0->h_kv + h) * ms, sl + s * ms, (size_t)ms * 4);
+            }
+        }
+        flexdiag_attn_args a = f.a;
+        a.pos = pos;
+        a.rope_theta = 10000.0f;
+        uint16_t *want = run_bf16(&a, qb, kb, vb, rows, nq, nc, no);
+        a.shared_slots = FLEXDIAG_SLOTS_PER_SEQ;
+        a.slots = sl;
+        a.n_slots = ns;
+        uint16_t *got = run_bf16(&a, qb, kb, vb, rows, nq, nc, no);
+        assert_memory_equal(got, want, (size_t)(no + nq + 2 * nc) * 2);
+        free(want);
+        free(got);
+        free(sl);
+        free(ns);
+        free(qb);
+        free(kb);
+        free(vb);
+        free(rows);
+        free(pos);
+        ch_attn_fix_free(&f);
+    }
+}
+
 /* fp32: the "cpu" table's own ops, bit for bit. */
 static void test_f32_is_cpu_table(void **state) {
     (void)state;
@@ -203,6 +274,7 @@ static void test_refusals(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_vs_ref),
+        cmocka_unit_test(test_bf16_per_seq_lists),
         cmocka_unit_test(test_f32_is_cpu_table),
         cmocka_unit_test(test_refusals),
     };

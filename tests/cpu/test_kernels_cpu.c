@@ -14,8 +14,9 @@
  * append bit for bit. The decode epilogue, on both tables: probs_out must be expf(logits_out -
  * lse_out) of the same call bit for bit, and the fused Diagonal update (diag_fixture.h) must equal
  * the literal argmin over the call's own logits, with bitwise ties going to the larger lag; both
- * must come out the same without logits_out / lse_out (the scratch path). Bad arguments must
- * fail with FLEXDIAG_ERR_INVALID_ARG and a message naming the culprit.
+ * must come out the same without logits_out / lse_out (the scratch path); a sequence whose
+ * diag_next entry is negative keeps its lists while the others update as before. Bad arguments
+ * must fail with FLEXDIAG_ERR_INVALID_ARG and a message naming the culprit.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -914,6 +915,19 @@ static void test_attn_errors(void **state) {
         f.n_slots[0] = a.max_slots + 1;
         expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "n_slots[seq 0]");
         f.n_slots[0] = 1;
+        /* which lists are read, and their names, follow shared_slots */
+        int32_t keep2 = f.n_slots[2];
+        f.n_slots[2] = a.max_slots + 1;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL),
+                       "n_slots[seq 1][head 0] =");
+        a.shared_slots = FLEXDIAG_SLOTS_PER_SEQ;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "n_slots[seq 2] =");
+        a.shared_slots = FLEXDIAG_SLOTS_ONE; /* list 0 alone */
+        assert_int_equal(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), FLEXDIAG_OK);
+        a.shared_slots = 3;
+        expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "shared_slots = 3");
+        a.shared_slots = FLEXDIAG_SLOTS_PER_HEAD;
+        f.n_slots[2] = keep2;
         a.lp = NULL;
         expect_invalid(K->attn_decode(out, f.qkv_dec, f.k, f.v, &a, NULL), "lp is NULL");
     }
@@ -997,25 +1011,44 @@ static const df_case diag_cases[] = {
 };
 #define N_DIAG_CASES (sizeof diag_cases / sizeof diag_cases[0])
 
-/* Per list: exactly one entry replaced when it has candidates, none otherwise; a structured
- * list's two tied entries have bitwise-equal logits and the larger lag is the one replaced. */
+/* Per list: exactly one entry replaced when it has candidates and its sequence s a new lag
+ * (next[s] >= 0), none otherwise; a structured list's two tied entries have bitwise-equal
+ * logits and the larger lag is the one replaced, by next[s]. */
 static void check_diag_lists(const df_fix *d, const df_out *o) {
     const flexdiag_attn_args *a = &d->f.a;
     int32_t g = a->h_q / a->h_kv;
     for (int64_t li = 0; li < (int64_t)a->n_seq * a->h_kv; li++) {
         const int16_t *got = o->lag + li * a->diag_a, *lag0 = d->lag0 + li * a->diag_a;
-        int32_t ns = a->n_slots[li], changed = 0;
+        int32_t ns = a->n_slots[li], changed = 0, next = d->next[li / a->h_kv];
         for (int32_t e = 0; e < a->diag_a; e++) changed += got[e] != lag0[e];
-        assert_int_equal(changed, ns > a->diag_base ? 1 : 0);
+        assert_int_equal(changed, ns > a->diag_base && next >= 0 ? 1 : 0);
         int32_t e1 = d->tie[2 * li], e2 = d->tie[2 * li + 1];
-        if (e1 < 0) continue;
+        if (e1 < 0 || next < 0) continue;
         const float *z = o->logits + ((li / a->h_kv) * a->h_q + (li % a->h_kv) * g) * a->max_slots;
         for (int32_t q = 0; q < g; q++)
             assert_memory_equal(&z[q * a->max_slots + ns - 1 - e1],
                                 &z[q * a->max_slots + ns - 1 - e2], 4);
         int32_t win = lag0[e1] > lag0[e2] ? e1 : e2;
-        assert_int_equal(got[win], DF_NEXT);
+        assert_int_equal(got[win], next);
     }
+}
+
+/* diag_next[s] < 0 for the odd sequences s of d (run o had every sequence updated): their
+ * lists keep lag0, the even ones' lists and every probability come out as in o. */
+static void check_diag_skip(const flexdiag_kernels *K, flexdiag_stream *s, df_fix *d,
+                            const df_out *o) {
+    const flexdiag_attn_args *a = &d->f.a;
+    for (int32_t sq = 1; sq < a->n_seq; sq += 2) d->next[sq] = -1 - sq;
+    df_out os = df_run(K, s, d, 1);
+    check_diag_lists(d, &os);
+    int64_t per_seq = (int64_t)a->h_kv * a->diag_a;
+    for (int32_t sq = 0; sq < a->n_seq; sq++) {
+        const int16_t *want = (sq % 2 ? d->lag0 : o->lag) + sq * per_seq;
+        assert_memory_equal(os.lag + sq * per_seq, want, (size_t)per_seq * sizeof *want);
+    }
+    assert_memory_equal(os.probs, o->probs, (size_t)(a->n_seq * a->h_q * a->max_slots) * 4);
+    for (int32_t sq = 1; sq < a->n_seq; sq += 2) d->next[sq] = DF_NEXT + sq;
+    df_out_free(&os);
 }
 
 static void test_attn_decode_diag(void **state) {
@@ -1039,6 +1072,7 @@ static void test_attn_decode_diag(void **state) {
                 assert_memory_equal(o2.lag, o.lag, (size_t)d.n_lag * sizeof *want);
                 assert_memory_equal(o2.probs, o.probs,
                                     (size_t)(d.f.a.n_seq * d.f.a.h_q * d.f.a.max_slots) * 4);
+                check_diag_skip(K, s, &d, &o);
                 df_out_free(&o);
                 df_out_free(&o2);
                 free(want);
@@ -1060,8 +1094,9 @@ static void test_attn_diag_errors(void **state) {
         const flexdiag_kernels *K = epi_table(t);
         flexdiag_attn_args a = d.f.a;
         a.diag_lag = lag;
-        a.shared_slots = 1;
-        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "shared_slots");
+        for (a.shared_slots = 1; a.shared_slots <= 2; a.shared_slots++)
+            expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL),
+                           "shared_slots");
         a = d.f.a;
         a.diag_lag = lag;
         a.diag_a = 0;
@@ -1077,9 +1112,9 @@ static void test_attn_diag_errors(void **state) {
         a.diag_a = d.f.a.diag_a;
         a.diag_next = NULL;
         expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "diag_next");
-        int32_t big = 40000;
-        a.diag_next = &big;
-        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "diag_next");
+        int32_t big[] = {5, 40000, -1}; /* diag_cases[1] has 3 sequences */
+        a.diag_next = big;
+        expect_invalid(K->attn_decode(out, d.f.qkv_dec, d.f.k, d.f.v, &a, NULL), "diag_next[1]");
         assert_memory_equal(lag, d.lag0, (size_t)d.n_lag * sizeof *lag);
     }
     free(out);

@@ -4,9 +4,10 @@
  * CPU), over a table of shapes: n_seq 1..64, MHA and GQA groups of 2, 3, 4, 8 and 12, d_h 16 to
  * 128, prompt blocks of 40, 50 or 133 rows with lengths 0, 1, 7, 50, 130 (clamped to the block)
  * varying per sequence, rings of 16..1100 rows with random slot lists (random order, some empty,
- * duplicated key rows to force logit ties), one list per (sequence, KV head) or one shared list;
- * small batches exercise decode's split-K path, short single-head lists its U = 2 kernel, a
- * 1100-slot list the slot reads past the shared-memory staging.
+ * duplicated key rows to force logit ties), one list per (sequence, KV head), one shared list or
+ * one per sequence (kernels.h FLEXDIAG_SLOTS_*); small batches exercise decode's split-K path,
+ * short single-head lists its U = 2 kernel, a 1100-slot list the slot reads past the
+ * shared-memory staging.
  *
  * Per case: the prompt is appended (padding qkv rows are NaN, so the kernels must never read
  * cache rows >= lp), prefill runs, one decode token is appended into a ring slot of each
@@ -15,10 +16,15 @@
  * reference and within 2x the error of a naive bf16 implementation vs an fp64 reference
  * (flash-attention's rule); logits / lse within a bound derived from fp32 dot-product error;
  * identical keys give bit-identical logits; the policy outputs (probs_out, the fused Diagonal
- * update over random lag lists, all-tie lists included) against the call's own logits;
+ * update over random lag lists, all-tie lists included, with a diag_next array mixing new lags
+ * and negative entries) against the call's own logits, the lags also against the CPU
+ * reference's update wherever its logits make the decision clear;
  * 1024-element guard regions around every device buffer come back unchanged; outputs are poisoned
- * before each call so unwritten elements fail. kv_append with positions (fused RoPE) has its own
- * file, test_kv_append_cuda.c. Also: the host-side argument checks. Exits 77 when CUDA is not
+ * before each call so unwritten elements fail. Decode with shared prompt KV (prefix blocks,
+ * ring-only caches) in each CTA order (head-major, sequence-major, the cascade), split-K
+ * included, against the reference and each other, with the same policy checks. kv_append with
+ * positions (fused RoPE) has its own file, test_kv_append_cuda.c. Also: the host-side argument
+ * checks. Exits 77 when CUDA is not
  * built or no device is usable.
  */
 #include <math.h>
@@ -48,7 +54,8 @@
 
 typedef struct attn_case {
     int32_t n_seq, h_q, h_kv, d_h, ring;
-    int32_t shared; /* decode with one slot list for every (sequence, KV head) */
+    int32_t shared; /* decode's slot-list sharing (FLEXDIAG_SLOTS_*): per (sequence, KV head),
+                       one for all, or one per sequence */
     int32_t p_cap;  /* prompt rows per (sequence, KV head); 133 is not a multiple of the 64-row
                        prefill tile */
     int32_t tie_all; /* every ring key of a list is the same K row: all its logits tie, so
@@ -56,8 +63,9 @@ typedef struct attn_case {
 } attn_case;
 
 /* Shape table: every n_seq / head layout / d_h of the brief at least once, plus odd groups
- * (g = 3, g = 12 > 8 query heads per CTA), shared slot lists, and the decode bench shape at a
- * small ring. On a 132-SM GPU the cases with n_seq·h_kv < 264 take the split-K path. */
+ * (g = 3, g = 12 > 8 query heads per CTA), shared slot lists (one for all: 1, one per sequence:
+ * 2), and the decode bench shape at a small ring. On a 132-SM GPU the cases with n_seq·h_kv <
+ * 264 take the split-K path. */
 static const attn_case cases[] = {
     {1, 4, 4, 16, 16, 0, 133, 0},    {1, 32, 32, 128, 600, 0, 133, 0},
     {3, 8, 2, 64, 37, 0, 133, 0},    {3, 4, 4, 128, 600, 1, 133, 0},
@@ -76,6 +84,10 @@ static const attn_case cases[] = {
      * groups a warp), and split-K (g = 4) */
     {64, 32, 32, 128, 29, 0, 50, 1}, {2, 8, 2, 64, 300, 0, 133, 1},
     {5, 3, 3, 16, 60, 0, 50, 1},
+    /* one list per sequence, shared by its KV heads: split-K (g = 4 and MHA), short lists over
+     * 16 heads, odd groups */
+    {3, 8, 2, 64, 300, 2, 133, 0},   {2, 4, 4, 128, 600, 2, 133, 0},
+    {64, 16, 16, 64, 40, 2, 40, 0},  {8, 12, 4, 32, 70, 2, 133, 0},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -161,7 +173,7 @@ typedef struct problem {
     int32_t max_slots;     /* slot list stride */
     int64_t cache_n;       /* elements of one cache (K or V) */
     int32_t *lp;           /* (n_seq) prompt rows */
-    int64_t n_lists;       /* slot lists: n_seq·h_kv, or 1 when shared */
+    int64_t n_lists;       /* slot lists: n_seq·h_kv, 1 (one for all) or n_seq (per sequence) */
     int32_t *slots;        /* (n_lists, max_slots) */
     int32_t *n_slots;      /* (n_lists) */
     int32_t *dup;          /* (n_lists): 1 when slot entries 1 and 2 hold identical keys */
@@ -172,27 +184,41 @@ typedef struct problem {
     flexdiag_attn_args a;  /* host view (pointers into this struct) */
 } problem;
 
-/* The slot list (sequence, KV head) block sh attends. */
-static int64_t list_of(const problem *pb, int64_t sh) { return pb->c.shared ? 0 : sh; }
+/* The slot list (sequence, KV head) block sh attends (kernels.h flexdiag__slot_list). */
+static int64_t list_of(const problem *pb, int64_t sh) {
+    return flexdiag__slot_list(&pb->a, sh / pb->c.h_kv, (int32_t)(sh % pb->c.h_kv));
+}
 
-/* Random slot lists (distinct ring rows in random order, about one in six empty). */
-static void make_slots(problem *pb, tu_rng *r) {
-    const attn_case *c = &pb->c;
-    int32_t *perm = xmalloc((size_t)c->ring * sizeof *perm);
-    for (int64_t li = 0; li < pb->n_lists; li++) {
-        for (int32_t i = 0; i < c->ring; i++) perm[i] = i;
-        for (int32_t i = c->ring - 1; i > 0; i--) {
+/* Slot lists of a sharing mode (n_seq sequences, h_kv KV heads): 1 (one for all), n_seq (one
+ * per sequence) or n_seq·h_kv. */
+static int64_t lists_of(int32_t shared, int32_t n_seq, int32_t h_kv) {
+    if (shared == FLEXDIAG_SLOTS_ONE) return 1;
+    return shared == FLEXDIAG_SLOTS_PER_SEQ ? n_seq : (int64_t)n_seq * h_kv;
+}
+
+/* n_lists random slot lists of stride ms over a ring of `ring` rows (distinct rows in random
+ * order, about one in six empty, -1 past the end). */
+static void random_lists(int32_t *slots, int32_t *n_slots, int64_t n_lists, int32_t ring,
+                         int32_t ms, tu_rng *r) {
+    int32_t *perm = xmalloc((size_t)ring * sizeof *perm);
+    for (int64_t li = 0; li < n_lists; li++) {
+        for (int32_t i = 0; i < ring; i++) perm[i] = i;
+        for (int32_t i = ring - 1; i > 0; i--) {
             int32_t j = (int32_t)tu_rng_int(r, 0, i), t = perm[i];
             perm[i] = perm[j];
             perm[j] = t;
         }
-        int32_t ns = tu_rng_int(r, 0, 5) == 0 ? 0 : (int32_t)tu_rng_int(r, 1, c->ring);
-        pb->n_slots[li] = ns;
-        pb->dup[li] = ns >= 3;
-        for (int32_t j = 0; j < pb->max_slots; j++)
-            pb->slots[li * pb->max_slots + j] = j < ns ? perm[j] : -1;
+        int32_t ns = tu_rng_int(r, 0, 5) == 0 ? 0 : (int32_t)tu_rng_int(r, 1, ring);
+        n_slots[li] = ns;
+        for (int32_t j = 0; j < ms; j++) slots[li * ms + j] = j < ns ? perm[j] : -1;
     }
     free(perm);
+}
+
+/* Random slot lists; lists of 3 slots or more get a duplicated key (mark_ring). */
+static void make_slots(problem *pb, tu_rng *r) {
+    random_lists(pb->slots, pb->n_slots, pb->n_lists, pb->c.ring, pb->max_slots, r);
+    for (int64_t li = 0; li < pb->n_lists; li++) pb->dup[li] = pb->n_slots[li] >= 3;
 }
 
 /* Per cache block: ring rows its list does not name become NaN (never read); the key and
@@ -236,10 +262,15 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
         pb->lp[s] = lp < pb->c.p_cap ? lp : pb->c.p_cap;
     }
     if (c->n_seq == 8 && c->d_h == 16) pb->lp[2] = 0; /* a sequence without a prompt */
-    pb->n_lists = c->shared ? 1 : (int64_t)c->n_seq * c->h_kv;
+    pb->n_lists = lists_of(c->shared, c->n_seq, c->h_kv);
     pb->slots = xmalloc((size_t)(pb->n_lists * pb->max_slots) * sizeof *pb->slots);
     pb->n_slots = xmalloc((size_t)pb->n_lists * sizeof *pb->n_slots);
     pb->dup = xmalloc((size_t)pb->n_lists * sizeof *pb->dup);
+    flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, pb->c.p_cap, c->ring,
+                            1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
+                            pb->max_slots, NULL, NULL, c->shared, NULL, 0.0f, NULL, NULL, 0, 0,
+                            NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, 0};
+    pb->a = a;
     pb->kc = xmalloc((size_t)pb->cache_n * 2);
     pb->vc = xmalloc((size_t)pb->cache_n * 2);
     tu_fill_bf16(r, pb->kc, pb->cache_n, 1.0f);
@@ -261,11 +292,6 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
             pb->qkv_p[(int64_t)s * pb->c.p_cap * pb->w + i] = BF16_NAN;
     pb->qkv_d = xmalloc((size_t)c->n_seq * pb->w * 2);
     tu_fill_bf16(r, pb->qkv_d, (int64_t)c->n_seq * pb->w, 1.5f);
-    flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, pb->c.p_cap, c->ring,
-                            1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
-                            pb->max_slots, NULL, NULL, c->shared, NULL, 0.0f, NULL, NULL, 0, 0,
-                            NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, 0};
-    pb->a = a;
 }
 
 static void problem_free(problem *pb) {
@@ -487,31 +513,37 @@ static void run_append_decode(problem *pb, dbuf *dk, dbuf *dv, tu_rng *r) {
     dbuf_free(&dqkv);
 }
 
-/* Logits and lse vs the reference. Bound: both sides are fp32 dot products of the same d_h <=
- * 128 products in different orders, each within d_h·2^-24·Σ|q_i k_i| ≈ 7.6e-6·Σ|q_i k_i| of
- * exact; 1e-4·scale·Σ|q_i k_i| leaves 10x headroom and still fails any wrong key (an error of
- * order Σ|q_i k_i|). lse adds 1e-4 for the normaliser: an fp32 sum of <= 700 terms in another
- * order differs by < 700·2^-24 relative (4e-5 after the log). */
-static int check_logits(const problem *pb, const float *qkv32, const float *got_lg,
-                        const float *ref_lg, const float *got_lse, const float *ref_lse) {
-    const attn_case *c = &pb->c;
-    int g = c->h_q / c->h_kv, d = c->d_h, bad = 0;
-    for (int64_t s = 0; s < c->n_seq && bad < 10; s++)
-        for (int32_t hq = 0; hq < c->h_q && bad < 10; hq++) {
-            int64_t sh = s * c->h_kv + hq / g, shq = s * c->h_q + hq;
-            const float *q = qkv32 + s * pb->w + (int64_t)hq * d;
+/* K row (fp32) of attended key j (prompt rows first, then the slot list) of (sequence s, KV
+ * head h) of a decode call, from the caller's data ctx. */
+typedef const float *key_fn(const void *ctx, int64_t s, int32_t h, int64_t j);
+
+/* Logits and lse of the decode call ha describes (host view) vs the reference. Bound: both sides
+ * are fp32 dot products of the same d_h <= 128 products in different orders, each within
+ * d_h·2^-24·Σ|q_i k_i| ≈ 7.6e-6·Σ|q_i k_i| of exact; 1e-4·scale·Σ|q_i k_i| leaves 10x headroom
+ * and still fails any wrong key (an error of order Σ|q_i k_i|). lse adds 1e-4 for the
+ * normaliser: an fp32 sum of <= 700 terms in another order differs by < 700·2^-24 relative
+ * (4e-5 after the log). */
+static int check_logits(const flexdiag_attn_args *ha, const float *qkv32, key_fn *key,
+                        const void *ctx, const float *got_lg, const float *ref_lg,
+                        const float *got_lse, const float *ref_lse) {
+    int g = ha->h_q / ha->h_kv, d = ha->d_h, bad = 0;
+    int64_t w = ((int64_t)ha->h_q + 2 * ha->h_kv) * d;
+    for (int64_t s = 0; s < ha->n_seq && bad < 10; s++)
+        for (int32_t hq = 0; hq < ha->h_q && bad < 10; hq++) {
+            int64_t shq = s * ha->h_q + hq, li = flexdiag__slot_list(ha, s, hq / g);
+            const float *q = qkv32 + s * w + (int64_t)hq * d;
             double magmax = 0;
-            for (int64_t j = 0; j < pb->lp[s] + pb->n_slots[list_of(pb, sh)]; j++) {
-                const float *k = row32(pb, pb->kc32, s, hq / g, key_row(pb, sh, s, j));
+            for (int64_t j = 0; j < ha->lp[s] + ha->n_slots[li]; j++) {
+                const float *k = key(ctx, s, hq / g, j);
                 double mag = 0;
                 for (int e = 0; e < d; e++) mag += fabs((double)q[e] * k[e]);
-                mag *= pb->a.scale;
+                mag *= ha->scale;
                 magmax = fmax(magmax, mag);
-                if (j < pb->lp[s]) continue;
-                int64_t at = shq * pb->max_slots + j - pb->lp[s];
+                if (j < ha->lp[s]) continue;
+                int64_t at = shq * ha->max_slots + j - ha->lp[s];
                 if (!(fabs(got_lg[at] - ref_lg[at]) <= 1e-4 * mag + 1e-30) && bad++ < 5)
                     fprintf(stderr, "logits[seq %lld][head %d][%lld]: got %.9g ref %.9g\n",
-                            (long long)s, hq, (long long)(j - pb->lp[s]), got_lg[at], ref_lg[at]);
+                            (long long)s, hq, (long long)(j - ha->lp[s]), got_lg[at], ref_lg[at]);
             }
             double tol = 1e-4 * magmax + 1e-4;
             int same_inf = isinf(ref_lse[shq]) && got_lse[shq] == ref_lse[shq];
@@ -520,6 +552,12 @@ static int check_logits(const problem *pb, const float *qkv32, const float *got_
                         got_lse[shq], ref_lse[shq]);
         }
     return bad == 0;
+}
+
+/* key_fn of a problem (ctx): its fp32 K cache. */
+static const float *problem_key(const void *ctx, int64_t s, int32_t h, int64_t j) {
+    const problem *pb = ctx;
+    return row32(pb, pb->kc32, s, h, key_row(pb, s * pb->c.h_kv + h, s, j));
 }
 
 /* Identical keys at slot entries 1 and 2 give bit-identical logits (ties stay ties); entries past
@@ -570,16 +608,31 @@ static void decode_fa(const problem *pb, const float *qkv32, const float *got, f
     free(zb);
 }
 
-/* The lag value the fused Diagonal update writes in these tests. */
+/* The lag the fused Diagonal update writes for sequence s in these tests (kernels.h: diag_next
+ * (n_seq), one per sequence): every third sequence has none (a negative entry: its lists must
+ * stay as they are), the others distinct values. */
 #define DIAG_NEXT 30000
+static int32_t diag_next_of(int64_t s) {
+    return s % 3 == 1 ? (int32_t)(-1 - s) : DIAG_NEXT - (int32_t)s;
+}
 
-/* Random distinct lags for every list (a shuffled 0..a-1) and the lists a literal argmin of
- * (group-max logit lg, -lag) over the candidates of kernels.h expects after the update. */
-static void diag_expect(const problem *pb, int32_t a, int32_t base, const float *lg,
-                        int16_t *lag, int16_t *want, tu_rng *r) {
-    const attn_case *c = &pb->c;
-    int g = c->h_q / c->h_kv;
-    for (int64_t li = 0; li < pb->n_lists; li++) {
+/* Group score of ring column col of (sequence s, KV head h): max over the g query heads of lg. */
+static float diag_score(const flexdiag_attn_args *ha, const float *lg, int64_t s, int32_t h,
+                        int32_t col) {
+    int g = ha->h_q / ha->h_kv;
+    float sc = -INFINITY;
+    for (int i = 0; i < g; i++)
+        sc = fmaxf(sc, lg[(s * ha->h_q + (int64_t)h * g + i) * ha->max_slots + col]);
+    return sc;
+}
+
+/* Random distinct lags for every (sequence, KV head) list of the call ha describes (a shuffled
+ * 0..a-1) and the lists a literal argmin of (group-max logit lg, -lag) over the candidates of
+ * kernels.h expects after the update with diag_next_of; tie_all: every candidate ties, so the
+ * largest lag goes. */
+static void diag_expect(const flexdiag_attn_args *ha, int32_t a, int32_t base, const float *lg,
+                        int tie_all, int16_t *lag, int16_t *want, tu_rng *r) {
+    for (int64_t li = 0; li < (int64_t)ha->n_seq * ha->h_kv; li++) {
         int16_t *l = lag + li * a;
         for (int32_t e = 0; e < a; e++) l[e] = (int16_t)e;
         for (int32_t e = a - 1; e > 0; e--) {
@@ -589,37 +642,77 @@ static void diag_expect(const problem *pb, int32_t a, int32_t base, const float 
             l[j] = t;
         }
         memcpy(want + li * a, l, (size_t)a * 2);
-        int64_t s = li / c->h_kv, h = li % c->h_kv;
-        int32_t ns = pb->n_slots[li], best = -1, top = -1;
+        int64_t s = li / ha->h_kv;
+        int32_t h = (int32_t)(li % ha->h_kv), ns = ha->n_slots[li], best = -1, top = -1;
         float bs = 0;
         for (int32_t e = 0; e < ns - base; e++) {
-            float sc = -INFINITY;
-            for (int i = 0; i < g; i++)
-                sc = fmaxf(sc, lg[((s * c->h_q + h * g + i) * pb->max_slots) + ns - 1 - e]);
+            float sc = diag_score(ha, lg, s, h, ns - 1 - e);
             if (best < 0 || sc < bs || (sc == bs && l[e] > l[best])) best = e, bs = sc;
             if (top < 0 || l[e] > l[top]) top = e;
         }
-        if (c->tie_all) assert_int_equal(best, top); /* all tied: the largest lag goes */
-        if (best >= 0) want[li * a + best] = DIAG_NEXT;
+        if (tie_all) assert_int_equal(best, top); /* all tied: the largest lag goes */
+        if (best >= 0 && diag_next_of(s) >= 0) want[li * a + best] = (int16_t)diag_next_of(s);
     }
 }
 
-/* Probabilities within 4 ulp of expf(lg - lse) (the same formula on the same floats, GPU vs host
- * expf), nothing written past n_slots (0xff poison kept). */
-static int check_probs(const problem *pb, const float *got, const float *lg, const float *lse) {
-    const attn_case *c = &pb->c;
-    int g = c->h_q / c->h_kv, bad = 0;
-    for (int64_t shq = 0; shq < (int64_t)c->n_seq * c->h_q; shq++) {
-        int64_t sh = (shq / c->h_q) * c->h_kv + (shq % c->h_q) / g;
-        int32_t ns = pb->n_slots[list_of(pb, sh)];
-        const float *pr = got + shq * pb->max_slots, *z = lg + shq * pb->max_slots;
+/* Scores closer than this to the winner's (and not equal to it) leave the update's decision to
+ * rounding: 10x the logit bound of check_logits at these shapes (scale·Σ|q k| <= 11). */
+#define DIAG_CLEAR 1e-3f
+
+/* Diagonal's update against the CPU reference's (ref_lag, run on its own logits ref_lg from the
+ * same lags lag0): the lists of the sequences without a new lag unchanged on the CPU too, and
+ * every list whose decision the CPU's logits make clear, i.e. each other candidate's score is
+ * the winner's exactly (identical keys, which tie on both backends) or above it by more than
+ * DIAG_CLEAR, equal to the device's (got) bit for bit. */
+static int diag_vs_ref(const flexdiag_attn_args *ha, int32_t a, int32_t base, const float *ref_lg,
+                       const int16_t *got, const int16_t *ref_lag, const int16_t *lag0,
+                       const char *label) {
+    int64_t n = (int64_t)ha->n_seq * ha->h_kv, compared = 0, bad = 0;
+    for (int64_t li = 0; li < n; li++) {
+        int64_t s = li / ha->h_kv;
+        int32_t h = (int32_t)(li % ha->h_kv), ns = ha->n_slots[li];
+        size_t off = (size_t)li * (size_t)a, bytes = (size_t)a * 2;
+        if (diag_next_of(s) < 0) {
+            if (memcmp(ref_lag + off, lag0 + off, bytes) && bad++ < 5)
+                fprintf(stderr, "%s: the CPU rewrote list %lld (no new lag)\n", label,
+                        (long long)li);
+            continue;
+        }
+        float lo = INFINITY;
+        for (int32_t e = 0; e < ns - base; e++)
+            lo = fminf(lo, diag_score(ha, ref_lg, s, h, ns - 1 - e));
+        int clear = 1;
+        for (int32_t e = 0; e < ns - base && clear; e++) {
+            float sc = diag_score(ha, ref_lg, s, h, ns - 1 - e);
+            clear = sc == lo || sc > lo + DIAG_CLEAR;
+        }
+        if (!clear) continue;
+        compared++;
+        if (memcmp(got + off, ref_lag + off, bytes) && bad++ < 5)
+            fprintf(stderr, "%s: lag list %lld differs from the CPU reference's\n", label,
+                    (long long)li);
+    }
+    printf("%s: %lld of %lld lag lists compared with the CPU reference\n", label,
+           (long long)compared, (long long)n);
+    return bad == 0;
+}
+
+/* Probabilities of the call ha describes within 4 ulp of expf(lg - lse) (the same formula on the
+ * same floats, GPU vs host expf), nothing written past n_slots (0xff poison kept). */
+static int check_probs(const flexdiag_attn_args *ha, const float *got, const float *lg,
+                       const float *lse) {
+    int g = ha->h_q / ha->h_kv, bad = 0;
+    for (int64_t shq = 0; shq < (int64_t)ha->n_seq * ha->h_q; shq++) {
+        int64_t s = shq / ha->h_q;
+        int32_t ns = ha->n_slots[flexdiag__slot_list(ha, s, (int32_t)(shq % ha->h_q) / g)];
+        const float *pr = got + shq * ha->max_slots, *z = lg + shq * ha->max_slots;
         for (int32_t j = 0; j < ns; j++) {
             float want = isinf(lse[shq]) ? 0.0f : expf(z[j] - lse[shq]);
             if (!(fabsf(pr[j] - want) <= 4 * 1.1920929e-7f * want + 1e-38f) && bad++ < 5)
                 fprintf(stderr, "probs[%lld][%d]: got %.9g want %.9g\n", (long long)shq, j,
                         pr[j], want);
         }
-        for (int32_t j = ns; j < pb->max_slots; j++) {
+        for (int32_t j = ns; j < ha->max_slots; j++) {
             uint32_t u;
             memcpy(&u, &pr[j], 4);
             if (u != 0xffffffffu && bad++ < 5)
@@ -630,32 +723,41 @@ static int check_probs(const problem *pb, const float *got, const float *lg, con
     return bad == 0;
 }
 
-/* Decode again with the policy outputs only (probs_out, the fused Diagonal update; ga has the
- * device metadata): both against this call's own logits / lse (lg, lse from the first call:
- * the kernel computes them identically), and the attention output bit-identical to out0. */
+/* Decode again with the policy outputs only (probs_out, and with per-(sequence, KV head) lists
+ * the fused Diagonal update with a diag_next array mixing new lags and negative entries; ga has
+ * the device metadata): both against this call's own logits / lse (lg, lse from the first call:
+ * the kernel computes them identically), the attention output bit-identical to out0, and the
+ * lags against the CPU reference's update on the same lags (diag_vs_ref; qkv32, ref_lg: the
+ * reference's inputs and logits). */
 static void check_policy_scores(const problem *pb, flexdiag_attn_args ga, dbuf *dout,
                                 const void *dqkv, const dbuf *dk, const dbuf *dv,
                                 const float *lg, const float *lse, const uint16_t *out0,
-                                tu_rng *r, const char *label) {
+                                const float *qkv32, const float *ref_lg, tu_rng *r,
+                                const char *label) {
     const attn_case *c = &pb->c;
+    const int diag = c->shared == FLEXDIAG_SLOTS_PER_HEAD; /* the update needs per-head lists */
     int64_t nq = (int64_t)c->n_seq * c->h_q, n_out = nq * c->d_h, n_lg = nq * pb->max_slots;
     /* all-tie cases keep column 0 (entry 0, where this step's token was appended: another
      * logit) out of the candidates */
     int32_t a = pb->max_slots, base = c->tie_all ? 1 + c->ring % 3 : c->ring % 3;
-    int32_t next = DIAG_NEXT;
-    size_t lag_bytes = (size_t)(pb->n_lists * a) * 2;
-    int16_t *lag = xmalloc(lag_bytes), *want = xmalloc(lag_bytes);
-    diag_expect(pb, a, base, lg, lag, want, r);
-    dbuf dpr = dbuf_new(n_lg, 4, r), dlag = dbuf_new(pb->n_lists * a, 2, r);
-    dbuf dnx = dbuf_new(1, 4, r);
+    int64_t n_lag = diag ? pb->n_lists * a : 1;
+    size_t lag_bytes = (size_t)n_lag * 2;
+    int16_t *lag0 = xmalloc(lag_bytes), *lag = xmalloc(lag_bytes), *want = xmalloc(lag_bytes);
+    int32_t *next = xmalloc((size_t)c->n_seq * 4);
+    for (int32_t s = 0; s < c->n_seq; s++) next[s] = diag_next_of(s);
+    lag0[0] = 0; /* uploaded even without the update */
+    if (diag) diag_expect(&pb->a, a, base, lg, c->tie_all, lag0, want, r);
+    dbuf dpr = dbuf_new(n_lg, 4, r), dlag = dbuf_new(n_lag, 2, r), dnx = dbuf_new(c->n_seq, 4, r);
     dbuf_poison(&dpr);
-    dbuf_up(&dlag, lag);
-    dbuf_up(&dnx, &next);
+    dbuf_up(&dlag, lag0);
+    dbuf_up(&dnx, next);
     ga.probs_out = dpr.p;
-    ga.diag_lag = dlag.p;
-    ga.diag_a = a;
-    ga.diag_base = base;
-    ga.diag_next = dnx.p;
+    if (diag) {
+        ga.diag_lag = dlag.p;
+        ga.diag_a = a;
+        ga.diag_base = base;
+        ga.diag_next = dnx.p;
+    }
     dbuf_poison(dout);
     ck(gk->attn_decode(dout->p, dqkv, dk->p, dv->p, &ga, gs), "cuda attn_decode (probs, diag)");
     char lab[200];
@@ -665,22 +767,36 @@ static void check_policy_scores(const problem *pb, flexdiag_attn_args ga, dbuf *
     dbuf_down(&dpr, pr);
     dbuf_down(&dlag, lag);
     dbuf_down(dout, o);
-    assert_true(check_probs(pb, pr, lg, lse));
-    for (int64_t li = 0, bad = 0; li < pb->n_lists; li++)
-        if (memcmp(lag + li * a, want + li * a, (size_t)a * 2) && bad++ < 5)
-            fprintf(stderr, "%s: lag list %lld differs from the literal argmin\n", lab,
-                    (long long)li);
-    assert_memory_equal(lag, want, lag_bytes);
+    assert_true(check_probs(&pb->a, pr, lg, lse));
     assert_memory_equal(o, out0, (size_t)n_out * 2);
-    dbuf_check_guards(&dpr, lab);
-    dbuf_check_guards(&dlag, lab);
-    dbuf_free(&dpr);
-    dbuf_free(&dlag);
-    dbuf_free(&dnx);
+    if (diag) {
+        for (int64_t li = 0, bad = 0; li < pb->n_lists; li++)
+            if (memcmp(lag + li * a, want + li * a, (size_t)a * 2) && bad++ < 5)
+                fprintf(stderr, "%s: lag list %lld differs from the literal argmin\n", lab,
+                        (long long)li);
+        assert_memory_equal(lag, want, lag_bytes);
+        int16_t *rlag = xmalloc(lag_bytes);
+        float *rout = xmalloc((size_t)n_out * 4);
+        memcpy(rlag, lag0, lag_bytes);
+        flexdiag_attn_args ra = pb->a;
+        ra.diag_lag = rlag;
+        ra.diag_a = a;
+        ra.diag_base = base;
+        ra.diag_next = next;
+        ck(rk->attn_decode(rout, qkv32, pb->kc32, pb->vc32, &ra, rs), "ref attn_decode (diag)");
+        assert_true(diag_vs_ref(&pb->a, a, base, ref_lg, lag, rlag, lag0, lab));
+        free(rlag);
+        free(rout);
+    }
+    dbuf *all[3] = {&dpr, &dlag, &dnx};
+    for (int i = 0; i < 3; i++) dbuf_check_guards(all[i], lab);
+    for (int i = 0; i < 3; i++) dbuf_free(all[i]);
     free(pr);
     free(o);
+    free(lag0);
     free(lag);
     free(want);
+    free(next);
 }
 
 static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *dlp, tu_rng *r,
@@ -722,7 +838,7 @@ static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *
     fa_err fe = {0, 0};
     decode_fa(pb, qkv32, got, &fe);
     fa_check(&fe, lab);
-    assert_true(check_logits(pb, qkv32, got_lg, ref_lg, got_lse, ref_lse));
+    assert_true(check_logits(&pb->a, qkv32, problem_key, pb, got_lg, ref_lg, got_lse, ref_lse));
     assert_true(check_ties_and_tail(pb, got_lg));
 
     /* without the optional outputs the attention output is bit-identical */
@@ -734,7 +850,7 @@ static void run_decode(problem *pb, const dbuf *dk, const dbuf *dv, const dbuf *
     ck(gk->attn_decode(dout.p, dqkv.p, dk->p, dv->p, &ga, gs), "cuda attn_decode (no extras)");
     dbuf_down(&dout, o2);
     assert_memory_equal(o1, o2, (size_t)n_out * 2);
-    if (!c->shared) check_policy_scores(pb, ga, &dout, dqkv.p, dk, dv, got_lg, got_lse, o1, r, lab);
+    check_policy_scores(pb, ga, &dout, dqkv.p, dk, dv, got_lg, got_lse, o1, qkv32, ref_lg, r, lab);
 
     const dbuf *all[6] = {&dout, &dqkv, &dslots, &dns, &dlg, &dlse};
     for (int i = 0; i < 6; i++) dbuf_check_guards(all[i], lab);
@@ -775,6 +891,326 @@ static void test_case(void **state) {
     dbuf_free(&dv);
     dbuf_free(&dlp);
     problem_free(&pb);
+}
+
+/* ---- shared prompt KV (prefix): CTA orders, the cascade, per-sequence lags ---- */
+
+typedef struct prefix_case {
+    int32_t n_seq, h_q, h_kv, d_h, ring;
+    int32_t n_pre, pre_cap; /* prompt-only blocks and their rows */
+    int32_t shared;         /* FLEXDIAG_SLOTS_PER_HEAD or FLEXDIAG_SLOTS_PER_SEQ */
+} prefix_case;
+
+/* Few sequences (split-K, also with one list per sequence), many CTAs of short lists (g = 1),
+ * groups of 4 with the cascade's tiles; on a 132-SM GPU the first, fourth and fifth split. */
+static const prefix_case pcases[] = {
+    {3, 8, 2, 64, 300, 2, 40, FLEXDIAG_SLOTS_PER_HEAD},
+    {64, 8, 8, 64, 40, 5, 50, FLEXDIAG_SLOTS_PER_HEAD},
+    {40, 16, 4, 128, 90, 4, 30, FLEXDIAG_SLOTS_PER_HEAD},
+    {5, 4, 4, 128, 200, 3, 50, FLEXDIAG_SLOTS_PER_SEQ},
+    {7, 3, 3, 16, 120, 2, 20, FLEXDIAG_SLOTS_PER_HEAD},
+    {48, 8, 2, 32, 64, 6, 20, FLEXDIAG_SLOTS_PER_SEQ},
+};
+#define N_PCASES ((int)(sizeof pcases / sizeof pcases[0]))
+
+/* One prefix case on the host: ring-only caches (p_cap 0) and the prompt-only store, bf16 for
+ * the device, fp32 upcasts for the CPU reference. */
+typedef struct pproblem {
+    prefix_case c;
+    int32_t w, max_slots;
+    int64_t cache_n, pre_n, n_lists;
+    int32_t *lp, *prefix, *slots, *n_slots;
+    uint16_t *kc, *vc, *kp, *vp, *qkv;
+    float *kc32, *vc32, *kp32, *vp32, *qkv32;
+    flexdiag_attn_args a; /* host view (pointers into this struct) */
+} pproblem;
+
+/* key_fn of a pproblem (ctx): the prompt rows from the sequence's prefix block. */
+static const float *pproblem_key(const void *ctx, int64_t s, int32_t h, int64_t j) {
+    const pproblem *pp = ctx;
+    const prefix_case *c = &pp->c;
+    if (j < pp->lp[s])
+        return pp->kp32 + (((int64_t)pp->prefix[s] * c->h_kv + h) * c->pre_cap + j) * c->d_h;
+    int64_t li = flexdiag__slot_list(&pp->a, s, h);
+    int32_t slot = pp->slots[li * pp->max_slots + j - pp->lp[s]];
+    return pp->kc32 + ((s * c->h_kv + h) * c->ring + slot) * c->d_h;
+}
+
+/* Random data; rows nobody may read are NaN: ring rows no list of their block names, and rows
+ * of a prompt block at or past the longest prompt of its sequences. */
+static void pproblem_init(pproblem *pp, const prefix_case *c, int idx, tu_rng *r) {
+    memset(pp, 0, sizeof *pp);
+    pp->c = *c;
+    pp->w = (c->h_q + 2 * c->h_kv) * c->d_h;
+    pp->max_slots = c->ring + 3;
+    pp->cache_n = (int64_t)c->n_seq * c->h_kv * c->ring * c->d_h;
+    pp->pre_n = (int64_t)c->n_pre * c->h_kv * c->pre_cap * c->d_h;
+    pp->n_lists = lists_of(c->shared, c->n_seq, c->h_kv);
+    pp->lp = xmalloc((size_t)c->n_seq * 4);
+    pp->prefix = xmalloc((size_t)c->n_seq * 4);
+    const int32_t lps[5] = {c->pre_cap, 1, 7, 0, c->pre_cap - 3};
+    int32_t *lmax = xmalloc((size_t)c->n_pre * 4);
+    memset(lmax, 0, (size_t)c->n_pre * 4);
+    for (int32_t s = 0; s < c->n_seq; s++) {
+        int32_t lp = lps[(s + idx) % 5];
+        pp->lp[s] = lp < 0 ? 0 : lp > c->pre_cap ? c->pre_cap : lp;
+        pp->prefix[s] = (7 * s + 1) % c->n_pre;
+        if (pp->lp[s] > lmax[pp->prefix[s]]) lmax[pp->prefix[s]] = pp->lp[s];
+    }
+    pp->slots = xmalloc((size_t)(pp->n_lists * pp->max_slots) * 4);
+    pp->n_slots = xmalloc((size_t)pp->n_lists * 4);
+    random_lists(pp->slots, pp->n_slots, pp->n_lists, c->ring, pp->max_slots, r);
+    flexdiag_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.n_seq = c->n_seq;
+    a.h_q = c->h_q;
+    a.h_kv = c->h_kv;
+    a.d_h = c->d_h;
+    a.ring = c->ring;
+    a.scale = 1.0f / sqrtf((float)c->d_h);
+    a.lp = pp->lp;
+    a.slots = pp->slots;
+    a.n_slots = pp->n_slots;
+    a.max_slots = pp->max_slots;
+    a.shared_slots = c->shared;
+    a.prefix = pp->prefix;
+    a.n_pre = c->n_pre;
+    a.pre_cap = c->pre_cap;
+    pp->a = a;
+    pp->kc = xmalloc((size_t)pp->cache_n * 2);
+    pp->vc = xmalloc((size_t)pp->cache_n * 2);
+    pp->kp = xmalloc((size_t)pp->pre_n * 2);
+    pp->vp = xmalloc((size_t)pp->pre_n * 2);
+    pp->qkv = xmalloc((size_t)c->n_seq * pp->w * 2);
+    tu_fill_bf16(r, pp->kc, pp->cache_n, 1.0f);
+    tu_fill_bf16(r, pp->vc, pp->cache_n, 1.0f);
+    tu_fill_bf16(r, pp->kp, pp->pre_n, 1.0f);
+    tu_fill_bf16(r, pp->vp, pp->pre_n, 1.0f);
+    tu_fill_bf16(r, pp->qkv, (int64_t)c->n_seq * pp->w, 1.5f);
+    uint8_t *named = xmalloc((size_t)c->ring);
+    for (int64_t sh = 0; sh < (int64_t)c->n_seq * c->h_kv; sh++) {
+        int64_t li = flexdiag__slot_list(&pp->a, sh / c->h_kv, (int32_t)(sh % c->h_kv));
+        memset(named, 0, (size_t)c->ring);
+        for (int32_t j = 0; j < pp->n_slots[li]; j++) named[pp->slots[li * pp->max_slots + j]] = 1;
+        for (int64_t i = 0; i < (int64_t)c->ring * c->d_h; i++)
+            if (!named[i / c->d_h]) {
+                pp->kc[sh * c->ring * c->d_h + i] = BF16_NAN;
+                pp->vc[sh * c->ring * c->d_h + i] = BF16_NAN;
+            }
+    }
+    for (int64_t bh = 0; bh < (int64_t)c->n_pre * c->h_kv; bh++)
+        for (int64_t i = (int64_t)lmax[bh / c->h_kv] * c->d_h; i < (int64_t)c->pre_cap * c->d_h;
+             i++) {
+            pp->kp[bh * c->pre_cap * c->d_h + i] = BF16_NAN;
+            pp->vp[bh * c->pre_cap * c->d_h + i] = BF16_NAN;
+        }
+    free(named);
+    free(lmax);
+    pp->kc32 = tu_bf16_to_f32(pp->kc, pp->cache_n);
+    pp->vc32 = tu_bf16_to_f32(pp->vc, pp->cache_n);
+    pp->kp32 = tu_bf16_to_f32(pp->kp, pp->pre_n);
+    pp->vp32 = tu_bf16_to_f32(pp->vp, pp->pre_n);
+    pp->qkv32 = tu_bf16_to_f32(pp->qkv, (int64_t)c->n_seq * pp->w);
+}
+
+static void pproblem_free(pproblem *pp) {
+    void *all[] = {pp->lp,  pp->prefix, pp->slots, pp->n_slots, pp->kc,   pp->vc,  pp->kp,
+                   pp->vp,  pp->qkv,    pp->kc32,  pp->vc32,    pp->kp32, pp->vp32, pp->qkv32};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+/* What the decode calls of one CTA order of a prefix case give back (host). */
+typedef struct pdecode {
+    uint16_t *out, *out2; /* the plain call's output; the policy call's */
+    float *lg, *lse, *pr; /* the plain call's logits and lse; the policy call's probabilities */
+    int16_t *lag;         /* the policy call's lag lists (per-(sequence, KV head) lists) */
+} pdecode;
+
+/* Decode in the CTA order FLEXDIAG_DEC_HEAD_MAJOR / FLEXDIAG_CASCADE select (order 0:
+ * head-major, the default with shared prompt KV; 1: sequence-major; 2: the cascade, when the
+ * prompts are shared enough): lag0 NULL, the plain call with logits_out and lse_out (into out,
+ * lg, lse); else the policy call with probs_out and, with per-head lists, the Diagonal update
+ * from lag0 with diag_next_of's entries (into out2, pr, lag). ga holds the device metadata. */
+static void prefix_decode(const pproblem *pp, flexdiag_attn_args ga, int order, const dbuf *dk,
+                          const dbuf *dv, const dbuf *dqkv, const int16_t *lag0, int32_t base,
+                          pdecode *d, tu_rng *r) {
+    const prefix_case *c = &pp->c;
+    const int diag = c->shared == FLEXDIAG_SLOTS_PER_HEAD;
+    int64_t nq = (int64_t)c->n_seq * c->h_q, n_out = nq * c->d_h, n_lg = nq * pp->max_slots;
+    int64_t n_lag = diag ? (int64_t)c->n_seq * c->h_kv * pp->max_slots : 1;
+    int32_t *next = xmalloc((size_t)c->n_seq * 4);
+    for (int32_t s = 0; s < c->n_seq; s++) next[s] = diag_next_of(s);
+    dbuf dout = dbuf_new(n_out, 2, r), dlg = dbuf_new(n_lg, 4, r), dlse = dbuf_new(nq, 4, r);
+    dbuf dpr = dbuf_new(n_lg, 4, r), dlag = dbuf_new(n_lag, 2, r), dnx = dbuf_new(c->n_seq, 4, r);
+    dbuf_poison(&dout);
+    dbuf_poison(&dlg);
+    dbuf_poison(&dlse);
+    dbuf_poison(&dpr);
+    dbuf_up(&dnx, next);
+    if (lag0) {
+        dbuf_up(&dlag, lag0);
+        ga.probs_out = dpr.p;
+        if (diag) {
+            ga.diag_lag = dlag.p;
+            ga.diag_a = pp->max_slots;
+            ga.diag_base = base;
+            ga.diag_next = dnx.p;
+        }
+    } else {
+        ga.logits_out = dlg.p;
+        ga.lse_out = dlse.p;
+    }
+    setenv("FLEXDIAG_DEC_HEAD_MAJOR", order == 1 ? "0" : "1", 1);
+    setenv("FLEXDIAG_CASCADE", order == 2 ? "1" : "0", 1);
+    ck(gk->attn_decode(dout.p, dqkv->p, dk->p, dv->p, &ga, gs), "cuda attn_decode (prefix)");
+    unsetenv("FLEXDIAG_DEC_HEAD_MAJOR");
+    unsetenv("FLEXDIAG_CASCADE");
+    if (lag0) {
+        d->out2 = xmalloc((size_t)n_out * 2);
+        d->pr = xmalloc((size_t)n_lg * 4);
+        d->lag = xmalloc((size_t)n_lag * 2);
+        dbuf_down(&dout, d->out2);
+        dbuf_down(&dpr, d->pr);
+        dbuf_down(&dlag, d->lag);
+    } else {
+        d->out = xmalloc((size_t)n_out * 2);
+        d->lg = xmalloc((size_t)n_lg * 4);
+        d->lse = xmalloc((size_t)nq * 4);
+        dbuf_down(&dout, d->out);
+        dbuf_down(&dlg, d->lg);
+        dbuf_down(&dlse, d->lse);
+    }
+    dbuf *all[6] = {&dout, &dlg, &dlse, &dpr, &dlag, &dnx};
+    for (int i = 0; i < 6; i++) dbuf_check_guards(all[i], "prefix decode");
+    for (int i = 0; i < 6; i++) dbuf_free(all[i]);
+    free(next);
+}
+
+static void pdecode_free(pdecode *d) {
+    free(d->out);
+    free(d->out2);
+    free(d->lg);
+    free(d->lse);
+    free(d->pr);
+    free(d->lag);
+}
+
+/* One prefix case: each CTA order against the CPU reference (outputs within the bf16
+ * tolerances, logits and lse within check_logits' bound, probabilities against the call's own
+ * logits, the policy call's output bit-identical to the plain one's), sequence-major and the
+ * cascade's ring logits bit-identical to head-major's (sequence-major: every output), and the
+ * Diagonal lags of every order equal to the literal argmin over head-major's logits with
+ * diag_next_of's mix of new lags and negative entries and, where the decision is clear, to the
+ * CPU reference's (diag_vs_ref). */
+static void test_prefix(void **state) {
+    const prefix_case *c = *state;
+    int idx = (int)(c - pcases);
+    char label[128];
+    snprintf(label, sizeof label, "prefix case %d (n_seq %d, h_q %d, h_kv %d, d_h %d, ring %d, "
+             "lists %s)", idx, c->n_seq, c->h_q, c->h_kv, c->d_h, c->ring,
+             c->shared == FLEXDIAG_SLOTS_PER_SEQ ? "per sequence" : "per head");
+    tu_rng r;
+    tu_rng_seed(&r, 5000 + (uint64_t)idx);
+    pproblem pp;
+    pproblem_init(&pp, c, idx, &r);
+    const int diag = c->shared == FLEXDIAG_SLOTS_PER_HEAD;
+    const int g = c->h_q / c->h_kv;
+    int64_t nq = (int64_t)c->n_seq * c->h_q, n_out = nq * c->d_h, n_lg = nq * pp.max_slots;
+    int32_t a = pp.max_slots, base = c->ring % 3;
+    int64_t n_lag = diag ? (int64_t)c->n_seq * c->h_kv * a : 1;
+    /* the cascade plan (order 2 uses it when the prompts are shared by 2 sequences or more) */
+    int32_t n_tiles = flexdiag__cascade_tiles(c->n_seq, c->n_pre, g);
+    int32_t *cseq = xmalloc((size_t)c->n_seq * 4), *ctile = xmalloc((size_t)n_tiles * 12 + 12);
+    memset(ctile, 0, (size_t)n_tiles * 12 + 12);
+    flexdiag__cascade_plan(pp.prefix, c->n_seq, c->n_pre, g, cseq, ctile);
+    dbuf dk = dbuf_new(pp.cache_n, 2, &r), dv = dbuf_new(pp.cache_n, 2, &r);
+    dbuf dkp = dbuf_new(pp.pre_n, 2, &r), dvp = dbuf_new(pp.pre_n, 2, &r);
+    dbuf dqkv = dbuf_new((int64_t)c->n_seq * pp.w, 2, &r), dlp = dbuf_new(c->n_seq, 4, &r);
+    dbuf dpre = dbuf_new(c->n_seq, 4, &r), dsl = dbuf_new(pp.n_lists * pp.max_slots, 4, &r);
+    dbuf dns = dbuf_new(pp.n_lists, 4, &r), dcs = dbuf_new(c->n_seq, 4, &r);
+    dbuf dct = dbuf_new((int64_t)n_tiles * 3 + 3, 4, &r);
+    struct {
+        dbuf *b;
+        const void *h;
+    } up[] = {{&dk, pp.kc},     {&dv, pp.vc},   {&dkp, pp.kp},         {&dvp, pp.vp},
+              {&dqkv, pp.qkv},  {&dlp, pp.lp},  {&dpre, pp.prefix},    {&dsl, pp.slots},
+              {&dns, pp.n_slots}, {&dcs, cseq}, {&dct, ctile}};
+    for (size_t i = 0; i < sizeof up / sizeof up[0]; i++) dbuf_up(up[i].b, up[i].h);
+    flexdiag_attn_args ga = pp.a;
+    ga.lp = dlp.p;
+    ga.slots = dsl.p;
+    ga.n_slots = dns.p;
+    ga.prefix = dpre.p;
+    ga.k_pre = dkp.p;
+    ga.v_pre = dvp.p;
+    ga.casc_seq = dcs.p;
+    ga.casc_tile = dct.p;
+    ga.n_casc_tiles = n_tiles;
+
+    /* the CPU reference: outputs, logits and lse */
+    float *ref = xmalloc((size_t)n_out * 4), *ref_lg = xmalloc((size_t)n_lg * 4);
+    float *ref_lse = xmalloc((size_t)nq * 4);
+    flexdiag_attn_args ra = pp.a;
+    ra.k_pre = pp.kp32;
+    ra.v_pre = pp.vp32;
+    ra.logits_out = ref_lg;
+    ra.lse_out = ref_lse;
+    ck(rk->attn_decode(ref, pp.qkv32, pp.kc32, pp.vc32, &ra, rs), "ref attn_decode (prefix)");
+
+    int16_t *lag0 = xmalloc((size_t)n_lag * 2), *want = xmalloc((size_t)n_lag * 2);
+    lag0[0] = 0;
+    pdecode d[3];
+    memset(d, 0, sizeof d);
+    for (int order = 0; order < 3; order++) {
+        char lab[200];
+        snprintf(lab, sizeof lab, "%s order %s", label,
+                 order == 0 ? "head-major" : order == 1 ? "sequence-major" : "cascade");
+        prefix_decode(&pp, ga, order, &dk, &dv, &dqkv, NULL, base, &d[order], &r);
+        if (order == 0 && diag) /* the lags, and their literal argmin over these logits */
+            diag_expect(&pp.a, a, base, d[0].lg, 0, lag0, want, &r);
+        prefix_decode(&pp, ga, order, &dk, &dv, &dqkv, lag0, base, &d[order], &r);
+        float *got = tu_bf16_to_f32(d[order].out, n_out);
+        assert_true(tu_allclose(lab, got, ref, n_out, OUT_ATOL, OUT_RTOL, OUT_NMSE));
+        free(got);
+        assert_true(check_logits(&pp.a, pp.qkv32, pproblem_key, &pp, d[order].lg, ref_lg,
+                                 d[order].lse, ref_lse));
+        assert_true(check_probs(&pp.a, d[order].pr, d[order].lg, d[order].lse));
+        assert_memory_equal(d[order].out2, d[order].out, (size_t)n_out * 2);
+        if (order > 0) assert_memory_equal(d[order].lg, d[0].lg, (size_t)n_lg * 4);
+        if (order == 1) {
+            assert_memory_equal(d[1].out, d[0].out, (size_t)n_out * 2);
+            assert_memory_equal(d[1].lse, d[0].lse, (size_t)nq * 4);
+            assert_memory_equal(d[1].pr, d[0].pr, (size_t)n_lg * 4);
+        }
+        if (diag) assert_memory_equal(d[order].lag, want, (size_t)n_lag * 2);
+    }
+    if (diag) { /* the CPU reference's update from the same lags */
+        int16_t *rlag = xmalloc((size_t)n_lag * 2);
+        int32_t *next = xmalloc((size_t)c->n_seq * 4);
+        for (int32_t s = 0; s < c->n_seq; s++) next[s] = diag_next_of(s);
+        memcpy(rlag, lag0, (size_t)n_lag * 2);
+        ra.diag_lag = rlag;
+        ra.diag_a = a;
+        ra.diag_base = base;
+        ra.diag_next = next;
+        ck(rk->attn_decode(ref, pp.qkv32, pp.kc32, pp.vc32, &ra, rs),
+           "ref attn_decode (prefix, diag)");
+        assert_true(diag_vs_ref(&pp.a, a, base, ref_lg, d[0].lag, rlag, lag0, label));
+        free(rlag);
+        free(next);
+    }
+    for (int order = 0; order < 3; order++) pdecode_free(&d[order]);
+    dbuf *all[] = {&dk, &dv, &dkp, &dvp, &dqkv, &dlp, &dpre, &dsl, &dns, &dcs, &dct};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dbuf_check_guards(all[i], label);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dbuf_free(all[i]);
+    free(cseq);
+    free(ctile);
+    free(lag0);
+    free(want);
+    free(ref);
+    free(ref_lg);
+    free(ref_lse);
+    pproblem_free(&pp);
 }
 
 /* ---- argument checks ---- */
@@ -844,9 +1280,11 @@ static void test_bad_args(void **state) {
     a.diag_lag = p;
     a.diag_a = 4;
     a.diag_next = ints.p;
-    a.shared_slots = 1;
+    a.shared_slots = FLEXDIAG_SLOTS_ONE;
     expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
-    a.shared_slots = 0;
+    a.shared_slots = FLEXDIAG_SLOTS_PER_SEQ;
+    expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    a.shared_slots = FLEXDIAG_SLOTS_PER_HEAD;
     a.diag_a = 0;
     expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
     a.diag_a = 4;
@@ -856,6 +1294,13 @@ static void test_bad_args(void **state) {
     a.h_kv = 1;
     a.h_q = gk->diag_max_group + 1;
     expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_UNSUPPORTED, "attn_decode");
+    /* a sharing mode that is none of FLEXDIAG_SLOTS_* */
+    const int32_t bad_modes[2] = {-1, 3};
+    for (int i = 0; i < 2; i++) {
+        a = ok;
+        a.shared_slots = bad_modes[i];
+        expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    }
 
     /* empty calls are fine and touch nothing */
     a = ok;
@@ -897,15 +1342,19 @@ int main(void) {
         fprintf(stderr, "test_attn_cuda: cpu stream: %s\n", flexdiag_last_error(NULL));
         return 1;
     }
-    /* FLEXDIAG_ATTN_CASES="2,5" runs only those rows of the shape table (debugging) */
+    /* FLEXDIAG_ATTN_CASES="2,5" runs only those rows of the shape table (debugging); the
+     * prefix cases are numbered after it (N_CASES + i) */
     const char *only = getenv("FLEXDIAG_ATTN_CASES");
-    struct CMUnitTest tests[N_CASES + 1];
-    static char names[N_CASES][48];
+    struct CMUnitTest tests[N_CASES + N_PCASES + 1];
+    static char names[N_CASES + N_PCASES][48];
     size_t n = 0;
-    for (int i = 0; i < N_CASES; i++) {
+    for (int i = 0; i < N_CASES + N_PCASES; i++) {
         if (only && !case_listed(only, i)) continue;
-        snprintf(names[i], sizeof names[i], "attn_case_%02d", i);
-        struct CMUnitTest t = {names[i], test_case, NULL, NULL, (void *)&cases[i]};
+        const int pre = i >= N_CASES;
+        snprintf(names[i], sizeof names[i], pre ? "prefix_case_%02d" : "attn_case_%02d",
+                 pre ? i - N_CASES : i);
+        struct CMUnitTest t = {names[i], pre ? test_prefix : test_case, NULL, NULL,
+                               pre ? (void *)&pcases[i - N_CASES] : (void *)&cases[i]};
         tests[n++] = t;
     }
     struct CMUnitTest tb = cmocka_unit_test(test_bad_args);

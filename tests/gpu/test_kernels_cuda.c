@@ -12,11 +12,15 @@
  *     back bit-identical, and starts poisoned (all-ones bytes: NaN / -1) so unwritten outputs show;
  *   - sampling: ids equal to the CPU's for >= 99.9% of rows over many (seed, step), every
  *     mismatch explained by u (or the top-p mass) within 1e-6 of a boundary, top_k = 1 the exact
- *     argmax, non-finite rows -1, draws independent of batch composition and repeatable;
- *   - the device H2O / TOVA ops (evict_plan, evict_update) and ALISA ops (alisa_plan,
- *     alisa_update): driven over whole generations with tie-heavy random probabilities, rows,
- *     positions, scores, victims, slot lists and records bit-identical to the CPU's after every
- *     step.
+ *     argmax, non-finite rows and rows with settings out of range -1, rows with req < 0 left
+ *     untouched, each row drawn with its own settings and key, draws independent of batch
+ *     composition and order and repeatable;
+ *   - the device Diagonal planning (diag_slots), H2O / TOVA ops (evict_plan, evict_update) and
+ *     ALISA ops (alisa_plan, alisa_update): driven over whole generations with every sequence at
+ *     its own step (late starts, restarts at step 0 while others are mid-run, pauses: negative
+ *     steps) and tie-heavy random probabilities; rows, positions, scores, victims, lags, slot
+ *     lists and records bit-identical to the CPU's after every call, and the lists of the
+ *     skipped sequences unchanged.
  * A compact table (op, shape, max error, nmse, pass) is printed at the end. Exit 77 without CUDA.
  */
 #include <math.h>
@@ -944,13 +948,34 @@ static int32_t argmax_row(const float *lg, int64_t V, float T) {
     return best;
 }
 
-/* ids from the GPU for logits (n, V) already on the device. */
+/* Rows of one sample call with one case's settings: row i keyed (seed, req0 + i, step). */
+static void sample_rows(flexdiag_sample_row *rows, int64_t n, const sample_case *sc,
+                        uint64_t seed, int64_t req0, int64_t step, int32_t id0) {
+    for (int64_t i = 0; i < n; i++)
+        rows[i] = (flexdiag_sample_row){seed, req0 + i, step, sc->T, sc->top_k, sc->top_p, id0};
+}
+
+/* ids from the GPU for logits (n, V) already on the device and the host rows (uploaded for the
+ * call); ids comes in holding what the device ids start as (skipped rows must keep it). */
 static void gpu_sample(int32_t *ids, const dbuf *dl, int64_t n, int64_t V,
-                       const flexdiag_sample_params *p, int64_t req0, int64_t step) {
-    dbuf di = dbuf_make((size_t)n, 4, 0);
-    OK(G->sample(dptr(&di), dptr(dl), n, V, p, req0, step, S));
+                       const flexdiag_sample_row *rows) {
+    dbuf di = dbuf_make((size_t)n, 4, 0), dr = dbuf_make((size_t)n, sizeof *rows, 0);
+    flexdiag_sample_row *back = xmalloc((size_t)n * sizeof *rows);
+    dbuf_put(&di, ids);
+    dbuf_put(&dr, rows);
+    OK(G->sample(dptr(&di), dptr(dl), n, V, dptr(&dr), S));
     assert_true(dbuf_get(&di, ids, "sample ids"));
+    assert_true(dbuf_get(&dr, back, "sample rows"));
     dbuf_free(&di);
+    dbuf_free(&dr);
+    free(back);
+}
+
+/* An id no draw gives (V <= 102400, id0 <= 16): the start value of the device and CPU ids. */
+#define SAMPLE_UNSET 0x7A5A5A5A
+
+static void fill_ids(int32_t *ids, int64_t n) {
+    for (int64_t i = 0; i < n; i++) ids[i] = SAMPLE_UNSET;
 }
 
 static int run_sample_case(const sample_case *sc, int ci, int64_t *rows_total,
@@ -966,20 +991,24 @@ static int run_sample_case(const sample_case *sc, int ci, int64_t *rows_total,
     dbuf dl = dbuf_make((size_t)(ROWS * V), 4, 0);
     dbuf_put(&dl, lg);
     int32_t gids[ROWS], cids[ROWS], again[ROWS], one;
+    flexdiag_sample_row rows[ROWS];
     int64_t mism = 0, unexplained = 0, bad_argmax = 0, bad_repeat = 0, bad_alone = 0;
     for (int s = 0; s < STEPS; s++) {
         /* the last step draws with an id offset (a head over a slice of the vocabulary) */
-        const flexdiag_sample_params p = {sc->T, sc->top_k, sc->top_p, 1000 + 7919u * (unsigned)s,
-                                          s == STEPS - 1 ? 4 : 0};
+        const uint64_t seed = 1000 + 7919u * (unsigned)s;
+        const int32_t id0 = s == STEPS - 1 ? 4 : 0;
         const int64_t req0 = 10 * ci, step = 3 * s + 1;
-        gpu_sample(gids, &dl, ROWS, V, &p, req0, step);
-        OK(R->sample(cids, lg, ROWS, V, &p, req0, step, NULL));
+        sample_rows(rows, ROWS, sc, seed, req0, step, id0);
+        fill_ids(gids, ROWS);
+        fill_ids(cids, ROWS);
+        gpu_sample(gids, &dl, ROWS, V, rows);
+        OK(R->sample(cids, lg, ROWS, V, rows, NULL));
         for (int i = 0; i < ROWS; i++) {
             if (gids[i] == cids[i]) continue;
             mism++;
-            const double u = flexdiag__rng_uniform(p.seed, (uint64_t)(req0 + i), (uint64_t)step);
+            const double u = flexdiag__rng_uniform(seed, (uint64_t)(req0 + i), (uint64_t)step);
             const double margin = sample_margin(lg + i * V, sc, u);
-            if (margin > 1e-6) {
+            if (margin > 1e-6 || gids[i] == SAMPLE_UNSET) {
                 unexplained++;
                 fprintf(stderr, "sample V=%lld k=%d p=%g row %d step %lld: gpu %d cpu %d, margin "
                         "%.3g\n", (long long)V, sc->top_k, (double)sc->top_p, i, (long long)step,
@@ -988,13 +1017,15 @@ static int run_sample_case(const sample_case *sc, int ci, int64_t *rows_total,
         }
         if (sc->top_k == 1)
             for (int i = 0; i < ROWS; i++)
-                bad_argmax += gids[i] - p.id0 != argmax_row(lg + i * V, V, sc->T);
+                bad_argmax += gids[i] - id0 != argmax_row(lg + i * V, V, sc->T);
         if (s == 0) { /* repeatable, and row 5 alone (req0 + 5) draws what it drew in the batch */
-            gpu_sample(again, &dl, ROWS, V, &p, req0, step);
+            fill_ids(again, ROWS);
+            gpu_sample(again, &dl, ROWS, V, rows);
             bad_repeat += memcmp(gids, again, sizeof gids) != 0;
             dbuf d5 = dbuf_make((size_t)V, 4, 0);
             dbuf_put(&d5, lg + 5 * V);
-            gpu_sample(&one, &d5, 1, V, &p, req0 + 5, step);
+            one = SAMPLE_UNSET;
+            gpu_sample(&one, &d5, 1, V, rows + 5);
             bad_alone += one != gids[5];
             dbuf_free(&d5);
         }
@@ -1037,189 +1068,564 @@ static void test_sample(void **state) {
     assert_int_equal(fails, 0);
 }
 
+/* One call whose rows each carry their own key and settings (kernels.h flexdiag_sample_row):
+ * the settings of a table side by side, each row its own seed, request and step, some with an
+ * id offset, every seventh row skipped (req < 0; its logits NaN, so a read would give -1).
+ * Against the CPU reference on the same rows (mismatches explained by a margin <= 1e-6 as in
+ * run_sample_case; skipped rows keep their ids on both), top_k = 1 rows the exact argmax, and
+ * every row's id the same alone and with the batch reversed. */
+static void test_sample_rows(void **state) {
+    (void)state;
+    enum { V = 4096, ROWS = 40 };
+    static const sample_case set[] = {
+        {V, 1.0f, 0, 1.0f, 2.0f, 0},   {V, 0.7f, 0, 1.0f, 2.0f, 0},  {V, 1.3f, 50, 1.0f, 2.0f, 0},
+        {V, 1.0f, 0, 0.8f, 2.0f, 0},   {V, 0.5f, 7, 0.9f, 2.0f, 0},  {V, 1.0f, 1, 1.0f, 2.0f, 0},
+        {V, 2.0f, 300, 0.5f, 2.0f, 0}, {V, 1.0f, 0, 1.5f, 2.0f, 0}, /* top_p > 1: off */
+    };
+    const int n_set = (int)(sizeof set / sizeof set[0]);
+    tu_rng r;
+    tu_rng_seed(&r, 31);
+    float *lg = xmalloc((size_t)ROWS * V * 4), *rlg = xmalloc((size_t)ROWS * V * 4);
+    tu_fill_f32(&r, lg, (int64_t)ROWS * V, 2.0f);
+    flexdiag_sample_row rows[ROWS], rrows[ROWS];
+    for (int i = 0; i < ROWS; i++) {
+        const sample_case *sc = &set[i % n_set];
+        const int skip = i % 7 == 3;
+        rows[i] = (flexdiag_sample_row){42 + 7919u * (unsigned)i, skip ? -1 - i : 500 + 13 * i,
+                                        3 + 5 * i, sc->T, sc->top_k, sc->top_p,
+                                        i % 3 == 1 ? 16 : 0};
+        if (skip)
+            for (int64_t j = 0; j < V; j++) lg[(int64_t)i * V + j] = NAN;
+        else if (i % 5 == 4) /* ties */
+            for (int64_t j = 0; j < V; j++)
+                lg[(int64_t)i * V + j] = 0.5f * roundf(lg[(int64_t)i * V + j] / 0.5f);
+    }
+    for (int i = 0; i < ROWS; i++) { /* the batch reversed */
+        rrows[i] = rows[ROWS - 1 - i];
+        memcpy(rlg + (int64_t)i * V, lg + (int64_t)(ROWS - 1 - i) * V, (size_t)V * 4);
+    }
+    dbuf dl = dbuf_make((size_t)ROWS * V, 4, 0), drl = dbuf_make((size_t)ROWS * V, 4, 0);
+    dbuf d1 = dbuf_make(V, 4, 0);
+    dbuf_put(&dl, lg);
+    dbuf_put(&drl, rlg);
+    int32_t gids[ROWS], cids[ROWS], rids[ROWS];
+    fill_ids(gids, ROWS);
+    fill_ids(cids, ROWS);
+    fill_ids(rids, ROWS);
+    gpu_sample(gids, &dl, ROWS, V, rows);
+    OK(R->sample(cids, lg, ROWS, V, rows, NULL));
+    gpu_sample(rids, &drl, ROWS, V, rrows);
+    int64_t mism = 0, unexplained = 0, bad = 0;
+    for (int i = 0; i < ROWS; i++) {
+        const sample_case *sc = &set[i % n_set];
+        if (rows[i].req < 0) { /* skipped on both */
+            bad += gids[i] != SAMPLE_UNSET || cids[i] != SAMPLE_UNSET;
+            continue;
+        }
+        if (sc->top_k == 1) bad += gids[i] - rows[i].id0 != argmax_row(lg + i * V, V, sc->T);
+        if (gids[i] != cids[i]) {
+            mism++;
+            const double u = flexdiag__rng_uniform(rows[i].seed, (uint64_t)rows[i].req,
+                                                   (uint64_t)rows[i].step);
+            const double margin = sample_margin(lg + i * V, sc, u);
+            if (margin > 1e-6 || gids[i] == SAMPLE_UNSET) {
+                unexplained++;
+                fprintf(stderr, "sample rows: row %d: gpu %d cpu %d, margin %.3g\n", i, gids[i],
+                        cids[i], margin);
+            }
+        }
+        int32_t one = SAMPLE_UNSET;
+        dbuf_put(&d1, lg + (int64_t)i * V);
+        gpu_sample(&one, &d1, 1, V, rows + i);
+        bad += one != gids[i] || rids[ROWS - 1 - i] != gids[i];
+    }
+    if (bad) fprintf(stderr, "sample rows: %lld skip / argmax / alone / order errors\n",
+                     (long long)bad);
+    const int pass = !unexplained && !bad && mism * 10 <= ROWS;
+    record("sample", "per-row settings, skipped rows (V=4096)", (double)mism,
+           (double)unexplained, pass);
+    dbuf_free(&dl);
+    dbuf_free(&drl);
+    dbuf_free(&d1);
+    free(lg);
+    free(rlg);
+    assert_true(pass);
+}
+
+/* Non-finite logits and settings out of range give -1 (CPU: NUMERIC on the first kind),
+ * a skipped row keeps its id, and the host-side checks refuse bad shapes and NULL buffers. */
 static void test_sample_special(void **state) {
     (void)state;
-    enum { V = 300 };
+    enum { V = 300, N = 12 };
     tu_rng r;
     tu_rng_seed(&r, 21);
-    float lg[4 * V];
-    tu_fill_f32(&r, lg, 4 * V, 2.0f);
+    float lg[N * V];
+    tu_fill_f32(&r, lg, N * V, 2.0f);
     lg[V + 17] = NAN;
     lg[2 * V + 3] = INFINITY;
     lg[3 * V + 299] = -INFINITY;
-    dbuf dl = dbuf_make(4 * V, 4, 0);
+    for (int j = 0; j < V; j++) lg[11 * V + j] = NAN; /* row 11 is skipped */
+    dbuf dl = dbuf_make(N * V, 4, 0);
     dbuf_put(&dl, lg);
-    const flexdiag_sample_params p = {1.0f, 0, 1.0f, 5, 0};
-    int32_t ids[4];
-    gpu_sample(ids, &dl, 4, V, &p, 0, 0);
-    int ok = ids[0] >= 0 && ids[0] < V && ids[1] == -1 && ids[2] == -1 && ids[3] == -1;
+    flexdiag_sample_row rows[N];
+    for (int i = 0; i < N; i++) rows[i] = (flexdiag_sample_row){5, i, 0, 1.0f, 0, 1.0f, 0};
+    rows[4].temperature = 0.0f; /* rows 4..10: settings out of range */
+    rows[5].temperature = -1.0f;
+    rows[6].temperature = NAN;
+    rows[7].temperature = INFINITY;
+    rows[8].top_k = -1;
+    rows[9].top_p = 0.0f;
+    rows[10].top_p = NAN;
+    rows[11].req = -5;
+    int32_t ids[N];
+    fill_ids(ids, N);
+    gpu_sample(ids, &dl, N, V, rows);
+    int ok = ids[0] >= 0 && ids[0] < V && ids[11] == SAMPLE_UNSET;
+    for (int i = 1; i < 11; i++) ok = ok && ids[i] == -1;
     int32_t cids[4];
     flexdiag__err_clear();
-    ok = ok && R->sample(cids, lg, 4, V, &p, 0, 0, NULL) == FLEXDIAG_ERR_NUMERIC;
+    ok = ok && R->sample(cids, lg, 4, V, rows, NULL) == FLEXDIAG_ERR_NUMERIC;
     flexdiag__err_clear();
-    flexdiag_sample_params bad = p;
-    bad.temperature = 0.0f;
-    ok = ok && G->sample(dptr(&dl), dptr(&dl), 1, V, &bad, 0, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
-    bad = p;
-    bad.top_p = 0.0f;
+    ok = ok && G->sample(dptr(&dl), dptr(&dl), 1, 0, dptr(&dl), S) == FLEXDIAG_ERR_INVALID_ARG;
     flexdiag__err_clear();
-    ok = ok && G->sample(dptr(&dl), dptr(&dl), 1, V, &bad, 0, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
+    ok = ok && G->sample(dptr(&dl), dptr(&dl), 1, V, NULL, S) == FLEXDIAG_ERR_INVALID_ARG;
     flexdiag__err_clear();
-    record("sample", "NaN/+Inf/-Inf rows -> -1; bad params", 0, 0, ok);
+    ok = ok && G->sample(NULL, dptr(&dl), 1, V, dptr(&dl), S) == FLEXDIAG_ERR_INVALID_ARG;
+    flexdiag__err_clear();
+    ok = ok && G->sample(NULL, NULL, 0, V, NULL, S) == FLEXDIAG_OK;
+    record("sample", "NaN/Inf rows, bad settings -> -1; skip; args", 0, 0, ok);
     dbuf_free(&dl);
     assert_true(ok);
+}
+
+/* ---- per-sequence steps of the device-resident policies (kernels.h flexdiag_list_steps) ---- */
+
+/* The step of sequence q at tick k of a policy run of `ticks` ticks, by q mod 4: from tick 0;
+ * a late start (free slot, step -1, before); runs of about ticks/2 steps restarting at 0 after
+ * one free tick, while the other sequences are mid-run; a pause (-1) of two ticks mid-run. The
+ * patterns shift with q / 4. Within a run the steps go up by one, as the engine's do. */
+static int32_t seq_step(int32_t q, int32_t k, int32_t ticks) {
+    const int32_t sh = q / 4 % 3;
+    switch (q % 4) {
+    case 0: return k;
+    case 1: return k - 1 - sh;
+    case 2: {
+        const int32_t len = ticks / 2 - sh > 2 ? ticks / 2 - sh : 2, c = k % (len + 1);
+        return c < len ? c : -1;
+    }
+    default: return k < 2 + sh ? k : k < 4 + sh ? -1 : k - 2;
+    }
+}
+
+/* The steps of one tick: host (the CPU's) and device copies. */
+typedef struct steps_run {
+    int32_t n_seq, per_seq;
+    int32_t *t; /* (n_seq) host */
+    dbuf dt;    /* (n_seq) device */
+} steps_run;
+
+static steps_run steps_new(int32_t n_seq, int32_t per_seq) {
+    steps_run sr = {n_seq, per_seq, xmalloc((size_t)n_seq * 4), dbuf_make((size_t)n_seq, 4, 0)};
+    return sr;
+}
+
+static void steps_free(steps_run *sr) {
+    free(sr->t);
+    dbuf_free(&sr->dt);
+}
+
+/* Upload the host steps (after an edit of sr->t). */
+static void steps_put(steps_run *sr) { dbuf_put(&sr->dt, sr->t); }
+
+/* Fill tick k's steps (seq_step) on both sides. */
+static void steps_tick(steps_run *sr, int32_t k, int32_t ticks) {
+    for (int32_t q = 0; q < sr->n_seq; q++) sr->t[q] = seq_step(q, k, ticks);
+    steps_put(sr);
+}
+
+static flexdiag_list_steps steps_cpu(const steps_run *sr) {
+    return (flexdiag_list_steps){sr->t, sr->n_seq, sr->per_seq};
+}
+
+static flexdiag_list_steps steps_gpu(const steps_run *sr) {
+    return (flexdiag_list_steps){dptr(&sr->dt), sr->n_seq, sr->per_seq};
+}
+
+/* A copy of n bytes (the state before a call). */
+static void *dup_bytes(const void *p, size_t n) {
+    void *q = xmalloc(n);
+    memcpy(q, p, n);
+    return q;
+}
+
+/* Device buffer d equals the CPU's ref bit for bit; with before (the state before the call, the
+ * same on both sides), every list the steps skip (step < 0 or >= t_end) also holds its bytes of
+ * before: d and ref hold n_lists lists of stride bytes. */
+static int lists_same(const dbuf *d, const void *ref, const void *before, size_t stride,
+                      int64_t n_lists, const steps_run *sr, int32_t t_end, const char *label) {
+    const size_t bytes = d->n * d->elem;
+    uint8_t *got = xmalloc(bytes);
+    int ok = dbuf_get(d, got, label);
+    if (ok && memcmp(got, ref, bytes) != 0) {
+        fprintf(stderr, "%s differs from the CPU\n", label);
+        ok = 0;
+    }
+    const flexdiag_list_steps st = steps_cpu(sr);
+    for (int64_t i = 0; ok && before && i < n_lists; i++) {
+        const int32_t t = flexdiag__list_step(&st, i);
+        if ((t < 0 || t >= t_end) &&
+            memcmp(got + i * stride, (const uint8_t *)before + i * stride, stride) != 0) {
+            fprintf(stderr, "%s: list %lld at step %d was written\n", label, (long long)i, t);
+            ok = 0;
+        }
+    }
+    free(got);
+    return ok;
+}
+
+/* Argument checks every policy op shares: steps without a device array, n_seq 0 or per_seq 0
+ * are refused when there are lists; n_lists 0 needs none. steps points at one device int. */
+typedef flexdiag_status (*steps_call)(flexdiag_list_steps t, int64_t n_lists, void *arg);
+
+static int steps_refused(steps_call call, const int32_t *steps, void *arg) {
+    const flexdiag_list_steps bad[3] = {{NULL, 1, 1}, {steps, 0, 1}, {steps, 1, 0}};
+    int ok = 1;
+    for (int i = 0; i < 3; i++) {
+        flexdiag__err_clear();
+        ok = ok && call(bad[i], 1, arg) == FLEXDIAG_ERR_INVALID_ARG;
+    }
+    flexdiag__err_clear();
+    ok = ok && call(bad[0], 0, arg) == FLEXDIAG_OK;
+    flexdiag__err_clear();
+    return ok;
+}
+
+/* ---- device Diagonal planning (kernels.h diag_slots) ---- */
+
+typedef struct diag_case {
+    int32_t layers, n_seq, per_seq; /* lists (layer, sequence, KV head) */
+    int32_t a, n_r, base;           /* list capacity, ring rows, sink rows (0 or 4) */
+    int32_t ticks;
+} diag_case;
+
+static int run_diag_case(const diag_case *c, uint64_t seed) {
+    const int32_t ms = c->base + c->a + 2, a = c->a;
+    const int64_t lists = (int64_t)c->layers * c->n_seq * c->per_seq;
+    const size_t nl = (size_t)lists, nsl = nl * ms, nlag = nl * a;
+    int32_t *sl = xmalloc(nsl * 4), *ns = xmalloc(nl * 4);
+    int16_t *lag = xmalloc(nlag * 2), *cnt = xmalloc(nl * 2);
+    memset(sl, 0xff, nsl * 4); /* the device bodies start as 0xFF bytes too */
+    memset(ns, 0xff, nl * 4);
+    memset(lag, 0xff, nlag * 2);
+    memset(cnt, 0xff, nl * 2);
+    dbuf dsl = dbuf_make(nsl, 4, 0), dns = dbuf_make(nl, 4, 1);
+    dbuf dlag = dbuf_make(nlag, 2, 3), dcnt = dbuf_make(nl, 2, 0);
+    steps_run sr = steps_new(c->n_seq, c->per_seq);
+    tu_rng r;
+    tu_rng_seed(&r, seed);
+    int ok = 1;
+    for (int32_t k = 0; ok && k < c->ticks; k++) {
+        steps_tick(&sr, k, c->ticks);
+        void *b_sl = dup_bytes(sl, nsl * 4), *b_ns = dup_bytes(ns, nl * 4);
+        void *b_lag = dup_bytes(lag, nlag * 2), *b_cnt = dup_bytes(cnt, nl * 2);
+        OK(R->diag_slots(sl, ns, lag, cnt, lists, ms, a, steps_cpu(&sr), c->n_r, c->base, NULL));
+        OK(G->diag_slots(dptr(&dsl), dptr(&dns), dptr(&dlag), dptr(&dcnt), lists, ms, a,
+                         steps_gpu(&sr), c->n_r, c->base, S));
+        ok = lists_same(&dsl, sl, b_sl, ms * 4, lists, &sr, INT32_MAX, "diag slots") &&
+             lists_same(&dns, ns, b_ns, 4, lists, &sr, INT32_MAX, "diag n_slots") &&
+             lists_same(&dlag, lag, b_lag, (size_t)a * 2, lists, &sr, INT32_MAX, "diag lags") &&
+             lists_same(&dcnt, cnt, b_cnt, 2, lists, &sr, INT32_MAX, "diag counts");
+        free(b_sl), free(b_ns), free(b_lag), free(b_cnt);
+        /* what the fused update writes in build-up steps a-1 <= ti <= n_r-2 (policy_diagonal.c):
+         * one entry of the list becomes lag ti + 1; done on the host, then uploaded */
+        const flexdiag_list_steps st = steps_cpu(&sr);
+        for (int64_t i = 0; i < lists; i++) {
+            const int32_t t = flexdiag__list_step(&st, i), ti = t - c->base;
+            if (t >= 0 && ti >= a - 1 && ti <= c->n_r - 2)
+                lag[i * a + tu_rng_int(&r, 0, cnt[i] - 1)] = (int16_t)(ti + 1);
+        }
+        dbuf_put(&dlag, lag);
+    }
+    dbuf *bufs[] = {&dsl, &dns, &dlag, &dcnt};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
+    steps_free(&sr);
+    free(sl), free(ns), free(lag), free(cnt);
+    return ok;
+}
+
+static flexdiag_status diag_steps_call(flexdiag_list_steps t, int64_t n_lists, void *arg) {
+    int32_t *p = arg;
+    return G->diag_slots(p, p, (int16_t *)p, (int16_t *)p, n_lists, 8, 4, t, 16, 0, S);
+}
+
+/* Lists at their sequences' own steps (seq_step: late starts, restarts at t = 0 while others
+ * are mid-run, pauses), the lags between ticks edited as the fused update would: slot lists,
+ * counts and lags bit-identical to the CPU's after every tick, and every list whose step is
+ * negative left as it was. */
+static void test_diag(void **state) {
+    (void)state;
+    const diag_case cases[] = {
+        {1, 1, 1, 4, 16, 0, 20},   {2, 9, 4, 8, 40, 4, 60},   {3, 16, 8, 29, 576, 4, 120},
+        {1, 64, 32, 16, 50, 0, 70}, {2, 5, 2, 6, 10, 0, 40},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const diag_case *c = &cases[i];
+        const int ok = run_diag_case(c, 3000 + i);
+        char shape[64];
+        snprintf(shape, sizeof shape, "%dx%dx%d lists a %d n_r %d base %d, %d ticks", c->layers,
+                 c->n_seq, c->per_seq, c->a, c->n_r, c->base, c->ticks);
+        record("diag_slots", shape, 0, 0, ok);
+        fails += !ok;
+    }
+    dbuf scratch = dbuf_make(64, 4, 0), d_ok = dbuf_make(1, 4, 0);
+    const int32_t zero = 0;
+    dbuf_put(&d_ok, &zero);
+    flexdiag__err_clear();
+    const flexdiag_list_steps st = {dptr(&d_ok), 1, 1};
+    int32_t *p = dptr(&scratch);
+    int bad = G->diag_slots(p, p, (int16_t *)p, (int16_t *)p, 1, 8, 0, st, 16, 0, S) ==
+              FLEXDIAG_ERR_INVALID_ARG; /* a = 0 */
+    bad = bad && steps_refused(diag_steps_call, dptr(&d_ok), p);
+    record("diag_slots", "a 0, bad steps refused; no lists ok", 0, 0, bad);
+    dbuf_free(&scratch);
+    dbuf_free(&d_ok);
+    assert_int_equal(fails, 0);
+    assert_true(bad);
 }
 
 /* ---- device H2O / TOVA (kernels.h evict_plan, evict_update) ---- */
 
 typedef struct evict_case {
-    int h2o;        /* 1: H2O (acc kept), 0: TOVA */
-    int64_t lists;  /* eviction lists */
-    int32_t heads;  /* query heads per list: the group (H2O) or h_q (TOVA) */
-    int32_t n_att;  /* slots per list */
-    int32_t rpl;    /* rows per list (1 for H2O, h_kv for TOVA) */
-    int32_t steps;  /* decode steps driven */
+    int h2o;                        /* 1: H2O (acc kept), 0: TOVA */
+    int32_t layers, n_seq, per_seq; /* lists (layer, sequence, per_seq lists each) */
+    int32_t heads;                  /* query heads per list: the group (H2O) or h_q (TOVA) */
+    int32_t n_att;                  /* slots per list */
+    int32_t rpl;                    /* rows per list (1 for H2O, h_kv for TOVA) */
+    int32_t ticks;                  /* decode ticks driven (seq_step gives each list's step) */
 } evict_case;
-
-/* Compare device buffer d (n elements of 4 bytes) with host h bit for bit. */
-static int evict_same(const dbuf *d, const void *h, size_t n, const char *label) {
-    void *got = xmalloc(n * 4);
-    int ok = dbuf_get(d, got, label) && memcmp(got, h, n * 4) == 0;
-    if (!ok) fprintf(stderr, "evict: %s differs from the CPU\n", label);
-    free(got);
-    return ok;
-}
 
 static int run_evict_case(const evict_case *c, uint64_t seed) {
     const int32_t ms = c->n_att + 3, na = c->n_att, p_cap = 7;
-    const size_t nl = (size_t)c->lists, ns = nl * (size_t)na, np = nl * (size_t)c->heads * ms;
+    const int64_t lists = (int64_t)c->layers * c->n_seq * c->per_seq;
+    const size_t nl = (size_t)lists, ns = nl * (size_t)na, np = nl * (size_t)c->heads * ms;
     int32_t *rows = xmalloc(nl * c->rpl * 4), *pos = xmalloc(ns * 4), *fr = xmalloc(nl * 4);
     float *acc = xmalloc(ns * 4), *pr = xmalloc(np * 4);
-    memset(pos, 0xff, ns * 4); /* the device bodies start as 0xFF bytes too */
+    memset(rows, 0xff, nl * c->rpl * 4); /* the device bodies start as 0xFF bytes too */
+    memset(pos, 0xff, ns * 4);
     memset(acc, 0xff, ns * 4);
     memset(fr, 0xff, nl * 4);
     dbuf drows = dbuf_make(nl * c->rpl, 4, 0), dpos = dbuf_make(ns, 4, 1);
     dbuf dacc = dbuf_make(ns, 4, 0), dfr = dbuf_make(nl, 4, 3), dpr = dbuf_make(np, 4, 0);
     float *a = c->h2o ? acc : NULL, *da = c->h2o ? dptr(&dacc) : NULL;
+    steps_run sr = steps_new(c->n_seq, c->per_seq);
     tu_rng r;
     tu_rng_seed(&r, seed);
     int ok = 1;
-    for (int32_t t = 0; ok && t < c->steps; t++) {
-        OK(R->evict_plan(rows, pos, a, fr, c->lists, c->rpl, na, t, p_cap, NULL));
-        OK(G->evict_plan(dptr(&drows), dptr(&dpos), da, dptr(&dfr), c->lists, c->rpl, na, t,
-                         p_cap, S));
-        ok = evict_same(&drows, rows, nl * c->rpl, "plan rows") && evict_same(&dpos, pos, ns, "pos");
+    for (int32_t k = 0; ok && k < c->ticks; k++) {
+        steps_tick(&sr, k, c->ticks);
+        const flexdiag_list_steps ct = steps_cpu(&sr), gt = steps_gpu(&sr);
+        void *b_rows = dup_bytes(rows, nl * c->rpl * 4), *b_pos = dup_bytes(pos, ns * 4);
+        void *b_acc = dup_bytes(acc, ns * 4);
+        OK(R->evict_plan(rows, pos, a, fr, lists, c->rpl, na, ct, p_cap, NULL));
+        OK(G->evict_plan(dptr(&drows), dptr(&dpos), da, dptr(&dfr), lists, c->rpl, na, gt, p_cap,
+                         S));
+        ok = lists_same(&drows, rows, b_rows, (size_t)c->rpl * 4, lists, &sr, INT32_MAX,
+                        "evict plan rows") &&
+             lists_same(&dpos, pos, b_pos, (size_t)na * 4, lists, &sr, INT32_MAX, "evict pos") &&
+             (!c->h2o ||
+              lists_same(&dacc, acc, b_acc, (size_t)na * 4, lists, &sr, INT32_MAX, "evict acc"));
+        free(b_rows), free(b_acc);
         /* probabilities from 8 levels (k / 8, k = 0..7): sums and scores tie often */
         for (size_t i = 0; i < np; i++) pr[i] = (float)tu_rng_int(&r, 0, 7) * 0.125f;
         dbuf_put(&dpr, pr);
-        OK(R->evict_update(fr, a, pos, pr, c->lists, c->heads, ms, na, t, NULL));
-        OK(G->evict_update(dptr(&dfr), da, dptr(&dpos), dptr(&dpr), c->lists, c->heads, ms, na, t,
+        void *b_fr = dup_bytes(fr, nl * 4);
+        b_acc = dup_bytes(acc, ns * 4);
+        OK(R->evict_update(fr, a, pos, pr, lists, c->heads, ms, na, ct, NULL));
+        OK(G->evict_update(dptr(&dfr), da, dptr(&dpos), dptr(&dpr), lists, c->heads, ms, na, gt,
                            S));
-        if (t + 1 >= na) ok = ok && evict_same(&dfr, fr, nl, "victims");
-        if (c->h2o) ok = ok && evict_same(&dacc, acc, ns, "acc");
+        ok = ok && lists_same(&dfr, fr, b_fr, 4, lists, &sr, INT32_MAX, "evict victims") &&
+             lists_same(&dpos, pos, b_pos, (size_t)na * 4, lists, &sr, INT32_MAX, "evict pos") &&
+             (!c->h2o ||
+              lists_same(&dacc, acc, b_acc, (size_t)na * 4, lists, &sr, INT32_MAX, "evict acc"));
+        free(b_pos), free(b_fr), free(b_acc);
     }
     dbuf *bufs[] = {&drows, &dpos, &dacc, &dfr, &dpr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
+    steps_free(&sr);
     free(rows), free(pos), free(fr), free(acc), free(pr);
     return ok;
 }
 
+static flexdiag_status evict_plan_call(flexdiag_list_steps t, int64_t n_lists, void *arg) {
+    int32_t *p = arg;
+    return G->evict_plan(p, p, NULL, p, n_lists, 1, 3, t, 0, S);
+}
+
+static flexdiag_status evict_update_call(flexdiag_list_steps t, int64_t n_lists, void *arg) {
+    int32_t *p = arg;
+    return G->evict_update(p, NULL, p, (float *)p, n_lists, 1, 3, 3, t, S);
+}
+
+/* Whole generations of lists at their sequences' own steps (seq_step), tie-heavy random
+ * probabilities: rows, positions, scores and victims bit-identical to the CPU's after every
+ * call, lists at negative steps left as they were. */
 static void test_evict(void **state) {
     (void)state;
     const evict_case cases[] = {
-        {1, 1, 1, 1, 1, 6},     {1, 37, 1, 2, 1, 20},    {1, 300, 1, 9, 1, 64},
-        {1, 130, 4, 29, 1, 90}, {1, 70, 2, 45, 1, 120},  {0, 1, 3, 1, 2, 6},
-        {0, 50, 3, 9, 2, 64},   {0, 64, 32, 29, 32, 90}, {0, 33, 5, 40, 4, 100},
+        {1, 1, 1, 1, 1, 1, 1, 6},      {1, 1, 37, 1, 1, 2, 1, 20},  {1, 3, 20, 5, 1, 9, 1, 64},
+        {1, 2, 13, 5, 4, 29, 1, 90},   {1, 5, 7, 2, 2, 45, 1, 120}, {0, 1, 1, 1, 3, 1, 2, 6},
+        {0, 2, 25, 1, 3, 9, 2, 64},    {0, 2, 32, 1, 32, 29, 32, 90},
+        {0, 3, 11, 1, 5, 40, 4, 100},
     };
     int fails = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const evict_case *c = &cases[i];
         const int ok = run_evict_case(c, 1000 + i);
         char shape[64];
-        snprintf(shape, sizeof shape, "%s lists %lld heads %d n_att %d, %d steps",
-                 c->h2o ? "h2o" : "tova", (long long)c->lists, c->heads, c->n_att, c->steps);
+        snprintf(shape, sizeof shape, "%s %dx%dx%d lists heads %d n_att %d, %d ticks",
+                 c->h2o ? "h2o" : "tova", c->layers, c->n_seq, c->per_seq, c->heads, c->n_att,
+                 c->ticks);
         record("evict", shape, 0, 0, ok);
         fails += !ok;
     }
     /* argument errors */
+    dbuf scratch = dbuf_make(64, 4, 0), d_ok = dbuf_make(1, 4, 0);
+    const int32_t zero = 0;
+    dbuf_put(&d_ok, &zero);
+    const flexdiag_list_steps st = {dptr(&d_ok), 1, 1};
+    int32_t *p = dptr(&scratch);
     flexdiag__err_clear();
-    int bad = G->evict_update(NULL, NULL, NULL, NULL, 1, 1, 2, 3, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
+    int bad = G->evict_update(NULL, NULL, NULL, NULL, 1, 1, 2, 3, st, S) ==
+              FLEXDIAG_ERR_INVALID_ARG;
     flexdiag__err_clear();
-    bad = bad && G->evict_plan(NULL, NULL, NULL, NULL, 1, 0, 3, 0, 0, S) == FLEXDIAG_ERR_INVALID_ARG;
-    flexdiag__err_clear();
-    record("evict", "max_slots < n_att, rows_per_list 0 refused", 0, 0, bad);
+    bad = bad && G->evict_plan(NULL, NULL, NULL, NULL, 1, 0, 3, st, 0, S) ==
+                     FLEXDIAG_ERR_INVALID_ARG;
+    bad = bad && steps_refused(evict_plan_call, dptr(&d_ok), p) &&
+          steps_refused(evict_update_call, dptr(&d_ok), p);
+    record("evict", "max_slots < n_att, rows_per_list 0, bad steps", 0, 0, bad);
+    dbuf_free(&scratch);
+    dbuf_free(&d_ok);
     assert_int_equal(fails, 0);
     assert_true(bad);
 }
 
 typedef struct alisa_case {
-    int64_t lists;  /* (layer, sequence) lists */
-    int32_t copies; /* KV heads per list */
-    int32_t heads;  /* h_q */
-    int32_t n_att;  /* attended positions per step */
-    int32_t l_dec;  /* steps driven (= decode length) */
+    int32_t layers, n_seq; /* lists (layer, sequence) */
+    int32_t copies;        /* KV heads per list */
+    int32_t heads;         /* h_q */
+    int32_t n_att;         /* attended positions per step */
+    int32_t l_dec;         /* decode length: steps >= l_dec are past the run */
 } alisa_case;
 
+/* ALISA over l_dec + 3 ticks: the sequences that start at tick 0 reach steps >= l_dec, which
+ * the plan must leave alone; the update then gets them as free slots (-1), as the engine's
+ * finished sequences. */
 static int run_alisa_case(const alisa_case *c, uint64_t seed) {
-    const int32_t ms = c->n_att + 2, na = c->n_att, w = na - na / 2;
-    const size_t nl = (size_t)c->lists, nsl = nl * c->copies * ms, nr = nl * w * na;
+    const int32_t ms = c->n_att + 2, na = c->n_att, w = na - na / 2, ticks = c->l_dec + 3;
+    const int64_t lists = (int64_t)c->layers * c->n_seq;
+    const size_t nl = (size_t)lists, nsl = nl * c->copies * ms, nr = nl * w * na;
     const size_t np = nl * (size_t)c->heads * ms, nsc = nl * (size_t)c->l_dec;
     int32_t *sl = xmalloc(nsl * 4), *ns = xmalloc(nl * c->copies * 4), *rp = xmalloc(nr * 4);
     int32_t *rn = xmalloc(nl * w * 4);
     float *rv = xmalloc(nr * 4), *pr = xmalloc(np * 4), *sc = xmalloc(nsc * 4);
     uint64_t *keys = xmalloc(nsc * 8);
     memset(sl, 0xff, nsl * 4); /* the device bodies start as 0xFF bytes too */
+    memset(ns, 0xff, nl * c->copies * 4);
     memset(rp, 0xff, nr * 4);
     memset(rv, 0xff, nr * 4);
     memset(rn, 0xff, nl * w * 4);
     dbuf dsl = dbuf_make(nsl, 4, 0), dns = dbuf_make(nl * c->copies, 4, 1);
     dbuf drp = dbuf_make(nr, 4, 0), drv = dbuf_make(nr, 4, 2), drn = dbuf_make(nl * w, 4, 0);
     dbuf dpr = dbuf_make(np, 4, 0), dsc = dbuf_make(nsc, 4, 0), dk = dbuf_make(nsc, 8, 0);
+    steps_run sr = steps_new(c->n_seq, 1);
+    const size_t rec = (size_t)w * na * 4;
     tu_rng r;
     tu_rng_seed(&r, seed);
     int ok = 1;
-    for (int32_t t = 0; ok && t < c->l_dec; t++) {
-        OK(R->alisa_plan(sl, ns, rp, rv, rn, sc, keys, c->lists, c->copies, ms, na, c->l_dec, t,
-                         NULL));
+    for (int32_t k = 0; ok && k < ticks; k++) {
+        steps_tick(&sr, k, c->l_dec);
+        void *b_sl = dup_bytes(sl, nsl * 4), *b_ns = dup_bytes(ns, nl * c->copies * 4);
+        void *b_rp = dup_bytes(rp, nr * 4), *b_rv = dup_bytes(rv, nr * 4);
+        void *b_rn = dup_bytes(rn, nl * w * 4);
+        OK(R->alisa_plan(sl, ns, rp, rv, rn, sc, keys, lists, c->copies, ms, na, c->l_dec,
+                         steps_cpu(&sr), NULL));
         OK(G->alisa_plan(dptr(&dsl), dptr(&dns), dptr(&drp), dptr(&drv), dptr(&drn), dptr(&dsc),
-                         dptr(&dk), c->lists, c->copies, ms, na, c->l_dec, t, S));
-        ok = evict_same(&dsl, sl, nsl, "alisa slots") &&
-             evict_same(&dns, ns, nl * c->copies, "alisa n_slots") &&
-             evict_same(&drp, rp, nr, "alisa record positions") &&
-             evict_same(&drn, rn, nl * w, "alisa record counts");
+                         dptr(&dk), lists, c->copies, ms, na, c->l_dec, steps_gpu(&sr), S));
+        ok = lists_same(&dsl, sl, b_sl, (size_t)c->copies * ms * 4, lists, &sr, c->l_dec,
+                        "alisa slots") &&
+             lists_same(&dns, ns, b_ns, (size_t)c->copies * 4, lists, &sr, c->l_dec,
+                        "alisa n_slots") &&
+             lists_same(&drp, rp, b_rp, rec, lists, &sr, c->l_dec, "alisa record positions") &&
+             lists_same(&drv, rv, b_rv, rec, lists, &sr, c->l_dec, "alisa zeroed record") &&
+             lists_same(&drn, rn, b_rn, (size_t)w * 4, lists, &sr, c->l_dec,
+                        "alisa record counts");
+        free(b_sl), free(b_ns), free(b_rp), free(b_rv), free(b_rn);
+        for (int32_t q = 0; q < sr.n_seq; q++) /* past the run: a free slot for the update */
+            if (sr.t[q] >= c->l_dec) sr.t[q] = -1;
+        steps_put(&sr);
         for (size_t i = 0; i < np; i++) pr[i] = (float)tu_rng_int(&r, 0, 7) * 0.125f;
         dbuf_put(&dpr, pr);
-        OK(R->alisa_update(rv, rn, pr, c->lists, c->heads, ms, na, t, NULL));
-        OK(G->alisa_update(dptr(&drv), dptr(&drn), dptr(&dpr), c->lists, c->heads, ms, na, t, S));
-        ok = ok && evict_same(&drv, rv, nr, "alisa record probabilities");
+        b_rv = dup_bytes(rv, nr * 4);
+        OK(R->alisa_update(rv, rn, pr, lists, c->heads, ms, na, steps_cpu(&sr), NULL));
+        OK(G->alisa_update(dptr(&drv), dptr(&drn), dptr(&dpr), lists, c->heads, ms, na,
+                           steps_gpu(&sr), S));
+        ok = ok && lists_same(&drv, rv, b_rv, rec, lists, &sr, INT32_MAX,
+                              "alisa record probabilities");
+        free(b_rv);
     }
     dbuf *bufs[] = {&dsl, &dns, &drp, &drv, &drn, &dpr, &dsc, &dk};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dbuf_free(bufs[i]);
+    steps_free(&sr);
     free(sl), free(ns), free(rp), free(rn), free(rv), free(pr), free(sc), free(keys);
     return ok;
 }
 
+static flexdiag_status alisa_plan_call(flexdiag_list_steps t, int64_t n_lists, void *arg) {
+    int32_t *p = arg;
+    return G->alisa_plan(p, p, p, (float *)p, p, (float *)p, (uint64_t *)p, n_lists, 1, 3, 3, 5,
+                         t, S);
+}
+
+static flexdiag_status alisa_update_call(flexdiag_list_steps t, int64_t n_lists, void *arg) {
+    int32_t *p = arg;
+    return G->alisa_update((float *)p, p, (float *)p, n_lists, 1, 3, 3, t, S);
+}
+
+/* Lists at their sequences' own steps (seq_step), some past l_dec: slot lists and records
+ * bit-identical to the CPU's after every call, skipped lists left as they were. */
 static void test_alisa(void **state) {
     (void)state;
     const alisa_case cases[] = {
-        {3, 1, 2, 1, 10},  {5, 2, 3, 2, 24},   {40, 4, 8, 9, 64},
-        {64, 1, 32, 29, 160}, {9, 3, 5, 120, 400},
+        {1, 3, 1, 2, 1, 10},  {1, 5, 2, 3, 2, 24},    {4, 10, 4, 8, 9, 64},
+        {2, 32, 1, 32, 29, 160}, {1, 9, 3, 5, 120, 400},
     };
     int fails = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const alisa_case *c = &cases[i];
         const int ok = run_alisa_case(c, 2000 + i);
         char shape[64];
-        snprintf(shape, sizeof shape, "lists %lld x%d heads %d n_att %d, %d steps",
-                 (long long)c->lists, c->copies, c->heads, c->n_att, c->l_dec);
+        snprintf(shape, sizeof shape, "%dx%d lists x%d heads %d n_att %d, l_dec %d", c->layers,
+                 c->n_seq, c->copies, c->heads, c->n_att, c->l_dec);
         record("alisa", shape, 0, 0, ok);
         fails += !ok;
     }
+    dbuf scratch = dbuf_make(64, 8, 0), d_ok = dbuf_make(1, 4, 0);
+    const int32_t zero = 0;
+    dbuf_put(&d_ok, &zero);
+    const flexdiag_list_steps st = {dptr(&d_ok), 1, 1};
+    int32_t *p = dptr(&scratch);
     flexdiag__err_clear();
-    const int bad = G->alisa_plan(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 3, 3, 5, 5,
-                                  S) == FLEXDIAG_ERR_INVALID_ARG;
+    int bad = G->alisa_plan(p, p, p, (float *)p, p, (float *)p, (uint64_t *)p, 1, 1, 3, 3, 0, st,
+                            S) == FLEXDIAG_ERR_INVALID_ARG; /* l_dec 0 */
     flexdiag__err_clear();
-    record("alisa", "step t >= l_dec refused", 0, 0, bad);
+    bad = bad && G->alisa_update((float *)p, p, (float *)p, 1, 1, 2, 3, st, S) ==
+                     FLEXDIAG_ERR_INVALID_ARG; /* max_slots < n_att */
+    bad = bad && steps_refused(alisa_plan_call, dptr(&d_ok), p) &&
+          steps_refused(alisa_update_call, dptr(&d_ok), p);
+    record("alisa", "l_dec 0, max_slots < n_att, bad steps", 0, 0, bad);
+    dbuf_free(&scratch);
+    dbuf_free(&d_ok);
     assert_int_equal(fails, 0);
     assert_true(bad);
 }
@@ -1239,7 +1645,8 @@ int main(void) {
         cmocka_unit_test(test_gelu),        cmocka_unit_test(test_relu),
         cmocka_unit_test(test_cfg),
         cmocka_unit_test(test_matmul),      cmocka_unit_test(test_sample),
-        cmocka_unit_test(test_sample_special), cmocka_unit_test(test_evict),
+        cmocka_unit_test(test_sample_rows), cmocka_unit_test(test_sample_special),
+        cmocka_unit_test(test_diag),        cmocka_unit_test(test_evict),
         cmocka_unit_test(test_alisa),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

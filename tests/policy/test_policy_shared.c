@@ -38,7 +38,7 @@ static void test_shared_equals_per_head(void **state) {
         int32_t *ws = malloc(6 * 4), *sl = malloc((size_t)6 * (size_t)ms * 4), *ns = malloc(6 * 4);
         int32_t sws, *ssl = malloc((size_t)ms * 4), sns;
         for (int32_t t = 0; t < l_dec; t++) {
-            assert_int_equal(flexdiag__kvp_plan_shared(b, t, 3, &sws, ssl, &sns), 1);
+            assert_int_equal(flexdiag__kvp_plan_shared(b, t, 0, 3, &sws, ssl, &sns), 1);
             for (int32_t l = 0; l < 2; l++) {
                 flexdiag__kvp_plan(a, l, t, 0, 3, ws, sl, ns);
                 for (int i = 0; i < 6; i++) {
@@ -55,7 +55,7 @@ static void test_shared_equals_per_head(void **state) {
     }
     flexdiag_kvp *d = make(FLEXDIAG_POLICY_DIAGONAL, 5, 20);
     int32_t w, s[8], n;
-    assert_int_equal(flexdiag__kvp_plan_shared(d, 0, 3, &w, s, &n), 0);
+    assert_int_equal(flexdiag__kvp_plan_shared(d, 0, 0, 3, &w, s, &n), 0);
     flexdiag__kvp_destroy(d);
 }
 
