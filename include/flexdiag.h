@@ -386,7 +386,7 @@ FLEXDIAG_API flexdiag_status flexdiag_detokenize(const flexdiag_model *m, const 
 
 /* ---- since API version 3 ---- */
 
-/* Version of the loaded library ("0.1.0"; flexdiag_version.h has the version of the headers a
+/* Version of the loaded library ("0.2.0"; flexdiag_version.h has the version of the headers a
  * program was compiled with). Static string, never NULL. */
 FLEXDIAG_API const char *flexdiag_version(void);
 
