@@ -85,12 +85,15 @@ typedef struct tconf {
     int cpu_attention;
 } tconf;
 
-static void open_model(const tconf *tc, flexdiag_runtime **rt, flexdiag_model **m) {
+/* The model of tc on a CPU runtime; *dir: the store's folder when tc homes KV on disk (the
+ * caller removes and frees it), else NULL. */
+static void open_model(const tconf *tc, flexdiag_runtime **rt, flexdiag_model **m, char **dir) {
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
     rp.device = -1;
     rp.threads = 2;
-    rp.offload_dir = tc->kv[2] ? tu_tempdir("cont") : NULL; /* the disk KV home's store */
+    *dir = tc->kv[2] ? tu_tempdir("cont") : NULL;
+    rp.offload_dir = *dir; /* the disk KV home's store */
     assert_int_equal(flexdiag_runtime_create(&rp, rt), FLEXDIAG_OK);
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
@@ -202,7 +205,8 @@ static void check_jobs(flexdiag_model *m, const tconf *tc, flexdiag_policy_kind 
 static void run_conf(const tconf *tc, flexdiag_policy_kind kind, int text_eos) {
     flexdiag_runtime *rt;
     flexdiag_model *m;
-    open_model(tc, &rt, &m);
+    char *dir;
+    open_model(tc, &rt, &m, &dir);
     tfeed f = {.n = N_JOBS};
     flexdiag_context *c = open_context(m, tc, tc->slots, kind, &f);
     int32_t V = c->vocab_out;
@@ -229,6 +233,8 @@ static void run_conf(const tconf *tc, flexdiag_policy_kind kind, int text_eos) {
     free(j);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
+    if (dir) tu_rmtree(dir);
+    free(dir);
 }
 
 static const flexdiag_policy_kind all_kinds[] = {
