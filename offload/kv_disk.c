@@ -26,6 +26,10 @@ struct flexdiag_kv_disk {
     flexdiag_kv_disk_params p;
     size_t region;
     int next;                  /* the staging region get() takes next */
+    int held;                  /* the region the last get() handed out, until its put() (-1:
+                                  none): a prefetch never takes it, whatever the order of the
+                                  gets (a prefill of a few micro-batches between decode steps
+                                  breaks the round robin) */
     stage st[FLEXDIAG_KV_DISK_STAGES];
     flexdiag_store_req *reqs;  /* one region pair's requests */
     int32_t max_reqs;
@@ -163,6 +167,7 @@ static flexdiag_status fill(flexdiag_kv_disk *d, int32_t j, int32_t mb, int32_t 
     for (int i = 0; i < FLEXDIAG_KV_DISK_STAGES; i++) /* earlier rows of these pages go first */
         if (d->st[i].layer == j && d->st[i].mb == mb) FLEXDIAG_TRY(drain(d, &d->st[i]));
     int i = d->next;
+    if (i == d->held) i = (i + 1) % FLEXDIAG_KV_DISK_STAGES;
     d->next = (i + 1) % FLEXDIAG_KV_DISK_STAGES;
     stage *g = &d->st[i];
     FLEXDIAG_TRY(drain(d, g));
@@ -193,6 +198,7 @@ flexdiag_status flexdiag__kv_disk_get(flexdiag_kv_disk *d, int32_t j, int32_t mb
         FLEXDIAG_TRY(fill(d, j, mb, s, n, lo, hi, NULL, &i));
     }
     stage *g = &d->st[i];
+    d->held = i;
     *k = g->buf + (size_t)s * d->p.seq_bytes;
     *v = g->buf + d->region + (size_t)s * d->p.seq_bytes;
     *stage_out = i;
@@ -222,6 +228,7 @@ flexdiag_status flexdiag__kv_disk_loaded(flexdiag_kv_disk *d, int i) {
 
 flexdiag_status flexdiag__kv_disk_put(flexdiag_kv_disk *d, int i, int32_t lo, int32_t hi) {
     stage *g = &d->st[i];
+    d->held = -1;
     FLEXDIAG_TRY(d->p.k->event_record(g->in, d->p.down));
     g->stored = 1;
     if (g->w_lo >= g->w_hi) {
@@ -242,6 +249,7 @@ flexdiag_status flexdiag__kv_disk_create(const flexdiag_kv_disk_params *p, flexd
     flexdiag_kv_disk *d = calloc(1, sizeof *d);
     if (!d) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "disk KV home: no host memory");
     d->p = *p;
+    d->held = -1;
     d->region = flexdiag__kv_disk_region(p->mb_seq, p->seq_bytes);
     /* a run per block, or pieces of CHUNK bytes, per region */
     d->max_reqs = 2 * (p->mb_seq * p->heads + (int32_t)(d->region / CHUNK) + 1);

@@ -94,6 +94,7 @@ static void open_model(const tconf *tc, flexdiag_runtime **rt, flexdiag_model **
     rp.threads = 2;
     *dir = tc->kv[2] ? tu_tempdir("cont") : NULL;
     rp.offload_dir = *dir; /* the disk KV home's store */
+    rp.cpu_mem = tc->kv[2] ? 64u << 20 : 0; /* the disk home's pinned staging */
     assert_int_equal(flexdiag_runtime_create(&rp, rt), FLEXDIAG_OK);
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
@@ -258,13 +259,23 @@ static void test_shared_prompts(void **state) {
     for (int k = 0; k < N_KINDS; k++) run_conf(&tc, all_kinds[k], 0);
 }
 
-/* KV homes: one micro-batch on the device, one in pinned memory, one on disk; the position
- * policies with the host attending the pinned one. */
+/* KV homes: one micro-batch on the device, two in pinned memory; the position policies with
+ * the host attending them. */
 static void test_kv_homes(void **state) {
     (void)state;
     tconf tc = {.arch = "micro-janus", .slots = 3, .micro = 1, .kv = {34, 33, 33},
                 .cpu_attention = 1};
     for (int k = 0; k < N_KINDS; k++) run_conf(&tc, all_kinds[k], 0);
+}
+
+/* KV homes: one micro-batch on the device, two on disk (pages read into pinned staging); a
+ * prefill between decode steps breaks the staging regions' round robin. */
+static void test_kv_disk(void **state) {
+    (void)state;
+    tconf tc = {.arch = "micro-janus", .slots = 3, .micro = 1, .kv = {34, 0, 66}};
+    for (int k = 0; k < N_KINDS; k++) run_conf(&tc, all_kinds[k], 0);
+    tconf all = {.arch = "micro-janus", .slots = 3, .micro = 1, .kv = {0, 0, 100}};
+    run_conf(&all, FLEXDIAG_POLICY_DIAGONAL, 0);
 }
 
 /* Weights half on the device, half in pinned memory (the tiered scheduler). */
@@ -287,6 +298,7 @@ int main(void) {
         cmocka_unit_test(test_images),
         cmocka_unit_test(test_shared_prompts),
         cmocka_unit_test(test_kv_homes),
+        cmocka_unit_test(test_kv_disk),
         cmocka_unit_test(test_weights_offloaded),
         cmocka_unit_test(test_text),
     };
