@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# tools/device/continuous.sh - the continuous-batching rows of bench/RESULTS.md on a GPU host, in
+# one call: build (CUDA, sm_90; the dependency bundle of tools/deps/), the engine's GPU test, then
+#   text:    a mix of OPT-6.7B-shaped requests (prompt 16-512, output 8-256, seed 1), continuous
+#            against --batching blocks at the same memory;
+#   arrive:  Janus-Pro-7B-shaped single-image requests arriving as a Poisson stream into a full
+#            engine (queue time, first-image latency);
+#   images:  `generate` of 4 prompts x 128 images (Diagonal 95 %, default flags) and the bench
+#            row of the same budget and sharing (its steady state: one full block).
+# Each step's log goes to $OUT; a short table comes last. Steps to run: the arguments (default
+# all), e.g. tools/device/continuous.sh text images.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+eval "$(tools/deps/unpack.sh)" >/dev/null 2>&1 || { echo "dependency bundle failed"; exit 1; }
+t0=$(date +%s)
+if [ ! -f build-gpu/build.ninja ]; then
+    meson setup build-gpu -Dcuda=enabled -Dcuda-arch=90 -Dmpi=disabled >"$OUT/setup.log" 2>&1 ||
+        { tail -30 "$OUT/setup.log"; exit 1; }
+fi
+ninja -C build-gpu flexdiag flexdiag-bench tests/test_engine_cuda >"$OUT/build.log" 2>&1 ||
+    { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+echo "build: $(($(date +%s) - t0)) s; $(nvidia-smi --query-gpu=name --format=csv,noheader); $(git log --oneline -1 2>/dev/null)"
+export FLEXDIAG_GEMM_TUNE=0
+B=build-gpu
+steps=${*:-"test text arrive images"}
+for step in $steps; do
+    s=$(date +%s)
+    case "$step" in
+    test)
+        timeout 150 $B/tests/test_engine_cuda >"$OUT/test.log" 2>&1
+        echo "test_engine_cuda: rc=$? $(grep -c '^\[       OK' "$OUT/test.log") ok" ;;
+    text)
+        timeout 300 $B/flexdiag-bench requests --arch opt-6.7b --random-weights --requests 2000 \
+            --prompt-len 16:512 --gen-len 8:256 --json "$OUT/text.jsonl" >"$OUT/text.log" 2>&1
+        echo "text: rc=$?"; grep -E '^\| (continuous|blocks)' "$OUT/text.log" ;;
+    arrive)
+        timeout 120 $B/flexdiag-bench requests --arch janus-pro-7b --random-weights --requests 300 \
+            --prompt-len 50 --batch 64 --arrival-rate 20 --policy diagonal --sparsity 0.95 \
+            --batching continuous --json "$OUT/arrive.jsonl" >"$OUT/arrive.log" 2>&1
+        echo "arrive: rc=$?"; grep -E '^\| continuous' "$OUT/arrive.log" ;;
+    images)
+        printf 'a red apple on a table\na blue car on a road\ntwo cats on a sofa\na lighthouse at dusk\n' >/tmp/p4.txt
+        timeout 150 $B/flexdiag generate --arch janus-pro-7b --random-weights --prompts /tmp/p4.txt \
+            --images-per-prompt 128 --policy diagonal --sparsity 0.95 --out /tmp/gen4 >"$OUT/gen.log" 2>&1
+        echo "generate: rc=$?"; grep -E 'fit the budget|^generated' "$OUT/gen.log" | cut -c1-330
+        timeout 120 $B/flexdiag bench --arch janus-pro-7b --random-weights --prompt-len 50 --batch auto \
+            --policies diagonal --sparsities 0.95 --images-per-prompt 128 --json "$OUT/bench.jsonl" \
+            >"$OUT/bench.log" 2>&1
+        echo "bench: rc=$?"; grep -E '^\| diag' "$OUT/bench.log" ;;
+    esac
+    echo "  ($step: $(($(date +%s) - s)) s)"
+done
