@@ -278,16 +278,16 @@ int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_pa
     return lo;
 }
 
-/* Host-side prefill index tables: position r % p_cap and cache row r for every KV head. */
-static flexdiag_status upload_prefill_tables(flexdiag_context *c) {
+flexdiag_status flexdiag__context_pf_tables(flexdiag_context *c, int32_t q) {
+    if (q == c->pf_table_q) return FLEXDIAG_OK;
     const flexdiag_kernels *k = c->m->rt->k;
-    int32_t hkv = c->m->cfg.lm.kv_heads, mbt = c->pf_seq * c->p_cap;
+    int32_t hkv = c->m->cfg.lm.kv_heads, mbt = c->pf_seq * q;
     int32_t *pos = malloc((size_t)mbt * 4), *rows = malloc((size_t)mbt * (size_t)hkv * 4);
     flexdiag_status st = (pos && rows) ? FLEXDIAG_OK
                                        : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
-    for (int32_t i = 0; st == FLEXDIAG_OK && i < mbt; i++) {
-        pos[i] = i % c->p_cap;
-        for (int32_t h = 0; h < hkv; h++) rows[i * hkv + h] = i % c->p_cap;
+    for (int32_t i = 0; st == FLEXDIAG_OK && i < mbt; i++) { /* row i: position i % q */
+        pos[i] = i % q;
+        for (int32_t h = 0; h < hkv; h++) rows[i * hkv + h] = i % q;
     }
     if (st == FLEXDIAG_OK) st = k->copy_h2d(c->b.pos_pf, pos, (size_t)mbt * 4, c->s);
     if (st == FLEXDIAG_OK)
@@ -295,6 +295,7 @@ static flexdiag_status upload_prefill_tables(flexdiag_context *c) {
     if (st == FLEXDIAG_OK) st = k->stream_sync(c->s);
     free(pos);
     free(rows);
+    c->pf_table_q = st == FLEXDIAG_OK ? q : 0;
     return st;
 }
 
@@ -406,7 +407,7 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     if (c->kv_host)
         FLEXDIAG_TRY(flexdiag__cpu_attn_open(
             c, (char *)c->kv_host + ctx_home_bytes(c) + ctx_disk_stage_bytes(c)));
-    return upload_prefill_tables(c);
+    return flexdiag__context_pf_tables(c, c->p_cap);
 }
 
 void flexdiag__context_free(flexdiag_context *c) {

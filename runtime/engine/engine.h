@@ -102,8 +102,8 @@ typedef struct flexdiag_ctx_bufs {
     float *cfg;        /* (n_img, V) */
     int32_t *ids_in;   /* (n_seq, p_cap) prompt ids */
     int32_t *lp;       /* (n_seq) */
-    int32_t *pos_pf;   /* (mb_tok) prefill positions r % p_cap */
-    int32_t *rows_pf;  /* (mb_tok, h_kv) prefill cache rows */
+    int32_t *pos_pf;   /* (mb_tok) prefill positions r % q (q: pf_table_q) */
+    int32_t *rows_pf;  /* (mb_tok, h_kv) prefill cache rows r % q */
     int32_t *pos;      /* (n_seq) decode positions */
     int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
     int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
@@ -127,6 +127,7 @@ struct flexdiag_context {
     int32_t pf_seq;                  /* sequences per prefill chunk (<= mb_seq): the prefill
                                         scratch holds pf_seq·p_cap tokens, not the batch's */
     int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
+    int32_t pf_table_q;              /* the stride b.pos_pf and b.rows_pf hold (0: none yet) */
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
     int32_t n_pre;                   /* shared prompt rows the context holds (0: each
                                         sequence keeps its own in its KV block) */
@@ -295,6 +296,9 @@ int32_t flexdiag__casc_tiles(const flexdiag_context *c, int32_t nb);
 void flexdiag__cpu_attn_stats(const flexdiag_context *c, flexdiag_offload_info *out);
 /* Size, allocate and carve c's buffers from c->m and c->p (c->host_policy may be preset). */
 flexdiag_status flexdiag__context_alloc(flexdiag_context *c);
+/* The prefill tables (b.pos_pf, b.rows_pf) for prefill passes of q rows a sequence (q <= p_cap),
+ * queued on c's stream when they hold another stride. */
+flexdiag_status flexdiag__context_pf_tables(flexdiag_context *c, int32_t q);
 /* Free what flexdiag__context_alloc made (not c itself). */
 void flexdiag__context_free(flexdiag_context *c);
 /* Run one block on context c. */

@@ -104,9 +104,9 @@ static flexdiag_status capture_attn(const run_state *r, int32_t j, int32_t t) {
 flexdiag_status flexdiag__layer_prefill(const run_state *r, const flexdiag_layer_io *io) {
     const flexdiag_context *c = r->c;
     const flexdiag_sched_io *m = &io->mem;
-    int64_t ntok = (int64_t)m->n_seq * c->p_cap;
+    int64_t ntok = (int64_t)m->n_seq * io->a.p_cap; /* the pass's rows a sequence (pf_q) */
     FLEXDIAG_TRY(qkv_proj(r, &io->w, m->x, ntok));
-    FLEXDIAG_TRY(r->k->kv_append(m->k, m->v, c->b.qkv, io->rows, ntok, c->p_cap, &io->a, r->s));
+    FLEXDIAG_TRY(r->k->kv_append(m->k, m->v, c->b.qkv, io->rows, ntok, io->a.p_cap, &io->a, r->s));
     FLEXDIAG_TRY(r->k->attn_prefill(c->b.att, c->b.qkv, m->k, m->v, &io->a, r->s));
     FLEXDIAG_TRY(out_and_mlp(r, &io->w, m->x, ntok));
     return m->s0 == 0 ? capture_hidden(r, m->layer, m->x, 0, r->lp[0]) : FLEXDIAG_OK;

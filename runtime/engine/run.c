@@ -110,10 +110,12 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
                                  .scale = 1.0f / sqrtf((float)l->head_dim), .lp = c->b.lp + s0,
                                  .rope_theta = l->rope_theta};
     int rope = l->pos_rows == 0; /* learned positions were added at the embedding */
-    if (prefill) {
+    if (prefill) { /* r->pf_q rows a sequence: its block seen as pf_q prompt rows + the rest */
         io->a.pos = rope ? c->b.pos_pf : NULL;
         io->rows = c->b.rows_pf;
         if (c->n_pre) io->a.ring = 0, io->a.lp = c->b.lp_pre + s0; /* prompt-only blocks */
+        io->a.ring += c->p_cap - r->pf_q;
+        io->a.p_cap = r->pf_q;
     } else {
         io->a.pos = rope ? c->b.pos + s0 : NULL;
         io->a.p_cap = c->blk_p;
@@ -124,7 +126,7 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
     io->mem.layer = j;
     io->mem.s0 = s0;
     io->mem.n_seq = nb;
-    io->mem.rows_per_seq = prefill ? c->p_cap : 1;
+    io->mem.rows_per_seq = prefill ? r->pf_q : 1;
     io->mem.host_attend = !prefill && c->ca && s0 >= c->s_host && s0 < c->s_ca;
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
     if (prefill && c->n_pre) { /* the prefill of shared prompt rows s0.. writes their store */
@@ -165,16 +167,16 @@ static flexdiag_status each_chunk(const run_state *r,
     return FLEXDIAG_OK;
 }
 
-/* The input rows of prompt rows [s0, s0 + nb): embeddings (+ learned positions). */
+/* The input rows of prompt rows [s0, s0 + nb), pf_q each: embeddings (+ learned positions). */
 static flexdiag_status embed_chunk(const run_state *r, int32_t s0, int32_t nb, void *arg) {
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
-    size_t row = (size_t)s0 * (size_t)c->p_cap;
+    size_t row = (size_t)s0 * (size_t)r->pf_q;
     void *x = (char *)c->b.x + row * (size_t)l->hidden * r->act;
     (void)arg;
-    FLEXDIAG_TRY(r->k->embed(x, c->m->w.embed, c->b.ids_in + row, (int64_t)nb * c->p_cap,
+    FLEXDIAG_TRY(r->k->embed(x, c->m->w.embed, c->b.ids_in + row, (int64_t)nb * r->pf_q,
                              l->hidden, 1, r->s));
-    return flexdiag__add_positions(r, x, c->b.pos_pf, (int64_t)nb * c->p_cap);
+    return flexdiag__add_positions(r, x, c->b.pos_pf, (int64_t)nb * r->pf_q);
 }
 
 /* Layer *j of prompt rows [s0, s0 + nb). */

@@ -61,7 +61,10 @@ typedef struct run_state {
     int32_t *pf;             /* rows the boundary's prefill runs: sequences, or shared prompt
                                 rows (c->n_pre > 0), ascending */
     int32_t n_pf;            /* how many */
+    int32_t pf_q;            /* prompt rows each of them runs: their longest prompt rounded up
+                                to PF_ROUND (<= p_cap), the stride of x and ids_in in the pass */
     int32_t *row_tmp;        /* (2, p_cap) host scratch of an admission's prompt rows */
+    int32_t *ids_pack;       /* (S or n_pre, p_cap) ids_h packed pf_q ids a row (uploaded) */
     int32_t rounds;          /* admissions so far */
     size_t act;              /* act_bytes */
     double *split;           /* profiling accumulators (block's split) or NULL */

@@ -49,7 +49,7 @@ static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdi
                      .act = (size_t)c->m->rt->k->act_bytes};
     r->lp = malloc((S * 4 + P * 3 + rows) * 4);
     r->slot = calloc((size_t)c->n_img, sizeof *r->slot);
-    r->ids_h = calloc((rows + 2) * (size_t)c->p_cap, 4);
+    r->ids_h = calloc((2 * rows + 2) * (size_t)c->p_cap, 4);
     if (c->ca) r->held = malloc((size_t)c->n_mb * sizeof *r->held);
     if (!r->lp || !r->slot || !r->ids_h || (c->ca && !r->held)) {
         run_free(r);
@@ -63,6 +63,7 @@ static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdi
     r->pre_last = r->pre_ref + P;
     r->pf = r->pre_last + P;
     r->row_tmp = r->ids_h + rows * (size_t)c->p_cap;
+    r->ids_pack = r->row_tmp + 2 * (size_t)c->p_cap;
     for (size_t s = 0; s < S; s++) r->lp[s] = 1, r->t[s] = -1, r->last[s] = 0, r->prefix[s] = 0;
     for (size_t p = 0; p < P; p++) r->pre_lp[p] = 0, r->pre_ref[p] = 0, r->pre_last[p] = 0;
     memset(c->h_pos, 0, S * 4);
@@ -187,7 +188,6 @@ static int take_pre(run_state *r, int32_t i, const int32_t *rows, const int32_t 
             memcpy(r->ids_h + (size_t)p * (size_t)c->p_cap, rows + (size_t)q * (size_t)c->p_cap,
                    (size_t)c->p_cap * 4);
             r->pre_lp[p] = n[q];
-            r->pre_last[p] = p * c->p_cap + n[q] - 1;
             r->pf[r->n_pf++] = p;
         }
         r->pre_ref[p]++;
@@ -209,7 +209,6 @@ static int admit_one(run_state *r, int32_t i, const flexdiag_job *j) {
     for (int32_t q = 0; q < R; q++) {
         int32_t s = i * R + q;
         r->lp[s] = n[q];
-        r->last[s] = s * c->p_cap + n[q] - 1;
         if (!c->n_pre) r->pf[r->n_pf++] = s;
     }
     flexdiag__pd_admit(&c->pd, i * R, R);
@@ -350,12 +349,42 @@ static flexdiag_status upload_cascade(run_state *r) {
     return st;
 }
 
+/* The rows a sequence's prefill runs: the longest prompt of the admission's rows, rounded up
+ * to PF_ROUND rows, at most the capacity (prompts are padded to it, not to the capacity). */
+#define PF_ROUND 16
+static int32_t pass_rows(const run_state *r) {
+    const flexdiag_context *c = r->c;
+    int32_t q = 1;
+    for (int32_t i = 0; i < r->n_pf; i++) {
+        int32_t n = c->n_pre ? r->pre_lp[r->pf[i]] : r->lp[r->pf[i]];
+        q = n > q ? n : q;
+    }
+    q = (q + PF_ROUND - 1) / PF_ROUND * PF_ROUND;
+    return q < c->p_cap ? q : c->p_cap;
+}
+
+/* The prompt table of the prefill rows packed pf_q ids a row (row p at p·pf_q, as x holds them
+ * in the pass), and each fresh sequence's (or prompt row's) last row there. */
+static void pack_rows(run_state *r) {
+    const flexdiag_context *c = r->c;
+    size_t q = (size_t)r->pf_q, cap = (size_t)c->p_cap;
+    for (int32_t i = 0; i < r->n_pf; i++) {
+        size_t p = (size_t)r->pf[i];
+        memcpy(r->ids_pack + p * q, r->ids_h + p * cap, q * 4);
+        if (c->n_pre) r->pre_last[p] = (int32_t)(p * q) + r->pre_lp[p] - 1;
+        else r->last[p] = (int32_t)(p * q) + r->lp[p] - 1;
+    }
+}
+
 /* The admission's prompt table, lengths and gathers to the device (with shared prompt rows:
  * the rows' ids, lengths and last rows, each sequence's row and the cascade plans). */
 static flexdiag_status upload_admission(run_state *r) {
     flexdiag_context *c = r->c;
     size_t S = (size_t)c->n_seq, P = (size_t)c->n_pre, rows = c->n_pre ? P : S;
-    FLEXDIAG_TRY(r->k->copy_h2d(c->b.ids_in, r->ids_h, rows * (size_t)c->p_cap * 4, r->s));
+    r->pf_q = pass_rows(r);
+    pack_rows(r);
+    FLEXDIAG_TRY(flexdiag__context_pf_tables(c, r->pf_q));
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.ids_in, r->ids_pack, rows * (size_t)r->pf_q * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.lp, r->lp, S * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.last, r->last, S * 4, r->s));
     if (!c->n_pre) return FLEXDIAG_OK;
