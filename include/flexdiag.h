@@ -9,7 +9,9 @@
  *
  * Conventions: every function returns flexdiag_status (results through out-params, constructor
  * out-param first, *out == NULL after a failed create); params structs start with struct_size,
- * are filled by their _params_init() and only ever grow at the end; handles are opaque.
+ * are filled by their _params_init() and only ever grow at the end, so a program built against
+ * an older header passes a shorter struct and the library reads (or, for outputs, writes) only
+ * the fields it has; handles are opaque.
  *
  * Threads. Each context owns its execution stream (a CUDA stream with its own cuBLAS handles
  * and workspace, or a pool of `threads` CPU workers), its buffers and its KV-policy state, so:
@@ -36,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "flexdiag_version.h" /* the version of these headers (flexdiag_version(): the library's) */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -50,8 +54,10 @@ extern "C" {
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
- * 6: flexdiag_device_count. 7: context_params cpu_attention. 8: disk KV homes (kv_pct[2]),
- * offload_info kv_disk_*. 10: model_params compress_weights. 11: context_params
+ * 5: context_params text and kv_pct (KV homes), offload_info kv_pct, kv_bytes, kv_h2d_bytes,
+ * kv_d2h_bytes; flexdiag_runtime_budget. 6: flexdiag_device_count. 7: context_params
+ * cpu_attention. 8: disk KV homes (kv_pct[2]), offload_info kv_disk_*. 9: context_params
+ * images_per_prompt (shared prompt KV). 10: model_params compress_weights. 11: context_params
  * cpu_attention_pct, offload_info cpu_attn_mb and host_mb. 12: the request queue
  * (flexdiag_submit, flexdiag_handle_*), context_params queue_images and batching, status
  * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. */

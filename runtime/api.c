@@ -130,7 +130,8 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
     flexdiag__err_clear();
     if (!out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "runtime_create: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_runtime_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, FLEXDIAG_FIRST_SIZE(flexdiag_runtime_params, threads),
+                                        sizeof *p, "flexdiag_runtime_params"));
     flexdiag_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
     pthread_mutex_init(&rt->s_mu, NULL);
@@ -263,7 +264,8 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     flexdiag__err_clear();
     if (!rt || !out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_model_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, FLEXDIAG_FIRST_SIZE(flexdiag_model_params, seed),
+                                        sizeof *p, "flexdiag_model_params"));
     flexdiag_model_params mp = {0};
     memcpy(&mp, p, p->struct_size); /* fields after an older caller's struct stay 0 */
     flexdiag_model *m = calloc(1, sizeof *m);
@@ -380,7 +382,9 @@ flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
     if (!m || !p || !out)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_max_images: NULL argument");
     *out = 0;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_context_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size,
+                                        FLEXDIAG_FIRST_SIZE(flexdiag_context_params, progress_user),
+                                        sizeof *p, "flexdiag_context_params"));
     flexdiag_context_params q;
     flexdiag_context_params_init(&q);
     memcpy(&q, p, p->struct_size);
@@ -403,7 +407,9 @@ flexdiag_status flexdiag_context_create(flexdiag_model *m, const flexdiag_contex
     flexdiag__err_clear();
     if (!m || !p || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_create: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, "flexdiag_context_params"));
+    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size,
+                                        FLEXDIAG_FIRST_SIZE(flexdiag_context_params, progress_user),
+                                        sizeof *p, "flexdiag_context_params"));
     flexdiag_context *c = calloc(1, sizeof *c);
     if (!c) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
     c->m = m;

@@ -101,15 +101,14 @@ void flexdiag__tiers_free(flexdiag_runtime *rt) {
     rt->pool = NULL;
 }
 
-flexdiag_status flexdiag_context_offload(const flexdiag_context *c, flexdiag_offload_info *out) {
-    flexdiag__err_clear();
-    if (!c || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_offload: NULL argument");
-    FLEXDIAG_TRY(flexdiag__check_output(out->struct_size, sizeof *out, sizeof *out,
-                                        "flexdiag_offload_info"));
+/* The fields of flexdiag_offload_info a program built against API version 4 knows. */
+#define OFFLOAD_INFO_V4 (offsetof(flexdiag_offload_info, disk_wait_s) + sizeof(double))
+
+/* Every field of the info of c into *out (the whole current struct). */
+static void offload_fill(const flexdiag_context *c, flexdiag_offload_info *out) {
     const flexdiag_runtime *rt = c->m->rt;
     const flexdiag_weights *w = &c->m->w;
     memset(out, 0, sizeof *out);
-    out->struct_size = sizeof *out;
     out->scheduler = c->sched->ops->name;
     uint64_t L = (uint64_t)c->m->cfg.lm.layers;
     if (w->homes) {
@@ -156,5 +155,17 @@ flexdiag_status flexdiag_context_offload(const flexdiag_context *c, flexdiag_off
     out->kv_bytes[1] = (uint64_t)L * 2 * (uint64_t)(c->s_disk - c->s_host) * c->seq_bytes;
     out->kv_bytes[2] = (uint64_t)L * 2 * (uint64_t)(c->n_seq - c->s_disk) * c->seq_bytes;
     flexdiag__cpu_attn_stats(c, out);
+}
+
+flexdiag_status flexdiag_context_offload(const flexdiag_context *c, flexdiag_offload_info *out) {
+    flexdiag__err_clear();
+    if (!c || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_offload: NULL argument");
+    FLEXDIAG_TRY(flexdiag__check_output(out->struct_size, OFFLOAD_INFO_V4, sizeof *out,
+                                        "flexdiag_offload_info"));
+    flexdiag_offload_info all;
+    offload_fill(c, &all);
+    uint32_t size = out->struct_size; /* an older program's struct: the fields it has */
+    memcpy(out, &all, size);
+    out->struct_size = size;
     return FLEXDIAG_OK;
 }

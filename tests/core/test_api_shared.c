@@ -200,10 +200,59 @@ static void test_score(void **state) {
     flexdiag_runtime_destroy(rt);
 }
 
+/* Append-only structs: a program built against an older flexdiag.h passes a shorter struct
+ * and gets the fields it knows; a struct shorter than its first version, or longer than this
+ * library's, is refused with a message that says which. */
+static void test_struct_sizes(void **state) {
+    (void)state;
+    flexdiag_runtime_params rp;
+    flexdiag_runtime_params_init(&rp);
+    rp.device = -1;
+    flexdiag_runtime *rt = NULL;
+    assert_int_equal(flexdiag_runtime_create(&rp, &rt), FLEXDIAG_OK);
+    flexdiag_model_params mp;
+    flexdiag_model_params_init(&mp);
+    mp.arch = "micro-janus";
+    flexdiag_model *m = NULL;
+    assert_int_equal(flexdiag_model_load(rt, NULL, &mp, &m), FLEXDIAG_OK);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 2;
+    cp.max_prompt_len = 16;
+    flexdiag_context *c = NULL;
+    cp.struct_size = 3;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "flexdiag_context_params_init() first"));
+    cp.struct_size = sizeof cp + 8;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "newer flexdiag.h"));
+    cp.struct_size = (uint32_t)(offsetof(flexdiag_context_params, progress_user) + sizeof(void *));
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK); /* API version 1's */
+    /* the offload info of API version 4: its fields filled, nothing written past them */
+    union {
+        flexdiag_offload_info oi;
+        unsigned char bytes[sizeof(flexdiag_offload_info)];
+    } u;
+    memset(&u, 0xab, sizeof u);
+    size_t v4 = offsetof(flexdiag_offload_info, disk_wait_s) + sizeof(double);
+    u.oi.struct_size = (uint32_t)v4;
+    assert_int_equal(flexdiag_context_offload(c, &u.oi), FLEXDIAG_OK);
+    assert_int_equal(u.oi.struct_size, v4);
+    assert_int_equal(u.oi.weights_pct[0], 100);
+    assert_non_null(u.oi.scheduler);
+    for (size_t i = v4; i < sizeof u; i++) assert_int_equal(u.bytes[i], 0xab);
+    u.oi.struct_size = 8;
+    assert_int_equal(flexdiag_context_offload(c, &u.oi), FLEXDIAG_ERR_INVALID_ARG);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_session),
                                        cmocka_unit_test(test_policy_names),
                                        cmocka_unit_test(test_context_policy),
-                                       cmocka_unit_test(test_score)};
+                                       cmocka_unit_test(test_score),
+                                       cmocka_unit_test(test_struct_sizes)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
