@@ -94,7 +94,11 @@ static flexdiag_status pick_backend(flexdiag_runtime *rt) {
             FLEXDIAG_WARN("CUDA device %d unusable (%s); running on the CPU (pass --cpu to "
                           "choose the CPU and skip this check)", rt->p.device, flexdiag__err_msg());
         flexdiag__err_clear();
-    } else if (rt->p.device >= 0) {
+    } else if (rt->p.device > 0) { /* 0 is a CUDA build's default: kept as the CPU there */
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "runtime_params.device is %d, but this library was built without "
+                             "CUDA: give device -1 (the CPU engine)", rt->p.device);
+    } else if (rt->p.device == 0) {
         FLEXDIAG_INFO("built without CUDA; using the CPU engine");
     }
     rt->k = flexdiag__kernels_cpu();

@@ -174,6 +174,14 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
                              "max_images (%d), max_prompt_len (%d) and max_new_tokens (%d) must "
                              "be >= 1",
                              c->p.max_images, c->p.max_prompt_len, c->l_dec);
+    if (c->p.micro_batch < 0 || c->p.images_per_prompt < 0 || c->p.queue_images < 0 ||
+        c->p.batching < 0 || c->p.batching > 1)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "context_params: micro_batch %d, images_per_prompt %d, queue_images "
+                             "%d, batching %d: the first three are >= 0 (0 = the default), "
+                             "batching 0 (continuous) or 1 (blocks)",
+                             c->p.micro_batch, c->p.images_per_prompt, c->p.queue_images,
+                             c->p.batching);
     c->n_img = c->p.max_images;
     c->n_seq = c->n_img * c->rows_per_img;
     c->mb_img = c->p.micro_batch > 0 && c->p.micro_batch < c->n_img ? c->p.micro_batch : c->n_img;

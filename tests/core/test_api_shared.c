@@ -226,6 +226,16 @@ static void test_struct_sizes(void **state) {
     cp.struct_size = sizeof cp + 8;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
     assert_non_null(strstr(flexdiag_last_error(NULL), "newer flexdiag.h"));
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 2;
+    cp.max_prompt_len = 16;
+    cp.micro_batch = -1; /* out of range fields are named, not taken */
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "micro_batch -1"));
+    cp.micro_batch = 0;
+    cp.images_per_prompt = -2;
+    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
+    cp.images_per_prompt = 0;
     cp.struct_size = (uint32_t)(offsetof(flexdiag_context_params, progress_user) + sizeof(void *));
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK); /* API version 1's */
     /* the offload info of API version 4: its fields filled, nothing written past them */
