@@ -29,7 +29,7 @@ for step in $steps; do
     s=$(date +%s)
     case "$step" in
     test)
-        timeout 200 meson test -C build-gpu --no-rebuild test_engine_cuda >"$OUT/test.log" 2>&1
+        timeout ${TEST_S:-200} meson test -C build-gpu --no-rebuild test_engine_cuda >"$OUT/test.log" 2>&1
         echo "test_engine_cuda: rc=$?"; grep -E '^ *1/1' "$OUT/test.log"
         cp build-gpu/meson-logs/testlog.txt "$OUT/testlog.txt" 2>/dev/null ;;
     ab)  # the landed rows against the parent commit's code (parent.tgz: git archive of it)
@@ -37,7 +37,7 @@ for step in $steps; do
             (cd /tmp/parent && meson setup /tmp/pb -Dcuda=enabled -Dcuda-arch=90 -Dmpi=disabled \
                  >/dev/null 2>&1 && ninja -C /tmp/pb flexdiag flexdiag-bench >"$OUT/parent_build.log" 2>&1) ||
             { echo "parent build failed"; continue; }
-        for rep in 1 2; do for bin in /tmp/pb $B; do
+        for rep in ${AB_REPS:-1 2}; do for bin in /tmp/pb $B; do
             timeout 60 $bin/flexdiag bench --arch janus-pro-7b --random-weights --batch 32 --prompt-len 50 \
                 --policies dense,diagonal --sparsities 0.95 >"$OUT/ab32_${rep}_$(basename $bin).log" 2>&1
             echo "32 images, $bin, run $rep:"; grep -E '^\| (dense|diag)' "$OUT/ab32_${rep}_$(basename $bin).log" | cut -d'|' -f2,5,6,10
