@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- messages ---- */
@@ -152,7 +153,26 @@ static char *temp_name(const char *path) {
 
 /* ---- atomic files ---- */
 
+/* parts written straight into path, something other than a regular file (a device, a pipe):
+ * a temp file renamed over it would replace it with a regular file. A folder is refused. */
+static flexdiag_status write_in_place(const char *path, const struct stat *st,
+                                      const cli_part *parts, int n) {
+    if (S_ISDIR(st->st_mode))
+        return cli_io_fail(FLEXDIAG_ERR_INVALID_ARG, "%s is a folder: give a file path", path);
+    int fd = open_retry(path, O_WRONLY);
+    if (fd < 0) return sys_fail(path, "cannot open for writing", errno);
+    flexdiag_status s = FLEXDIAG_OK;
+    size_t done;
+    for (int i = 0; i < n && s == FLEXDIAG_OK; i++)
+        s = write_all(fd, parts[i].data, parts[i].len, -1, path, &done);
+    if (s == FLEXDIAG_OK) s = sync_fd(fd, path);
+    flexdiag_status c = close_fd(fd, path);
+    return s == FLEXDIAG_OK ? c : s;
+}
+
 flexdiag_status cli_write_atomic(const char *path, const cli_part *parts, int n) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return write_in_place(path, &st, parts, n);
     char *tmp = temp_name(path);
     if (!tmp) return cli_io_fail(FLEXDIAG_ERR_OOM_HOST, "%s: out of memory", path);
     flexdiag_status s = FLEXDIAG_OK;

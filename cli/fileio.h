@@ -32,7 +32,9 @@ typedef struct cli_part {
 /* Write the concatenation of parts[0..n) to path atomically: "<path>.tmp.<pid>" in the same
  * folder, fsync, rename over path, fsync of the folder, so readers never see a partial file; on
  * failure no temp file is left. FLEXDIAG_ERR_NO_SPACE (ENOSPC, EDQUOT), FLEXDIAG_ERR_NOT_FOUND
- * (no such folder) or FLEXDIAG_ERR_IO, with a message naming path (cli_io_error). */
+ * (no such folder) or FLEXDIAG_ERR_IO, with a message naming path (cli_io_error). A path that
+ * exists and is not a regular file (/dev/null, a pipe) is written in place, never replaced; a
+ * folder is refused (FLEXDIAG_ERR_INVALID_ARG). */
 flexdiag_status cli_write_atomic(const char *path, const cli_part *parts, int n);
 
 /* ---- JSON lines, appended ---- */

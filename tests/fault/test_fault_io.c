@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -463,6 +464,49 @@ static void test_npy_score(void **state) {
     }
 }
 
+/* An output path that is not a regular file is written in place, never replaced by one: a
+ * link to /dev/null stays a link to the device, a FIFO stays a FIFO (its reader gets the bytes);
+ * a folder is refused naming it. */
+static void test_output_not_regular(void **state) {
+    (void)state;
+    char *dir = case_dir();
+    write_text(dir, "in.json", "{\"prompt_ids\": [1, 5, 7, 9], \"image_ids\": [3, 4, 5]}");
+    char *link = join(dir, "null.npy"), *fifo = join(dir, "pipe.npy"), *sub = join(dir, "sub");
+    assert_int_equal(symlink("/dev/null", link), 0);
+    assert_int_equal(run(dir, g_gen, NULL, "score --cpu --arch micro-janus --input in.json "
+                                          "--out null.npy"), 0);
+    struct stat st;
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_int_equal(stat("/dev/null", &st), 0);
+    assert_true(S_ISCHR(st.st_mode));
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    pid_t reader = fork(); /* the FIFO's reader: everything into got.npy */
+    assert_true(reader >= 0);
+    if (reader == 0) {
+        execlp("sh", "sh", "-c", "cd \"$0\" && exec cat pipe.npy > got.npy", dir, (char *)NULL);
+        _exit(127);
+    }
+    assert_int_equal(run(dir, g_gen, NULL, "score --cpu --arch micro-janus --input in.json "
+                                          "--out pipe.npy"), 0);
+    int ws = 0;
+    assert_int_equal(waitpid(reader, &ws, 0), reader);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    size_t n = 0;
+    char *got = read_in(dir, "got.npy", &n);
+    assert_true(n > 6);
+    assert_memory_equal(got, "\x93NUMPY", 6);
+    free(got);
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_not_equal(run(dir, g_gen, NULL, "score --cpu --arch micro-janus --input in.json "
+                                              "--out sub"), 0);
+    assert_first_line(dir, "sub", "is a folder");
+    assert_no_tmp(dir);
+    free(link), free(fifo), free(sub), free(dir);
+}
+
 /* 3x3-token VQ decoder writing 12x12 images (tests/image/tiny_vq.c), as a model folder. */
 static void write_decoder(const char *dir) {
     flexdiag_vq_config c = tv_tiny_config();
@@ -611,6 +655,7 @@ int main(void) {
         cmocka_unit_test(test_generate_results),      cmocka_unit_test(test_generate_tokens),
         cmocka_unit_test(test_generate_geneval),      cmocka_unit_test(test_generate_dpg),
         cmocka_unit_test(test_npy_score),             cmocka_unit_test(test_npy_decode),
+        cmocka_unit_test(test_output_not_regular),
         cmocka_unit_test(test_bench_json),            cmocka_unit_test(test_fidelity_json),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
