@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/image_out.h"
 
 #define CMD "generate"
 #define JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9)) /* as gen_out.c writes records */
@@ -334,14 +335,17 @@ static int read_all(merge *m) {
 
 /* ---- complete images ---- */
 
-/* Whether image g's PNG is there (always, for a model without an image decoder). */
+/* Whether image g's PNG is there and whole (always, for a model without an image decoder):
+ * a regular file that decodes, of the image's size (a DPG grid: any size). */
 static int png_there(const merge *m, int64_t g) {
     if (!m->w->img_h) return 1;
     char rel[4200], path[8600];
     gen_out_image_rel(m->w, g, rel, sizeof rel);
     out_path(m, rel, path, sizeof path);
     struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return 0;
+    int dpg = m->w->layout == CLI_LAYOUT_DPG;
+    return flexdiag__png_whole(path, dpg ? 0 : m->w->img_w, dpg ? 0 : m->w->img_h);
 }
 
 /* done[g] for every image; a DPG prompt counts only with all its samples (one grid). */

@@ -143,3 +143,17 @@ flexdiag_status flexdiag__png_write_rgb(const char *path, const uint8_t *rgb, in
     free(m.buf);
     return st;
 }
+
+int flexdiag__png_whole(const char *path, int w, int h) {
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&im, path)) return 0;
+    im.format = PNG_FORMAT_RGB;
+    size_t bytes = PNG_IMAGE_SIZE(im);
+    uint8_t *buf = (w <= 0 || ((int)im.width == w && (int)im.height == h)) ? malloc(bytes) : NULL;
+    int ok = buf && png_image_finish_read(&im, NULL, buf, 0, NULL);
+    if (!buf) png_image_free(&im);
+    free(buf);
+    return ok;
+}

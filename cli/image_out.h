@@ -25,6 +25,11 @@ void flexdiag__pixels_to_u8(const float *x, int64_t n, uint8_t *out);
  * (sizes), FLEXDIAG_ERR_IO (libpng), or cli_write_atomic's (NO_SPACE, NOT_FOUND, IO). */
 flexdiag_status flexdiag__png_write_rgb(const char *path, const uint8_t *rgb, int w, int h);
 
+/* Whether path holds a whole PNG that decodes (every row read by libpng), of w×h pixels when
+ * w > 0 (any size otherwise): what --resume keeps (a file cut short or overwritten is made
+ * again). */
+int flexdiag__png_whole(const char *path, int w, int h);
+
 /* Tile n images of w×h RGB (imgs[i], borrowed) into a grid of `cols` columns and
  * ceil(n / cols) rows in row-major order; cells without an image are black. *out is malloc'ed
  * (caller frees), *out_w = cols·w, *out_h = rows·h. FLEXDIAG_ERR_INVALID_ARG for sizes that are

@@ -113,6 +113,13 @@ static void test_lost_files(void **state) {
                      0); /* image 7: its PNG and tokens record stay */
     resume(PLAIN, "l", "6 of 8 image(s) are complete in l; making the other 2");
     od_assert_same_outputs(g_dir, "ref", "l");
+    /* a PNG overwritten with other bytes, another cut short: both made again */
+    copy_ref("ref", "b");
+    assert_int_equal(tu_system("cd '%s/b' && head -c 2000 /dev/urandom > 0/1.png && "
+                               "head -c 60 1/0.png > t && mv t 1/0.png", g_dir),
+                     0);
+    resume(PLAIN, "b", "6 of 8 image(s) are complete in b; making the other 2");
+    od_assert_same_outputs(g_dir, "ref", "b");
     copy_ref("dref", "dl");
     assert_int_equal(unlink(in_dir("dl/a1.png")), 0);
     resume(DPG, "dl", "4 of 6 image(s) are complete in dl; making the other 2");
