@@ -1,6 +1,9 @@
 /*
  * prompts.c - reading the prompt sets of `flexdiag generate` (see prompts.h). Files are read
- * line by line (getline: no length limit), DPG <id>.txt files whole up to 1 MiB; UTF-8 is
+ * line by line, a line up to LINE_MAX_BYTES (so /dev/zero or a stray binary file fails fast
+ * instead of growing memory), DPG <id>.txt files whole up to 1 MiB; a prompt's text is at most
+ * PROMPT_MAX_BYTES (a prompt that long is far over any prompt capacity, and tokenizing it would
+ * take minutes before the capacity refuses it); UTF-8 is
  * checked with jansson, which also parses the GenEval lines. A NUL byte anywhere is refused
  * with its file and line (C strings would end there and cut the prompt); blank lines of the
  * line files are skipped with one note on stderr (how many, and the first).
@@ -17,6 +20,8 @@
 #include <sys/stat.h>
 
 #define PROMPT_FILE_MAX (1 << 20) /* bytes of one DPG <id>.txt; prompts are a few hundred */
+#define LINE_MAX_BYTES (1 << 20)  /* bytes of one line of a prompts file (GenEval metadata) */
+#define PROMPT_MAX_BYTES (16 << 10) /* bytes of one prompt's text */
 
 const char *const cli_layout_names[CLI_LAYOUT_COUNT] = {"plain", "geneval", "dpg"};
 
@@ -63,6 +68,13 @@ void cli_prompts_free(cli_prompts *s) {
 
 /* Append a prompt; takes ownership of the strings (freed on failure). */
 static int prompts_add(cli_prompts *s, char *text, char *meta, char *id) {
+    if (text && strlen(text) > PROMPT_MAX_BYTES) {
+        int rc = fail(2, "%s: a prompt of %zu bytes (the first: \"%.40s...\"): prompts are at "
+                         "most %d bytes (a few hundred tokens fill the prompt capacity)",
+                      s->path ? s->path : "--prompt", strlen(text), text, PROMPT_MAX_BYTES);
+        free(text), free(meta), free(id);
+        return rc;
+    }
     if (text && s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 64;
         cli_prompt *p = cap > s->cap ? realloc(s->p, (size_t)cap * sizeof *p) : NULL;
@@ -101,6 +113,27 @@ static char *trim(char *s) {
 
 typedef int (*line_fn)(cli_prompts *s, char *line, long no);
 
+/* The next line of f into *buf (grown as getline does, newline kept), at most
+ * LINE_MAX_BYTES + 1 bytes of it: its length (LINE_MAX_BYTES + 1 when longer, the rest unread),
+ * -1 at the end of f. */
+static ssize_t read_line(FILE *f, char **buf, size_t *cap) {
+    size_t n = 0;
+    int ch = 0;
+    while (n <= LINE_MAX_BYTES && (ch = getc(f)) != EOF) {
+        if (n + 2 > *cap) {
+            size_t nc = *cap ? 2 * *cap : 256;
+            char *b = realloc(*buf, nc);
+            if (!b) return -1;
+            *buf = b, *cap = nc;
+        }
+        (*buf)[n++] = (char)ch;
+        if (ch == '\n') break;
+    }
+    if (n == 0 && ch == EOF) return -1;
+    (*buf)[n] = 0;
+    return (ssize_t)n;
+}
+
 /* fn(line) for every non-blank line of s->path, newline stripped; stops at a nonzero return.
  * A NUL byte refuses the file (the line would silently end there); blank lines are skipped,
  * with one note that counts them and names the first. */
@@ -112,8 +145,13 @@ static int each_line(cli_prompts *s, line_fn fn) {
     ssize_t len;
     long no = 0, blank = 0, first_blank = 0;
     int rc = 0;
-    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+    while (!rc && (len = read_line(f, &line, &cap)) >= 0) {
         no++;
+        if (len > LINE_MAX_BYTES) {
+            rc = fail(2, "--prompts %s: line %ld is longer than %d bytes (is it a prompts file?)",
+                      s->path, no, LINE_MAX_BYTES);
+            break;
+        }
         if (memchr(line, 0, (size_t)len)) {
             rc = fail(2, "--prompts %s: line %ld holds a NUL byte (is it a text file?)", s->path,
                       no);

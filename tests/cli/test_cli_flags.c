@@ -270,6 +270,17 @@ static void test_prompt_files(void **state) {
     write_in_dir("dpgdir/p1.txt", nul_txt, sizeof nul_txt - 1);
     expect_run(run(GEN "--layout dpg --prompts dpgdir"), 2, "dpg dpgdir", "dpgdir/p1.txt",
                "line 2 holds a NUL byte");
+    /* unbounded input fails fast: an endless line, a prompt longer than 16 KiB */
+    expect_run(run(GEN "--prompts /dev/zero"), 2, "--prompts /dev/zero", "/dev/zero",
+               "line 1 is longer than");
+    char *longp = malloc(20001);
+    assert_non_null(longp);
+    memset(longp, 'a', 20000);
+    longp[20000] = '\n';
+    write_in_dir("long.txt", longp, 20001);
+    free(longp);
+    expect_run(run(GEN "--prompts long.txt"), 2, "--prompts long.txt", "long.txt",
+               "a prompt of 20000 bytes");
     /* blank lines: skipped, one note with the count and the first; the run goes on */
     write_text("blank.txt", "a cat\n\n  \nb dog\n\n");
     expect_run(run(GEN "--prompts blank.txt"), 0, "--prompts blank.txt", "note:",
