@@ -110,7 +110,8 @@ static void pin(flexdiag_host_pool *pool, const flexdiag_host_pool_params *p, ch
                      flexdiag__fmt_bytes(pool->bytes, ab, sizeof ab));
             return;
         }
-        /* pageable staging with one warning (reliability.md §7); the message is ours now */
+        /* where pinning fails the pool stays plain memory, with one warning (docs/offloading.md
+         * §1); the message is ours now */
         snprintf(why, wn, "not pinned: %s", flexdiag__err_msg());
         flexdiag__err_clear();
         char bb[32];

@@ -1,6 +1,6 @@
 /*
- * host_pool.h - the pinned host tier: one region of --cpu-mem bytes, carved (shared
- * offload.md §1).
+ * host_pool.h - the pinned host tier: one region of --cpu-mem bytes, carved
+ * (docs/offloading.md §1).
  *
  * create maps the whole budget once (anonymous mmap), prefers the NUMA node nearest the GPU
  * where the caller knows the GPU's PCI bus id and hwloc can place it (offload/numa.h; mbind

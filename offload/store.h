@@ -1,7 +1,6 @@
 /*
  * store.h - the NVMe tier: one preallocated, unlinked file carved into 4 KiB-aligned extents,
- * read and written in asynchronous batches (docs: shared offload.md §1, style.md §10,
- * reliability.md §6).
+ * read and written in asynchronous batches (docs/offloading.md §1).
  *
  * create: mkstemp in the offload folder, unlink at once (a crash leaves nothing behind),
  * fallocate the budget (ftruncate where the file system cannot preallocate), O_DIRECT where the

@@ -1,6 +1,6 @@
 /*
  * store_threads.c - the store's pread/pwrite backend: a fixed set of worker threads, the
- * fallback where io_uring is missing or refused (reliability.md §6), and the forced choice of
+ * fallback where io_uring is missing or refused (docs/offloading.md §1), and the forced choice of
  * FLEXDIAG_IO=threads.
  *
  * Each worker takes a slot from the store's FIFO, drops the lock, transfers it to the end

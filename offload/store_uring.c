@@ -1,5 +1,5 @@
 /*
- * store_uring.c - the store's io_uring backend (liburing 2.3; style.md §10, reliability.md §6).
+ * store_uring.c - the store's io_uring backend (liburing 2.3; docs/offloading.md §1).
  *
  * One ring, driven by whichever thread calls submit/wait/test (under the store's lock): FIFO
  * entries become SQEs while fewer than queue_depth are in flight, io_uring_submit_and_wait

@@ -5,7 +5,7 @@
  *
  * A CTA copies whole rows (grid-stride over rows, so n may exceed the grid limit); its threads
  * stride over the columns. When the row width is a multiple of 8 elements and both buffers are
- * 16-byte aligned the copy moves 16-byte vectors (HOPPER.md: 16-byte accesses coalesced across
+ * 16-byte aligned the copy moves 16-byte vectors (16-byte accesses coalesce across
  * the warp), otherwise single bf16 elements. Indices are trusted: the runtime validates ids
  * against the vocabulary before calling (the op has no V to check against).
  */

@@ -19,8 +19,8 @@
  *    lines: one cold launch, launch latency included, no write-back.
  *  - "graph": how the engine runs it. One CUDA graph of BENCH_GRAPH_LAUNCHES back-to-back calls
  *    rotating over the input sets (caches, q, out; BENCH_SETS, or argv[2]), so no call finds
- *    its data in L2 (METHOD.md: rotate inputs rather than flush); 2 warm-up replays, 10 timed;
- *    time per call = replay time / launches.
+ *    its data in L2 (inputs rotated rather than L2 flushed between calls); 2 warm-up replays,
+ *    10 timed; time per call = replay time / launches.
  *  - "gather us": the access pattern's ceiling, gather_rows over the same rows, timed as "graph"
  *    (the cascade rows: the rows of its layout, each list's ring rows and each prompt block
  *    once); "x gth" = graph / gather.

@@ -655,8 +655,8 @@ static void test_fault_enospc(void **state) {
     free(dir);
 }
 
-/* The file shrinks under the store (reliability.md §7 "file truncated while streaming"): a read
- * past the new end fails with IO and "end of file", not a hang or garbage. */
+/* The file shrinks under the store (truncated while streaming): a read past the new end fails
+ * with IO and "end of file", not a hang or garbage. */
 static void test_truncated(void **state) {
     (void)state;
     char *dir = tu_tempdir("storetest");
