@@ -190,6 +190,7 @@ static int take_pre(run_state *r, int32_t i, const int32_t *rows, const int32_t 
             r->pre_lp[p] = n[q];
             r->pf[r->n_pf++] = p;
         }
+        got[q] = p; /* row 1 the same as row 0: row 0's, taken just now or found */
         r->pre_ref[p]++;
         r->prefix[s] = p;
     }

@@ -131,15 +131,16 @@ static flexdiag_context *open_context(flexdiag_model *m, const tconf *tc, int32_
 static const int32_t pr0[] = {256, 104, 101, 108, 108, 111, 261},
                      pr1[] = {256, 97, 261},
                      pr2[] = {256, 120, 121, 122, 32, 97, 98, 99, 100, 101, 102, 103, 261},
-                     pr3[] = {256, 111, 110, 101, 261};
-static const int32_t *const prompts[4] = {pr0, pr1, pr2, pr3};
-static const int32_t prompt_lens[4] = {7, 3, 13, 5};
+                     pr3[] = {256, 111, 110, 101, 261},
+                     pr4[] = {256, 261}; /* a Janus unconditional row equal to its prompt */
+static const int32_t *const prompts[5] = {pr0, pr1, pr2, pr3, pr4};
+static const int32_t prompt_lens[5] = {7, 3, 13, 5, 2};
 
 /* The jobs: arrivals, lengths, a cancel, prompts shared by some (l: the context's length). */
 static void make_jobs(tjob *j, int32_t l, int32_t V) {
     static const int32_t arrive[N_JOBS] = {0, 0, 0, 3, 5, 5, 20};
     static const int32_t len[N_JOBS] = {64, 40, 64, 17, 64, 30, 64};
-    static const int32_t prompt[N_JOBS] = {0, 1, 0, 2, 3, 1, 2};
+    static const int32_t prompt[N_JOBS] = {0, 1, 0, 2, 3, 4, 2};
     for (int32_t i = 0; i < N_JOBS; i++) {
         j[i] = (tjob){.arrive = arrive[i], .cancel_at = i == 2 ? 25 : -1};
         atomic_init(&j[i].cancel, 0);
@@ -259,6 +260,28 @@ static void test_shared_prompts(void **state) {
     for (int k = 0; k < N_KINDS; k++) run_conf(&tc, all_kinds[k], 0);
 }
 
+/* Shared prompt rows: an image whose unconditional row equals its prompt (two ids) takes one
+ * row for both, so two such images prefill one row. */
+static void test_shared_one_row(void **state) {
+    (void)state;
+    tconf tc = {.arch = "micro-janus", .slots = 4, .micro = 4, .ipp = 2};
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    char *dir;
+    open_model(&tc, &rt, &m, &dir);
+    flexdiag_context *c = open_context(m, &tc, tc.slots, FLEXDIAG_POLICY_DIAGONAL, NULL);
+    const int32_t *pp[2] = {pr4, pr4};
+    const int32_t pl[2] = {2, 2};
+    int32_t tokens[2 * MAX_STEPS];
+    flexdiag_block b = {.n_img = 2, .prompt = pp, .prompt_len = pl, .n_steps = 4,
+                        .sp = {1.0f, 0, 1.0f, 1, 0}, .cfg_weight = 3.0f, .tokens = tokens};
+    assert_int_equal(flexdiag__engine_run(c, &b), FLEXDIAG_OK);
+    assert_int_equal(c->n_pf, 1);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 /* KV homes: one micro-batch on the device, two in pinned memory; the position policies with
  * the host attending them. */
 static void test_kv_homes(void **state) {
@@ -297,6 +320,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_images),
         cmocka_unit_test(test_shared_prompts),
+        cmocka_unit_test(test_shared_one_row),
         cmocka_unit_test(test_kv_homes),
         cmocka_unit_test(test_kv_disk),
         cmocka_unit_test(test_weights_offloaded),
