@@ -26,6 +26,10 @@ int flexdiag_cmd_search(int argc, char **argv);
 /* `requests`: a mix of requests through a context's request queue, per batching mode
  * (cmd_requests.c). */
 int flexdiag_cmd_requests(int argc, char **argv);
+/* Synthetic prompt g of len ids for context c's model (malloc'ed; NULL when out of memory):
+ * BOS, random ids (stream g), then <begin_of_image> (Janus), or the end of turn, the image start
+ * and the size token twice (Lumina-mGPT images). */
+int32_t *bench_synthetic_prompt(const flexdiag_context *c, int32_t len, int32_t g);
 /* The runtime's device name ("NVIDIA H200", the CPU's model name) into out (n bytes). */
 void bench_device_name(const flexdiag_runtime *rt, char *out, size_t n);
 

@@ -171,9 +171,7 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
 
 /* ---- one run ---- */
 
-/* Synthetic prompt g: BOS, random ids (stream g), then <begin_of_image> (Janus), or the end of
- * turn, the image start and the size token twice (Lumina-mGPT images). */
-static int32_t *make_prompt(const flexdiag_context *c, int32_t len, int32_t g) {
+int32_t *bench_synthetic_prompt(const flexdiag_context *c, int32_t len, int32_t g) {
     const flexdiag_model_config *m = &c->m->cfg;
     int32_t *p = malloc((size_t)len * 4);
     for (int32_t i = 0; p && i < len; i++)
@@ -247,7 +245,7 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     int32_t **prompt = calloc((size_t)n_p, sizeof *prompt);
     flexdiag_status st = prompt ? FLEXDIAG_OK : FLEXDIAG_ERR_OOM_HOST;
     for (int32_t g = 0; st == FLEXDIAG_OK && g < n_p; g++)
-        if (!(prompt[g] = make_prompt(c, lp, g))) st = FLEXDIAG_ERR_OOM_HOST;
+        if (!(prompt[g] = bench_synthetic_prompt(c, lp, g))) st = FLEXDIAG_ERR_OOM_HOST;
     /* untimed warm-up (prefill + 2 steps): GEMM plans tuned, the step graph recorded */
     if (st == FLEXDIAG_OK)
         st = run_block(c, prompt, per, lp, row->batch, steps < 3 ? steps : 3, NULL, 0,

@@ -81,16 +81,6 @@ static void make_mix(rq_item *it, int32_t n, const int32_t lp[2], const int32_t 
     }
 }
 
-/* A prompt of lp ids for request i (BOS first; an image model's ends with its image start). */
-static int32_t *make_prompt(const flexdiag_model *m, int32_t lp, int32_t i) {
-    int32_t *p = malloc((size_t)lp * 4);
-    for (int32_t k = 0; p && k < lp; k++)
-        p[k] = (int32_t)(flexdiag__rng64(77, (uint64_t)i, (uint64_t)k) % (uint64_t)m->cfg.lm.vocab);
-    if (p && m->cfg.bos_id >= 0) p[0] = m->cfg.bos_id;
-    if (p && m->cfg.arch == FLEXDIAG_ARCH_JANUS && m->cfg.boi_id >= 0) p[lp - 1] = m->cfg.boi_id;
-    return p;
-}
-
 static void on_image(flexdiag_handle *h, int32_t index, const int32_t *tokens, int32_t n,
                      void *user) {
     rq_run *r = user;
@@ -108,7 +98,7 @@ static int submit_one(flexdiag_context *c, rq_run *r, int32_t i, int image) {
         struct timespec ts = {(time_t)wait, (long)((wait - floor(wait)) * 1e9)};
         nanosleep(&ts, NULL);
     }
-    int32_t *p = make_prompt(c->m, it->lp, i);
+    int32_t *p = bench_synthetic_prompt(c, it->lp, i);
     if (!p) return cli_errorf(CMD, 1, "out of host memory");
     const int32_t *pp[1] = {p};
     flexdiag_request rq;
@@ -272,7 +262,7 @@ static int run_mode(const rq_opts *o, flexdiag_model *m, int blocks, rq_run *r, 
 }
 
 static int run_all(const rq_opts *o, flexdiag_model *m, cli_jsonl *json) {
-    int image = m->cfg.arch == FLEXDIAG_ARCH_JANUS;
+    int image = m->cfg.arch == FLEXDIAG_ARCH_JANUS || m->cfg.arch == FLEXDIAG_ARCH_CHAMELEON;
     int32_t lp[2] = {0, 0}, gen[2] = {0, 0};
     if (parse_range("--prompt-len", o->prompt_len, 1 << 16, &lp[0], &lp[1]) ||
         parse_range("--gen-len", o->gen_len, 1 << 16, &gen[0], &gen[1]))

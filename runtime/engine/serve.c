@@ -279,7 +279,6 @@ static void retire(run_state *r, int32_t i, flexdiag_status st, const char *msg)
     c->stats.tokens_generated += (uint64_t)made * (uint64_t)c->rows_per_img;
     sl->live = sl->fresh = 0;
     r->live--;
-    kv_stats(r); /* the stats are final for whoever waits on this job */
     r->f->done(r->f->user, &sl->job, made, st, msg);
 }
 
@@ -287,6 +286,8 @@ static void retire(run_state *r, int32_t i, flexdiag_status st, const char *msg)
  * (all its tokens, or its eos) retired, a failed one (made -1) retired with NUMERIC. */
 static flexdiag_status after_pass(run_state *r, int fresh) {
     const flexdiag_feed *f = r->f;
+    kv_stats(r); /* once a pass (the plans count the evictions), final for whoever a
+                    retirement below wakes */
     for (int32_t i = 0; i < r->n_img; i++) {
         run_slot *sl = &r->slot[i];
         if (!sl->live || (fresh && !sl->fresh)) continue;
