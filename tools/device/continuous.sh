@@ -42,6 +42,13 @@ for step in $steps; do
                 --policies dense,diagonal --sparsities 0.95 >"$OUT/ab32_${rep}_$(basename $bin).log" 2>&1
             echo "32 images, $bin, run $rep:"; grep -E '^\| (dense|diag)' "$OUT/ab32_${rep}_$(basename $bin).log" | cut -d'|' -f2,5,6,10
         done; done ;;
+    ab48)  # the 48G rows (batch auto at --gpu-mem 48G) against the parent commit's build of `ab`
+        [ -x /tmp/pb/flexdiag ] || { echo "ab48 needs the parent build of step ab"; continue; }
+        for rep in ${AB_REPS:-1 2}; do for bin in /tmp/pb $B; do
+            timeout 150 $bin/flexdiag bench --arch janus-pro-7b --random-weights --batch auto --gpu-mem 48G \
+                --prompt-len 50 --policies dense,diagonal --sparsities 0.95 >"$OUT/ab48_${rep}_$(basename $bin).log" 2>&1
+            echo "48G, $bin, run $rep:"; grep -E '^\| (dense|diag)' "$OUT/ab48_${rep}_$(basename $bin).log" | cut -d'|' -f2,3,5,6,10
+        done; done ;;
     text)
         timeout 300 $B/flexdiag-bench requests --arch opt-6.7b --random-weights --requests 2000 \
             --prompt-len 16:512 --gen-len 8:256 --json "$OUT/text.jsonl" >"$OUT/text.log" 2>&1
