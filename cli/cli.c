@@ -73,6 +73,8 @@ static void print_help(const char *cmd, const cli_opt *opts, int n) {
     printf("usage: flexdiag %s [flags]\n", cmd);
     for (int i = 0; i < n; i++)
         printf("  %-22s %s\n", opts[i].name, opts[i].help ? opts[i].help : "");
+    printf("  %-22s %s\n  %-22s %s\n", "--help", "these lines", "--version",
+           "the version of flexdiag");
 }
 
 static int set_value(const char *cmd, const cli_opt *o, const char *v) {
@@ -123,6 +125,10 @@ int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n
             print_help(cmd, opts, n_opts);
             return 1;
         }
+        if (!strcmp(a, "--version")) {
+            printf("flexdiag %s\n", flexdiag_version());
+            return 1;
+        }
         const char *eq = strchr(a, '=');
         size_t len = eq ? (size_t)(eq - a) : strlen(a);
         const cli_opt *o = NULL;
@@ -162,8 +168,81 @@ int cli_errorf(const char *cmd, int rc, const char *fmt, ...) {
     return rc;
 }
 
-int cli_fail(const char *cmd, flexdiag_status st) {
+/* ---- library messages in flag terms ---- */
+
+/* The params fields library messages name (include/flexdiag.h) and the flags that set them.
+ * An entry that another starts with comes first ("runtime_params.device -1"). */
+static const struct {
+    const char *field, *flag;
+} field_flags[] = {
+    {"runtime_params.device -1", "--cpu"},
+    {"runtime_params.gpu_mem", "--gpu-mem"},
+    {"runtime_params.cpu_mem", "--cpu-mem"},
+    {"runtime_params.disk_mem", "--disk-mem"},
+    {"runtime_params.offload_dir", "--offload-dir"},
+    {"runtime_params.threads", "--threads"},
+    {"model_params.arch", "--arch"},
+    {"model_params.weights_pct", "--weights"},
+    {"model_params.compress_weights", "--compress-weights"},
+    {"context_params.max_images", "--batch"},
+    {"context_params.micro_batch", "--micro-batch"},
+    {"context_params.max_prompt_len", "--max-prompt-len"},
+    {"context_params.max_new_tokens", "--max-new-tokens"},
+    {"context_params.text", "--max-new-tokens"},
+    {"context_params.images_per_prompt", "--images-per-prompt"},
+    {"context_params.batching", "--batching"},
+    {"context_params.kv_pct", "--kv"},
+    {"context_params.cpu_attention", "--cpu-attention"},
+    {"context_params.cpu_attention_pct", "--cpu-attention-share"},
+    {"context_params.policy.n_att", "--n-att"},
+    {"context_params.policy.n_r", "--n-r"},
+    {"context_params.policy.sparsity", "--sparsity"},
+    {"request.images_per_prompt", "--images-per-prompt"},
+    {"request.temperature", "--temperature"},
+    {"request.top_k", "--top-k"},
+    {"request.top_p", "--top-p"},
+    {"request.cfg_weight", "--cfg"},
+    {"flexdiag_context_max_images", "--batch auto"},
+};
+
+static int is_name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* The flag of the field name that starts at p (a whole name: no name character after it), with
+ * its length in *len; NULL when none does. */
+static const char *flag_at(const char *p, size_t *len) {
+    for (size_t i = 0; i < sizeof field_flags / sizeof field_flags[0]; i++) {
+        size_t n = strlen(field_flags[i].field);
+        if (!strncmp(p, field_flags[i].field, n) && !is_name_char(p[n])) {
+            *len = n;
+            return field_flags[i].flag;
+        }
+    }
+    return NULL;
+}
+
+const char *cli_last_error(void) {
+    static _Thread_local char out[2048];
     const char *msg = flexdiag_last_error(NULL);
+    size_t n = 0;
+    for (const char *p = msg; *p;) {
+        size_t len = 1;
+        const char *flag = p > msg && (is_name_char(p[-1]) || p[-1] == '.') ? NULL
+                                                                             : flag_at(p, &len);
+        const char *src = flag ? flag : p;
+        size_t k = flag ? strlen(flag) : 1;
+        if (n + k >= sizeof out) break;
+        memcpy(out + n, src, k);
+        n += k;
+        p += len;
+    }
+    out[n] = '\0';
+    return out;
+}
+
+int cli_fail(const char *cmd, flexdiag_status st) {
+    const char *msg = cli_last_error();
     fprintf(stderr, "flexdiag %s: %s\n", cmd, msg && *msg ? msg : flexdiag_status_str(st));
     return st == FLEXDIAG_ERR_INVALID_ARG ? 2 : 1;
 }
@@ -319,7 +398,7 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
 int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out) {
     flexdiag_policy_params_init(out);
     if (o->policy && flexdiag_policy_from_name(o->policy, &out->kind) != FLEXDIAG_OK) {
-        fprintf(stderr, "flexdiag %s: --policy: %s\n", cmd, flexdiag_last_error(NULL));
+        fprintf(stderr, "flexdiag %s: --policy: %s\n", cmd, cli_last_error());
         return 2;
     }
     const cli_int_range r[] = {

@@ -2,8 +2,9 @@
  * cli.h - the flexdiag command-line tool: subcommand entry points and the one flag parser they
  * share, so every command reports bad flags the same way ("flexdiag score: --cfg: expected a
  * number, got 'x'"; "flexdiag generate: --top-p 2 is out of range: expected a number in (0, 1]")
- * and exits 2. Library errors are printed with flexdiag_last_error() and exit 2 when the library
- * refused a value (FLEXDIAG_ERR_INVALID_ARG: its messages name the flag), else 1.
+ * and exits 2. Library errors are printed with cli_last_error() (the library's message, the
+ * params fields it names turned into the flags that set them) and exit 2 when the library
+ * refused a value (FLEXDIAG_ERR_INVALID_ARG), else 1.
  * Everything here is built on include/flexdiag.h alone (the tool links the shared library); the
  * bench tool (bench/) reuses the parser and the model and policy flags.
  */
@@ -39,13 +40,16 @@ typedef struct cli_opt {
 } cli_opt;
 
 /* Parse argv[1..] (argv[0] is the subcommand). Accepts "--x v" and "--x=v"; CLI_F64 values
- * must be finite. Returns 0 on success, 1 if --help was printed, 2 after printing an error
- * naming the flag. A name registered twice in opts is a bug: it aborts. */
+ * must be finite. Returns 0 on success, 1 if --help or --version was printed (exit 0), 2 after
+ * printing an error naming the flag. A name registered twice in opts is a bug: it aborts. */
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n_opts);
 /* Print "flexdiag <cmd>: <library message>" for a failed status; return 2 for
  * FLEXDIAG_ERR_INVALID_ARG (the library refused a value the flags or the input gave it: the
  * messages name the flag), 1 for every other failure. */
 int cli_fail(const char *cmd, flexdiag_status st);
+/* The thread's last library message with each params field it names ("context_params.kv_pct")
+ * written as the flag that sets it ("--kv"); valid until the next call on this thread. */
+const char *cli_last_error(void);
 /* Print "flexdiag <cmd>: <message>" and a newline on stderr; returns rc (an exit code). */
 __attribute__((format(printf, 3, 4))) int cli_errorf(const char *cmd, int rc, const char *fmt,
                                                      ...);
