@@ -134,14 +134,13 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
     flexdiag__err_clear();
     if (!out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "runtime_create: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, FLEXDIAG_FIRST_SIZE(flexdiag_runtime_params, threads),
+    FLEXDIAG_TRY(flexdiag__check_params(p, FLEXDIAG_FIRST_SIZE(flexdiag_runtime_params, threads),
                                         sizeof *p, "flexdiag_runtime_params"));
     flexdiag_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
     pthread_mutex_init(&rt->s_mu, NULL);
-    memcpy(&rt->p, p, p->struct_size);
+    flexdiag__params_copy(&rt->p, p, sizeof rt->p);
     pthread_mutex_init(&rt->tier_mu, NULL);
-    rt->p.struct_size = sizeof rt->p;
     if (rt->p.offload_dir && !(rt->offload_dir = strdup(rt->p.offload_dir))) {
         flexdiag_runtime_destroy(rt);
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
@@ -268,10 +267,10 @@ flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const char *path,
     flexdiag__err_clear();
     if (!rt || !out || !p) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "model_load: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, FLEXDIAG_FIRST_SIZE(flexdiag_model_params, seed),
+    FLEXDIAG_TRY(flexdiag__check_params(p, FLEXDIAG_FIRST_SIZE(flexdiag_model_params, seed),
                                         sizeof *p, "flexdiag_model_params"));
     flexdiag_model_params mp = {0};
-    memcpy(&mp, p, p->struct_size); /* fields after an older caller's struct stay 0 */
+    flexdiag__params_copy(&mp, p, sizeof mp); /* fields after an older caller's struct stay 0 */
     flexdiag_model *m = calloc(1, sizeof *m);
     if (!m) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
     m->rt = rt;
@@ -386,12 +385,12 @@ flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
     if (!m || !p || !out)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_max_images: NULL argument");
     *out = 0;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size,
+    FLEXDIAG_TRY(flexdiag__check_params(p,
                                         FLEXDIAG_FIRST_SIZE(flexdiag_context_params, progress_user),
                                         sizeof *p, "flexdiag_context_params"));
     flexdiag_context_params q;
     flexdiag_context_params_init(&q);
-    memcpy(&q, p, p->struct_size);
+    flexdiag__params_copy(&q, p, sizeof q);
     /* the params' own errors (policy, lengths) first: the fit below only sees "too big" */
     flexdiag_context_params one = q;
     one.max_images = 1;
@@ -411,14 +410,14 @@ flexdiag_status flexdiag_context_create(flexdiag_model *m, const flexdiag_contex
     flexdiag__err_clear();
     if (!m || !p || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_create: NULL argument");
     *out = NULL;
-    FLEXDIAG_TRY(flexdiag__check_params(p->struct_size,
+    FLEXDIAG_TRY(flexdiag__check_params(p,
                                         FLEXDIAG_FIRST_SIZE(flexdiag_context_params, progress_user),
                                         sizeof *p, "flexdiag_context_params"));
     flexdiag_context *c = calloc(1, sizeof *c);
     if (!c) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
     c->m = m;
     flexdiag_context_params_init(&c->p);
-    memcpy(&c->p, p, p->struct_size);
+    flexdiag__params_copy(&c->p, p, sizeof c->p);
     flexdiag_status st = check_fits(m, &c->p);
     if (st == FLEXDIAG_OK) st = flexdiag__context_alloc(c);
     if (st == FLEXDIAG_OK) st = flexdiag__queue_create(c);

@@ -275,7 +275,7 @@ void flexdiag_submit_params_init(flexdiag_submit_params *p) {
 }
 
 flexdiag_status flexdiag__check_request(const flexdiag_request *r) {
-    FLEXDIAG_TRY(flexdiag__check_params(r->struct_size, sizeof *r, sizeof *r, "flexdiag_request"));
+    FLEXDIAG_TRY(flexdiag__check_params(r, sizeof *r, sizeof *r, "flexdiag_request"));
     if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "request needs n_prompts >= 1 and prompts or prompt_ids+prompt_lens");
@@ -429,9 +429,8 @@ flexdiag_status flexdiag_submit(flexdiag_context *c, const flexdiag_request *req
     flexdiag_submit_params sp;
     flexdiag_submit_params_init(&sp);
     if (p) {
-        FLEXDIAG_TRY(flexdiag__check_params(p->struct_size, sizeof *p, sizeof *p,
-                                            "flexdiag_submit_params"));
-        memcpy(&sp, p, p->struct_size);
+        FLEXDIAG_TRY(flexdiag__check_params(p, sizeof *p, sizeof *p, "flexdiag_submit_params"));
+        flexdiag__params_copy(&sp, p, sizeof sp);
     }
     FLEXDIAG_TRY(flexdiag__check_request(req));
     flexdiag_handle *h = NULL;

@@ -43,13 +43,12 @@ flexdiag_status flexdiag_score(flexdiag_context *c, const flexdiag_score_request
                                flexdiag_score_output *out) {
     flexdiag__err_clear();
     if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "score: NULL argument");
-    FLEXDIAG_TRY(flexdiag__check_params(req->struct_size, sizeof *req, sizeof *req,
-                                        "flexdiag_score_request"));
+    FLEXDIAG_TRY(flexdiag__check_params(req, sizeof *req, sizeof *req, "flexdiag_score_request"));
     FLEXDIAG_TRY(flexdiag__check_output(out->struct_size, SCORE_OUTPUT_V3, sizeof *out,
                                         "flexdiag_score_output"));
     flexdiag_score_request r;
     flexdiag_score_request_init(&r);
-    memcpy(&r, req, req->struct_size);
+    flexdiag__params_copy(&r, req, sizeof r);
     out->vocab = c->vocab_out;
     out->rows = c->rows_per_img;
     if (!out->logits && !out->raw) return FLEXDIAG_OK; /* size query */
