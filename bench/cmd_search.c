@@ -385,12 +385,23 @@ static void repro_flags(const search *s, const cand *k, char *buf, size_t n) {
     if (c->policy.n_r > 0) snprintf(buf + at, n - (size_t)at, " --n-r %d", c->policy.n_r);
 }
 
+/* The device bytes available as text: "%.3f GiB", or what stands for no budget (the CPU engine
+ * without --gpu-mem has none: its arena's budget is UINT64_MAX). */
+static const char *avail_text(const search *s, char *buf, size_t n) {
+    if (s->cm.avail > UINT64_MAX / 2)
+        snprintf(buf, n, "unlimited (the CPU engine without --gpu-mem)");
+    else
+        snprintf(buf, n, "%.3f GiB", (double)s->cm.avail / (1 << 30));
+    return buf;
+}
+
 static void print_table_head(const search *s) {
     const cm_profile *p = &s->prof;
+    char avail[64];
     printf("flexdiag search: %s (%s), model %s, prompt %lld tokens, %d configurations fit; "
-           "device budget available %.3f GiB\n",
+           "device budget available %s\n",
            p->device, p->backend, s->cm.m.cfg.name, (long long)s->o->prompt_len, s->n,
-           (double)s->cm.avail / (1 << 30));
+           avail_text(s, avail, sizeof avail));
     printf("\n| # | policy | S | batch | micro | weights G,C,D | KV G,C,D | pred. %s | step ms | "
            "bound | GPU MiB | CPU MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
            s->text ? "tok/s" : "img/s");
@@ -558,10 +569,11 @@ static int search_run(const search_opts *o, FILE *cands) {
     if (!rc && !(s.v = malloc(MAX_CANDS * sizeof *s.v))) rc = 1;
     if (!rc) rc = enumerate(&s);
     if (!rc) qsort(s.v, (size_t)s.n, sizeof *s.v, cand_cmp);
+    char avail[64];
     if (!rc && s.n == 0)
-        fprintf(stderr, "flexdiag search: no configuration fits --gpu-mem %.3f GiB and %.3f GiB "
+        fprintf(stderr, "flexdiag search: no configuration fits --gpu-mem %s and %.3f GiB "
                 "of pinned host memory (%s; raise them, or lower --prompt-len)\n",
-                (double)s.cm.avail / (1 << 30), (double)s.cpu_limit / (1 << 30),
+                avail_text(&s, avail, sizeof avail), (double)s.cpu_limit / (1 << 30),
                 o->mo.cpu_mem ? "--cpu-mem" : "three quarters of this machine's memory");
     if (!rc && s.n) report(&s, cands);
     free(s.v);

@@ -13,7 +13,8 @@
  * device is refused with exit 2, the message naming the file (--min-fidelity:
  * test_cli_search_fidelity.c). disk: --offload-dir adds disk placements with flags that reproduce them.
  * CPU attention: offered for dense's host KV homes only, its verdicts exact (the workspaces in
- * the pinned bytes), its flags run.
+ * the pinned bytes), its flags run. Without --gpu-mem on the CPU the header says the budget is
+ * unlimited.
  */
 #include <jansson.h>
 #include <math.h>
@@ -675,6 +676,22 @@ static void test_profile_other_device(void **state) {
     free(err);
 }
 
+/* The CPU engine without --gpu-mem has no device budget: the header says so instead of
+ * printing the arena's UINT64_MAX as 17179869184.000 GiB (issue 40). */
+static void test_no_budget(void **state) {
+    (void)state;
+    int rc = tu_system("cd '%s' && '%s' search --cpu --threads 2 --arch micro-janus "
+                       "--random-weights --profile p.json --max-batch 2 --weight-step 50 "
+                       ">nb.out 2>nb.err", g_dir, g_bench);
+    assert_int_equal(rc, 0);
+    char *out = read_output("nb.out");
+    char *head = strstr(out, "device budget available ");
+    assert_non_null(head);
+    if (strncmp(head + strlen("device budget available "), "unlimited (", 11))
+        fail_msg("search --cpu without --gpu-mem: '%.*s'", (int)strcspn(head, "\n"), head);
+    free(out);
+}
+
 int main(void) {
     int set = search_fixture_open("test_cli_search", "search", &g_bench, &g_dir);
     if (set) return set;
@@ -683,6 +700,7 @@ int main(void) {
         cmocka_unit_test(test_search_all_gpu),
         cmocka_unit_test(test_search_weights_cpu),
         cmocka_unit_test(test_profile_other_device),
+        cmocka_unit_test(test_no_budget),
         cmocka_unit_test(test_largest_batch),
         cmocka_unit_test(test_rings),
         cmocka_unit_test(test_disk_tier),
