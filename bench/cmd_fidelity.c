@@ -127,7 +127,7 @@ static int synth_row(const flexdiag_synth_ctx *ctx, const flexdiag_synth_params 
     flexdiag__err_clear();
     if (flexdiag__kvp_resolve(&pub, sp->steps, &kp) != FLEXDIAG_OK) {
         fprintf(stderr, "flexdiag " FID_CMD ": skipping %s at sparsity %g, ring %d: %s\n",
-                flexdiag__kvp_name(kind), s, (int)ring, flexdiag_last_error(NULL));
+                flexdiag__kvp_name(kind), s, (int)ring, cli_last_error());
         return -1;
     }
     flexdiag_synth_fidelity f;

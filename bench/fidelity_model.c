@@ -239,7 +239,7 @@ int flexdiag_fidelity_model(const cli_model_opts *mo, const char *const *prompts
                 if (!skip[r])
                     fprintf(stderr, "flexdiag bench fidelity: skipping %s at sparsity %g, ring "
                             "%d: %s\n", flexdiag__kvp_name(pol.kind), pol.sparsity,
-                            (int)pol.n_r, flexdiag_last_error(NULL));
+                            (int)pol.n_r, cli_last_error());
                 skip[r] = 1;
                 continue;
             }

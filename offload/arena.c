@@ -32,8 +32,8 @@ flexdiag_status flexdiag__arena_charge(flexdiag_arena *a, int64_t delta, const c
         atomic_fetch_sub(&a->used, (uint64_t)delta);
         return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
                              "%s needs %.3f GiB of device memory but only %.3f GiB of the "
-                             "%.3f GiB budget is left (raise --gpu-mem, or lower the batch or "
-                             "prompt length)",
+                             "%.3f GiB budget is left (raise runtime_params.gpu_mem, or lower "
+                             "context_params.max_images or context_params.max_prompt_len)",
                              what, (double)delta / GIB,
                              (double)(a->budget - (before < a->budget ? before : a->budget)) / GIB,
                              (double)a->budget / GIB);

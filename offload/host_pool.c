@@ -127,7 +127,7 @@ flexdiag_status flexdiag__host_pool_create(const flexdiag_host_pool_params *p,
     const uint64_t bytes = p->budget & ~(uint64_t)(FLEXDIAG_HOST_POOL_ALIGN - 1);
     if (bytes == 0 || bytes > SIZE_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s: budget of %llu bytes: need at least "
-                             "4096 (--cpu-mem)", name, (unsigned long long)p->budget);
+                             "4096 (runtime_params.cpu_mem)", name, (unsigned long long)p->budget);
     flexdiag_host_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: no host memory", name);
     snprintf(pool->name, sizeof pool->name, "%s", name);
@@ -145,8 +145,8 @@ flexdiag_status flexdiag__host_pool_create(const flexdiag_host_pool_params *p,
         free(pool);
         char bb[32];
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "%s: cannot map %s of host memory: %s "
-                             "(lower --cpu-mem)", name, flexdiag__fmt_bytes(bytes, bb, sizeof bb),
-                             strerror(e));
+                             "(lower runtime_params.cpu_mem)", name,
+                             flexdiag__fmt_bytes(bytes, bb, sizeof bb), strerror(e));
     }
     pool->base = m;
     (void)madvise(m, pool->bytes, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
@@ -192,7 +192,8 @@ flexdiag_status flexdiag__host_pool_alloc(flexdiag_host_pool *pool, size_t bytes
         char nb[32], lb[32], bb[32], fb[32];
         return flexdiag__err(FLEXDIAG_ERR_OOM_PINNED,
                              "%s: %s needs %zu bytes (%s carved) but only %s of the %s budget is "
-                             "left%s (largest free run %s): raise --cpu-mem or move more to the "
+                             "left%s (largest free run %s): raise runtime_params.cpu_mem or move "
+                             "more to the "
                              "disk tier",
                              pool->name, what ? what : "a block", bytes,
                              flexdiag__fmt_bytes(need, nb, sizeof nb),

@@ -360,7 +360,8 @@ flexdiag_status flexdiag__sched_tiered_create(const flexdiag_sched_tiered_params
     if (h->cut.q4 && !p->k->wq4_unpack) {
         free(t);
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "--compress-weights: backend %s cannot unpack 4-bit weights",
+                             "model_params.compress_weights: backend %s cannot unpack 4-bit "
+                             "weights",
                              p->k->name);
     }
     flexdiag_status st = tiered_open(t, p);

@@ -78,10 +78,10 @@ static flexdiag_status check_params(const flexdiag_store_params *p) {
     const uint32_t qd = p->queue_depth;
     if (!p->dir || !*p->dir)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "store: no offload folder given "
-                             "(--offload-dir DIR)");
+                             "(runtime_params.offload_dir)");
     if (p->budget < FLEXDIAG_STORE_ALIGN)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "store in %s: budget of %llu bytes is "
-                             "below one 4096-byte extent (--disk-mem)",
+                             "below one 4096-byte extent (runtime_params.disk_mem)",
                              p->dir, (unsigned long long)p->budget);
     if (qd < 32 || qd > 4096 || (qd & (qd - 1)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "store: queue depth %u: expected a power "
@@ -103,8 +103,9 @@ static flexdiag_status reserve_file(flexdiag_store *s, uint64_t cap) {
     /* refuse up front rather than let fallocate fill the disk before it fails */
     if (statvfs(s->dir, &vfs) == 0 && vfs.f_frsize && (uint64_t)vfs.f_bavail < cap / vfs.f_frsize)
         return flexdiag__err(FLEXDIAG_ERR_NO_SPACE,
-                             "store '%s': --disk-mem asks %s but the offload folder %s has only "
-                             "%s free: free space there or lower --disk-mem",
+                             "store '%s': runtime_params.disk_mem asks %s but the offload folder "
+                             "%s has only %s free: free space there or lower "
+                             "runtime_params.disk_mem",
                              s->name, want, s->dir,
                              flexdiag__fmt_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize, have,
                                                  sizeof have));
@@ -126,7 +127,8 @@ static flexdiag_status reserve_file(flexdiag_store *s, uint64_t cap) {
     if (e == ENOSPC || e == EDQUOT || e == EFBIG)
         return flexdiag__err(FLEXDIAG_ERR_NO_SPACE,
                              "store '%s': cannot reserve %s in the offload folder %s: "
-                             "fallocate: %s (%s)%s: free space there or lower --disk-mem",
+                             "fallocate: %s (%s)%s: free space there or lower "
+                             "runtime_params.disk_mem",
                              s->name, want, s->dir, strerror(e), errname(e),
                              e == EFBIG ? ", larger than the file system's largest file" : "");
     return flexdiag__err(FLEXDIAG_ERR_IO, "store '%s': fallocate of %s in %s: %s (%s)", s->name,
@@ -357,7 +359,8 @@ flexdiag_status flexdiag__store_alloc(flexdiag_store *s, uint64_t bytes, const c
         char nb[32], lb[32], bb[32], fb[32];
         return flexdiag__err(FLEXDIAG_ERR_NO_SPACE,
                              "store '%s' (%s): %s needs %llu bytes (%s carved) but only %s of the "
-                             "%s budget is left%s (largest free run %s): raise --disk-mem or "
+                             "%s budget is left%s (largest free run %s): raise "
+                             "runtime_params.disk_mem or "
                              "move more to the CPU tier",
                              s->name, s->dir, what ? what : "an extent", (unsigned long long)bytes,
                              flexdiag__fmt_bytes(need, nb, sizeof nb),

@@ -73,8 +73,8 @@ flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t l
                              "at most %d", n, FLEXDIAG_WSPANS_MAX);
     if (pct[0] + pct[1] + pct[2] != 100 || pct[0] > 100 || pct[1] > 100 || pct[2] > 100)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "weight placement %u,%u,%u (GPU, CPU, disk percent) must add up to "
-                             "100",
+                             "model_params.weights_pct %u,%u,%u (GPU, CPU, disk percent) must "
+                             "add up to 100",
                              pct[0], pct[1], pct[2]);
     memcpy(out->pct, pct, sizeof out->pct);
     out->layer_bytes = layer_bytes;
@@ -127,8 +127,10 @@ flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_laye
     size_t g = flexdiag__wcut_bytes(cut, FLEXDIAG_TIER_GPU);
     size_t c = flexdiag__wcut_bytes(cut, FLEXDIAG_TIER_CPU);
     size_t d = flexdiag__wcut_bytes(cut, FLEXDIAG_TIER_DISK);
-    FLEXDIAG_TRY(need(pool, c, "in pinned host memory without a host pool (--cpu-mem)"));
-    FLEXDIAG_TRY(need(store, d, "on disk without a store (--offload-dir, --disk-mem)"));
+    FLEXDIAG_TRY(need(pool, c, "in pinned host memory without a host pool "
+                      "(runtime_params.cpu_mem)"));
+    FLEXDIAG_TRY(need(store, d, "on disk without a store (runtime_params.offload_dir, "
+                      "runtime_params.disk_mem)"));
     flexdiag_weight_homes *h = calloc(1, sizeof *h);
     if (!h) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight homes: out of host memory");
     *h = (flexdiag_weight_homes){.cut = *cut, .n_layers = n_layers, .k = arena->k, .arena = arena,

@@ -6,7 +6,8 @@
  * plan() and update() check the call protocol (steps in order per (layer, sequence), update()
  * ran whenever needs_scores() said it was needed) with FLEXDIAG_ASSERT: a violation is an engine
  * bug, not bad user input. Bad user parameters come back as FLEXDIAG_ERR_INVALID_ARG with a
- * message naming the command-line flag and the fix.
+ * message naming the field of flexdiag_context_params it came from (the CLI names its flag
+ * instead: cli/cli.c) and the fix.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -75,16 +76,23 @@ static int is_diagonal(flexdiag_policy_kind k) {
 /* Largest ring a lag list can index: lags are int16 (docs/policies.md §2.3). */
 #define KVP_MAX_NR 32767
 
+/* The fields messages name: a caller sets them in flexdiag_context_params.policy. */
+#define F_NATT "context_params.policy.n_att"
+#define F_NR "context_params.policy.n_r"
+#define F_SPARSITY "context_params.policy.sparsity"
+
 /* Sinks (docs/policies.md §0.6): streaming and diagonal-sink4 keep 4 sink tokens. n_att and
  * n_r are given or resolved values; 0 = not known yet, not checked. */
 static flexdiag_status validate_sinks(flexdiag_policy_kind kind, int32_t n_att, int32_t n_r) {
     if (kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 && n_r > 0 && n_r < 5)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-r %d is too small for "
-                             "diagonal-sink4: it keeps 4 sink tokens, use --n-r >= 5", (int)n_r);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_NR " %d is too small for "
+                             "diagonal-sink4: it keeps 4 sink tokens, use " F_NR " >= 5",
+                             (int)n_r);
     if ((kind == FLEXDIAG_POLICY_STREAMING || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4) &&
         n_att > 0 && n_att < 5)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d is too small for %s: it "
-                             "keeps 4 sink tokens, use --n-att >= 5 (or a lower --sparsity)",
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_NATT " %d is too small for %s: it "
+                             "keeps 4 sink tokens, use " F_NATT " >= 5 (or a lower "
+                             F_SPARSITY ")",
                              (int)n_att, flexdiag__kvp_name(kind));
     return FLEXDIAG_OK;
 }
@@ -96,12 +104,12 @@ static flexdiag_status validate_ring(flexdiag_policy_kind kind, int32_t n_att, i
                                      double s) {
     if (!is_diagonal(kind) || n_att == 0 || n_r == 0 || n_att <= n_r) return FLEXDIAG_OK;
     if (isnan(s))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d exceeds --n-r %d: the %s "
-                             "policy attends within its ring; raise --n-r or lower --n-att",
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_NATT " %d exceeds " F_NR " %d: the %s "
+                             "policy attends within its ring; raise " F_NR " or lower " F_NATT,
                              (int)n_att, (int)n_r, flexdiag__kvp_name(kind));
-    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--sparsity %g gives N_att %d, which exceeds "
-                         "--n-r %d: the %s policy attends within its ring; raise --n-r or "
-                         "--sparsity", s, (int)n_att, (int)n_r, flexdiag__kvp_name(kind));
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_SPARSITY " %g gives N_att %d, which exceeds "
+                         F_NR " %d: the %s policy attends within its ring; raise " F_NR " or "
+                         F_SPARSITY, s, (int)n_att, (int)n_r, flexdiag__kvp_name(kind));
 }
 
 flexdiag_status flexdiag__kvp_check(const flexdiag_policy_params *pub) {
@@ -113,18 +121,18 @@ flexdiag_status flexdiag__kvp_check(const flexdiag_policy_params *pub) {
                              "policies are %s", (int)pub->kind, flexdiag__kvp_names());
     if (pub->kind == FLEXDIAG_POLICY_DENSE) return FLEXDIAG_OK; /* budget fields do not apply */
     if (pub->n_att < 0)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d must be >= 1 (or 0 to derive "
-                             "it from --sparsity)", (int)pub->n_att);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_NATT " %d must be >= 1 (or 0 to derive "
+                             "it from " F_SPARSITY ")", (int)pub->n_att);
     if (pub->n_att == 0 && isnan(pub->sparsity))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s needs a budget: give --n-att N "
-                             "(attended decode tokens, >= 1) or --sparsity S in [0, 1]",
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%s needs a budget: give " F_NATT " N "
+                             "(attended decode tokens, >= 1) or " F_SPARSITY " S in [0, 1]",
                              flexdiag__kvp_name(pub->kind));
     if (pub->n_att == 0 && !(pub->sparsity >= 0.0 && pub->sparsity <= 1.0))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--sparsity %g must be in [0, 1] (the "
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_SPARSITY " %g must be in [0, 1] (the "
                              "fraction of decode tokens not attended)", pub->sparsity);
     int32_t n_r = is_diagonal(pub->kind) ? pub->n_r : 0;
     if (n_r < 0 || n_r > KVP_MAX_NR)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-r %d must be in [1, %d] (lag lists "
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_NR " %d must be in [1, %d] (lag lists "
                              "are int16), or 0 for the default max(round(0.5 L_dec), N_att)",
                              (int)n_r, KVP_MAX_NR);
     FLEXDIAG_TRY(validate_sinks(pub->kind, pub->n_att, n_r));
@@ -145,8 +153,8 @@ flexdiag_status flexdiag__kvp_resolve(const flexdiag_policy_params *pub, int32_t
         return FLEXDIAG_OK;
     }
     if (pub->n_att > l_dec)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "--n-att %d exceeds the decode length %d: "
-                             "use --n-att <= %d", (int)pub->n_att, (int)l_dec, (int)l_dec);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, F_NATT " %d exceeds the decode length %d: "
+                             "use " F_NATT " <= %d", (int)pub->n_att, (int)l_dec, (int)l_dec);
     long n = pub->n_att > 0 ? pub->n_att : lround((1.0 - pub->sparsity) * (double)l_dec);
     out->n_att = (int32_t)(n < 1 ? 1 : n > l_dec ? l_dec : n);
     if (is_diagonal(pub->kind)) {
@@ -154,7 +162,7 @@ flexdiag_status flexdiag__kvp_resolve(const flexdiag_policy_params *pub, int32_t
         out->n_r = pub->n_r > 0 ? pub->n_r : (int32_t)(def > out->n_att ? def : out->n_att);
         if (out->n_r > KVP_MAX_NR) /* a default from a long decode */
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "N_r %d (the default for decode "
-                                 "length %d) exceeds %d (lag lists are int16): give --n-r",
+                                 "length %d) exceeds %d (lag lists are int16): give " F_NR,
                                  (int)out->n_r, (int)l_dec, KVP_MAX_NR);
     }
     FLEXDIAG_TRY(validate_sinks(out->kind, out->n_att, out->n_r));
@@ -274,7 +282,7 @@ static flexdiag_status validate_params(const flexdiag_kvp_params *p) {
                              "and h_q a multiple of h_kv, got n_seq %d n_layers %d h_q %d h_kv %d",
                              (int)p->n_seq, (int)p->n_layers, (int)p->h_q, (int)p->h_kv);
     if (is_diagonal(p->kind) && (p->n_r < 1 || p->n_r > KVP_MAX_NR))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "kv policy: --n-r %d must be in [1, %d]",
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "kv policy: n_r %d must be in [1, %d]",
                              (int)p->n_r, KVP_MAX_NR);
     /* no validate_ring: the state machine clamps N_att > N_r (the tests drive that clamp);
      * flexdiag__kvp_resolve refuses it for every caller of the API and the tools */

@@ -116,7 +116,8 @@ static flexdiag_status budget_init(flexdiag_runtime *rt) {
     int known = rt->k->mem_info && rt->k->mem_info(&free_b, &total_b) == FLEXDIAG_OK;
     if (known && budget > total_b)
         return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
-                             "--gpu-mem asks for %.2f GiB but the device has %.2f GiB in all",
+                             "runtime_params.gpu_mem asks for %.2f GiB but the device has %.2f "
+                             "GiB in all",
                              (double)budget / (1 << 30), (double)total_b / (1 << 30));
     if (known && budget == 0) budget = free_b > GPU_MARGIN ? free_b - GPU_MARGIN : 0;
     flexdiag__arena_init(&rt->arena, rt->k, budget);
@@ -367,8 +368,9 @@ static flexdiag_status check_fits(const flexdiag_model *m, const flexdiag_contex
     if (need <= avail)
         return flexdiag__err(FLEXDIAG_ERR_OOM_PINNED,
                              "a batch of %d image(s) keeps %.3f GiB of KV cache in pinned host "
-                             "memory (--kv), but %.3f GiB of the pool is free; the largest batch "
-                             "that fits is %d (raise --cpu-mem or keep more KV on the GPU)",
+                             "memory (context_params.kv_pct), but %.3f GiB of the pool is free; "
+                             "the largest batch that fits is %d (raise runtime_params.cpu_mem or "
+                             "keep more KV on the GPU)",
                              p->max_images, (double)host / (1u << 30),
                              (double)host_avail / (1u << 30), fit);
     return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
@@ -376,7 +378,8 @@ static flexdiag_status check_fits(const flexdiag_model *m, const flexdiag_contex
                          "scratch, but %.3f GiB is available under the budget after the weights; "
                          "the largest batch that fits is %d%s",
                          p->max_images, (double)need / (1u << 30), (double)avail / (1u << 30), fit,
-                         fit ? "" : " (lower the prompt length or raise --gpu-mem)");
+                         fit ? "" : " (lower context_params.max_prompt_len or raise "
+                                        "runtime_params.gpu_mem)");
 }
 
 flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
@@ -398,9 +401,9 @@ flexdiag_status flexdiag_context_max_images(const flexdiag_model *m,
     FLEXDIAG_TRY(flexdiag__context_bytes(m, &one, &need));
     if (m->rt->arena.budget == UINT64_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "--batch auto has no memory budget to fill: the CPU engine has none "
-                             "unless one is given (runtime gpu_mem, --gpu-mem SIZE); or give a "
-                             "number of images");
+                             "flexdiag_context_max_images has no memory budget to fill: the CPU "
+                             "engine has none unless runtime_params.gpu_mem gives one; or give "
+                             "context_params.max_images a number");
     *out = flexdiag__context_fit(m, &q, flexdiag__arena_available(&m->rt->arena));
     return FLEXDIAG_OK;
 }

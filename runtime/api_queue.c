@@ -278,28 +278,31 @@ flexdiag_status flexdiag__check_request(const flexdiag_request *r) {
     FLEXDIAG_TRY(flexdiag__check_params(r, sizeof *r, sizeof *r, "flexdiag_request"));
     if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "request needs n_prompts >= 1 and prompts or prompt_ids+prompt_lens");
+                             "request.n_prompts is %d: it needs n_prompts >= 1 and "
+                             "request.prompts or request.prompt_ids + request.prompt_lens",
+                             r->n_prompts);
     if (r->images_per_prompt < 1 || r->first_image < 0)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "images_per_prompt must be >= 1 and first_image >= 0");
+                             "request.images_per_prompt %d must be >= 1 and request.first_image "
+                             "%lld >= 0", r->images_per_prompt, (long long)r->first_image);
     if ((int64_t)r->n_prompts * r->images_per_prompt > INT32_MAX / 2)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "n_prompts %d x images_per_prompt %d images: too many for one request",
                              r->n_prompts, r->images_per_prompt);
-    /* sampling: one message per field, naming it and its command-line flag */
+    /* sampling: one message per field, naming it */
     if (!(r->temperature > 0) || !isfinite(r->temperature))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: temperature (--temperature) is "
-                             "%g: it must be finite and > 0 (greedy decoding is top_k 1)",
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "request.temperature is %g: it must be "
+                             "finite and > 0 (greedy decoding is request.top_k 1)",
                              (double)r->temperature);
     if (r->top_k < 0)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: top_k (--top-k) is %d: it "
-                             "must be >= 0 (0 = off)", (int)r->top_k);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "request.top_k is %d: it must be >= 0 "
+                             "(0 = off)", (int)r->top_k);
     if (!(r->top_p > 0 && r->top_p <= 1))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: top_p (--top-p) is %g: it "
-                             "must be in (0, 1] (1 = off)", (double)r->top_p);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "request.top_p is %g: it must be in "
+                             "(0, 1] (1 = off)", (double)r->top_p);
     if (!isfinite(r->cfg_weight))
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "sampling: cfg_weight (--cfg) is %g: it "
-                             "must be finite", (double)r->cfg_weight);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "request.cfg_weight is %g: it must be "
+                             "finite", (double)r->cfg_weight);
     return FLEXDIAG_OK;
 }
 

@@ -12,22 +12,23 @@
 #include "runtime/engine/engine.h"
 #include "runtime/tiers.h"
 
-/* Contexts whose disk staging a pool sized without --cpu-mem has room for. */
+/* Contexts whose disk staging a pool sized without runtime_params.cpu_mem has room for. */
 #define STAGED_CONTEXTS 4
 
 static flexdiag_status pool_make(flexdiag_runtime *rt, uint64_t need) {
     char a[32], b[32];
     if (rt->p.cpu_mem && need > rt->p.cpu_mem)
         return flexdiag__err(FLEXDIAG_ERR_OOM_PINNED,
-                             "--cpu-mem %s is too small: the weight placement needs %s of pinned "
-                             "host memory (raise --cpu-mem or move weights with --weights)",
+                             "runtime_params.cpu_mem %s is too small: the weight placement needs "
+                             "%s of pinned host memory (raise runtime_params.cpu_mem or move "
+                             "weights with model_params.weights_pct)",
                              flexdiag__fmt_bytes(rt->p.cpu_mem, a, sizeof a),
                              flexdiag__fmt_bytes(need, b, sizeof b));
     flexdiag_host_pool_params hp;
     flexdiag__host_pool_params_init(&hp);
     hp.budget = flexdiag__ranges_round(rt->p.cpu_mem ? rt->p.cpu_mem : need, 4096);
     hp.k = rt->k;
-    hp.name = "pinned host pool (--cpu-mem)";
+    hp.name = "pinned host pool (runtime_params.cpu_mem)";
     char bus[64] = "";
     if (rt->k->pci_bus_id && rt->k->pci_bus_id(rt->p.device, bus, sizeof bus) == FLEXDIAG_OK)
         hp.pci_bus_id = bus;
@@ -36,25 +37,25 @@ static flexdiag_status pool_make(flexdiag_runtime *rt, uint64_t need) {
 }
 
 /* The store, for `who` ("the weight placement", "the KV placement") needing `need` bytes;
- * `move` says which flag moves that data elsewhere. */
+ * `move` names the params field that moves that data elsewhere. */
 static flexdiag_status store_make(flexdiag_runtime *rt, uint64_t need, const char *who,
                                   const char *move) {
     char a[32], b[32];
     if (!rt->offload_dir)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "%s puts %s on disk but no --offload-dir was given", who,
-                             flexdiag__fmt_bytes(need, b, sizeof b));
+                             "%s puts %s on disk but no runtime_params.offload_dir was given",
+                             who, flexdiag__fmt_bytes(need, b, sizeof b));
     if (rt->p.disk_mem && need > rt->p.disk_mem)
         return flexdiag__err(FLEXDIAG_ERR_NO_SPACE,
-                             "--disk-mem %s is too small: %s needs %s on disk (raise --disk-mem "
-                             "or move data off the disk with %s)",
+                             "runtime_params.disk_mem %s is too small: %s needs %s on disk "
+                             "(raise runtime_params.disk_mem or move data off the disk with %s)",
                              flexdiag__fmt_bytes(rt->p.disk_mem, a, sizeof a), who,
                              flexdiag__fmt_bytes(need, b, sizeof b), move);
     flexdiag_store_params sp;
     flexdiag__store_params_init(&sp);
     sp.dir = rt->offload_dir;
     sp.budget = flexdiag__ranges_round(rt->p.disk_mem ? rt->p.disk_mem : need, 4096);
-    sp.name = "offload store (--offload-dir, --disk-mem)";
+    sp.name = "offload store (runtime_params.offload_dir, runtime_params.disk_mem)";
     FLEXDIAG_TRY(flexdiag__store_create(&sp, &rt->store));
     if (!rt->pool) return FLEXDIAG_OK;
     flexdiag_store_buf buf = {flexdiag__host_pool_base(rt->pool),
@@ -70,7 +71,7 @@ flexdiag_status flexdiag__tiers_prepare(flexdiag_runtime *rt, const flexdiag_wcu
     flexdiag_status st = FLEXDIAG_OK;
     if (!rt->pool) st = pool_make(rt, need[1] + STAGED_CONTEXTS * stage);
     if (st == FLEXDIAG_OK && need[2] && !rt->store)
-        st = store_make(rt, need[2], "the weight placement", "--weights");
+        st = store_make(rt, need[2], "the weight placement", "model_params.weights_pct");
     pthread_mutex_unlock(&rt->tier_mu);
     return st;
 }
@@ -87,8 +88,9 @@ flexdiag_status flexdiag__tiers_pool_alloc(flexdiag_runtime *rt, size_t bytes, c
 flexdiag_status flexdiag__tiers_store_alloc(flexdiag_runtime *rt, uint64_t bytes, const char *what,
                                             flexdiag_store_extent *out) {
     pthread_mutex_lock(&rt->tier_mu);
-    flexdiag_status st =
-        rt->store ? FLEXDIAG_OK : store_make(rt, bytes, "the KV placement", "--kv G,C,0");
+    flexdiag_status st = rt->store ? FLEXDIAG_OK
+                                   : store_make(rt, bytes, "the KV placement",
+                                                "context_params.kv_pct");
     if (st == FLEXDIAG_OK) st = flexdiag__store_alloc(rt->store, bytes, what, out);
     pthread_mutex_unlock(&rt->tier_mu);
     return st;

@@ -24,13 +24,15 @@ static flexdiag_status pack_group(const uint16_t *x, uint8_t *codes, uint8_t *pa
         float v = flexdiag__bf16_to_f32(x[i]);
         if (!isfinite(v))
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                                 "--compress-weights 4bit: %s holds a NaN or an Inf", what);
+                                 "4-bit weights (model_params.compress_weights): %s holds a "
+                                 "NaN or an Inf", what);
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
     }
     if (fabsf(lo) > HALF_MAX || (hi - lo) / 15.0f > HALF_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "--compress-weights 4bit: %s holds values beyond the half range "
+                             "4-bit weights (model_params.compress_weights): %s holds values "
+                             "beyond the half range "
                              "(|x| up to %g): load it uncompressed",
                              what, (double)(fabsf(lo) > fabsf(hi) ? fabsf(lo) : fabsf(hi)));
     uint16_t step_h = flexdiag__f32_to_f16((hi - lo) / 15.0f), min_h = flexdiag__f32_to_f16(lo);
@@ -50,7 +52,8 @@ flexdiag_status flexdiag__wq4_pack(uint8_t *out, const uint16_t *in, int64_t row
                                    const char *what) {
     if (rows < 0 || cols <= 0 || cols % FLEXDIAG_WQ4_GROUP)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "--compress-weights 4bit: %s has rows of %lld values: need a "
+                             "4-bit weights (model_params.compress_weights): %s has rows of "
+                             "%lld values: need a "
                              "multiple of %d",
                              what, (long long)cols, FLEXDIAG_WQ4_GROUP);
     size_t rb = flexdiag__wq4_row_bytes(cols);

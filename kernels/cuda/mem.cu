@@ -89,7 +89,7 @@ static flexdiag_status check_device(int device) {
     if (device < 0 || device >= count)
         return flexdiag__err(FLEXDIAG_ERR_CUDA,
                              "cuda: device %d requested but %d device(s) visible: pass a device "
-                             "ordinal in 0..%d, or --cpu",
+                             "ordinal in 0..%d, or runtime_params.device -1",
                              device, count, count - 1);
     return FLEXDIAG_OK;
 }
@@ -195,7 +195,8 @@ extern "C" flexdiag_status flexdiag__cuda_mem_alloc(size_t bytes, void **out) {
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
     return flexdiag__err(FLEXDIAG_ERR_OOM_DEVICE,
                          "cuda device %d: cannot allocate %zu bytes (%.2f MiB): %zu bytes "
-                         "(%.2f MiB) free of %zu: lower --gpu-mem, the batch size or the context",
+                         "(%.2f MiB) free of %zu: lower runtime_params.gpu_mem, the batch size "
+                         "or the context",
                          current_device(), bytes, bytes / 1048576.0, free_b, free_b / 1048576.0,
                          total_b);
 }

@@ -99,8 +99,8 @@ static flexdiag_status ctx_output(flexdiag_context *c) {
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                              "%s: the vocabulary names no image codes (config.json "
                              "vocabulary_map with IMGIMG...Z tokens), so this Chameleon model "
-                             "cannot generate images; run it as a text model (context param "
-                             "text, --max-new-tokens)",
+                             "cannot generate images; run it as a text model "
+                             "(context_params.text)",
                              m->source);
     c->rows_per_img = image ? 2 : 1;
     c->l_dec = !image ? c->p.max_new_tokens : janus ? m->image_tokens : m->grid * (m->grid + 1);
@@ -124,8 +124,8 @@ static flexdiag_status ctx_cpu_attn_share(flexdiag_context *c, int32_t n_host) {
     uint32_t pct = c->p.cpu_attention_pct ? c->p.cpu_attention_pct : 100;
     if (pct > 100)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "CPU attention share %u %% (--cpu-attention-share): give a percent "
-                             "of the CPU-homed micro-batches, 1..100", pct);
+                             "context_params.cpu_attention_pct %u: give a percent of the "
+                             "CPU-homed micro-batches, 1..100 (0: all of them)", pct);
     int64_t n = c->p.cpu_attention ? ((int64_t)n_host * pct + 99) / 100 : 0;
     int64_t end = (int64_t)c->s_host + n * c->mb_seq;
     c->s_ca = end < c->s_disk ? (int32_t)end : c->s_disk;
@@ -141,7 +141,7 @@ static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
     if (!g && !h && !d) g = 100;
     if (g > 100 || h > 100 || d > 100 || g + h + d != 100)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "KV homes %u,%u,%u (--kv G,C,D): three percentages of the "
+                             "context_params.kv_pct %u,%u,%u: three percentages of the "
                              "micro-batches on GPU, pinned CPU and disk that add up to 100",
                              g, h, d);
     int32_t n[3];
@@ -371,14 +371,15 @@ static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
     c->kv_host_bytes = ctx_host_bytes(c); /* the home, the disk staging, the workspaces */
     flexdiag_status st = flexdiag__tiers_pool_alloc(rt, c->kv_host_bytes,
                                                     "the KV home of a context's host-homed "
-                                                    "micro-batches (--kv, --cpu-attention)",
+                                                    "micro-batches (context_params.kv_pct, "
+                                                    "context_params.cpu_attention)",
                                                     &c->kv_host);
     if (st == FLEXDIAG_OK) memset(c->kv_host, 0, c->kv_host_bytes);
     uint64_t disk = ctx_disk_bytes(c);
     if (st == FLEXDIAG_OK && disk)
         st = flexdiag__tiers_store_alloc(rt, disk,
                                          "the KV home of a context's disk-homed micro-batches "
-                                         "(--kv G,C,D)",
+                                         "(context_params.kv_pct)",
                                          &c->kv_disk);
     if (st != FLEXDIAG_OK) {
         flexdiag__sched_destroy(inner);

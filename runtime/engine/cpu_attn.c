@@ -91,16 +91,16 @@ flexdiag_status flexdiag__cpu_attn_allowed(const flexdiag_context *c) {
     if (!c->p.cpu_attention) return FLEXDIAG_OK;
     if (c->s_host == c->s_disk)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "--cpu-attention attends the micro-batches whose KV lives in pinned "
-                             "host memory, and this block has none: give --kv G,C,D with C > 0 "
-                             "(e.g. --kv 0,100,0)");
+                             "context_params.cpu_attention attends the micro-batches whose KV "
+                             "lives in pinned host memory, and this block has none: give "
+                             "context_params.kv_pct a CPU share (e.g. 0,100,0)");
     if (!c->pd.shared_slots || c->pd.scored)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "--cpu-attention: policy %s keeps per-sequence state that its "
-                             "attention updates (slot lists, scores) on the device; CPU "
-                             "attention supports dense, window and streaming. Drop "
-                             "--cpu-attention: the device then attends the rows it streams "
-                             "from the host KV home",
+                             "context_params.cpu_attention: policy %s keeps per-sequence state "
+                             "that its attention updates (slot lists, scores) on the device; "
+                             "CPU attention supports dense, window and streaming. Drop "
+                             "context_params.cpu_attention: the device then attends the rows it "
+                             "streams from the host KV home",
                              flexdiag_policy_name(c->p.policy.kind));
     return FLEXDIAG_OK;
 }
@@ -148,8 +148,8 @@ static flexdiag_status open_all(flexdiag_context *c, flexdiag_cpu_attn *ca) {
     const flexdiag_runtime *rt = c->m->rt;
     if (!ca->k->host_fn || !ca->k->copy_stream_create)
         return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "--cpu-attention: backend %s cannot run host functions in stream "
-                             "order",
+                             "context_params.cpu_attention: backend %s cannot run host "
+                             "functions in stream order",
                              ca->k->name);
     FLEXDIAG_TRY(ca->k->copy_stream_create(rt->p.device, &ca->queue));
     FLEXDIAG_TRY(open_threads(rt, ca));

@@ -597,7 +597,7 @@ flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config
         /* OPT shapes: FlexGen's table for speed runs with random weights, micro-opt for tests */
     } else {
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "unknown --arch '%s' (use tiny-janus, micro-janus, janus-pro-1b, "
+                             "model_params.arch '%s' is unknown (use tiny-janus, micro-janus, janus-pro-1b, "
                              "janus-pro-7b, llama-2-7b, lumina-mgpt-7b, micro-lumina, micro-opt, "
                              "opt-6.7b, opt-30b or opt-175b)",
                              name);
@@ -637,7 +637,7 @@ flexdiag_status flexdiag__config_check_backend(const flexdiag_model_config *c,
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "%s: %shead_dim = %d is not supported by the cuda backend, whose "
                          "attention kernels are built for head_dim 16, 32, 64 and 128: run this "
-                         "model on the CPU (--cpu)",
+                         "model on the CPU (runtime_params.device -1)",
                          c->source[0] ? c->source : c->name, c->lm_keys ? c->lm_keys : "",
                          c->lm.head_dim);
 }

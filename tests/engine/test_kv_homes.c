@@ -88,7 +88,7 @@ static void test_cpu_attention_refused(void **state) {
     cp.cpu_attention = true;
     flexdiag_context *c = NULL;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "--kv"));
+    assert_non_null(strstr(flexdiag_last_error(NULL), "context_params.kv_pct"));
     cp.kv_pct[1] = 100;
     cp.policy.kind = FLEXDIAG_POLICY_DIAGONAL;
     cp.policy.sparsity = 0.75;
@@ -97,7 +97,7 @@ static void test_cpu_attention_refused(void **state) {
     cp.policy.kind = FLEXDIAG_POLICY_WINDOW;
     cp.cpu_attention_pct = 101;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "--cpu-attention-share"));
+    assert_non_null(strstr(flexdiag_last_error(NULL), "context_params.cpu_attention_pct"));
     cp.cpu_attention_pct = 0;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
     flexdiag_context_destroy(c);
@@ -126,7 +126,7 @@ static void test_kv_budget(void **state) {
     flexdiag_context_destroy(c);
     cp.max_images = n + 1;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_OOM_PINNED);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "--cpu-mem"));
+    assert_non_null(strstr(flexdiag_last_error(NULL), "runtime_params.cpu_mem"));
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
 }
@@ -151,7 +151,7 @@ static void test_kv_disk_refused(void **state) {
         const char *msg = flexdiag_last_error(NULL);
         printf("  %s\n", msg);
         assert_int_equal(st, i ? FLEXDIAG_ERR_NO_SPACE : FLEXDIAG_ERR_INVALID_ARG);
-        assert_non_null(strstr(msg, i ? "--disk-mem" : "--offload-dir"));
+        assert_non_null(strstr(msg, i ? "runtime_params.disk_mem" : "runtime_params.offload_dir"));
         assert_null(c);
         flexdiag_model_destroy(m);
         flexdiag_runtime_destroy(rt);

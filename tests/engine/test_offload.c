@@ -89,12 +89,12 @@ static void test_budgets_refused(void **state) {
     char msg[512];
     const uint32_t cpu[3] = {0, 100, 0}, disk[3] = {0, 0, 100}, bad[3] = {50, 40, 5};
     assert_int_equal(load(cpu, 8192, 0, NULL, msg, sizeof msg), FLEXDIAG_ERR_OOM_PINNED);
-    assert_non_null(strstr(msg, "--cpu-mem 8.0 KiB is too small"));
+    assert_non_null(strstr(msg, "runtime_params.cpu_mem 8.0 KiB is too small"));
     assert_non_null(strstr(msg, "KiB of pinned host memory"));
     assert_int_equal(load(disk, 0, 8192, g_dir, msg, sizeof msg), FLEXDIAG_ERR_NO_SPACE);
-    assert_non_null(strstr(msg, "--disk-mem 8.0 KiB is too small"));
+    assert_non_null(strstr(msg, "runtime_params.disk_mem 8.0 KiB is too small"));
     assert_int_equal(load(disk, 0, 0, NULL, msg, sizeof msg), FLEXDIAG_ERR_INVALID_ARG);
-    assert_non_null(strstr(msg, "no --offload-dir"));
+    assert_non_null(strstr(msg, "no runtime_params.offload_dir"));
     assert_int_equal(load(bad, 0, 0, NULL, msg, sizeof msg), FLEXDIAG_ERR_INVALID_ARG);
     assert_non_null(strstr(msg, "50,40,5"));
     assert_int_equal(load(cpu, 64u << 20, 0, NULL, msg, sizeof msg), FLEXDIAG_OK);

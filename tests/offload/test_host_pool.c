@@ -98,7 +98,7 @@ static void test_refusal(void **state) {
     assert_non_null(strstr(m, "kv staging"));
     assert_non_null(strstr(m, "layer 3 KV"));
     assert_non_null(strstr(m, "needs 1 bytes"));
-    assert_non_null(strstr(m, "--cpu-mem"));
+    assert_non_null(strstr(m, "runtime_params.cpu_mem"));
     flexdiag__host_pool_free(pool, a, MIB / 2);
     flexdiag__host_pool_free(pool, c, MIB / 4);
     flexdiag__err_clear();

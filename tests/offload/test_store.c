@@ -300,7 +300,7 @@ static void test_budget_refusal(void **state) {
     assert_non_null(strstr(m, "'kv'"));
     assert_non_null(strstr(m, "layer 7 weights"));
     assert_non_null(strstr(m, "needs 1 bytes"));
-    assert_non_null(strstr(m, "--disk-mem"));
+    assert_non_null(strstr(m, "runtime_params.disk_mem"));
     /* fragmentation: half free in two runs, a half-sized extent is refused as fragmented */
     flexdiag__store_free(s, &a);
     flexdiag__store_free(s, &c);

@@ -4,7 +4,7 @@
  * rest), and that context creation runs it.
  *
  * 1. A Diagonal kind attends within its ring: N_att > N_r is refused, given or derived from
- *    the sparsity, with a message naming both flags and the fix; N_att = N_r is fine; the
+ *    the sparsity, with a message naming both fields and the fix; N_att = N_r is fine; the
  *    state machine itself still clamps N_att > N_r for direct callers.
  * 2. A sparse policy needs a budget: n_att 0 with sparsity NaN ("not given") is refused for
  *    every sparse kind, dense ignores it; sparsity outside [0, 1] (inf included) is refused; in
@@ -27,6 +27,11 @@
 
 #include "base/core.h"
 #include "policy/kv_policy.h"
+
+/* The fields the policy layer's messages name (flexdiag_context_params.policy). */
+#define NATT "context_params.policy.n_att"
+#define NR "context_params.policy.n_r"
+#define SPARSITY "context_params.policy.sparsity"
 
 static flexdiag_policy_params pol(flexdiag_policy_kind kind, int32_t n_att, int32_t n_r,
                                   double sparsity) {
@@ -63,15 +68,15 @@ static flexdiag_kvp_params expect_resolved(flexdiag_policy_params p, int32_t l_d
 
 static void test_ring(void **state) {
     (void)state;
-    expect_refused(pol(FLEXDIAG_POLICY_DIAGONAL, 8, 2, NAN), 64, "--n-att 8 exceeds --n-r 2",
-                   "raise --n-r or lower --n-att");
+    expect_refused(pol(FLEXDIAG_POLICY_DIAGONAL, 8, 2, NAN), 64, NATT " 8 exceeds " NR " 2",
+                   "raise " NR " or lower " NATT);
     expect_refused(pol(FLEXDIAG_POLICY_DIAGONAL_SINK4, 9, 5, NAN), 64,
-                   "--n-att 9 exceeds --n-r 5", "diagonal-sink4");
-    expect_refused(pol(FLEXDIAG_POLICY_DIAGONAL, 0, 2, 0.5), 64, "--sparsity 0.5 gives N_att 32",
-                   "--n-r 2");
+                   NATT " 9 exceeds " NR " 5", "diagonal-sink4");
+    expect_refused(pol(FLEXDIAG_POLICY_DIAGONAL, 0, 2, 0.5), 64, SPARSITY " 0.5 gives N_att 32",
+                   NR " 2");
     /* the sink minimum of N_r is named first: raising --n-att could never help */
-    expect_refused(pol(FLEXDIAG_POLICY_DIAGONAL_SINK4, 10, 4, NAN), 64, "--n-r 4",
-                   "--n-r >= 5");
+    expect_refused(pol(FLEXDIAG_POLICY_DIAGONAL_SINK4, 10, 4, NAN), 64, NR " 4",
+                   NR " >= 5");
     flexdiag_kvp_params k = expect_resolved(pol(FLEXDIAG_POLICY_DIAGONAL, 8, 8, NAN), 64);
     assert_int_equal(k.n_att, 8);
     assert_int_equal(k.n_r, 8);
@@ -100,21 +105,21 @@ static void test_budget(void **state) {
     (void)state;
     for (int kind = FLEXDIAG_POLICY_WINDOW; kind <= FLEXDIAG_POLICY_DIAGONAL_SINK4; kind++) {
         flexdiag_policy_kind kd = (flexdiag_policy_kind)kind;
-        expect_refused(pol(kd, 0, 0, NAN), 64, "needs a budget", "--n-att");
-        expect_refused(pol(kd, 0, 0, NAN), 64, flexdiag__kvp_name(kd), "--sparsity");
+        expect_refused(pol(kd, 0, 0, NAN), 64, "needs a budget", NATT);
+        expect_refused(pol(kd, 0, 0, NAN), 64, flexdiag__kvp_name(kd), SPARSITY);
         assert_int_equal(expect_resolved(pol(kd, 8, 0, NAN), 64).n_att, 8);
         assert_int_equal(expect_resolved(pol(kd, 0, 0, 0.875), 64).n_att, 8);
     }
     assert_int_equal(expect_resolved(pol(FLEXDIAG_POLICY_DENSE, 0, 0, NAN), 64).n_att, 64);
     static const double bad[] = {-0.1, 1.01, INFINITY, -INFINITY};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        expect_refused(pol(FLEXDIAG_POLICY_H2O, 0, 0, bad[i]), 64, "--sparsity", "[0, 1]");
+        expect_refused(pol(FLEXDIAG_POLICY_H2O, 0, 0, bad[i]), 64, SPARSITY, "[0, 1]");
     assert_int_equal(expect_resolved(pol(FLEXDIAG_POLICY_H2O, 0, 0, 1.0), 64).n_att, 1);
     assert_int_equal(expect_resolved(pol(FLEXDIAG_POLICY_H2O, 0, 0, 0.0), 64).n_att, 64);
     /* C API precedence: n_att > 0 wins, the sparsity is not read (the CLI refuses both) */
     assert_int_equal(expect_resolved(pol(FLEXDIAG_POLICY_WINDOW, 8, 0, 0.5), 64).n_att, 8);
     assert_int_equal(expect_resolved(pol(FLEXDIAG_POLICY_WINDOW, 8, 0, 7.0), 64).n_att, 8);
-    expect_refused(pol(FLEXDIAG_POLICY_WINDOW, -1, 0, 0.5), 64, "--n-att -1", ">= 1");
+    expect_refused(pol(FLEXDIAG_POLICY_WINDOW, -1, 0, 0.5), 64, NATT " -1", ">= 1");
 }
 
 /* ---- 3. check is resolve's prefix ---- */
@@ -184,11 +189,11 @@ static void test_context_create(void **state) {
     flexdiag_context *c = (flexdiag_context *)&c;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
     assert_null(c);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "--n-att 8 exceeds --n-r 2"));
+    assert_non_null(strstr(flexdiag_last_error(NULL), NATT " 8 exceeds " NR " 2"));
     int32_t fit = -1; /* before: a bad policy read as "0 images fit" */
     assert_int_equal(flexdiag_context_max_images(m, &cp, &fit), FLEXDIAG_ERR_INVALID_ARG);
     assert_int_equal(fit, 0);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "--n-att 8 exceeds --n-r 2"));
+    assert_non_null(strstr(flexdiag_last_error(NULL), NATT " 8 exceeds " NR " 2"));
     cp.policy = pol(FLEXDIAG_POLICY_WINDOW, 0, 0, NAN);
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
     assert_non_null(strstr(flexdiag_last_error(NULL), "needs a budget"));

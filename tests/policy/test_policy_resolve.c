@@ -15,6 +15,11 @@
 #include "base/core.h"
 #include "policy/kv_policy.h"
 
+/* The fields the policy layer's messages name (flexdiag_context_params.policy). */
+#define NATT "context_params.policy.n_att"
+#define NR "context_params.policy.n_r"
+#define SPARSITY "context_params.policy.sparsity"
+
 static flexdiag_policy_params pol(flexdiag_policy_kind kind, int32_t n_att, int32_t n_r,
                                   double sparsity) {
     flexdiag_policy_params p;
@@ -80,17 +85,17 @@ static void test_sparsity(void **state) {
 static void test_validation(void **state) {
     (void)state;
     expect_error(pol(FLEXDIAG_POLICY_STREAMING, 3, 0, 0), 576,
-                 "--n-att 3 is too small for streaming: it keeps 4 sink tokens", "--n-att >= 5");
-    expect_error(pol(FLEXDIAG_POLICY_STREAMING, 0, 0, 0.995), 576, "--n-att 3", "streaming");
-    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL_SINK4, 10, 4, 0), 576, "--n-r 4", "--n-r >= 5");
-    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL_SINK4, 4, 100, 0), 576, "--n-att 4",
-                 "--n-att >= 5");
-    expect_error(pol(FLEXDIAG_POLICY_WINDOW, -2, 0, 0), 576, "--n-att -2", ">= 1");
-    expect_error(pol(FLEXDIAG_POLICY_WINDOW, 600, 0, 0), 576, "--n-att 600 exceeds", "<= 576");
-    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL, 10, -1, 0), 576, "--n-r -1", NULL);
-    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL, 10, 40000, 0), 576, "--n-r 40000", "int16");
-    expect_error(pol(FLEXDIAG_POLICY_TOVA, 0, 0, 1.5), 576, "--sparsity 1.5", "[0, 1]");
-    expect_error(pol(FLEXDIAG_POLICY_TOVA, 0, 0, NAN), 576, "--sparsity", NULL);
+                 NATT " 3 is too small for streaming: it keeps 4 sink tokens", NATT " >= 5");
+    expect_error(pol(FLEXDIAG_POLICY_STREAMING, 0, 0, 0.995), 576, NATT " 3", "streaming");
+    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL_SINK4, 10, 4, 0), 576, NR " 4", NR " >= 5");
+    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL_SINK4, 4, 100, 0), 576, NATT " 4",
+                 NATT " >= 5");
+    expect_error(pol(FLEXDIAG_POLICY_WINDOW, -2, 0, 0), 576, NATT " -2", ">= 1");
+    expect_error(pol(FLEXDIAG_POLICY_WINDOW, 600, 0, 0), 576, NATT " 600 exceeds", "<= 576");
+    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL, 10, -1, 0), 576, NR " -1", NULL);
+    expect_error(pol(FLEXDIAG_POLICY_DIAGONAL, 10, 40000, 0), 576, NR " 40000", "int16");
+    expect_error(pol(FLEXDIAG_POLICY_TOVA, 0, 0, 1.5), 576, SPARSITY " 1.5", "[0, 1]");
+    expect_error(pol(FLEXDIAG_POLICY_TOVA, 0, 0, NAN), 576, SPARSITY, NULL);
     expect_error(pol((flexdiag_policy_kind)42, 10, 0, 0), 576, "unknown", "diagonal-sink4");
     expect_error(pol(FLEXDIAG_POLICY_WINDOW, 10, 0, 0), 0, "decode length 0", NULL);
     flexdiag_policy_params p = pol(FLEXDIAG_POLICY_WINDOW, 10, 0, 0);
