@@ -185,6 +185,7 @@ flexdiag_status flexdiag__kv_disk_get(flexdiag_kv_disk *d, int32_t j, int32_t mb
                                       int *stage_out) {
     FLEXDIAG_DASSERT(mb >= 0 && mb < d->p.n_mb && s >= 0 && s + n <= d->p.mb_seq && lo < hi);
     int i = -1;
+    d->stats.gets++;
     for (int q = 0; q < FLEXDIAG_KV_DISK_STAGES && i < 0; q++) { /* a prefetch of these rows */
         const stage *g = &d->st[q];
         if (g->rd && g->layer == j && g->mb == mb && g->s == s && g->n == n && g->lo <= lo &&

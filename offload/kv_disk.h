@@ -84,7 +84,8 @@ flexdiag_status flexdiag__kv_disk_put(flexdiag_kv_disk *d, int stage, int32_t lo
 
 typedef struct flexdiag_kv_disk_stats {
     uint64_t read_bytes, write_bytes; /* file bytes read and written */
-    uint64_t prefetch_hits;           /* get()s that found their rows prefetched */
+    uint64_t gets;                    /* get()s */
+    uint64_t prefetch_hits;           /* of them, the ones that found their rows prefetched */
     double wait_s;                    /* host seconds waiting for the disk or a staging region */
 } flexdiag_kv_disk_stats;
 

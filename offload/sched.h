@@ -5,6 +5,12 @@
  *
  *     for layer j: for micro-batch k: acquire(j, k) -> layer forward -> release(j, k)
  *
+ * and says so before each pass: begin(plan) hands the scheduler the pass's visits in the order
+ * they will come (flexdiag_pass_plan: which layer, which sequences, which KV rows each touches),
+ * so a scheduler that moves data prefetches what the plan says comes next instead of guessing.
+ * A scheduler states whether it takes visits in any order (any_order: address arithmetic) or
+ * needs the layer-major cycle (a ring of weight slots, staging regions that alternate).
+ *
  * acquire fills a flexdiag_sched_io with the device addresses of layer j's weight block, the KV
  * cache of the micro-batch's sequences in layer j and the micro-batch's activation rows, valid
  * for work queued on the compute stream after the call. release says the forward that used them
@@ -75,7 +81,7 @@ typedef struct flexdiag_sched_io {
     /* in a decode step of a sparse policy the forward reads only the ring rows its slot lists
      * name (kernels.h flexdiag_attn_args: (n_seq, KV heads, kv_max_slots) lists, kv_n_slots
      * valid entries each, at most kv_attend < kv_ring), in backend memory and written on the
-     * compute stream before the step's first acquire (layer 0, sequence 0); NULL: every
+     * compute stream before the pass's begin(); NULL: every
      * resident row [p_cap, p_cap + kv_ring) is read */
     const int32_t *kv_slots, *kv_n_slots;
     int32_t kv_max_slots, kv_attend;
@@ -88,6 +94,36 @@ typedef struct flexdiag_sched_io {
     void *k, *v;          /* out: K and V of layer j for sequence s0 (n_seq consecutive spans) */
     void *x;              /* out: activation rows of sequence s0 (n_seq · rows_per_seq rows) */
 } flexdiag_sched_io;
+
+/* What one visit of a pass does with its (layer, sequences). */
+typedef enum flexdiag_visit_op {
+    FLEXDIAG_VISIT_FORWARD = 0, /* acquire -> the layer forward -> release */
+    FLEXDIAG_VISIT_SEND = 1,    /* acquire -> the first half of a decode forward whose attention
+                                   the host computes (CPU attention) */
+    FLEXDIAG_VISIT_FINISH = 2,  /* its second half -> release (after the SEND of the same layer
+                                   and sequences) */
+} flexdiag_visit_op;
+
+/* One visit: the fields of the flexdiag_sched_io its acquire will carry. */
+typedef struct flexdiag_visit {
+    int32_t op;                             /* flexdiag_visit_op */
+    int32_t layer, s0, n_seq;               /* as in flexdiag_sched_io */
+    int32_t kv_prompt, kv_ring, kv_w0, kv_wn; /* the KV rows it touches (flexdiag_sched_io) */
+    int32_t host_attend;                    /* flexdiag_sched_io host_attend */
+} flexdiag_visit;
+
+/* A pass as the engine will run it: its visits in order (every acquire and release the pass
+ * makes, nothing else). Prefill passes and decode passes both walk the layers 0 .. L-1, each
+ * layer's visits together, unless every acquire is address arithmetic (any_order). */
+typedef struct flexdiag_pass_plan {
+    int32_t rows_per_seq;    /* activation rows per sequence: the pass's prompt stride in a
+                                prefill, 1 in a decode pass */
+    int32_t n_visits;
+    const flexdiag_visit *v; /* (n_visits) */
+    int32_t repeats;         /* a decode pass: the next pass is likely another one with the same
+                                visits, each sequence one ring row further (a scheduler may read
+                                ahead for it; an admission's prefill may come first instead) */
+} flexdiag_pass_plan;
 
 typedef struct flexdiag_sched flexdiag_sched;
 
@@ -104,12 +140,18 @@ typedef struct flexdiag_sched_stats {
     uint64_t kv_disk_read_bytes;  /* KV bytes read from the disk home (whole pages) */
     uint64_t kv_disk_write_bytes; /* KV bytes written to it */
     double kv_disk_wait_s;        /* host seconds waiting for it */
+    uint64_t kv_disk_gets;        /* disk visits acquired */
+    uint64_t kv_disk_hits;        /* of them, the ones whose rows a read ahead had started */
 } flexdiag_sched_stats;
 
 typedef struct flexdiag_sched_ops {
     const char *name; /* "resident", "tiered" (bench rows, messages) */
     int graph_safe;   /* acquire and release only do address arithmetic: a step may be
                          recorded as a launch graph */
+    /* (optional) The pass of plan comes next: the acquires and releases that follow are its
+     * visits, in order. plan stays valid until the next begin. A pass abandoned part-way (a
+     * failure, a cancel) is found here and its loads drained. */
+    flexdiag_status (*begin)(flexdiag_sched *s, const flexdiag_pass_plan *plan);
     /* Fill io's addresses for layer io->layer and sequences io->s0.. (see above). */
     flexdiag_status (*acquire)(flexdiag_sched *s, flexdiag_sched_io *io);
     /* The forward over io has been queued on the compute stream. */
@@ -122,6 +164,8 @@ typedef struct flexdiag_sched_ops {
 struct flexdiag_sched {
     const flexdiag_sched_ops *ops; /* implementation */
     flexdiag_sched_layout lay;     /* copy of the layout it was created with */
+    int any_order;                 /* visits may come in any order (acquire is address
+                                      arithmetic over device memory); 0: layer-major cycles */
 };
 
 /* The all-device scheduler over lay (copied); *out is owned by the caller (destroy). */
@@ -154,6 +198,18 @@ size_t flexdiag__sched_tiered_slot_bytes(const struct flexdiag_weight_homes *hom
 /* The tiered scheduler (sched_tiered.c); *out is owned by the caller (destroy). */
 flexdiag_status flexdiag__sched_tiered_create(const flexdiag_sched_tiered_params *p,
                                               flexdiag_sched **out);
+
+static inline flexdiag_status flexdiag__sched_begin(flexdiag_sched *s,
+                                                    const flexdiag_pass_plan *plan) {
+    return s->ops->begin ? s->ops->begin(s, plan) : FLEXDIAG_OK;
+}
+
+/* The first visit of plan at or after i that acquires (not a FINISH), else -1. */
+static inline int32_t flexdiag__plan_next_acquire(const flexdiag_pass_plan *plan, int32_t i) {
+    for (; i < plan->n_visits; i++)
+        if (plan->v[i].op != FLEXDIAG_VISIT_FINISH) return i;
+    return -1;
+}
 
 static inline flexdiag_status flexdiag__sched_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     return s->ops->acquire(s, io);

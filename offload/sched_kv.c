@@ -29,14 +29,18 @@
  * only the ring rows its slot lists name: the backend's copy_h2d_slots_async gathers them (on
  * CUDA one kernel reading the pinned home over the bus, the lists never leaving the device),
  * so a Diagonal step moves L_p + N_att rows per (sequence, KV head), not L_p + N_r. The lists
- * of step t are planned on the compute stream before its first acquire; the scheduler records
+ * of a decode pass are planned on the compute stream before its begin(); the scheduler records
  * an event there and the gathers wait for it. Rows that are resident but not attended stay
  * stale in the staging buffer, which no kernel reads.
  *
  * Sequences [s_disk, n_seq) keep their KV on disk (kv_disk.h): their acquire first reads the
  * pages of the rows the forward touches into a pinned staging region, which then plays the
  * pinned home's part for the copies above, and their release hands the rows copied back to the
- * disk home, which writes them when the staging region is needed again.
+ * disk home, which writes them when the staging region is needed again. What comes next is the
+ * pass plan's (sched.h flexdiag_pass_plan): after a disk visit's read, the next disk visit's
+ * rows are read ahead (the plan's exact sequences and rows; after a decode pass's last one, the
+ * first of the next decode pass with one ring row more). Its staging regions alternate in visit
+ * order, so a scheduler with a disk home takes the layer-major order only (any_order 0).
  *
  * A decode step whose caller attends on the host (io->host_attend: CPU attention) gets the
  * pinned home's own addresses and moves nothing: the host appends and reads the rows in place. The
@@ -71,6 +75,8 @@ typedef struct kvsched {
     int32_t n_mb;            /* micro-batches homed below the device (pinned, then disk) */
     flexdiag_event **stored; /* (n_layers, n_mb) down stream: the last write-back of each */
     flexdiag_event *planned;    /* compute stream: this step's slot lists are written */
+    const flexdiag_pass_plan *plan; /* the pass being run (begin) */
+    int32_t at;                 /* its visit being acquired */
     flexdiag_kv_disk *disk;     /* the disk home of sequences [s_disk, n_seq), NULL when none */
     flexdiag_sched_stats st;
 } kvsched;
@@ -161,41 +167,43 @@ static flexdiag_status store(kvsched *t, kvbuf *b, const flexdiag_sched_io *io) 
     return k->event_record(stored_of(t, io->layer, io->s0), t->down);
 }
 
-/* The rows of each block io reads or writes, as one interval [*lo, *hi) (0, 0: none). */
-static void touched(const kvsched *t, const flexdiag_sched_io *io, int32_t *lo, int32_t *hi) {
+/* The rows of each block a visit reads or writes (its kv_* fields, sched.h), as one interval
+ * [*lo, *hi) (0, 0: none). */
+static void touched(const kvsched *t, int32_t prompt, int32_t ring, int32_t w0, int32_t wn,
+                    int32_t *lo, int32_t *hi) {
     int32_t pc = t->p.p_cap, a = INT32_MAX, e = 0;
-    int32_t w0 = io->kv_wn >= 0 ? io->kv_w0 : pc, wn = io->kv_wn >= 0 ? io->kv_wn : io->kv_ring;
-    if (io->kv_prompt > 0) a = 0, e = io->kv_prompt;
-    if (io->kv_ring > 0) a = a < pc ? a : pc, e = e > pc + io->kv_ring ? e : pc + io->kv_ring;
+    if (wn < 0) w0 = pc, wn = ring;
+    if (prompt > 0) a = 0, e = prompt;
+    if (ring > 0) a = a < pc ? a : pc, e = e > pc + ring ? e : pc + ring;
     if (wn > 0) a = a < w0 ? a : w0, e = e > w0 + wn ? e : w0 + wn;
     *lo = a < e ? a : 0;
     *hi = a < e ? e : 0;
 }
 
-/* Start reading the disk-homed rows the engine asks for after io. In a decode step: the next
- * disk micro-batch of the layer, else the first of the next layer (of the next step after the
- * last layer), with one ring row more than io touches (the next step's). In the prefill: the
- * next chunk of the layer, else the first disk chunk of the next layer, its prompt rows (up to
- * the capacity). Not when that is io's own (layer, micro-batch): its pages would be read
- * before io's rows are written back. */
+/* The first visit of the plan at or after i that acquires a disk-homed micro-batch, else -1. */
+static int32_t next_disk_visit(const kvsched *t, int32_t i) {
+    for (; (i = flexdiag__plan_next_acquire(t->plan, i)) >= 0; i++)
+        if (t->plan->v[i].s0 >= t->p.s_disk) return i;
+    return -1;
+}
+
+/* Start reading the rows of the plan's next disk visit after the one being acquired (io's): in
+ * this pass, else, after a decode pass, the first of the next one with one ring row more. Not
+ * when that is io's own (layer, micro-batch): its pages would be read before io's rows are
+ * written back. */
 static flexdiag_status prefetch_next(kvsched *t, const flexdiag_sched_io *io) {
     const flexdiag_sched_kv_params *p = &t->p;
-    int decode = io->rows_per_seq == 1;
-    int32_t j = io->layer, cur = (io->s0 - p->s_disk) / p->mb_seq;
-    int32_t s0 = decode ? p->s_disk + (cur + 1) * p->mb_seq : io->s0 + io->n_seq;
-    if (s0 >= p->n_seq) { /* past the last disk micro-batch: the next layer's first */
-        if (!decode && j + 1 == p->n_layers) return FLEXDIAG_OK; /* the decode comes next */
-        s0 = p->s_disk, j = (j + 1) % p->n_layers;
-    }
-    int32_t mb = (s0 - p->s_disk) / p->mb_seq, first = p->s_disk + mb * p->mb_seq;
-    if (j == io->layer && mb == cur) return FLEXDIAG_OK;
-    int32_t end = first + p->mb_seq < p->n_seq ? first + p->mb_seq : p->n_seq;
-    int32_t n = decode ? end - first : (io->n_seq < end - s0 ? io->n_seq : end - s0);
+    int32_t i = next_disk_visit(t, t->at + 1), more = 0;
+    if (i < 0 && t->plan->repeats) i = next_disk_visit(t, 0), more = 1;
+    if (i < 0) return FLEXDIAG_OK;
+    const flexdiag_visit *v = &t->plan->v[i];
+    int32_t mb = (v->s0 - p->s_disk) / p->mb_seq, first = p->s_disk + mb * p->mb_seq;
+    if (v->layer == io->layer && mb == (io->s0 - p->s_disk) / p->mb_seq) return FLEXDIAG_OK;
     int32_t lo, hi;
-    touched(t, io, &lo, &hi);
+    touched(t, v->kv_prompt, v->kv_ring, v->kv_w0, v->kv_wn, &lo, &hi);
     if (hi <= lo) return FLEXDIAG_OK;
-    hi = decode ? (hi + 1 < p->span_rows ? hi + 1 : p->span_rows) : p->p_cap;
-    return flexdiag__kv_disk_prefetch(t->disk, j, mb, s0 - first, n, lo, hi);
+    if (more) hi = hi + 1 < p->span_rows ? hi + 1 : p->span_rows;
+    return flexdiag__kv_disk_prefetch(t->disk, v->layer, mb, v->s0 - first, v->n_seq, lo, hi);
 }
 
 /* Point b at the host copy of io's spans: the pinned home, or a staging region of the disk
@@ -209,17 +217,27 @@ static flexdiag_status locate_home(kvsched *t, kvbuf *b, const flexdiag_sched_io
     }
     int32_t lo, hi, mb = (io->s0 - t->p.s_disk) / t->p.mb_seq;
     int32_t s = io->s0 - t->p.s_disk - mb * t->p.mb_seq;
-    touched(t, io, &lo, &hi);
+    touched(t, io->kv_prompt, io->kv_ring, io->kv_w0, io->kv_wn, &lo, &hi);
     if (hi <= lo) lo = 0, hi = 1; /* nothing touched: keep the bookkeeping uniform */
     return flexdiag__kv_disk_get(t->disk, io->layer, mb, s, io->n_seq, lo, hi, &b->home[0],
                                  &b->home[1], &b->stage);
 }
 
+static flexdiag_status kv_begin(flexdiag_sched *s, const flexdiag_pass_plan *plan) {
+    kvsched *t = (kvsched *)s;
+    FLEXDIAG_TRY(flexdiag__sched_begin(t->inner, plan));
+    t->plan = plan;
+    t->at = -1;
+    if (plan->rows_per_seq != 1) return FLEXDIAG_OK;
+    return t->p.k->event_record(t->planned, t->p.compute); /* the slot lists are queued */
+}
+
 static flexdiag_status kv_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     kvsched *t = (kvsched *)s;
     FLEXDIAG_TRY(flexdiag__sched_acquire(t->inner, io));
-    if (io->layer == 0 && io->s0 == 0 && io->kv_slots) /* the step's plan is queued before */
-        FLEXDIAG_TRY(t->p.k->event_record(t->planned, t->p.compute));
+    t->at = flexdiag__plan_next_acquire(t->plan, t->at + 1);
+    FLEXDIAG_DASSERT(t->at >= 0 && t->plan->v[t->at].layer == io->layer &&
+                     t->plan->v[t->at].s0 == io->s0);
     if (io->s0 < t->p.s_host) return FLEXDIAG_OK;
     FLEXDIAG_DASSERT(io->n_seq <= t->p.mb_seq && io->s0 + io->n_seq <= t->p.n_seq);
     if (io->host_attend) { /* the host attends: the KV stays home, once the rows are there */
@@ -262,6 +280,8 @@ static void kv_stats(const flexdiag_sched *s, flexdiag_sched_stats *out) {
         out->kv_disk_read_bytes = ds.read_bytes;
         out->kv_disk_write_bytes = ds.write_bytes;
         out->kv_disk_wait_s = ds.wait_s;
+        out->kv_disk_gets = ds.gets;
+        out->kv_disk_hits = ds.prefetch_hits;
     }
 }
 
@@ -289,6 +309,7 @@ static void kv_destroy(flexdiag_sched *s) {
 static const flexdiag_sched_ops kv_ops = {
     .name = "kv-homes",
     .graph_safe = 0,
+    .begin = kv_begin,
     .acquire = kv_acquire,
     .release = kv_release,
     .destroy = kv_destroy,
@@ -346,6 +367,7 @@ flexdiag_status flexdiag__sched_kv_create(flexdiag_sched *inner, const flexdiag_
     }
     t->base.ops = &kv_ops;
     t->base.lay = inner->lay;
+    t->base.any_order = inner->any_order && p->s_disk >= p->n_seq;
     t->inner = inner;
     t->p = *p;
     flexdiag_status st = kv_open(t);

@@ -2,7 +2,7 @@
  * sched_resident.c - the all-device scheduler (sched.h): weights, KV cache and activations
  * live on the device for the whole run, so acquire is address arithmetic over the layout and
  * release has nothing to do. Neither call touches a stream, which keeps a decode step
- * recordable as one CUDA graph.
+ * recordable as one CUDA graph, and any visit order will do (no begin: it needs no plan).
  */
 #include <stdlib.h>
 
@@ -53,6 +53,7 @@ flexdiag_status flexdiag__sched_resident_create(const flexdiag_sched_layout *lay
     if (!s) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "scheduler: out of host memory");
     s->ops = &resident_ops;
     s->lay = *lay;
+    s->any_order = 1;
     *out = s;
     return FLEXDIAG_OK;
 }

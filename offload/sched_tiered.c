@@ -21,8 +21,11 @@
  *
  * Streams order each other only through events; the host blocks only where data must exist on
  * the host first (a disk read the next H2D needs, a staging buffer still being copied), never on
- * the device as a whole. A layer asked for out of cycle (a cancelled run, a context's first
- * run) drains the copy stream and the reads and starts the cycle there.
+ * the device as a whole. Every pass walks the layers in the cycle (begin() checks its plan: the
+ * layers 0 .. L-1, each layer's visits together), so the layers after the last one loaded are
+ * the ones the plan, and the pass after it, ask for next. A pass abandoned part-way (a cancel,
+ * a failure) leaves loads for layers nobody will ask for: the next begin() drains the copy
+ * stream and the reads, and the ring starts again at the plan's first layer.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +63,7 @@ typedef struct tiered {
     int32_t n_slots, head, count; /* ring: slots head .. head+count-1 hold consecutive layers */
     int32_t n_stage, dhead, dcount; /* ring: staging buffers with reads of consecutive layers */
     int32_t cur;                  /* layer of the micro-batches being acquired, -1 none */
+    int32_t left;                 /* acquires the current pass's plan still has to make */
     slot slots[MAX_SLOTS];
     stage stages[MAX_STAGE];
     flexdiag_store_req *reqs;     /* one layer's read requests */
@@ -225,7 +229,10 @@ static flexdiag_status begin_layer(tiered *t, int32_t j) {
         t->count--;
     }
     t->cur = -1;
-    if (t->count == 0 || t->slots[t->head].layer != j) FLEXDIAG_TRY(drain(t));
+    if (t->count && t->slots[t->head].layer != j) /* begin() checked the plan's cycle */
+        return flexdiag__err(FLEXDIAG_ERR_INTERNAL,
+                             "weight scheduler: layer %d asked for, layer %d loaded next", j,
+                             t->slots[t->head].layer);
     FLEXDIAG_TRY(fill(t, j));
     FLEXDIAG_TRY(t->k->stream_wait_event(t->compute, t->slots[t->head].ready));
     /* the split tensor's resident rows go next to its streamed rows on the compute stream, off
@@ -244,16 +251,35 @@ static flexdiag_status begin_layer(tiered *t, int32_t j) {
     return FLEXDIAG_OK;
 }
 
+/* Whether plan walks the layer cycle: layers 0 .. L-1 in order, each one's visits together
+ * (or no visit at all). */
+static int plan_in_cycle(const tiered *t, const flexdiag_pass_plan *plan) {
+    if (plan->n_visits == 0) return 1;
+    int32_t prev = plan->v[0].layer;
+    for (int32_t i = 1; i < plan->n_visits; i++) {
+        int32_t j = plan->v[i].layer;
+        if (j != prev && j != prev + 1) return 0;
+        prev = j;
+    }
+    return plan->v[0].layer == 0 && prev == t->n_layers - 1;
+}
+
+static flexdiag_status tiered_begin(flexdiag_sched *s, const flexdiag_pass_plan *plan) {
+    tiered *t = (tiered *)s;
+    if (!plan_in_cycle(t, plan))
+        return flexdiag__err(FLEXDIAG_ERR_INTERNAL,
+                             "weight scheduler: a pass that does not walk layers 0..%d in order",
+                             t->n_layers - 1);
+    if (t->left) FLEXDIAG_TRY(drain(t)); /* the last pass was abandoned part-way */
+    t->left = 0;
+    for (int32_t i = 0; i < plan->n_visits; i++) t->left += plan->v[i].op != FLEXDIAG_VISIT_FINISH;
+    return FLEXDIAG_OK;
+}
+
 static flexdiag_status tiered_acquire(flexdiag_sched *s, flexdiag_sched_io *io) {
     tiered *t = (tiered *)s;
-    if (io->layer != t->cur) {
-        flexdiag_status st = begin_layer(t, io->layer);
-        if (st != FLEXDIAG_OK) {
-            t->count = 0; /* the next acquire starts over */
-            t->cur = -1;
-            return st;
-        }
-    }
+    if (io->layer != t->cur) FLEXDIAG_TRY(begin_layer(t, io->layer));
+    t->left--;
     flexdiag__sched_locate(&s->lay, io);
     const flexdiag_wcut *c = &t->h->cut;
     /* the slot holds bytes [split_start, layer_bytes) of the block at its offset 0 */
@@ -294,6 +320,7 @@ static void tiered_destroy(flexdiag_sched *s) {
 static const flexdiag_sched_ops tiered_ops = {
     .name = "tiered",
     .graph_safe = 0,
+    .begin = tiered_begin,
     .acquire = tiered_acquire,
     .release = tiered_release,
     .destroy = tiered_destroy,

@@ -9,9 +9,10 @@
  *            layer forward (layer.c) -> release; heads -> CFG, sample, ids to the host ->
  *            update (policy driver)
  *
- * (with CPU attention the host-attended micro-batches of a layer run in two halves around
- * their host jobs, the next layer's first half queued after each second half where the
- * scheduler allows: decode_layer)
+ * Each pass runs its plan (pass_plan.c: the visits in order, which the scheduler has seen
+ * first, offload/sched.h): a FORWARD visit is acquire -> layer forward -> release; with CPU
+ * attention a host-attended micro-batch's layer is a SEND (acquire, first half) and a FINISH
+ * (second half, release) around its host job.
  *
  * The decode body reads only device buffers whose contents change between passes (ids,
  * positions, slot lists, steps), so on backends with launch graphs it is recorded once per
@@ -43,34 +44,15 @@ static flexdiag_status progress(const run_state *r, int phase, uint64_t done, ui
 
 /* ---- layer I/O: acquire and release ---- */
 
-/* The KV rows the forward over sequences [s0, s0 + nb) touches (prefill: a prompt chunk), for
- * a scheduler that moves the KV (offload/sched.h): prefill writes the prompt rows; a decode
- * pass reads the prompt rows and the ring rows a's slot lists name (at most min(t + 1,
- * max_slots) of the resident prefix: fewer than resident for Diagonal and ALISA) and writes one
- * ring row (the policy's, or one per head within the prefix). Sequences at different steps
- * touch the union: the resident prefix of the furthest one, and its whole resident prefix
- * written back when their write rows differ. */
-static void kv_rows(const run_state *r, int32_t s0, int32_t nb, int prefill,
-                    const flexdiag_attn_args *a, flexdiag_sched_io *m) {
-    const flexdiag_context *c = r->c;
-    int32_t lp = 0, t = -1, w = -2; /* w: the common write slot, -1 when they differ */
-    for (int32_t s = s0; s < s0 + nb; s++) lp = r->lp[s] > lp ? r->lp[s] : lp;
-    if (prefill) {
-        *m = (flexdiag_sched_io){.kv_prompt = 0, .kv_ring = 0, .kv_w0 = 0, .kv_wn = lp};
-        return;
-    }
-    for (int32_t s = s0; s < s0 + nb; s++) {
-        if (r->t[s] < 0) continue;
-        int32_t ws = flexdiag__kvp_write_slot(&c->pd.kp, r->t[s]);
-        t = r->t[s] > t ? r->t[s] : t;
-        w = w == -2 || w == ws ? ws : -1;
-    }
-    if (t < 0) t = 0, w = -1; /* no live sequence: any consistent rows */
-    int32_t res = (int32_t)flexdiag__kvp_resident_rows(&c->pd.kp, t);
+/* A sparse policy's decode visit reads only the ring rows its slot lists name (at most
+ * min(t + 1, max_slots) of its furthest sequence's resident prefix): where that is fewer than the
+ * visit's resident rows (Diagonal, ALISA), the scheduler moves those rows only. */
+static void slot_lists(const run_state *r, const flexdiag_visit *v, const flexdiag_attn_args *a,
+                       flexdiag_sched_io *m) {
+    int32_t t = 0;
+    for (int32_t s = v->s0; s < v->s0 + v->n_seq; s++) t = r->t[s] > t ? r->t[s] : t;
     int32_t att = t + 1 < a->max_slots ? t + 1 : a->max_slots;
-    *m = (flexdiag_sched_io){.kv_prompt = lp, .kv_ring = res, .kv_w0 = c->blk_p + w,
-                             .kv_wn = w >= 0 ? 1 : -1};
-    if (att >= res || a->shared_slots) return;
+    if (att >= v->kv_ring || a->shared_slots) return;
     m->kv_slots = a->slots;
     m->kv_n_slots = a->n_slots;
     m->kv_max_slots = a->max_slots;
@@ -95,14 +77,14 @@ static void shared_args(const flexdiag_context *c, int32_t j, int32_t s0, flexdi
     a->n_casc_tiles = flexdiag__casc_tiles(c, a->n_seq);
 }
 
-/* The I/O object of layer j for sequences [s0, s0 + nb): the layer's attention arguments
- * (decode passes add the policy driver's rows and slot lists, prefill the prompt rows and
- * positions), then the scheduler's addresses for rows_per_seq activation rows per sequence and
- * the layer's tensors. */
-static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int32_t nb,
-                                  int prefill, flexdiag_layer_io *io) {
+/* The I/O object of visit v: the layer's attention arguments (decode passes add the policy
+ * driver's rows and slot lists, prefill the prompt rows and positions), then the scheduler's
+ * addresses for rows_per_seq activation rows per sequence and the layer's tensors. */
+static flexdiag_status io_acquire(const run_state *r, const flexdiag_visit *v, int prefill,
+                                  flexdiag_layer_io *io) {
     const flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
+    int32_t j = v->layer, s0 = v->s0, nb = v->n_seq;
     memset(io, 0, sizeof *io);
     io->t = prefill ? -1 : r->t[s0];
     io->a = (flexdiag_attn_args){.n_seq = nb, .h_q = l->heads, .h_kv = l->kv_heads,
@@ -122,12 +104,12 @@ static flexdiag_status io_acquire(const run_state *r, int32_t j, int32_t s0, int
         io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd), &io->a);
         if (c->n_pre) shared_args(c, j, s0, &io->a);
     }
-    kv_rows(r, s0, nb, prefill, &io->a, &io->mem);
-    io->mem.layer = j;
-    io->mem.s0 = s0;
-    io->mem.n_seq = nb;
-    io->mem.rows_per_seq = prefill ? r->pf_q : 1;
-    io->mem.host_attend = !prefill && c->ca && s0 >= c->s_host && s0 < c->s_ca;
+    io->mem = (flexdiag_sched_io){.layer = j, .s0 = s0, .n_seq = nb,
+                                  .rows_per_seq = prefill ? r->pf_q : 1,
+                                  .kv_prompt = v->kv_prompt, .kv_ring = v->kv_ring,
+                                  .kv_w0 = v->kv_w0, .kv_wn = v->kv_wn,
+                                  .host_attend = v->host_attend};
+    if (!prefill) slot_lists(r, v, &io->a, &io->mem);
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
     if (prefill && c->n_pre) { /* the prefill of shared prompt rows s0.. writes their store */
         io->mem.k = (char *)shared_rows(c, j, 0) + (size_t)s0 * c->pre_bytes;
@@ -142,30 +124,26 @@ static flexdiag_status io_release(const run_state *r, const flexdiag_layer_io *i
     return flexdiag__sched_release(r->c->sched, &io->mem);
 }
 
-/* ---- prefill ---- */
-
-/* The chunk of prompt rows starting at s0 within the run [s0, end): up to the next multiple of
- * pf_seq (so a chunk never straddles a micro-batch where the KV homes need that, context.c). */
-static int32_t chunk_len(const flexdiag_context *c, int32_t s0, int32_t end) {
-    int32_t stop = (s0 / c->pf_seq + 1) * c->pf_seq;
-    return (stop < end ? stop : end) - s0;
-}
-
-/* Calls fn(r, s0, nb, arg) for every chunk of the rows r->pf (runs of consecutive rows). */
-static flexdiag_status each_chunk(const run_state *r,
-                                  flexdiag_status (*fn)(const run_state *, int32_t, int32_t,
-                                                        void *),
-                                  void *arg) {
-    for (int32_t i = 0, e; i < r->n_pf; i = e) {
-        for (e = i + 1; e < r->n_pf && r->pf[e] == r->pf[e - 1] + 1; e++) {}
-        int32_t end = r->pf[e - 1] + 1;
-        for (int32_t s0 = r->pf[i], nb; s0 < end; s0 += nb) {
-            nb = chunk_len(r->c, s0, end);
-            FLEXDIAG_TRY(fn(r, s0, nb, arg));
-        }
+/* One visit of the pass's plan: a FORWARD acquires, runs the layer and releases; a SEND
+ * acquires and queues the first half of a host-attended decode forward (its I/O held until the
+ * FINISH), a FINISH the second half, then releases. */
+static flexdiag_status run_visit(const run_state *r, const flexdiag_visit *v, int prefill) {
+    flexdiag_layer_io io, *held = r->held ? &r->held[v->s0 / r->c->mb_seq] : NULL;
+    switch (v->op) {
+    case FLEXDIAG_VISIT_SEND:
+        FLEXDIAG_TRY(io_acquire(r, v, 0, held));
+        return flexdiag__layer_decode_send(r, held);
+    case FLEXDIAG_VISIT_FINISH:
+        FLEXDIAG_TRY(flexdiag__layer_decode_finish(r, held));
+        return io_release(r, held);
+    default:
+        FLEXDIAG_TRY(io_acquire(r, v, prefill, &io));
+        FLEXDIAG_TRY(prefill ? flexdiag__layer_prefill(r, &io) : flexdiag__layer_decode(r, &io));
+        return io_release(r, &io);
     }
-    return FLEXDIAG_OK;
 }
+
+/* ---- prefill ---- */
 
 /* The input rows of prompt rows [s0, s0 + nb), pf_q each: embeddings (+ learned positions). */
 static flexdiag_status embed_chunk(const run_state *r, int32_t s0, int32_t nb, void *arg) {
@@ -177,14 +155,6 @@ static flexdiag_status embed_chunk(const run_state *r, int32_t s0, int32_t nb, v
     FLEXDIAG_TRY(r->k->embed(x, c->m->w.embed, c->b.ids_in + row, (int64_t)nb * r->pf_q,
                              l->hidden, 1, r->s));
     return flexdiag__add_positions(r, x, c->b.pos_pf, (int64_t)nb * r->pf_q);
-}
-
-/* Layer *j of prompt rows [s0, s0 + nb). */
-static flexdiag_status prefill_chunk(const run_state *r, int32_t s0, int32_t nb, void *arg) {
-    flexdiag_layer_io io;
-    FLEXDIAG_TRY(io_acquire(r, *(const int32_t *)arg, s0, nb, 1, &io));
-    FLEXDIAG_TRY(flexdiag__layer_prefill(r, &io));
-    return io_release(r, &io);
 }
 
 /* Each fresh slot's sequences [s0, s0 + nb) in runs, fn(r, s0, nb) on each run. */
@@ -231,13 +201,17 @@ static flexdiag_status keep_pre_last(const run_state *r, int32_t s0, int32_t nb,
 
 flexdiag_status flexdiag__pass_prefill(run_state *r) {
     const flexdiag_lm_config *l = &r->c->m->cfg.lm;
-    FLEXDIAG_TRY(each_chunk(r, embed_chunk, NULL));
-    for (int32_t j = 0; r->n_pf > 0 && j < l->layers; j++) {
-        FLEXDIAG_TRY(cancelled(r));
-        FLEXDIAG_TRY(each_chunk(r, prefill_chunk, &j));
-        FLEXDIAG_TRY(progress(r, 0, (uint64_t)j + 1, (uint64_t)l->layers));
+    FLEXDIAG_TRY(flexdiag__each_chunk(r, embed_chunk, NULL));
+    flexdiag__plan_prefill(r);
+    FLEXDIAG_TRY(flexdiag__sched_begin(r->c->sched, &r->plan));
+    const flexdiag_visit *v = r->plan.v;
+    for (int32_t i = 0, n = r->plan.n_visits; i < n; i++) { /* cancel and progress per layer */
+        if (i == 0 || v[i].layer != v[i - 1].layer) FLEXDIAG_TRY(cancelled(r));
+        FLEXDIAG_TRY(run_visit(r, &v[i], 1));
+        if (i + 1 == n || v[i + 1].layer != v[i].layer)
+            FLEXDIAG_TRY(progress(r, 0, (uint64_t)v[i].layer + 1, (uint64_t)l->layers));
     }
-    if (r->c->n_pre) FLEXDIAG_TRY(each_chunk(r, keep_pre_last, NULL));
+    if (r->c->n_pre) FLEXDIAG_TRY(flexdiag__each_chunk(r, keep_pre_last, NULL));
     FLEXDIAG_TRY(each_fresh_run(r, gather_last));
     FLEXDIAG_TRY(each_fresh_run(r, head_run));
     return flexdiag__take_step_output(r, 1);
@@ -245,77 +219,13 @@ flexdiag_status flexdiag__pass_prefill(run_state *r) {
 
 /* ---- decode steps ---- */
 
-/* Layer j of micro-batch mb in a decode pass. */
-static flexdiag_status decode_mb(const run_state *r, int32_t j, int32_t mb) {
-    int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
-    flexdiag_layer_io io;
-    FLEXDIAG_TRY(io_acquire(r, j, s0, nb, 0, &io));
-    FLEXDIAG_TRY(flexdiag__layer_decode(r, &io));
-    return io_release(r, &io);
-}
-
-/* The micro-batches [*lo, *hi) whose attention the host runs (CPU attention: the
- * pinned-homed ones of its share); empty without it. */
-static void host_mbs(const run_state *r, int32_t *lo, int32_t *hi) {
-    const flexdiag_context *c = r->c;
-    *lo = *hi = r->n_mb;
-    if (!c->ca) return;
-    *lo = c->s_host / c->mb_seq;
-    *hi = *lo + (c->s_ca - c->s_host + c->mb_seq - 1) / c->mb_seq;
-    if (*hi > r->n_mb) *hi = r->n_mb;
-}
-
-/* Whether a host-attended micro-batch's layer j + 1 may be queued right after its layer j,
- * before the other micro-batches finish layer j: the host then goes from the layer's last job
- * to the next layer's first without waiting for the device to run that micro-batch's second
- * half and the next projection. Only where acquires are address arithmetic in any order: the
- * weights resident (the tiered scheduler's slot ring takes a layer's micro-batches together)
- * and no disk-homed KV (its staging buffers alternate in layer order). */
-static int host_ahead(const run_state *r) {
-    const flexdiag_context *c = r->c;
-    return c->ca && !c->m->w.homes && c->s_disk >= r->n_seq;
-}
-
-/* First half of host-attended micro-batch mb's layer j: projection, rows down, host job. */
-static flexdiag_status host_send(const run_state *r, int32_t j, int32_t mb) {
-    int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
-    FLEXDIAG_TRY(io_acquire(r, j, s0, nb, 0, &r->held[mb]));
-    return flexdiag__layer_decode_send(r, &r->held[mb]);
-}
-
-/* Second half: wait for its job, output up, the rest of the layer. */
-static flexdiag_status host_finish(const run_state *r, int32_t mb) {
-    FLEXDIAG_TRY(flexdiag__layer_decode_finish(r, &r->held[mb]));
-    return io_release(r, &r->held[mb]);
-}
-
-/* Layer j of every micro-batch of a decode pass. Where the host attends, the first halves of
- * its micro-batches are queued first, so the host starts on them while the device runs the
- * others; then their second halves, in order, each waiting for its job while the host works on
- * the next. With host_ahead, each second half is followed by the same micro-batch's first half
- * of layer j + 1 (queued here, so layer j + 1 skips them). */
-static flexdiag_status decode_layer(const run_state *r, int32_t j, int ahead) {
-    int32_t lo, hi;
-    host_mbs(r, &lo, &hi);
-    if (!ahead || j == 0)
-        for (int32_t mb = lo; mb < hi; mb++) FLEXDIAG_TRY(host_send(r, j, mb));
-    for (int32_t mb = 0; mb < r->n_mb; mb++)
-        if (mb < lo || mb >= hi) FLEXDIAG_TRY(decode_mb(r, j, mb));
-    for (int32_t mb = lo; mb < hi; mb++) {
-        FLEXDIAG_TRY(host_finish(r, mb));
-        if (ahead && j + 1 < r->c->m->cfg.lm.layers) FLEXDIAG_TRY(host_send(r, j + 1, mb));
-    }
-    return FLEXDIAG_OK;
-}
-
 /* The device work of a decode pass that reads only device buffers (ids, positions, plans):
  * feedback embedding, every layer of every micro-batch, the heads. Recordable as a graph. */
 static flexdiag_status step_body(const run_state *r) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     FLEXDIAG_TRY(flexdiag__feedback(r));
-    int ahead = host_ahead(r);
-    for (int32_t j = 0; j < l->layers; j++) FLEXDIAG_TRY(decode_layer(r, j, ahead));
+    for (int32_t i = 0; i < r->plan.n_visits; i++) FLEXDIAG_TRY(run_visit(r, &r->plan.v[i], 0));
     for (int32_t mb = 0; mb < r->n_mb; mb++) {
         int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
         FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act,
@@ -382,6 +292,8 @@ static flexdiag_status decode_pass(run_state *r) {
     double t0 = flexdiag__prof_begin(r);
     FLEXDIAG_TRY(flexdiag__pd_plan(&c->pd, &r->pr, r->s));
     FLEXDIAG_TRY(flexdiag__prof_end(r, PROF_ATTN, t0));
+    flexdiag__plan_decode(r);
+    FLEXDIAG_TRY(flexdiag__sched_begin(c->sched, &r->plan));
     if (use_graph(r))
         FLEXDIAG_TRY(step_body_graph(r, flexdiag__pd_scores(&c->pd)));
     else

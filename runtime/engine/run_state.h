@@ -70,6 +70,9 @@ typedef struct run_state {
     double *split;           /* profiling accumulators (block's split) or NULL */
     struct flexdiag_layer_io *held; /* (n_mb) I/O of the host-attended micro-batches between
                                        their two halves (CPU attention), else NULL */
+    flexdiag_pass_plan plan; /* the pass being run (pass_plan.c), its visits in visits */
+    flexdiag_visit *visits;  /* (layers × (max(S, n_pre) + 2 n_mb)) */
+    flexdiag_visit *mbv;     /* (n_mb) a decode pass's rows of each micro-batch */
 } run_state;
 
 /* One (layer, micro-batch) of a prefill chunk or decode step. */
@@ -110,6 +113,25 @@ static inline int32_t flexdiag__mb_range(const run_state *r, int32_t mb, int32_t
     *s0 = mb * per;
     return left < per ? left : per;
 }
+
+/* ---- pass_plan.c ---- */
+
+/* Visits a run's plans may hold: a prefill chunk per admitted row and layer at most, a decode
+ * pass two visits per micro-batch and layer. */
+static inline size_t flexdiag__plan_cap(const flexdiag_context *c) {
+    size_t rows = (size_t)(c->n_seq > c->n_pre ? c->n_seq : c->n_pre);
+    return (size_t)c->m->cfg.lm.layers * (rows + 2 * (size_t)c->n_mb);
+}
+/* Calls fn(r, s0, nb, arg) for every prefill chunk of the rows r->pf (runs of consecutive rows,
+ * cut where a chunk would straddle pf_seq). */
+flexdiag_status flexdiag__each_chunk(const run_state *r,
+                                     flexdiag_status (*fn)(const run_state *, int32_t, int32_t,
+                                                           void *),
+                                     void *arg);
+/* r->plan: the prefill pass of the rows r->pf. */
+void flexdiag__plan_prefill(run_state *r);
+/* r->plan: a decode pass over sequences [0, r->n_seq) at their steps r->t. */
+void flexdiag__plan_decode(run_state *r);
 
 /* ---- layer.c ---- */
 

@@ -35,6 +35,7 @@ static void run_free(run_state *r) {
     free(r->slot);
     free(r->ids_h);
     free(r->held);
+    free(r->visits);
 }
 
 /* Host state of a run on c: every slot free, every sequence attending one prompt row (so a free
@@ -51,10 +52,12 @@ static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdi
     r->slot = calloc((size_t)c->n_img, sizeof *r->slot);
     r->ids_h = calloc((2 * rows + 2) * (size_t)c->p_cap, 4);
     if (c->ca) r->held = malloc((size_t)c->n_mb * sizeof *r->held);
-    if (!r->lp || !r->slot || !r->ids_h || (c->ca && !r->held)) {
+    r->visits = malloc((flexdiag__plan_cap(c) + (size_t)c->n_mb) * sizeof *r->visits);
+    if (!r->lp || !r->slot || !r->ids_h || (c->ca && !r->held) || !r->visits) {
         run_free(r);
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "run: no host memory");
     }
+    r->mbv = r->visits + flexdiag__plan_cap(c);
     r->t = r->lp + S;
     r->last = r->t + S;
     r->prefix = r->last + S;
