@@ -241,7 +241,7 @@ static flexdiag_status run_block(flexdiag_context *c, int32_t *const *prompt, in
 
 static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_row *row) {
     int32_t lp = (int32_t)o->prompt_len, steps = row->steps, per = (int32_t)o->per_prompt;
-    int32_t n_p = per > 1 ? (row->batch + per - 1) / per : 1;
+    int32_t n_p = per > 1 ? (int32_t)(((int64_t)row->batch + per - 1) / per) : 1;
     int32_t **prompt = calloc((size_t)n_p, sizeof *prompt);
     flexdiag_status st = prompt ? FLEXDIAG_OK : FLEXDIAG_ERR_OOM_HOST;
     for (int32_t g = 0; st == FLEXDIAG_OK && g < n_p; g++)
@@ -547,34 +547,31 @@ int flexdiag_cmd_bench(int argc, char **argv) {
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
-        {"--batch", CLI_STR, &o.batch, "images per block, or 'auto' (largest that fits)"},
-        {"--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: batch)"},
-        {"--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)"},
-        {"--images-per-prompt", CLI_INT, &o.per_prompt,
+        {.name = "--batch", CLI_STR, &o.batch, "images per block, or 'auto' (largest that fits)"},
+        {.name = "--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: batch)",
+         CLI_INTS(0, INT32_MAX, "0 = the whole batch")},
+        {.name = "--prompt-len", CLI_INT, &o.prompt_len, "synthetic prompt tokens (default 50)",
+         CLI_INTS(2, 1 << 20, NULL)},
+        {.name = "--images-per-prompt", CLI_INT, &o.per_prompt,
          "images of each synthetic prompt; > 1: distinct prompts per group of N images, their "
-         "KV prompt rows shared (default 1: one prompt, nothing shared)"},
-        {"--steps", CLI_INT, &o.steps, "tokens per image to run (default all; fewer = projected)"},
-        {"--gen-len", CLI_INT, &o.gen_len,
+         "KV prompt rows shared (default 1: one prompt, nothing shared)",
+         CLI_INTS(1, 65536, "as generate's")},
+        {.name = "--steps", CLI_INT, &o.steps,
+         "tokens per image to run (default all; fewer = projected)",
+         CLI_INTS(0, INT32_MAX, "0 = all tokens of an image")},
+        {.name = "--gen-len", CLI_INT, &o.gen_len,
          "text models (and Lumina-mGPT as one): new tokens per sequence (default 128; images "
-         "have a fixed length)"},
-        {"--profile-steps", CLI_INT, &o.profile_steps,
-         "decode steps of the split profile, from mid-run (8)"},
-        {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
-        {"--policies", CLI_STR, &o.policies, "policy search: comma list, one row each"},
-        {"--sparsities", CLI_STR, &o.sparsities, "policy search: comma list of S per policy"},
+         "have a fixed length)", CLI_INTS(0, 1 << 20, "0 = the default")},
+        {.name = "--profile-steps", CLI_INT, &o.profile_steps,
+         "decode steps of the split profile, from mid-run (8)", CLI_INTS(0, INT32_MAX, NULL)},
+        {.name = "--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
+        {.name = "--policies", CLI_STR, &o.policies, "policy search: comma list, one row each"},
+        {.name = "--sparsities", CLI_STR, &o.sparsities,
+         "policy search: comma list of S per policy"},
     };
     int rc = cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
-    const cli_int_range r[] = {
-        {"--micro-batch", o.micro, 0, INT32_MAX, "0 = the whole batch"},
-        {"--prompt-len", o.prompt_len, 2, INT32_MAX, NULL},
-        {"--images-per-prompt", o.per_prompt, 1, INT32_MAX, NULL},
-        {"--steps", o.steps, 0, INT32_MAX, "0 = all tokens of an image"},
-        {"--gen-len", o.gen_len, 0, 1 << 20, "0 = the default"},
-        {"--profile-steps", o.profile_steps, 0, INT32_MAX, NULL},
-    };
-    if (cli_check_ints("bench", r, (int)(sizeof r / sizeof r[0])) ||
-        cli_check_model("bench", &o.mo) ||
+    if (cli_check_model("bench", &o.mo) ||
         (strcmp(o.batch, "auto") && cli_batch("bench", o.batch, NULL, NULL) < 1))
         return 2;
     return throughput(&o);

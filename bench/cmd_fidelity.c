@@ -210,14 +210,7 @@ static int synth_main(const fid_opts *o, const flexdiag_policy_kind *kinds, int 
  * flag error stops the run; a row that fails only at its decode length is skipped. */
 static int check_flags(const fid_opts *o, const flexdiag_policy_kind *kinds, int nk,
                        const double *sps, int ns) {
-    const cli_int_range r[] = {
-        {"--prompt-len", o->prompt_len, 0, INT32_MAX, NULL},
-        {"--heads", o->heads, 1, INT32_MAX, NULL},
-        {"--d-head", o->d_head, 1, INT32_MAX, NULL},
-    };
-    if (cli_check_ints(FID_CMD, r, (int)(sizeof r / sizeof r[0])) ||
-        cli_check_model(FID_CMD, &o->mo))
-        return 2;
+    if (cli_check_model(FID_CMD, &o->mo)) return 2;
     for (int i = 0; i < nk; i++)
         for (int r = 0; r < ns * o->n_rings; r++) {
             flexdiag_policy_params pub;
@@ -259,23 +252,29 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
                   .heads = 8, .d_head = 64, .alpha = 0.5, .sigma = 0.5, .prompt_logit = 0.0,
                   .mo = {.seed = 1}, .prompt = "a red apple on a wooden table"};
     const cli_opt opts[] = {
-        {"--synthetic", CLI_STR, &o.synthetic, "grid:W, W <= 64: synthetic 2-D locality model"},
+        {.name = "--synthetic", CLI_STR, &o.synthetic,
+         "grid:W, W <= 64: synthetic 2-D locality model"},
         CLI_MODEL_FLAGS_SEED(&o.mo, "seed (default 1) of the random weights, the synthetic "
                                     "noise and values, and the dense run's sampling"),
-        {"--prompt", CLI_STR, &o.prompt, "model mode: prompt of the dense reference image"},
-        {"--prompts", CLI_STR, &o.prompts,
+        {.name = "--prompt", CLI_STR, &o.prompt, "model mode: prompt of the dense reference image"},
+        {.name = "--prompts", CLI_STR, &o.prompts,
          "model mode: a file of prompts, one a line; each row is the mean over their images"},
-        {"--policies", CLI_STR, &o.policies, "comma list of policies (default: all eight)"},
-        {"--sparsities", CLI_STR, &o.sparsities, "comma list (default 0.8,0.9,0.925,0.95,0.96)"},
-        {"--prompt-len", CLI_INT, &o.prompt_len, "prompt keys (default 50)"},
-        {"--heads", CLI_INT, &o.heads, "attention heads (default 8)"},
-        {"--d-head", CLI_INT, &o.d_head, "value vector dims (default 64)"},
-        {"--n-r", CLI_STR, &o.n_rs, "comma list of Diagonal ring sizes, a row each (default 0: "
+        {.name = "--policies", CLI_STR, &o.policies, "comma list of policies (default: all eight)"},
+        {.name = "--sparsities", CLI_STR, &o.sparsities,
+         "comma list (default 0.8,0.9,0.925,0.95,0.96)"},
+        {.name = "--prompt-len", CLI_INT, &o.prompt_len, "prompt keys (default 50)",
+         CLI_INTS(0, 65536, NULL)},
+        {.name = "--heads", CLI_INT, &o.heads, "attention heads (default 8)",
+         CLI_INTS(1, 1024, NULL)},
+        {.name = "--d-head", CLI_INT, &o.d_head, "value vector dims (default 64)",
+         CLI_INTS(1, 4096, NULL)},
+        {.name = "--n-r", CLI_STR, &o.n_rs,
+         "comma list of Diagonal ring sizes, a row each (default 0: "
                                     "max(round(0.5 T), N_att))"},
-        {"--alpha", CLI_F64, &o.alpha, "locality strength (default 0.5)"},
-        {"--sigma", CLI_F64, &o.sigma, "logit noise std (default 0.5)"},
-        {"--prompt-logit", CLI_F64, &o.prompt_logit, "logit of prompt keys (default 0)"},
-        {"--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
+        {.name = "--alpha", CLI_F64, &o.alpha, "locality strength (default 0.5)"},
+        {.name = "--sigma", CLI_F64, &o.sigma, "logit noise std, >= 0 (default 0.5)"},
+        {.name = "--prompt-logit", CLI_F64, &o.prompt_logit, "logit of prompt keys (default 0)"},
+        {.name = "--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
     };
     int rc = cli_parse(FID_CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;

@@ -223,15 +223,7 @@ static int check_flags(const trace_opts *o, flexdiag_policy_params *pub) {
                 "--synthetic grid:W\n");
         return 2;
     }
-    const cli_int_range r[] = {
-        {"--steps", o->steps, -1, 32767, "-1 = from the file, or W*W"},
-        {"--prompt-len", o->prompt_len, -1, INT32_MAX, "-1 = from the file, or 50"},
-        {"--heads", o->heads, -1, INT32_MAX, "-1 = from the file, or 1"},
-        {"--seed", o->seed, 0, INT64_MAX, NULL},
-    };
-    if (cli_check_ints(TRACE_CMD, r, (int)(sizeof r / sizeof r[0])) ||
-        cli_policy_params(TRACE_CMD, &o->po, pub))
-        return 2;
+    if (cli_policy_params(TRACE_CMD, &o->po, pub)) return 2;
     flexdiag__err_clear();
     flexdiag_status st = flexdiag__kvp_check(pub);
     return st == FLEXDIAG_OK ? 0 : cli_fail(TRACE_CMD, st);
@@ -241,15 +233,22 @@ int flexdiag_cmd_policy_trace(int argc, char **argv) {
     trace_opts o = {CLI_POLICY_OPTS_INIT, NULL, NULL, -1, -1, -1, 1, 0.5, 0.5, 0.0};
     const cli_opt opts[] = {
         CLI_POLICY_FLAGS(&o.po),
-        {"--steps", CLI_INT, &o.steps, "decode steps T = L_dec (default: from the file / W*W)"},
-        {"--prompt-len", CLI_INT, &o.prompt_len, "prompt keys Lp (default: file / 50)"},
-        {"--logits", CLI_STR, &o.logits, "float32 .npy [heads, T, Lp+T] of pre-softmax logits"},
-        {"--synthetic", CLI_STR, &o.synthetic, "grid:W, W <= 64: synthetic 2-D locality logits"},
-        {"--heads", CLI_INT, &o.heads, "heads (default: file / 1)"},
-        {"--seed", CLI_INT, &o.seed, "synthetic noise seed (default 1)"},
-        {"--alpha", CLI_F64, &o.alpha, "synthetic locality strength (default 0.5)"},
-        {"--sigma", CLI_F64, &o.sigma, "synthetic logit noise std (default 0.5)"},
-        {"--prompt-logit", CLI_F64, &o.prompt_logit, "synthetic prompt logit (default 0)"},
+        {.name = "--steps", CLI_INT, &o.steps,
+         "decode steps T = L_dec (default: from the file / W*W)",
+         CLI_INTS(-1, 32767, "-1 = from the file, or W*W")},
+        {.name = "--prompt-len", CLI_INT, &o.prompt_len, "prompt keys Lp (default: file / 50)",
+         CLI_INTS(-1, INT32_MAX, "-1 = from the file, or 50")},
+        {.name = "--logits", CLI_STR, &o.logits,
+         "float32 .npy [heads, T, Lp+T] of pre-softmax logits"},
+        {.name = "--synthetic", CLI_STR, &o.synthetic,
+         "grid:W, W <= 64: synthetic 2-D locality logits"},
+        {.name = "--heads", CLI_INT, &o.heads, "heads (default: file / 1)",
+         CLI_INTS(-1, INT32_MAX, "-1 = from the file, or 1")},
+        {.name = "--seed", CLI_INT, &o.seed, "synthetic noise seed (default 1)",
+         CLI_INTS(0, INT64_MAX, NULL)},
+        {.name = "--alpha", CLI_F64, &o.alpha, "synthetic locality strength (default 0.5)"},
+        {.name = "--sigma", CLI_F64, &o.sigma, "synthetic logit noise std (default 0.5)"},
+        {.name = "--prompt-logit", CLI_F64, &o.prompt_logit, "synthetic prompt logit (default 0)"},
     };
     int rc = cli_parse(TRACE_CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;

@@ -344,16 +344,15 @@ static int profile(const prof_opts *o) {
 int flexdiag_cmd_profile(int argc, char **argv) {
     prof_opts o = {0};
     const cli_opt opts[] = {
-        {"--out", CLI_STR, &o.out,
+        {.name = "--out", CLI_STR, &o.out,
          "profile file (default $XDG_CACHE_HOME or ~/.cache: flexdiag/profile-<device>.json)"},
-        {"--offload-dir", CLI_STR, &o.offload_dir,
+        {.name = "--offload-dir", CLI_STR, &o.offload_dir,
          "folder on the disk the store will use: measure its O_DIRECT read rate"},
-        {"--cpu", CLI_FLAG, &o.cpu, "profile the CPU engine even if a GPU is present"},
-        {"--threads", CLI_INT, &o.threads, "CPU threads, 0..1024 (default 0: all cores)"},
+        {.name = "--cpu", CLI_FLAG, &o.cpu, "profile the CPU engine even if a GPU is present"},
+        {.name = "--threads", CLI_INT, &o.threads, "CPU threads (default 0: all cores)",
+         CLI_INTS(0, CLI_MAX_THREADS, "0 = all cores")},
     };
     int rc = cli_parse("profile", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
-    const cli_int_range r[] = {{"--threads", o.threads, 0, 1024, "0 = all cores"}};
-    if (cli_check_ints("profile", r, 1)) return 2;
     return profile(&o);
 }

@@ -300,27 +300,27 @@ int flexdiag_cmd_requests(int argc, char **argv) {
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
-        {"--batch", CLI_STR, &o.batch, "slots: a number, or auto (the most that fit; default)"},
-        {"--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: the batch)"},
-        {"--batching", CLI_STR, &o.batching,
+        {.name = "--batch", CLI_STR, &o.batch,
+         "slots: a number, or auto (the most that fit; default)"},
+        {.name = "--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: the batch)",
+         CLI_INTS(0, INT32_MAX, "0 = the batch")},
+        {.name = "--batching", CLI_STR, &o.batching,
          "comma list of continuous, blocks (default both: one row each)"},
-        {"--requests", CLI_INT, &o.n_requests, "requests in the mix (default 200)"},
-        {"--prompt-len", CLI_STR, &o.prompt_len,
+        {.name = "--requests", CLI_INT, &o.n_requests, "requests in the mix (default 200)",
+         CLI_INTS(1, 1 << 20, NULL)},
+        {.name = "--prompt-len", CLI_STR, &o.prompt_len,
          "prompt tokens of a request: N or LO:HI, drawn uniformly (default 16:512)"},
-        {"--gen-len", CLI_STR, &o.gen_len,
+        {.name = "--gen-len", CLI_STR, &o.gen_len,
          "text: tokens a request makes, N or LO:HI, drawn uniformly (default 8:256)"},
-        {"--mix-seed", CLI_INT, &o.mix_seed, "seed of the mix (default 1)"},
-        {"--arrival-rate", CLI_F64, &o.rate,
-         "requests per second of a Poisson stream (default 0: all at once)"},
-        {"--json", CLI_STR, &o.json, "append one JSON line per row to FILE"},
+        {.name = "--mix-seed", CLI_INT, &o.mix_seed, "seed of the mix (default 1)"},
+        {.name = "--arrival-rate", CLI_F64, &o.rate,
+         "requests per second of a Poisson stream (default 0: all at once)",
+         CLI_NUMS(0, 1e9, 0, "0 = all at once")},
+        {.name = "--json", CLI_STR, &o.json, "append one JSON line per row to FILE"},
     };
     int rc = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;
-    const cli_int_range ints[] = {{"--requests", o.n_requests, 1, 1 << 20, NULL},
-                                  {"--micro-batch", o.micro, 0, INT32_MAX, NULL}};
-    const cli_f64_range nums[] = {{"--arrival-rate", o.rate, 0, 1e9, 0, "0 = all at once"}};
-    if (cli_check_ints(CMD, ints, 2) || cli_check_f64s(CMD, nums, 1) || cli_check_model(CMD, &o.mo))
-        return 2;
+    if (cli_check_model(CMD, &o.mo)) return 2;
     if (!strstr(o.batching, "continuous") && !strstr(o.batching, "blocks"))
         return cli_errorf(CMD, 2, "--batching %s: give continuous, blocks or both", o.batching);
     flexdiag_runtime *rt = NULL;

@@ -630,17 +630,6 @@ static int check_flags(const search_opts *o) {
         fprintf(stderr, "flexdiag search: --model sizes a real checkpoint; drop --arch/--random-weights\n");
         return 2;
     }
-    const cli_int_range r[] = {
-        {"--prompt-len", o->prompt_len, 2, INT32_MAX, NULL},
-        {"--gen-len", o->gen_len, 0, 1 << 20, "0 = images, or 128 tokens for a text model"},
-        {"--max-batch", o->max_batch, 1, 1 << 16, NULL},
-        {"--images-per-prompt", o->per_prompt, 1, INT32_MAX, NULL},
-        {"--weight-step", o->weight_step, 1, 100, "percent of the layer weights"},
-        {"--top", o->top, 1, MAX_TOP, NULL},
-        {"--measure", o->measure, 0, 1000, NULL},
-        {"--steps", o->steps, 0, INT32_MAX, "0 = whole images"},
-        {"--threads", o->mo.threads, 0, 1024, "0 = all cores"},
-    };
     if (o->fid_prompts && !(o->min_fidelity > 0)) {
         fprintf(stderr, "flexdiag search: --fidelity-prompts sets what --min-fidelity measures "
                 "on: give --min-fidelity X too\n");
@@ -651,15 +640,9 @@ static int check_flags(const search_opts *o) {
                 "give --model DIR\n");
         return 2;
     }
-    const cli_f64_range f[] = {{"--max-sparsity", o->max_sparsity, 0, 1, 0, NULL},
-                               {"--min-fidelity", o->min_fidelity, 0, 1, 0, NULL}};
     int32_t rings[BENCH_MAX_LIST];
     int n_rings;
-    if (bench_parse_rings("search", o->n_rs, rings, &n_rings)) return 2;
-    return cli_check_ints("search", r, (int)(sizeof r / sizeof r[0])) ||
-                   cli_check_f64s("search", f, 2)
-               ? 2
-               : 0;
+    return bench_parse_rings("search", o->n_rs, rings, &n_rings) ? 2 : 0;
 }
 
 int flexdiag_cmd_search(int argc, char **argv) {
@@ -668,32 +651,45 @@ int flexdiag_cmd_search(int argc, char **argv) {
                      .n_rs = "0"};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
-        {"--prompt-len", CLI_INT, &o.prompt_len, "prompt tokens (default 50)"},
-        {"--gen-len", CLI_INT, &o.gen_len, "text models: new tokens per sequence (default 128)"},
-        {"--policies", CLI_STR, &o.policies, "comma list of policies to search (default dense)"},
-        {"--max-sparsity", CLI_F64, &o.max_sparsity,
-         "quality floor: highest sparsity tried, of 0.5,0.75,0.9,0.95,0.98 (default 0.9)"},
-        {"--min-fidelity", CLI_F64, &o.min_fidelity,
+        {.name = "--prompt-len", CLI_INT, &o.prompt_len, "prompt tokens (default 50)",
+         CLI_INTS(2, 1 << 20, NULL)},
+        {.name = "--gen-len", CLI_INT, &o.gen_len,
+         "text models: new tokens per sequence (default 128)",
+         CLI_INTS(0, 1 << 20, "0 = images, or 128 tokens for a text model")},
+        {.name = "--policies", CLI_STR, &o.policies,
+         "comma list of policies to search (default dense)"},
+        {.name = "--max-sparsity", CLI_F64, &o.max_sparsity,
+         "quality floor: highest sparsity tried, of 0.5,0.75,0.9,0.95,0.98 (default 0.9)",
+         CLI_NUMS(0, 1, 0, NULL)},
+        {.name = "--min-fidelity", CLI_F64, &o.min_fidelity,
          "quality floor: top-1 agreement with dense (bench fidelity on --model) a sparse policy "
-         "must reach"},
-        {"--fidelity-prompts", CLI_STR, &o.fid_prompts,
+         "must reach", CLI_NUMS(0, 1, 0, NULL)},
+        {.name = "--fidelity-prompts", CLI_STR, &o.fid_prompts,
          "--min-fidelity: a file of prompts (one a line) whose images the agreement is the mean "
          "over (default: one prompt)"},
-        {"--n-r", CLI_STR, &o.n_rs,
+        {.name = "--n-r", CLI_STR, &o.n_rs,
          "comma list of Diagonal ring sizes tried, the KV memory knob (default 0: the default "
          "ring, max(round(L_dec/2), N_att)); a ring below a sparsity's N_att is skipped"},
-        {"--max-batch", CLI_INT, &o.max_batch, "largest batch tried, powers of two (default 1024)"},
-        {"--images-per-prompt", CLI_INT, &o.per_prompt,
-         "images per prompt of the job (default 1): with more, sizes the shared prompt KV"},
-        {"--weight-step", CLI_INT, &o.weight_step, "GPU share step of --weights in percent (10)"},
-        {"--top", CLI_INT, &o.top, "candidates printed (default 5)"},
-        {"--profile", CLI_STR, &o.profile, "profile file (default: flexdiag profile's)"},
-        {"--measure", CLI_INT, &o.measure, "run the top K through flexdiag bench (default 0)"},
-        {"--steps", CLI_INT, &o.steps,
+        {.name = "--max-batch", CLI_INT, &o.max_batch,
+         "largest batch tried, powers of two (default 1024)",
+         CLI_INTS(1, 1 << 16, NULL)},
+        {.name = "--images-per-prompt", CLI_INT, &o.per_prompt,
+         "images per prompt of the job (default 1): with more, sizes the shared prompt KV",
+         CLI_INTS(1, 65536, "as generate's")},
+        {.name = "--weight-step", CLI_INT, &o.weight_step,
+         "GPU share step of --weights in percent (10)",
+         CLI_INTS(1, 100, "percent of the layer weights")},
+        {.name = "--top", CLI_INT, &o.top, "candidates printed (default 5)",
+         CLI_INTS(1, MAX_TOP, NULL)},
+        {.name = "--profile", CLI_STR, &o.profile, "profile file (default: flexdiag profile's)"},
+        {.name = "--measure", CLI_INT, &o.measure,
+         "run the top K through flexdiag bench (default 0)",
+         CLI_INTS(0, 1000, NULL)},
+        {.name = "--steps", CLI_INT, &o.steps,
          "--measure: tokens per image the measured runs take and the predictions beside them "
          "average over, as `bench --steps` projects (default all; the ranking stays on whole "
-         "images)"},
-        {"--json", CLI_FLAG, &o.json, "one JSON object per candidate on stdout"},
+         "images)", CLI_INTS(0, INT32_MAX, "0 = whole images")},
+        {.name = "--json", CLI_FLAG, &o.json, "one JSON object per candidate on stdout"},
     };
     int rc = cli_parse("search", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;

@@ -69,12 +69,35 @@ uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n) {
     return h;
 }
 
+/* "a whole number in [lo, hi]" or "a number in (lo, hi]": o's range as help and errors say it. */
+static void range_text(const cli_opt *o, char *buf, size_t n) {
+    if (o->type == CLI_INT)
+        snprintf(buf, n, "a whole number in [%lld, %lld]", (long long)o->lo, (long long)o->hi);
+    else
+        snprintf(buf, n, "a number in %c%g, %g]", o->lo_open ? '(' : '[', o->flo, o->fhi);
+}
+
 static void print_help(const char *cmd, const cli_opt *opts, int n) {
     printf("usage: flexdiag %s [flags]\n", cmd);
-    for (int i = 0; i < n; i++)
-        printf("  %-22s %s\n", opts[i].name, opts[i].help ? opts[i].help : "");
+    for (int i = 0; i < n; i++) {
+        char range[128] = "";
+        if (opts[i].ranged) range_text(&opts[i], range, sizeof range);
+        printf("  %-22s %s%s%s%s%s%s\n", opts[i].name, opts[i].help ? opts[i].help : "",
+               *range ? "; " : "", range, opts[i].ranged && opts[i].note ? " (" : "",
+               opts[i].ranged && opts[i].note ? opts[i].note : "",
+               opts[i].ranged && opts[i].note ? ")" : "");
+    }
     printf("  %-22s %s\n  %-22s %s\n", "--help", "these lines", "--version",
            "the version of flexdiag");
+}
+
+/* "flexdiag <cmd>: <flag> <value> is out of range: expected <range> (<note>)"; returns 2. */
+static int out_of_range(const char *cmd, const cli_opt *o, const char *value) {
+    char what[128];
+    range_text(o, what, sizeof what);
+    fprintf(stderr, "flexdiag %s: %s %s is out of range: expected %s%s%s%s\n", cmd, o->name,
+            value, what, o->note ? " (" : "", o->note ? o->note : "", o->note ? ")" : "");
+    return 2;
 }
 
 static int set_value(const char *cmd, const cli_opt *o, const char *v) {
@@ -85,12 +108,15 @@ static int set_value(const char *cmd, const cli_opt *o, const char *v) {
     case CLI_INT: {
         long long x = strtoll(v, &end, 10);
         if (end == v || *end || errno) break;
+        if (o->ranged && (x < o->lo || x > o->hi)) return out_of_range(cmd, o, v);
         *(int64_t *)o->dst = x;
         return 0;
     }
     case CLI_F64: {
         double x = strtod(v, &end);
         if (end == v || *end || errno || !isfinite(x)) break;
+        int inside = (o->lo_open ? x > o->flo : x >= o->flo) && x <= o->fhi;
+        if (o->ranged && !inside) return out_of_range(cmd, o, v);
         *(double *)o->dst = x;
         return 0;
     }
@@ -252,44 +278,17 @@ int cli_fail_io(const char *cmd) {
     return 1;
 }
 
-/* ---- value ranges ---- */
-
-/* "flexdiag <cmd>: <flag> <value> is out of range: expected <what> (<note>)"; returns 2. */
-static int out_of_range(const char *cmd, const char *flag, const char *value, const char *what,
-                        const char *note) {
-    fprintf(stderr, "flexdiag %s: %s %s is out of range: expected %s%s%s%s\n", cmd, flag, value,
-            what, note ? " (" : "", note ? note : "", note ? ")" : "");
-    return 2;
-}
-
-int cli_check_ints(const char *cmd, const cli_int_range *r, int n) {
-    for (int i = 0; i < n; i++) {
-        if (r[i].value >= r[i].lo && r[i].value <= r[i].hi) continue;
-        char value[32], what[96];
-        snprintf(value, sizeof value, "%lld", (long long)r[i].value);
-        snprintf(what, sizeof what, "a whole number in [%lld, %lld]", (long long)r[i].lo,
-                 (long long)r[i].hi);
-        return out_of_range(cmd, r[i].flag, value, what, r[i].note);
-    }
-    return 0;
-}
-
-int cli_check_f64s(const char *cmd, const cli_f64_range *r, int n) {
-    for (int i = 0; i < n; i++) {
-        double v = r[i].value;
-        if ((r[i].lo_open ? v > r[i].lo : v >= r[i].lo) && v <= r[i].hi) continue;
-        char value[32], what[96];
-        snprintf(value, sizeof value, "%g", v);
-        snprintf(what, sizeof what, "a number in %c%g, %g]", r[i].lo_open ? '(' : '[', r[i].lo,
-                 r[i].hi);
-        return out_of_range(cmd, r[i].flag, value, what, r[i].note);
-    }
-    return 0;
-}
-
 /* ---- model and policy flags ---- */
 
-#define CLI_MAX_THREADS 1024 /* the library's thread-pool limit (base/thread_pool.c) */
+const char *cli_arch_help(void) {
+    static char help[512];
+    if (help[0]) return help;
+    int at = snprintf(help, sizeof help, "builtin shape:");
+    for (int32_t i = 0; flexdiag_builtin_arch(i) && at < (int)sizeof help; i++)
+        at += snprintf(help + at, sizeof help - (size_t)at, "%s %s%s", i ? "," : "",
+                       flexdiag_builtin_arch(i), i ? "" : " (default)");
+    return help;
+}
 
 /* flag G,C,D (v; NULL: 100,0,0) into pct: three integers in 0..100 adding up to 100; what
  * names the percentages in the message. */
@@ -344,11 +343,6 @@ int cli_compress_bits(const char *cmd, const cli_model_opts *o, uint32_t *bits) 
 }
 
 int cli_check_model(const char *cmd, const cli_model_opts *o) {
-    const cli_int_range r[] = {
-        {"--seed", o->seed, 0, INT64_MAX, NULL},
-        {"--threads", o->threads, 0, CLI_MAX_THREADS, "0 = all cores"},
-        {"--cpu-attention-share", o->cpu_attn_share, 0, 100, "a percent"},
-    };
     uint32_t pct[3], bits;
     if (parse_weights(cmd, o->weights, pct) || cli_kv_pct(cmd, o, pct) ||
         cli_compress_bits(cmd, o, &bits))
@@ -359,7 +353,7 @@ int cli_check_model(const char *cmd, const cli_model_opts *o) {
                 cmd, (long long)o->cpu_attn_share);
         return 2;
     }
-    return cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]));
+    return 0;
 }
 
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
@@ -401,11 +395,6 @@ int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy
         fprintf(stderr, "flexdiag %s: --policy: %s\n", cmd, cli_last_error());
         return 2;
     }
-    const cli_int_range r[] = {
-        {"--n-att", o->n_att, 0, INT32_MAX, "0 derives it from --sparsity"},
-        {"--n-r", o->n_r, 0, INT32_MAX, "0 = the default ring"},
-    };
-    if (cli_check_ints(cmd, r, (int)(sizeof r / sizeof r[0]))) return 2;
     if (o->n_att > 0 && !isnan(o->sparsity)) {
         fprintf(stderr, "flexdiag %s: give --n-att or --sparsity, not both (--n-att %lld attends "
                 "%lld decode tokens per step; --sparsity %g attends round((1-S) L_dec))\n", cmd,

@@ -32,20 +32,36 @@ typedef enum cli_type {
     CLI_SIZE,  /* uint64_t bytes: 24G, 512M, 4096 (K/M/G/T, powers of 1024) */
 } cli_type;
 
+/* A flag. CLI_INT and CLI_F64 flags may carry the range of values the command accepts
+ * (CLI_INTS / CLI_NUMS in the initializer): the parser refuses a value outside it and --help
+ * prints it, so the two cannot disagree. Rules that involve other flags or the model (N_att
+ * <= L_dec) are the command's or the library's. */
 typedef struct cli_opt {
-    const char *name; /* "--gpu-mem" */
-    cli_type type;    /* value type */
-    void *dst;        /* where the value goes */
-    const char *help; /* one line for --help */
+    const char *name;   /* "--gpu-mem" */
+    cli_type type;      /* value type */
+    void *dst;          /* where the value goes */
+    const char *help;   /* one line for --help */
+    int ranged;         /* 1: the bounds below hold */
+    int64_t lo, hi;     /* CLI_INT: accepted, inclusive */
+    double flo, fhi;    /* CLI_F64: bounds; fhi inclusive */
+    int lo_open;        /* CLI_F64: 1 when flo itself is refused */
+    const char *note;   /* what to know about the range ("0 = off"), or NULL */
 } cli_opt;
 
+/* Designated tails of a cli_opt initializer (.name designated too, so entries without a range
+ * may leave the range fields out): {.name = "--top-k", CLI_INT, &k, "help", CLI_INTS(0,
+ * INT32_MAX, "0 = off")}. */
+#define CLI_INTS(l, h, n) .ranged = 1, .lo = (l), .hi = (h), .note = (n)
+#define CLI_NUMS(l, h, open, n) .ranged = 1, .flo = (l), .fhi = (h), .lo_open = (open), .note = (n)
+
 /* Parse argv[1..] (argv[0] is the subcommand). Accepts "--x v" and "--x=v"; CLI_F64 values
- * must be finite. Returns 0 on success, 1 if --help or --version was printed (exit 0), 2 after
- * printing an error naming the flag. A name registered twice in opts is a bug: it aborts. */
+ * must be finite, and ranged values inside their range. Returns 0 on success, 1 if --help or
+ * --version was printed (exit 0), 2 after printing an error naming the flag. A name registered
+ * twice in opts is a bug: it aborts. */
 int cli_parse(const char *cmd, int argc, char **argv, const cli_opt *opts, int n_opts);
-/* Print "flexdiag <cmd>: <library message>" for a failed status; return 2 for
- * FLEXDIAG_ERR_INVALID_ARG (the library refused a value the flags or the input gave it: the
- * messages name the flag), 1 for every other failure. */
+/* Print "flexdiag <cmd>: <library message>" (cli_last_error) for a failed status; return 2 for
+ * FLEXDIAG_ERR_INVALID_ARG (the library refused a value the flags or the input gave it), 1 for
+ * every other failure. */
 int cli_fail(const char *cmd, flexdiag_status st);
 /* The thread's last library message with each params field it names ("context_params.kv_pct")
  * written as the flag that sets it ("--kv"); valid until the next call on this thread. */
@@ -65,36 +81,11 @@ double cli_now(void);
  * generated image that does not depend on the host's byte order). */
 uint64_t cli_fnv1a64_ids(const int32_t *ids, int64_t n);
 
-/* ---- value ranges: flags whose values the parser accepted but the command does not ---- */
-
-/* An integer flag's value and the range [lo, hi] the command accepts. */
-typedef struct cli_int_range {
-    const char *flag; /* "--top-k" */
-    int64_t value;    /* as parsed */
-    int64_t lo, hi;   /* accepted, inclusive */
-    const char *note; /* what to know about the range ("0 = off"), or NULL */
-} cli_int_range;
-
-/* A number flag's value and the range the command accepts: [lo, hi], or (lo, hi] with lo_open.
- * Non-finite values never get here: cli_parse refuses them. */
-typedef struct cli_f64_range {
-    const char *flag; /* "--top-p" */
-    double value;     /* as parsed */
-    double lo, hi;    /* bounds */
-    int lo_open;      /* 1: lo itself is refused */
-    const char *note; /* what to know about the range, or NULL */
-} cli_f64_range;
-
-/* Check every entry; at the first value out of range print "flexdiag <cmd>: --flag V is out of
- * range: expected ... in [lo, hi] (note)" and return 2, else 0. */
-int cli_check_ints(const char *cmd, const cli_int_range *r, int n);
-int cli_check_f64s(const char *cmd, const cli_f64_range *r, int n);
-
 /* ---- model and policy flags shared by generate, score, bench ---- */
 
 typedef struct cli_model_opts {
     const char *model;  /* --model DIR (NULL: builtin) */
-    const char *arch;   /* --arch tiny-janus|janus-pro-1b|janus-pro-7b */
+    const char *arch;   /* --arch NAME: a builtin shape (cli_arch_help) */
     int64_t seed;       /* --seed: random-weight seed */
     int random_weights; /* --random-weights (implied without --model) */
     int cpu;            /* --cpu: force the CPU engine */
@@ -123,52 +114,63 @@ typedef struct cli_policy_opts {
 
 #define CLI_POLICY_OPTS_INIT {NULL, NAN, 0, 0}
 
+#define CLI_MAX_THREADS 1024 /* the library's thread-pool limit (base/thread_pool.c) */
+#define CLI_MAX_RING 32767   /* the library's largest Diagonal ring (policy/kv_policy.c) */
+
+/* The --arch help line: the library's builtin shapes (flexdiag_builtin_arch), tiny-janus the
+ * default; a static string. */
+const char *cli_arch_help(void);
+
 /* The model flags; seed_help says what --seed seeds in the command. */
 #define CLI_MODEL_FLAGS_SEED(o, seed_help)                                                         \
-    {"--model", CLI_STR, &(o)->model,                                                              \
+    {.name = "--model", CLI_STR, &(o)->model,                                                      \
      "model folder (config.json + safetensors); default builtin"},                                 \
-    {"--arch", CLI_STR, &(o)->arch,                                                                \
-     "builtin shape: tiny-janus (default), micro-janus, janus-pro-1b, janus-pro-7b"},              \
-    {"--random-weights", CLI_FLAG, &(o)->random_weights,                                           \
+    {.name = "--arch", CLI_STR, &(o)->arch, cli_arch_help()},                                      \
+    {.name = "--random-weights", CLI_FLAG, &(o)->random_weights,                                   \
      "seeded random weights (builtin shapes)"},                                                    \
-    {"--seed", CLI_INT, &(o)->seed, seed_help},                                                    \
-    {"--cpu", CLI_FLAG, &(o)->cpu, "use the CPU engine even if a GPU is present"},                 \
-    {"--gpu-mem", CLI_SIZE, &(o)->gpu_mem, "GPU memory budget, e.g. 24G or 48G"},                  \
-    {"--threads", CLI_INT, &(o)->threads, "CPU threads, 0..1024 (default 0: all cores)"},          \
-    {"--weights", CLI_STR, &(o)->weights,                                                          \
+    {.name = "--seed", CLI_INT, &(o)->seed, seed_help, CLI_INTS(0, INT64_MAX, NULL)},              \
+    {.name = "--cpu", CLI_FLAG, &(o)->cpu, "use the CPU engine even if a GPU is present"},         \
+    {.name = "--gpu-mem", CLI_SIZE, &(o)->gpu_mem, "GPU memory budget, e.g. 24G or 48G"},          \
+    {.name = "--threads", CLI_INT, &(o)->threads, "CPU threads (default 0: all cores)",            \
+     CLI_INTS(0, CLI_MAX_THREADS, "0 = all cores")},                                               \
+    {.name = "--weights", CLI_STR, &(o)->weights,                                                  \
      "G,C,D: percent of every layer's weights on GPU, pinned CPU, disk (default 100,0,0)"},        \
-    {"--compress-weights", CLI_STR, &(o)->compress,                                                \
+    {.name = "--compress-weights", CLI_STR, &(o)->compress,                                        \
      "none (default) or 4bit: the weights --weights puts on CPU and disk kept in 4-bit groups "    \
      "of 64 (4.5 bits a value; lossy), moved packed and unpacked on the device"},                  \
-    {"--cpu-mem", CLI_SIZE, &(o)->cpu_mem,                                                         \
+    {.name = "--cpu-mem", CLI_SIZE, &(o)->cpu_mem,                                                 \
      "pinned host memory budget (default: what --weights needs)"},                                 \
-    {"--disk-mem", CLI_SIZE, &(o)->disk_mem,                                                       \
-     "disk budget of the offload store (default: what --weights and --kv need)"},                          \
-    {"--offload-dir", CLI_STR, &(o)->offload_dir,                                                  \
+    {.name = "--disk-mem", CLI_SIZE, &(o)->disk_mem,                                               \
+     "disk budget of the offload store (default: what --weights and --kv need)"},                  \
+    {.name = "--offload-dir", CLI_STR, &(o)->offload_dir,                                          \
      "folder for the offload store (a file created there and unlinked at once)"},                  \
-    {"--kv", CLI_STR, &(o)->kv,                                                                    \
+    {.name = "--kv", CLI_STR, &(o)->kv,                                                            \
      "G,C,D: percent of the micro-batches whose KV cache lives on GPU, pinned CPU, disk "          \
-     "(default 100,0,0; disk needs --offload-dir)"},                                                           \
-    {"--cpu-attention", CLI_FLAG, &(o)->cpu_attention,                                             \
+     "(default 100,0,0; disk needs --offload-dir)"},                                               \
+    {.name = "--cpu-attention", CLI_FLAG, &(o)->cpu_attention,                                     \
      "decode attention of the CPU-homed micro-batches on the CPU, over their KV in place "         \
      "(dense, window, streaming; needs --kv with a CPU share)"},                                   \
-    {"--cpu-attention-share", CLI_INT, &(o)->cpu_attn_share,                                       \
-     "PCT, 1..100: with --cpu-attention, the percent of the CPU-homed micro-batches the CPU "      \
-     "attends (default 100); the GPU attends the others over rows streamed from the same home"}
+    {.name = "--cpu-attention-share", CLI_INT, &(o)->cpu_attn_share,                               \
+     "PCT: with --cpu-attention, the percent of the CPU-homed micro-batches the CPU attends "      \
+     "(default 100); the GPU attends the others over rows streamed from the same home",            \
+     CLI_INTS(0, 100, "0 = not given: 100")}
 
 #define CLI_MODEL_FLAGS(o) CLI_MODEL_FLAGS_SEED(o, "random-weight seed (default 1)")
 
 #define CLI_POLICY_FLAGS(o)                                                                        \
-    {"--policy", CLI_STR, &(o)->policy,                                                            \
+    {.name = "--policy", CLI_STR, &(o)->policy,                                                    \
      "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4 (default dense)"},             \
-    {"--sparsity", CLI_F64, &(o)->sparsity,                                                        \
-     "S in [0, 1]: N_att = round((1-S) L_dec); or give --n-att (a sparse policy needs one)"},      \
-    {"--n-att", CLI_INT, &(o)->n_att, "attended decode tokens per step, 1..L_dec"},                \
-    {"--n-r", CLI_INT, &(o)->n_r,                                                                  \
-     "Diagonal ring size, N_att..32767 (default max(round(L_dec/2), N_att))"}
+    {.name = "--sparsity", CLI_F64, &(o)->sparsity,                                                \
+     "S: N_att = round((1-S) L_dec); or give --n-att (a sparse policy needs one)",                 \
+     CLI_NUMS(0, 1, 0, NULL)},                                                                     \
+    {.name = "--n-att", CLI_INT, &(o)->n_att, "attended decode tokens per step, at most L_dec",    \
+     CLI_INTS(0, INT32_MAX, "0 = not given: from --sparsity")},                                    \
+    {.name = "--n-r", CLI_INT, &(o)->n_r,                                                          \
+     "Diagonal ring size, at least N_att (default max(round(L_dec/2), N_att))",                    \
+     CLI_INTS(0, CLI_MAX_RING, "0 = not given: the default ring")}
 
-/* Range checks of the model flags (--seed, --threads, --weights, --kv); prints the error and
- * returns 2. */
+/* Checks of the model flags the parser cannot make (--weights, --kv, --compress-weights, and
+ * --cpu-attention-share only with --cpu-attention); prints the error and returns 2. */
 int cli_check_model(const char *cmd, const cli_model_opts *o);
 /* --compress-weights as flexdiag_model_params.compress_weights (0 or 4); 2 after a message. */
 int cli_compress_bits(const char *cmd, const cli_model_opts *o, uint32_t *bits);
@@ -180,9 +182,9 @@ void cli_kv_homes(const char *cmd, const cli_model_opts *o, flexdiag_context_par
  * a bad flag, 1 for a runtime failure. */
 int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **rt,
                    flexdiag_model **m);
-/* Policy params from the flags: the name, the int32 range of --n-att / --n-r and that --n-att
- * and --sparsity are not both given; a --sparsity not given becomes NaN, which the library
- * refuses for a sparse policy without --n-att ("needs a budget"). Every other rule is the
+/* Policy params from the flags: the name and that --n-att and --sparsity are not both given;
+ * a --sparsity not given becomes NaN, which the library refuses for a sparse policy without
+ * --n-att ("needs a budget"). Every other rule is the
  * library's one validation (docs/policies.md §0.6), run at context creation (or by the bench
  * tool before it), whose INVALID_ARG cli_fail turns into exit 2. Prints the error and returns 2
  * on bad flags. */

@@ -121,15 +121,6 @@ static int check_flags(const decode_opts *o) {
         fprintf(stderr, "flexdiag %s: give --out DIR (PNGs) and/or --raw FILE.npy\n", CMD);
         return 2;
     }
-    if (o->batch < 1 || o->batch > 4096) {
-        fprintf(stderr, "flexdiag %s: --batch %lld: give 1..4096\n", CMD, (long long)o->batch);
-        return 2;
-    }
-    if (o->threads < 0 || o->threads > 1024) {
-        fprintf(stderr, "flexdiag %s: --threads %lld: give 0 (all cores) .. 1024\n", CMD,
-                (long long)o->threads);
-        return 2;
-    }
     if (o->out && cli_mkdirs(o->out) != 0) {
         fprintf(stderr, "flexdiag %s: --out %s: cannot create the folder\n", CMD, o->out);
         return 1;
@@ -140,13 +131,15 @@ static int check_flags(const decode_opts *o) {
 int flexdiag_cmd_decode(int argc, char **argv) {
     decode_opts o = {.batch = 4};
     const cli_opt opts[] = {
-        {"--model", CLI_STR, &o.model, "model folder (config.json + safetensors)"},
-        {"--tokens", CLI_STR, &o.tokens, "image token ids, int64 .npy [n, h*w]"},
-        {"--out", CLI_STR, &o.out, "folder for <i>.png (created if missing)"},
-        {"--raw", CLI_STR, &o.raw, "also write float32 pixels [n, H, W, 3] to this .npy"},
-        {"--cpu", CLI_FLAG, &o.cpu, "decode on the CPU even if a GPU is present"},
-        {"--batch", CLI_INT, &o.batch, "images decoded together (default 4)"},
-        {"--threads", CLI_INT, &o.threads, "CPU threads (default: all cores)"},
+        {.name = "--model", CLI_STR, &o.model, "model folder (config.json + safetensors)"},
+        {.name = "--tokens", CLI_STR, &o.tokens, "image token ids, int64 .npy [n, h*w]"},
+        {.name = "--out", CLI_STR, &o.out, "folder for <i>.png (created if missing)"},
+        {.name = "--raw", CLI_STR, &o.raw, "also write float32 pixels [n, H, W, 3] to this .npy"},
+        {.name = "--cpu", CLI_FLAG, &o.cpu, "decode on the CPU even if a GPU is present"},
+        {.name = "--batch", CLI_INT, &o.batch, "images decoded together (default 4)",
+         CLI_INTS(1, 4096, NULL)},
+        {.name = "--threads", CLI_INT, &o.threads, "CPU threads (default 0: all cores)",
+         CLI_INTS(0, CLI_MAX_THREADS, "0 = all cores")},
     };
     int rc = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;

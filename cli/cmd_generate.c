@@ -639,25 +639,6 @@ static int generate_job(gen_run *r, const flexdiag_policy_params *pp) {
 
 /* ---- flags ---- */
 
-/* Ranges of the numeric flags this command owns (the policy's are the library's). */
-static int check_ranges(const gen_opts *o) {
-    const cli_int_range ints[] = {
-        {"--images-per-prompt", o->per_prompt, 1, 65536, NULL},
-        {"--micro-batch", o->micro_batch, 0, INT32_MAX, "0 = the whole block"},
-        {"--max-prompt-len", o->max_prompt_len, 2, INT32_MAX, "BOS .. <begin_of_image>"},
-        {"--max-new-tokens", o->max_new_tokens, 0, 1 << 20, "0 = 128; text models only"},
-        {"--top-k", o->top_k, 0, INT32_MAX, "0 = off"},
-        {"--sample-seed", o->sample_seed, 0, INT64_MAX, NULL},
-    };
-    const cli_f64_range nums[] = {
-        {"--cfg", o->cfg, 0, 100, 0, "0 = unconditional only, 1 = conditional only"},
-        {"--temperature", o->temperature, 0, 100, 1, "0 is not greedy decoding: use --top-k 1"},
-        {"--top-p", o->top_p, 0, 1, 1, "1 = off"},
-    };
-    if (cli_check_ints(CMD, ints, (int)(sizeof ints / sizeof ints[0]))) return 2;
-    return cli_check_f64s(CMD, nums, (int)(sizeof nums / sizeof nums[0]));
-}
-
 static int check_opts(gen_opts *o) {
     if (!o->out) return fail(2, "--out DIR is required");
     o->layout = CLI_LAYOUT_COUNT;
@@ -676,7 +657,7 @@ static int check_opts(gen_opts *o) {
     if (strcmp(o->batching, "continuous") && strcmp(o->batching, "blocks"))
         return fail(2, "--batching: unknown mode '%s' (valid: continuous, blocks)", o->batching);
     o->blocks = !strcmp(o->batching, "blocks");
-    return check_ranges(o) || cli_check_model(CMD, &o->mo) ? 2 : 0;
+    return cli_check_model(CMD, &o->mo);
 }
 
 int flexdiag_cmd_generate(int argc, char **argv) {
@@ -686,33 +667,43 @@ int flexdiag_cmd_generate(int argc, char **argv) {
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
-        {"--prompt", CLI_STR, &o.prompt, "prompt text (default: \"" DEFAULT_PROMPT "\")"},
-        {"--prompts", CLI_STR, &o.prompts_file, "prompt file (one per line; see --layout)"},
-        {"--images-per-prompt", CLI_INT, &o.per_prompt, "images per prompt (default 4)"},
-        {"--out", CLI_STR, &o.out, "output folder (created if missing)"},
-        {"--layout", CLI_STR, &o.layout_name,
+        {.name = "--prompt", CLI_STR, &o.prompt, "prompt text (default: \"" DEFAULT_PROMPT "\")"},
+        {.name = "--prompts", CLI_STR, &o.prompts_file, "prompt file (one per line; see --layout)"},
+        {.name = "--images-per-prompt", CLI_INT, &o.per_prompt, "images per prompt (default 4)",
+         CLI_INTS(1, 65536, NULL)},
+        {.name = "--out", CLI_STR, &o.out, "output folder (created if missing)"},
+        {.name = "--layout", CLI_STR, &o.layout_name,
          "plain (<prompt>/<sample>.png, default) | geneval (--prompts evaluation_metadata.jsonl)"
          " | dpg (--prompts folder of <id>.txt or <id>\\t<prompt> lines; <id>.png grids)"},
-        {"--batch", CLI_STR, &o.batch,
+        {.name = "--batch", CLI_STR, &o.batch,
          "images generated together, or 'auto': the most that fit the device (--gpu-mem); "
          "default auto on a GPU, 16 on the CPU engine without --gpu-mem"},
-        {"--batching", CLI_STR, &o.batching,
+        {.name = "--batching", CLI_STR, &o.batching,
          "continuous (default): a finished image's slot takes the next image at the next step; "
          "blocks: --batch images at a time in lock step, blocks evened over the job"},
-        {"--micro-batch", CLI_INT, &o.micro_batch, "images per micro-batch (default: batch)"},
-        {"--max-prompt-len", CLI_INT, &o.max_prompt_len, "prompt capacity in tokens (default 128)"},
-        {"--max-new-tokens", CLI_INT, &o.max_new_tokens,
+        {.name = "--micro-batch", CLI_INT, &o.micro_batch,
+         "images per micro-batch (default: batch)",
+         CLI_INTS(0, INT32_MAX, "0 = the whole block")},
+        {.name = "--max-prompt-len", CLI_INT, &o.max_prompt_len,
+         "prompt capacity in tokens (default 128)",
+         CLI_INTS(2, 1 << 20, "BOS .. <begin_of_image>")},
+        {.name = "--max-new-tokens", CLI_INT, &o.max_new_tokens,
          "text models (OPT, Llama; Lumina-mGPT as a text model): tokens generated per prompt "
-         "(default 128); greedy: --top-k 1"},
-        {"--cfg", CLI_F64, &o.cfg,
-         "classifier-free guidance weight, 0..100 (default 5.0; Lumina-mGPT's README uses 4.0)"},
-        {"--temperature", CLI_F64, &o.temperature, "sampling temperature, (0, 100] (default 1.0)"},
-        {"--top-k", CLI_INT, &o.top_k,
-         "top-k sampling (default 0: off, for Lumina-mGPT images 2000; 1: greedy)"},
-        {"--top-p", CLI_F64, &o.top_p, "top-p sampling, (0, 1] (default 1: off)"},
-        {"--sample-seed", CLI_INT, &o.sample_seed, "sampling seed (default 0)"},
-        {"--quiet", CLI_FLAG, &o.quiet, "no progress lines"},
-        {"--resume", CLI_FLAG, &o.resume,
+         "(default 128); greedy: --top-k 1", CLI_INTS(0, 1 << 20, "0 = 128")},
+        {.name = "--cfg", CLI_F64, &o.cfg,
+         "classifier-free guidance weight (default 5.0; Lumina-mGPT's README uses 4.0)",
+         CLI_NUMS(0, 100, 0, "0 = unconditional only, 1 = conditional only")},
+        {.name = "--temperature", CLI_F64, &o.temperature, "sampling temperature (default 1.0)",
+         CLI_NUMS(0, 100, 1, "0 is not greedy decoding: use --top-k 1")},
+        {.name = "--top-k", CLI_INT, &o.top_k,
+         "top-k sampling (default 0: off, for Lumina-mGPT images 2000; 1: greedy)",
+         CLI_INTS(0, INT32_MAX, "0 = off")},
+        {.name = "--top-p", CLI_F64, &o.top_p, "top-p sampling (default 1: off)",
+         CLI_NUMS(0, 1, 1, "1 = off")},
+        {.name = "--sample-seed", CLI_INT, &o.sample_seed, "sampling seed (default 0)",
+         CLI_INTS(0, INT64_MAX, NULL)},
+        {.name = "--quiet", CLI_FLAG, &o.quiet, "no progress lines"},
+        {.name = "--resume", CLI_FLAG, &o.resume,
          "keep the complete images an earlier run of this job left in --out, make the rest "
          "(refused when --out holds another configuration's)"},
     };

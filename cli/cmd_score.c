@@ -66,9 +66,10 @@ int flexdiag_cmd_score(int argc, char **argv) {
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&mo),
         CLI_POLICY_FLAGS(&po),
-        {"--input", CLI_STR, &input, "JSON {prompt_ids, image_ids, cfg_weight}"},
-        {"--out", CLI_STR, &out, "output .npy (float32)"},
-        {"--raw", CLI_FLAG, &raw, "write per-row logits [rows, n, V] instead of CFG-combined"},
+        {.name = "--input", CLI_STR, &input, "JSON {prompt_ids, image_ids, cfg_weight}"},
+        {.name = "--out", CLI_STR, &out, "output .npy (float32)"},
+        {.name = "--raw", CLI_FLAG, &raw,
+         "write per-row logits [rows, n, V] instead of CFG-combined"},
     };
     int rc = cli_parse("score", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;

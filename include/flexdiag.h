@@ -60,8 +60,8 @@ extern "C" {
  * images_per_prompt (shared prompt KV). 10: model_params compress_weights. 11: context_params
  * cpu_attention_pct, offload_info cpu_attn_mb and host_mb. 12: the request queue
  * (flexdiag_submit, flexdiag_handle_*), context_params queue_images and batching, status
- * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. */
-#define FLEXDIAG_API_VERSION 12u
+ * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. 13: flexdiag_builtin_arch. */
+#define FLEXDIAG_API_VERSION 13u
 
 /* ---- enums ---- */
 
@@ -291,6 +291,9 @@ FLEXDIAG_API flexdiag_status flexdiag_model_load(flexdiag_runtime *rt, const cha
                                                  flexdiag_model **out);
 /* Destroy; NULL is a no-op. */
 FLEXDIAG_API void flexdiag_model_destroy(flexdiag_model *m);
+/* Name i (0, 1, ...) of the builtin shapes model_params.arch takes with a NULL path, "tiny-janus"
+ * (the default) first; static string, NULL past the last. Since API version 13. */
+FLEXDIAG_API const char *flexdiag_builtin_arch(int32_t i);
 /* Pixel size of the model's decoded images; *h = *w = 0 when it has no image decoder. */
 FLEXDIAG_API flexdiag_status flexdiag_model_image_size(const flexdiag_model *m, int32_t *h,
                                                        int32_t *w);

@@ -538,6 +538,19 @@ static int builtin_opt(flexdiag_model_config *m, const char *name) {
     return 1;
 }
 
+/* Every name flexdiag__config_builtin accepts, in the order --help lists them (tiny-janus, the
+ * default, first); test_cli_firstrun loads each. */
+static const char *const builtin_names[] = {
+    "tiny-janus",     "micro-janus", "janus-pro-1b", "janus-pro-7b", "llama-2-7b", "lumina-mgpt-7b",
+    "micro-lumina",   "micro-opt",   "opt-6.7b",     "opt-30b",      "opt-175b",
+};
+
+const char *flexdiag_builtin_arch(int32_t i) {
+    return i >= 0 && i < (int32_t)(sizeof builtin_names / sizeof builtin_names[0])
+               ? builtin_names[i]
+               : NULL;
+}
+
 flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config *out) {
     if (!name || !strcmp(name, "tiny-janus")) {
         /* Janus structure at toy size: 4 layers, d 256, 4 heads of 64, 576-token images. The

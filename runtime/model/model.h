@@ -158,7 +158,7 @@ static inline flexdiag_layer_w flexdiag__layer_view(const flexdiag_weights *w, c
  * (limits in config.c); a refusal names the file, the field as written, the value and the
  * accepted range. */
 flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *out);
-/* Builtin shape by name (tiny-janus, micro-janus, janus-pro-1b, janus-pro-7b). */
+/* Builtin shape by name (flexdiag_builtin_arch lists them). */
 flexdiag_status flexdiag__config_builtin(const char *name, flexdiag_model_config *out);
 /* The checks of config_load on a filled config (ranges and relations between fields); messages
  * name c->source and the field. */
