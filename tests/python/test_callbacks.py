@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: MIT
 """Progress callbacks and cancel: both phases reported, cancel by returning False, by
-Context.cancel() from another thread while a run is in flight, and exceptions raised inside
-callbacks raised again in the caller (the context stays usable)."""
+Context.cancel() from another thread while a run is in flight and by Ctrl+C, and exceptions
+raised inside callbacks raised again in the caller (the context stays usable)."""
+import _thread
 import threading
+import time
 
 import pytest
 
 import flexdiag
+from flexdiag._queue import WAIT_SLICE_S
 
 PROMPT = "a cat"
 
@@ -105,3 +108,21 @@ def test_done_callback_gets_the_status(ctx):
     assert done.wait(30)
     assert got == [(h, flexdiag.Status.OK)]
     h.close()
+
+
+def test_ctrl_c_cancels_the_request(micro):
+    steps, fired = [], []
+
+    def interrupt_once(phase, done, total):
+        steps.append(done)
+        if phase == flexdiag.PHASE_DECODE and done == 2 and not fired:
+            fired.append(done)
+            _thread.interrupt_main()  # what Ctrl+C does to the waiting main thread
+            time.sleep(3 * WAIT_SLICE_S)  # the wait returns to Python meanwhile
+        return True
+
+    with context(micro, interrupt_once) as c:
+        with pytest.raises(KeyboardInterrupt):
+            c.generate(PROMPT, images_per_prompt=2, seed=1, image_format=None)
+        assert max(steps) < 64
+        assert len(c.generate(PROMPT, seed=1, image_format=None)) == 1
