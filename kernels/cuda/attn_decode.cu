@@ -784,7 +784,7 @@ static size_t part_bytes(const flexdiag_attn_args *a, int64_t per_row) {
 /* Cascade when FLEXDIAG_CASCADE=1, the caller gave a plan, the prompts are shared by two
  * sequences or more on average (n_pre bounds the distinct prompts) and the stream's workspace
  * holds the partials: the prompt-only store is then read once per group of rows. Off by
- * default: on the H200 at Janus-Pro-7B shapes (bench/RESULTS.md, session 13) it made the
+ * default: on the H200 at Janus-Pro-7B shapes (docs/results-history.md, session 13) it made the
  * decode step 2-6 % slower, the prompt rows of a prompt's sequences being L2 hits already and
  * the short ring-only lists as latency-bound as the longer ones. */
 static bool decode_cascade(const flexdiag_attn_args *a, const flexdiag_stream *s) {
@@ -800,8 +800,8 @@ static bool decode_cascade(const flexdiag_attn_args *a, const flexdiag_stream *s
  * head of consecutive sequences, so the CTAs in flight on a multiprocessor read one or a few
  * prompt blocks of one head and their prompt rows come from L1 instead of each CTA pulling them
  * through L2 (sequence-major, the CTAs in flight read 32 heads' blocks). Every CTA computes what
- * it did before: the same bits. 2.6-3.1 % less time a layer on an H100 (bench/RESULTS.md,
- * session 24); FLEXDIAG_DEC_HEAD_MAJOR=0 keeps sequence-major order. */
+ * it did before: the same bits. 2.6-3.1 % less time a layer on an H100
+ * (docs/results-history.md, session 24); FLEXDIAG_DEC_HEAD_MAJOR=0 keeps sequence-major order. */
 static bool decode_head_major(const flexdiag_attn_args *a, bool cascade) {
     const char *env = getenv("FLEXDIAG_DEC_HEAD_MAJOR");
     return !(env && !strcmp(env, "0")) && a->prefix && !cascade;
