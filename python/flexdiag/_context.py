@@ -72,7 +72,7 @@ def _on_progress(phase, done, total, user):
     with in_callback():
         try:
             return st.fn(phase, done, total) is not False
-        except BaseException as e:  # noqa: B036 - nothing may unwind into C
+        except BaseException as e:  # nothing may unwind into C
             st.error = e
             return False
 
@@ -149,8 +149,10 @@ class Context(Native):
         returns a Handle at once. Sampling arguments left None take the library's defaults
         (flexdiag_request_init: cfg_weight 5, temperature 1, top_k 0, top_p 1, seed 0).
         Callbacks run on the engine thread: on_image(handle, index, tokens) per finished
-        image, on_token(handle, index, step, id) per token, on_done(handle, status).
-        wait_for_room False: Error BUSY when the queue is full."""
+        image (tokens: a flat list), on_token(handle, index, step, id) per token,
+        on_done(handle, status) at the end; an exception in one cancels the request, the
+        request's later callbacks are skipped and result() raises it. wait_for_room False:
+        Error BUSY when the queue is full."""
         req = Q.CRequest(prompts, images_per_prompt=images_per_prompt, cfg_weight=cfg_weight,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          first_image=first_image)
@@ -164,8 +166,8 @@ class Context(Native):
         give id lists); max_new_tokens None: the context's; stop_at_eos: a sequence ends after
         the model's end id; images_per_prompt: continuations per prompt. Callbacks as
         submit(), on_image per finished sequence."""
-        req = Q.CRequest(prompts, images_per_prompt=images_per_prompt, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         first_image=first_image)
+        req = Q.CRequest(prompts, images_per_prompt=images_per_prompt, temperature=temperature,
+                         top_k=top_k, top_p=top_p, seed=seed, first_image=first_image)
         return self._submit("text", req, on_image, on_token, on_done, wait_for_room,
                             max_new_tokens=max_new_tokens, stop_at_eos=stop_at_eos)
 

@@ -92,7 +92,8 @@ def u8_plain(floats):
     Rounding each step through array('f') gives the fp32 results: x + 1 is rounded once, the
     halving is exact and the product of an fp32 value and 255 is exact in a double before its
     one rounding to fp32."""
-    scaled = array.array("f", (y * 0.5 * 255.0 for y in array.array("f", (x + 1.0 for x in floats))))
+    plus_one = array.array("f", (x + 1.0 for x in floats))
+    scaled = array.array("f", (y * 0.5 * 255.0 for y in plus_one))
     return bytes(0 if not v > 0.0 else (255 if v > 255.0 else int(v)) for v in scaled)
 
 

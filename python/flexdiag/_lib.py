@@ -56,9 +56,12 @@ class Error(Exception):
     """A failed libflexdiag call: .status (Status, an int) and .message (the library's text)."""
 
     def __init__(self, code, message):
+        super().__init__(code, message)  # args as given: it pickles
         self.status = status(code)
         self.message = message
-        super().__init__(f"{message} [{self.status_name}]")
+
+    def __str__(self):
+        return f"{self.message} [{self.status_name}]"
 
     @property
     def status_name(self):

@@ -109,7 +109,7 @@ class _Pending:
             return
         try:
             fn(self.handle(), *args)
-        except BaseException as e:  # noqa: B036 - nothing may unwind into C
+        except BaseException as e:  # nothing may unwind into C
             self.error = e
             lib().flexdiag_handle_cancel(h)
 

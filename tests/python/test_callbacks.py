@@ -104,7 +104,11 @@ def test_exception_in_image_callback_is_raised_by_result(ctx):
 def test_done_callback_gets_the_status(ctx):
     got = []
     done = threading.Event()
-    h = ctx.submit(PROMPT, seed=1, on_done=lambda handle, st: (got.append((handle, st)), done.set()))
+    def on_done(handle, st):
+        got.append((handle, st))
+        done.set()
+
+    h = ctx.submit(PROMPT, seed=1, on_done=on_done)
     assert done.wait(30)
     assert got == [(h, flexdiag.Status.OK)]
     h.close()

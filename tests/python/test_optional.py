@@ -53,5 +53,6 @@ def test_conversion_rule_on_both_paths():
     # every value whose fp32 steps land next to an integer, and random ones
     k = np.arange(256, dtype=np.float32)
     near = np.concatenate([k * 2 / 255 - 1 + d for d in (-1e-7, 0, 1e-7)]).astype(np.float32)
-    x = np.concatenate([near, np.random.default_rng(1).uniform(-1.1, 1.1, 20000)]).astype(np.float32)
+    rand = np.random.default_rng(1).uniform(-1.1, 1.1, 20000)
+    x = np.concatenate([near, rand]).astype(np.float32)
     assert _images.u8_plain(x.tolist()) == _images.u8_numpy(np, x).tobytes()

@@ -49,9 +49,13 @@ def micro_opt(runtime):
 
 def test_prompt_ids_stream_and_stop_at_eos(micro_opt):
     streamed = {}
+
+    def on_token(handle, index, step, token):
+        streamed.setdefault(index, []).append(token)
+
     with flexdiag.Context(micro_opt, max_images=4, max_new_tokens=48) as c:
         rs = c.generate_text([[2, 50, 81], [2, 60]], images_per_prompt=3, seed=9,
-                             on_token=lambda h, i, step, tok: streamed.setdefault(i, []).append(tok))
+                             on_token=on_token)
     assert [r.index for r in rs] == list(range(6))
     for r in rs:
         assert r.text is None  # the builtin shape has no tokenizer.json
