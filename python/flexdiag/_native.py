@@ -63,7 +63,7 @@ class Native:
         self._ptr = None
         self._cv = threading.Condition()
         self._busy = 0
-        self._parent = parent
+        self._parent = parent  # kept alive while this object is: the C object needs it
         for g in self._groups:
             setattr(self, g, weakref.WeakSet())
 

@@ -6,6 +6,7 @@ defaults for the rest), runtime and model creation, and the model's queries: ima
 id, pixel decoding of token grids and detokenization. Contexts live in _context.py.
 """
 import ctypes as C
+import os
 
 from . import _images as I
 from . import _structs as S
@@ -60,8 +61,8 @@ class Model(Native):
         S.fill(p, params, "Model")
         ptr = C.c_void_p()
         with runtime._call() as rt:
-            check(lib().flexdiag_model_load(rt, path.encode() if path else None, C.byref(p),
-                                            C.byref(ptr)))
+            check(lib().flexdiag_model_load(rt, os.fsencode(path) if path else None,
+                                            C.byref(p), C.byref(ptr)))
         self._ptr = ptr.value
         runtime._models.add(self)
         self._tokenizer = None  # unknown until the first detokenize

@@ -8,6 +8,7 @@ structs are filled by the library's _init() functions (_lib.py), which set struc
 the binding's sizeof; fill() and as_dict() move fields from keyword arguments and to dicts.
 """
 import ctypes as c
+import os
 
 u32, i32, i64, u64 = c.c_uint32, c.c_int32, c.c_int64, c.c_uint64
 f64 = c.c_double
@@ -122,8 +123,8 @@ def as_dict(s):
 
 
 def fill(struct, params, what, reserved=()):
-    """Set struct's fields named by params (str -> UTF-8, sequences -> arrays); TypeError for a
-    name the struct does not have."""
+    """Set struct's fields named by params (str and paths -> bytes, sequences -> arrays);
+    TypeError for a name the struct does not have."""
     fields = dict(struct._fields_)
     for name, value in params.items():
         if value is None:
@@ -131,8 +132,8 @@ def fill(struct, params, what, reserved=()):
         if name not in fields or name in reserved or name == "struct_size":
             valid = ", ".join(f for f in fields if f not in reserved and f != "struct_size")
             raise TypeError(f"{what}: unknown parameter {name!r} (valid: {valid})")
-        if isinstance(value, str):
-            value = value.encode()
+        if isinstance(value, (str, os.PathLike)):
+            value = os.fsencode(value)
         elif issubclass(fields[name], c.Array):
             value = fields[name](*value)
         setattr(struct, name, value)

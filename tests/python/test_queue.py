@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: MIT
 """The request queue: several requests submitted at once, their images iterated as they
 finish (each equal to the same image generated alone), one cancelled while it waits, handle
-status, stats and waits, and a full queue refused without waiting."""
+status, stats and waits, a full queue refused without waiting, and one context's calls from
+several threads at once."""
+import threading
+
 import pytest
 
 import flexdiag
@@ -49,3 +52,24 @@ def test_full_queue_without_waiting_is_busy(micro):
             c.submit("a dog", seed=2, wait_for_room=False)
         assert e.value.status == flexdiag.Status.BUSY and "queue_images" in e.value.message
         assert len(h.result()) == 4
+
+
+def test_one_context_from_several_threads(ctx):
+    seeds = [31, 32, 33, 34]
+    got, errors = {}, []
+
+    def run(seed):
+        try:
+            got[seed] = ctx.generate("a cat", images_per_prompt=2, seed=seed, image_format=None)
+        except BaseException as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in seeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for s in seeds:
+        alone = ctx.generate("a cat", images_per_prompt=2, seed=s, image_format=None)
+        assert [as_lists(r.tokens) for r in got[s]] == [as_lists(r.tokens) for r in alone]

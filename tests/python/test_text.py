@@ -19,7 +19,7 @@ def greedy():
 
 @pytest.fixture(scope="module")
 def opt(runtime):
-    with flexdiag.Model(runtime, str(OPT)) as m:
+    with flexdiag.Model(runtime, OPT) as m:  # a path-like folder
         yield m
 
 
