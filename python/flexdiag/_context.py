@@ -15,7 +15,7 @@ import ctypes as C
 from . import _images as I
 from . import _queue as Q
 from . import _structs as S
-from ._lib import check, lib
+from ._lib import check, init, lib
 from ._native import Native, in_callback, lookup, register, running_callback, unregister
 
 BATCHING = {"continuous": 0, "blocks": 1}
@@ -40,8 +40,7 @@ def context_params(params):
     """flexdiag_context_params from keyword arguments: its field names, with policy (a name or
     kind), n_att, n_r and sparsity for its policy and batching "continuous" or "blocks"."""
     params = dict(params)
-    p = S.ContextParams()
-    lib().flexdiag_context_params_init(C.byref(p))
+    p = init(S.ContextParams())
     policy = params.pop("policy", None)
     if policy is not None:
         p.policy.kind = policy_kind(policy)
@@ -200,8 +199,7 @@ class Context(Native):
     def score(self, prompt_ids, ids, cfg_weight=None, raw=False):
         """Teacher-forced logits of ids after prompt_ids (Janus: BOS .. <begin_of_image>):
         Scores(logits, raw); raw per-row logits only when raw is True."""
-        rq = S.ScoreRequest()
-        lib().flexdiag_score_request_init(C.byref(rq))
+        rq = init(S.ScoreRequest())
         pa = (C.c_int32 * len(prompt_ids))(*prompt_ids)
         ia = (C.c_int32 * len(ids))(*ids)
         rq.prompt_ids, rq.prompt_len, rq.ids, rq.n = pa, len(pa), ia, len(ia)

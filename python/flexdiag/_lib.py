@@ -93,18 +93,18 @@ _PROTOTYPES = {
     "flexdiag_device_count": (_c.c_int, []),
     "flexdiag_status_str": (_c.c_char_p, [_st]),
     "flexdiag_last_error": (_c.c_char_p, [_vp]),
-    "flexdiag_runtime_params_init": (None, [_c.POINTER(S.RuntimeParams)]),
+    "flexdiag_runtime_params_init": (None, [_vp]),
     "flexdiag_runtime_create": (_st, [_c.POINTER(S.RuntimeParams), _c.POINTER(_vp)]),
     "flexdiag_runtime_destroy": (None, [_vp]),
     "flexdiag_runtime_budget": (_st, [_vp, _c.POINTER(_c.c_uint64)]),
-    "flexdiag_model_params_init": (None, [_c.POINTER(S.ModelParams)]),
+    "flexdiag_model_params_init": (None, [_vp]),
     "flexdiag_model_load": (_st, [_vp, _c.c_char_p, _c.POINTER(S.ModelParams),
                                   _c.POINTER(_vp)]),
     "flexdiag_model_destroy": (None, [_vp]),
     "flexdiag_model_image_size": (_st, [_vp, _p_i32, _p_i32]),
     "flexdiag_decode_images": (_st, [_vp, _p_i32, _i32, _p_f32]),
-    "flexdiag_context_params_init": (None, [_c.POINTER(S.ContextParams)]),
-    "flexdiag_request_init": (None, [_c.POINTER(S.Request)]),
+    "flexdiag_context_params_init": (None, [_vp]),
+    "flexdiag_request_init": (None, [_vp]),
     "flexdiag_context_create": (_st, [_vp, _c.POINTER(S.ContextParams), _c.POINTER(_vp)]),
     "flexdiag_context_max_images": (_st, [_vp, _c.POINTER(S.ContextParams), _p_i32]),
     "flexdiag_generate": (_st, [_vp, _c.POINTER(S.Request), _c.POINTER(S.Output)]),
@@ -118,9 +118,9 @@ _PROTOTYPES = {
     "flexdiag_policy_name": (_c.c_char_p, [_c.c_int]),
     "flexdiag_policy_from_name": (_st, [_c.c_char_p, _c.POINTER(_c.c_int)]),
     "flexdiag_context_policy": (_st, [_vp, _c.POINTER(S.PolicyInfo)]),
-    "flexdiag_score_request_init": (None, [_c.POINTER(S.ScoreRequest)]),
+    "flexdiag_score_request_init": (None, [_vp]),
     "flexdiag_score": (_st, [_vp, _c.POINTER(S.ScoreRequest), _c.POINTER(S.ScoreOutput)]),
-    "flexdiag_submit_params_init": (None, [_c.POINTER(S.SubmitParams)]),
+    "flexdiag_submit_params_init": (None, [_vp]),
     "flexdiag_submit": (_st, [_vp, _c.POINTER(S.Request), _c.POINTER(S.SubmitParams),
                               _c.POINTER(_vp)]),
     "flexdiag_handle_wait": (_st, [_vp, _c.c_double]),
@@ -178,6 +178,22 @@ def lib():
             _bind(handle)
             _lib = handle
         return _lib
+
+
+# Bytes a params struct's _init() may write: a newer library's struct is longer than the
+# binding's and its _init() fills the whole of it; the library reads no struct_size above this
+# (runtime/api_check.h FLEXDIAG_STRUCT_SIZE_MAX).
+INIT_SCRATCH = 4096
+
+
+def init(struct):
+    """Fill struct (a params Structure of _structs.py) with the library's defaults through its
+    _init() function, then set struct_size to the binding's sizeof; returns struct."""
+    scratch = ctypes.create_string_buffer(INIT_SCRATCH)
+    getattr(lib(), S.INIT[type(struct)])(scratch)
+    ctypes.memmove(ctypes.addressof(struct), scratch, ctypes.sizeof(struct))
+    struct.struct_size = ctypes.sizeof(struct)
+    return struct
 
 
 def last_error():

@@ -11,7 +11,7 @@ import os
 from . import _images as I
 from . import _structs as S
 from ._context import context_params
-from ._lib import Error, Status, check, lib
+from ._lib import Error, Status, check, init, lib
 from ._native import Native, _roots
 
 
@@ -24,8 +24,7 @@ class Runtime(Native):
 
     def __init__(self, **params):
         super().__init__()
-        p = S.RuntimeParams()
-        lib().flexdiag_runtime_params_init(C.byref(p))
+        p = init(S.RuntimeParams())
         S.fill(p, params, "Runtime")
         ptr = C.c_void_p()
         check(lib().flexdiag_runtime_create(C.byref(p), C.byref(ptr)))
@@ -56,8 +55,7 @@ class Model(Native):
 
     def __init__(self, runtime, path=None, **params):
         super().__init__(runtime)
-        p = S.ModelParams()
-        lib().flexdiag_model_params_init(C.byref(p))
+        p = init(S.ModelParams())
         S.fill(p, params, "Model")
         ptr = C.c_void_p()
         with runtime._call() as rt:

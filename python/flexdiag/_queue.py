@@ -21,7 +21,7 @@ import weakref
 
 from . import _images as I
 from . import _structs as S
-from ._lib import Error, Status, check, lib, status
+from ._lib import Error, Status, check, init, lib, status
 from ._native import Native, in_callback, lookup, register, unregister
 
 _events = threading.Condition()  # an image finished or a request ended (any context)
@@ -56,8 +56,7 @@ class CRequest:
     sampling fields (None: the library's default); owns the arrays it points into."""
 
     def __init__(self, prompts, **sampling):
-        self.struct = S.Request()
-        lib().flexdiag_request_init(C.byref(self.struct))
+        self.struct = init(S.Request())
         if isinstance(prompts, str):
             prompts = [prompts]
         prompts = list(prompts)
@@ -150,8 +149,7 @@ def _on_done(h, code, user):
 def submit_params(key, wait_for_room, on_token, **text):
     """flexdiag_submit_params with the trampolines (on_token only when asked: it runs per
     token), user = key."""
-    sp = S.SubmitParams()
-    lib().flexdiag_submit_params_init(C.byref(sp))
+    sp = init(S.SubmitParams())
     sp.on_image, sp.on_done, sp.user = _on_image, _on_done, key
     if on_token is not None:
         sp.on_token = _on_token

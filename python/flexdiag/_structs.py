@@ -4,8 +4,9 @@
 Owns the layouts: every Structure lists the header's fields in its order with its types
 (bool -> c_bool, enums -> c_int, handles -> c_void_p), so ctypes.sizeof equals the C sizeof
 (tests/python/test_layout.py compares them with a C program built from the header). Params
-structs are filled by the library's _init() functions (_lib.py), which set struct_size to
-the binding's sizeof; fill() and as_dict() move fields from keyword arguments and to dicts.
+structs get their defaults from the library's _init() functions (INIT, used by _lib.init, which
+sets struct_size to the binding's sizeof); fill() and as_dict() move fields from keyword
+arguments and to dicts.
 """
 import ctypes as c
 import os
@@ -105,6 +106,13 @@ class HandleStats(c.Structure):
     _fields_ = [("struct_size", u32), ("n_images", i32), ("done_images", i32),
                 ("tokens", u64), ("queue_s", f64), ("first_token_s", f64),
                 ("first_image_s", f64), ("total_s", f64)]
+
+
+# the library's function that fills each params struct's defaults (_lib.init)
+INIT = {RuntimeParams: "flexdiag_runtime_params_init", ModelParams: "flexdiag_model_params_init",
+        ContextParams: "flexdiag_context_params_init", Request: "flexdiag_request_init",
+        ScoreRequest: "flexdiag_score_request_init",
+        SubmitParams: "flexdiag_submit_params_init"}
 
 
 def as_dict(s):
