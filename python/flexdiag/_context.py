@@ -15,7 +15,7 @@ import ctypes as C
 from . import _images as I
 from . import _queue as Q
 from . import _structs as S
-from ._lib import check, init, lib
+from ._lib import INIT_SCRATCH, check, init, lib
 from ._native import Native, in_callback, lookup, register, running_callback, unregister
 
 BATCHING = {"continuous": 0, "blocks": 1}
@@ -227,10 +227,10 @@ class Context(Native):
 
     def stats(self):
         """Counters of the last run (flexdiag_stats) as a dict."""
-        s = S.Stats()
+        scratch = C.create_string_buffer(INIT_SCRATCH)  # a newer library's flexdiag_stats
         with self._call() as c:
-            check(lib().flexdiag_context_stats(c, C.byref(s)))
-        return S.as_dict(s)
+            check(lib().flexdiag_context_stats(c, scratch))
+        return S.as_dict(S.Stats.from_buffer_copy(scratch))
 
     def policy(self):
         """The resolved KV policy of its runs as a dict (name, n_att, n_r, l_dec, sparsity)."""

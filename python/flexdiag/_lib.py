@@ -109,7 +109,7 @@ _PROTOTYPES = {
     "flexdiag_context_max_images": (_st, [_vp, _c.POINTER(S.ContextParams), _p_i32]),
     "flexdiag_generate": (_st, [_vp, _c.POINTER(S.Request), _c.POINTER(S.Output)]),
     "flexdiag_context_cancel": (_st, [_vp]),
-    "flexdiag_context_stats": (_st, [_vp, _c.POINTER(S.Stats)]),
+    "flexdiag_context_stats": (_st, [_vp, _vp]),
     "flexdiag_context_destroy": (None, [_vp]),
     "flexdiag_context_offload": (_st, [_vp, _c.POINTER(S.OffloadInfo)]),
     "flexdiag_model_eos": (_st, [_vp, _p_i32]),
@@ -180,9 +180,9 @@ def lib():
         return _lib
 
 
-# Bytes a params struct's _init() may write: a newer library's struct is longer than the
-# binding's and its _init() fills the whole of it; the library reads no struct_size above this
-# (runtime/api_check.h FLEXDIAG_STRUCT_SIZE_MAX).
+# Bytes a params struct's _init() (or flexdiag_context_stats, whose struct has no struct_size)
+# may write: a newer library's struct is longer than the binding's and it fills the whole of
+# it; the library reads no struct_size above this (runtime/api_check.h).
 INIT_SCRATCH = 4096
 
 

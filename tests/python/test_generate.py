@@ -80,3 +80,13 @@ def test_decode_gives_the_generated_image(ctx, micro):
     (r,) = ctx.generate(PROMPT, seed=6, image_format="raw")
     (again,) = micro.decode([r.tokens], image_format="raw")
     assert again.data == r.image.data and len(r.image.data) == 32 * 32 * 3
+
+
+def test_context_counters_policy_and_homes(micro):
+    with flexdiag.Context(micro, max_images=4, policy="diagonal", sparsity=0.5) as c:
+        c.generate(PROMPT, images_per_prompt=4, seed=8, image_format=None)
+        stats, policy, homes = c.stats(), c.policy(), c.offload()
+    assert stats["tokens_generated"] == 4 * 64 * 2  # images x tokens x rows (CFG)
+    assert stats["decode_s"] > 0 and stats["kv_bytes_per_seq"] > 0
+    assert policy["name"] == "diagonal" and policy["l_dec"] == 64 and policy["n_att"] == 32
+    assert homes["scheduler"] == "resident" and homes["kv_pct"] == [100, 0, 0]
