@@ -59,7 +59,8 @@ static int read_cfg(const char *cmd, const char *file, const json_t *root, doubl
 }
 
 /* The parse error on one line: jansson's text quotes the input near the error, raw bytes and
- * all, so control characters (a newline, an escape sequence) are printed as \xNN. */
+ * all, so control characters (a newline, an escape sequence) are printed as \xNN. The place is
+ * printed when jansson knows one (line -1: the file could not be opened or read). */
 static int json_fail(const char *cmd, const char *file, const json_error_t *je) {
     fprintf(stderr, "flexdiag %s: --input %s: ", cmd, file);
     for (const unsigned char *p = (const unsigned char *)je->text; *p; p++) {
@@ -68,7 +69,8 @@ static int json_fail(const char *cmd, const char *file, const json_error_t *je) 
         else
             fputc(*p, stderr);
     }
-    fprintf(stderr, " (line %d)\n", je->line);
+    if (je->line > 0) fprintf(stderr, " (line %d, column %d)", je->line, je->column);
+    fputc('\n', stderr);
     return 2;
 }
 

@@ -19,6 +19,7 @@
 
 #include "base/core.h"
 #include "runtime/image/vq.h"
+#include "runtime/json_where.h"
 
 void flexdiag__vq_config_default(flexdiag_vq_config *c) {
     static const int32_t mult[5] = {1, 1, 2, 2, 4};
@@ -159,9 +160,10 @@ flexdiag_status flexdiag__vq_config_parse(const char *json_text, const char *pat
                                           flexdiag_vq_config *out) {
     json_error_t je;
     json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &je);
+    char where[48];
     if (!root)
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: invalid JSON at line %d: %s", path,
-                             je.line, je.text);
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: invalid JSON%s: %s", path,
+                             flexdiag__json_where(&je, where, sizeof where), je.text);
     flexdiag_status st = parse_root(root, path, out);
     json_decref(root);
     return st;
@@ -178,8 +180,9 @@ flexdiag_status flexdiag__vq_config_read(const char *path, flexdiag_vq_config *o
                                  "that holds config.json",
                                  path, strerror(errno));
         fclose(f);
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: invalid JSON at line %d: %s", path,
-                             je.line, je.text);
+        char where[48];
+        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL, "%s: invalid JSON%s: %s", path,
+                             flexdiag__json_where(&je, where, sizeof where), je.text);
     }
     flexdiag_status st = parse_root(root, path, out);
     json_decref(root);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "runtime/json_where.h"
 #include "runtime/model/model.h"
 #include "runtime/model/vocab_map.h"
 
@@ -475,9 +476,10 @@ flexdiag_status flexdiag__config_load(const char *dir, flexdiag_model_config *ou
     const char *path = out->source;
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    char where[48];
     if (!root)
-        return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND, "%s: cannot read model config: %s (line %d)",
-                             path, je.text, je.line);
+        return flexdiag__err(FLEXDIAG_ERR_NOT_FOUND, "%s: cannot read model config%s: %s", path,
+                             flexdiag__json_where(&je, where, sizeof where), je.text);
     cfg_ctx c = {path, ""};
     flexdiag_status st = json_is_object(root) ? parse_root(&c, root, out)
                                               : flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,

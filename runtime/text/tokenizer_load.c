@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "runtime/json_where.h"
 #include "runtime/text/tokenizer_impl.h"
 
 /* ---- loading: JSON helpers ---- */
@@ -471,11 +472,13 @@ flexdiag_status flexdiag__tok_load_json(const char *json, size_t len, const char
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "tokenizer: no memory");
     }
     json_error_t je;
+    char where[48];
     t->root = json_loadb(json, len, JSON_ALLOW_NUL, &je);
     flexdiag_status st = t->root ? load_root(t)
                                  : flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                                                 "%s: invalid JSON at line %d column %d: %s",
-                                                 t->name, je.line, je.column, je.text);
+                                                 "%s: invalid JSON%s: %s", t->name,
+                                                 flexdiag__json_where(&je, where, sizeof where),
+                                                 je.text);
     if (st != FLEXDIAG_OK) {
         flexdiag__tok_destroy(t);
         return st;
