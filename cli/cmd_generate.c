@@ -52,6 +52,7 @@ typedef struct gen_opts {
     cli_model_opts mo;
     cli_policy_opts po;
     const char *prompt, *prompts_file, *out, *layout_name, *batch, *batching;
+    const char *prompt_ids, *prompt_ids_file; /* prompts as token ids (no tokenizer needed) */
     int blocks;            /* --batching blocks */
     cli_layout layout;
     int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed, max_new_tokens;
@@ -132,12 +133,16 @@ typedef struct gen_run {
     flexdiag_context *c;
     flexdiag_request rq;   /* sampling fields fixed; prompts/first_image set per block */
     const char **texts;    /* (batch) prompt of each image of the block */
+    const int32_t **ids;   /* (batch) its token ids, with --prompt-ids */
+    int32_t *lens;         /* (batch) their counts */
     int32_t *tokens;       /* (batch, per_image) ids of the block */
     gen_writer *out;       /* the output thread (owns w while it runs) */
     int threads;           /* its PNG threads: --threads, or this process's cores */
     int64_t made;          /* images this process generated */
     double t0, end_s;      /* when the job's first block started; when its files were written */
     int64_t total;         /* images in the job */
+    int64_t per;           /* images per prompt: --images-per-prompt, or 4 (1 for text) */
+    int text;              /* the model continues text: one row a sequence, no CFG, no PNG */
     int32_t batch;         /* images per block */
     int32_t rows_per_img;  /* sequences each image runs: 2 with CFG (Janus), 1 without */
     flexdiag_stats sum;    /* counters summed over blocks */
@@ -167,12 +172,46 @@ static void add_stats(gen_run *r) {
     r->sum.peak_device_bytes = s.peak_device_bytes;
 }
 
+/* Image g's prompt: its text, and its token ids with --prompt-ids (else NULL, 0). */
+static void prompt_of(const gen_run *r, int64_t g, const char **text, const int32_t **ids,
+                      int32_t *len) {
+    const cli_prompts *ps = r->w.ps;
+    int64_t p = g / r->per;
+    *text = ps->p[p].text;
+    *ids = ps->ids ? ps->ids[p] : NULL;
+    *len = ps->ids ? ps->n_ids[p] : 0;
+}
+
+/* A request's prompts: the texts, or with --prompt-ids the ids (the library takes one or the
+ * other). */
+static void request_prompts(const gen_run *r, flexdiag_request *rq, const char **texts,
+                            const int32_t **ids, const int32_t *lens) {
+    int by_ids = r->w.ps->ids != NULL;
+    rq->prompts = by_ids ? NULL : texts;
+    rq->prompt_ids = by_ids ? ids : NULL;
+    rq->prompt_lens = by_ids ? lens : NULL;
+}
+
+/* A failed run's line (msg: the library's; "" for the status's own): with token-id prompts, a
+ * prompt the library refused ("prompt of image 3: token 1 is id 99999, outside the vocabulary")
+ * is named by its flag; text prompts for a model without tokenizer.json get the id flags
+ * named. Returns 2 for INVALID_ARG and the missing tokenizer, else 1. */
+static int run_fail(const gen_run *r, flexdiag_status st, const char *msg) {
+    const char *flag = r->o->prompt_ids        ? "--prompt-ids: "
+                       : r->o->prompt_ids_file ? "--prompt-ids-file: "
+                                               : "";
+    if (strncmp(msg, "prompt of image", 15)) flag = "";
+    if (strstr(msg, "no tokenizer.json")) /* text prompts, no tokenizer: the flags must change */
+        return fail(2, "%s (--prompt-ids 1,2,3 or --prompt-ids-file FILE)", msg);
+    return fail(st == FLEXDIAG_ERR_INVALID_ARG ? 2 : 1, "%s%s", flag,
+                *msg ? msg : flexdiag_status_str(st));
+}
+
 /* Generate images [first, first + n) and hand them to the output thread: 0, 1 after a message
  * (the output thread's failure included), -1 when a signal cancelled the block (nothing of it is
  * written). */
 static int run_block(gen_run *r, int64_t first, int32_t n) {
-    int64_t per = r->o->per_prompt;
-    for (int32_t i = 0; i < n; i++) r->texts[i] = r->w.ps->p[(first + i) / per].text;
+    for (int32_t i = 0; i < n; i++) prompt_of(r, first + i, &r->texts[i], &r->ids[i], &r->lens[i]);
     r->rq.n_prompts = n;
     r->rq.first_image = first;
     r->prog.rows = (uint64_t)n * (uint64_t)r->rows_per_img;
@@ -182,7 +221,7 @@ static int run_block(gen_run *r, int64_t first, int32_t n) {
     flexdiag_status st = flexdiag_generate(r->c, &r->rq, &out);
     if (st == FLEXDIAG_ERR_CANCELLED && g_signal) return -1;
     if (st == FLEXDIAG_ERR_CANCELLED && gen_writer_failed(r->out)) return gen_writer_wait(r->out);
-    if (st != FLEXDIAG_OK) return cli_fail(CMD, st);
+    if (st != FLEXDIAG_OK) return run_fail(r, st, cli_last_error());
     add_stats(r);
     r->made += n;
     return gen_writer_put(r->out, first, n, r->tokens, cli_now() - t0);
@@ -227,18 +266,19 @@ static int flush_done(gen_run *r, const cont_images *ci, int64_t first, int64_t 
  * finished images go to the output thread in order while the others generate. 0, -1 after a
  * signal, or an exit code. */
 static int run_continuous(gen_run *r, int64_t first, int64_t n) {
-    int64_t per = r->o->per_prompt;
     const char **texts = calloc((size_t)n, sizeof *texts);
+    const int32_t **ids = calloc((size_t)n, sizeof *ids);
+    int32_t *lens = calloc((size_t)n, sizeof *lens);
     cont_images ci = {.tokens = calloc((size_t)n * (size_t)r->w.per_image, 4),
                       .done = calloc((size_t)n, 1), .per = r->w.per_image};
-    if (!texts || !ci.tokens || !ci.done) {
-        free(texts), free(ci.tokens), free(ci.done);
+    if (!texts || !ids || !lens || !ci.tokens || !ci.done) {
+        free(texts), free(ids), free(lens), free(ci.tokens), free(ci.done);
         return fail(1, "no host memory for %lld images", (long long)n);
     }
-    for (int64_t i = 0; i < n; i++) texts[i] = r->w.ps->p[(first + i) / per].text;
+    for (int64_t i = 0; i < n; i++) prompt_of(r, first + i, &texts[i], &ids[i], &lens[i]);
     flexdiag_request rq = r->rq;
     rq.n_prompts = (int32_t)n;
-    rq.prompts = texts;
+    request_prompts(r, &rq, texts, ids, lens);
     rq.first_image = first;
     flexdiag_submit_params sp;
     flexdiag_submit_params_init(&sp);
@@ -262,14 +302,13 @@ static int run_continuous(gen_run *r, int64_t first, int64_t n) {
     if (h) flexdiag_handle_status(h, &st, NULL);
     if (h) snprintf(msg, sizeof msg, "%s", flexdiag_handle_error(h));
     flexdiag_handle_release(h);
-    free(texts), free(ci.tokens), free(ci.done);
+    free(texts), free(ids), free(lens), free(ci.tokens), free(ci.done);
     add_stats(r);
     if (rc) return rc;
     if (st == FLEXDIAG_ERR_CANCELLED && g_signal) return -1;
     if (st == FLEXDIAG_ERR_CANCELLED && gen_writer_failed(r->out)) return gen_writer_wait(r->out);
     if (st == FLEXDIAG_OK) return 0;
-    if (!h || !*msg) return cli_fail(CMD, st); /* the submit's own failure */
-    return fail(st == FLEXDIAG_ERR_INVALID_ARG ? 2 : 1, "%s", msg);
+    return run_fail(r, st, h ? msg : cli_last_error()); /* !h: the submit's own failure */
 }
 
 /* Images [first, first + n): as one continuous request, or in blocks of --batch (--batching
@@ -340,7 +379,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->max_prompt_len = (int32_t)r->o->max_prompt_len;
     if (r->o->max_new_tokens > 0) cp->max_new_tokens = (int32_t)r->o->max_new_tokens;
     cp->text = r->o->max_new_tokens > 0; /* Lumina-mGPT continues text instead of drawing */
-    cp->images_per_prompt = (int32_t)r->o->per_prompt; /* one copy of each prompt's KV rows */
+    cp->images_per_prompt = (int32_t)r->per; /* one copy of each prompt's KV rows */
     cp->batching = r->o->blocks;
     cli_kv_homes(CMD, &r->o->mo, cp);
 }
@@ -369,9 +408,10 @@ static int pick_batch(gen_run *r, flexdiag_runtime *rt, const flexdiag_policy_pa
     r->batch = (int32_t)(b < r->total ? b : r->total);
     if (!strcmp(batch, "auto") && r->o->blocks) r->batch = balanced_block(b, r->total);
     if (!strcmp(batch, "auto") && !r->quiet)
-        fprintf(stderr, "flexdiag " CMD ": %s: %d image(s) fit the budget; %s of %d\n",
+        fprintf(stderr, "flexdiag " CMD ": %s: %d %s fit the budget; %s of %d\n",
                 r->o->batch ? "--batch auto" : "no --batch (the largest block that fits)", b,
-                r->o->blocks ? "blocks" : "slots", r->batch);
+                r->text ? "sequence(s)" : "image(s)", r->o->blocks ? "blocks" : "slots",
+                r->batch);
     return 0;
 }
 
@@ -387,7 +427,7 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     atomic_store(&g_ctx, r->c);
     flexdiag_request_init(&r->rq);
     r->rq.n_prompts = 1;
-    r->rq.prompts = r->texts;
+    request_prompts(r, &r->rq, r->texts, r->ids, r->lens);
     r->rq.images_per_prompt = 1;
     r->rq.cfg_weight = (float)o->cfg;
     r->rq.temperature = (float)o->temperature;
@@ -411,21 +451,44 @@ static int prepare(gen_run *r, const flexdiag_policy_params *pp) {
     if (r->rows_per_img == 1 && flexdiag_detokenize(r->m, NULL, 0, true, NULL, 0, &tl) == FLEXDIAG_OK &&
         flexdiag_model_eos(r->m, &r->w.eos_id) == FLEXDIAG_OK)
         r->w.text_model = r->m;
-    if (!r->w.img_h && r->world->rank == 0)
+    if (!r->w.img_h && !r->text && r->world->rank == 0)
         fprintf(stderr, "flexdiag " CMD ": note: the model has no image decoder; writing "
-                        "tokens.json and results.jsonl%s only\n",
-                r->w.text_model ? " (with the text)" : "");
+                        "tokens.json and results.jsonl only\n");
+    if (r->text && !r->w.text_model && r->world->rank == 0)
+        fprintf(stderr, "flexdiag " CMD ": note: the model has no tokenizer.json; tokens.json "
+                        "holds the ids of each continuation, not its text\n");
     size_t px = (size_t)r->w.img_h * (size_t)r->w.img_w * 3, b = (size_t)r->batch;
     r->tokens = malloc(b * (size_t)r->w.per_image * sizeof *r->tokens);
-    r->w.dpg_cells = malloc(px ? (size_t)o->per_prompt * px : 1);
+    r->w.dpg_cells = malloc(px ? (size_t)r->per * px : 1);
     if (!r->tokens || !r->w.dpg_cells)
         return fail(1, "no host memory for a block of %d images (lower --batch)", r->batch);
     return common_fields(&r->w, r->o, r->c);
 }
 
+/* A text job's rates: tokens per second of the generation and end to end (texts are printed
+ * and recorded, no PNG). */
+static void summary_text(const gen_run *r) {
+    const flexdiag_stats *s = &r->sum;
+    double total = s->prefill_s + s->decode_s, wall = r->t0 ? r->end_s - r->t0 : 0;
+    double toks = (double)s->tokens_generated;
+    fprintf(stderr,
+            "generated %lld text(s), %.0f token(s) (at most %d each) in %.2f s (prefill %.2f s, "
+            "decode %.2f s): %.1f tok/s; KV %.2f MiB/sequence (policy %s); peak device %.2f GiB; "
+            "results.jsonl and tokens.json in %s; end to end %.2f s, %.1f tok/s\n",
+            (long long)r->w.images_done, toks, r->w.per_image, total, s->prefill_s,
+            s->decode_s, total > 0 ? toks / total : 0.0, (double)s->kv_bytes_per_seq / (1 << 20),
+            json_string_value(json_object_get(r->w.common, "policy")),
+            (double)s->peak_device_bytes / (1 << 30), r->o->out, wall,
+            wall > 0 ? toks / wall : 0.0);
+}
+
 /* The job's two rates: generation alone (prefill + decode steps) and end to end (from the first
  * block's start until the last file is written, image decoding and PNGs included). */
 static void summary(const gen_run *r) {
+    if (r->text) {
+        summary_text(r);
+        return;
+    }
     const flexdiag_stats *s = &r->sum;
     double total = s->prefill_s + s->decode_s, wall = r->t0 ? r->end_s - r->t0 : 0;
     fprintf(stderr,
@@ -482,7 +545,46 @@ static int rank_device(const job_world *w) {
     return w->mpi ? (n > 0 ? w->local_rank % n : w->local_rank) : 0;
 }
 
-/* Runtime and model on this rank's device (or its share of the cores), and the block size. */
+/* Whether m continues text under the job's flags: a context of one image asked for the rows
+ * each image runs (1: text; 2: an image with its unconditional row). The context keeps its KV
+ * on the device (a KV split may need whole micro-batches a single image cannot give). 0 with
+ * *text set, or an exit code after a message. */
+static int model_is_text(const gen_run *r, const flexdiag_policy_params *pp, int *text) {
+    flexdiag_context_params cp;
+    context_params(r, pp, &cp);
+    cp.max_images = 1;
+    cp.micro_batch = 0;
+    cp.images_per_prompt = 1;
+    cp.kv_pct[0] = 100, cp.kv_pct[1] = cp.kv_pct[2] = 0;
+    cp.cpu_attention = false;
+    cp.cpu_attention_pct = 0;
+    flexdiag_context *c = NULL;
+    flexdiag_status st = flexdiag_context_create(r->m, &cp, &c);
+    flexdiag_score_request sq;
+    flexdiag_score_request_init(&sq);
+    flexdiag_score_output so = {.struct_size = sizeof so};
+    if (st == FLEXDIAG_OK) st = flexdiag_score(c, &sq, &so); /* a size query: so.rows */
+    flexdiag_context_destroy(c);
+    *text = so.rows == 1;
+    return st == FLEXDIAG_OK ? 0 : cli_fail(CMD, st);
+}
+
+/* The job's images: --images-per-prompt of each prompt, by default 4 of an image and 1 of a
+ * text (greedy decoding would repeat one text 4 times). 0, or an exit code after a message. */
+static int count_images(gen_run *r, const flexdiag_policy_params *pp) {
+    int rc = model_is_text(r, pp, &r->text);
+    if (rc) return rc;
+    r->per = r->o->per_prompt ? r->o->per_prompt : r->text ? 1 : 4;
+    r->w.per_prompt = r->per;
+    r->total = (int64_t)r->w.ps->n * r->per;
+    if (r->total > INT32_MAX)
+        return fail(2, "%d prompts x %lld images exceed %d images per run", r->w.ps->n,
+                    (long long)r->per, INT32_MAX);
+    return 0;
+}
+
+/* Runtime and model on this rank's device (or its share of the cores), the job's images and
+ * the block size. */
 static int open_model(gen_run *r, const flexdiag_policy_params *pp, flexdiag_runtime **rt) {
     cli_model_opts mo = r->o->mo;
     if (r->world->mpi && !mo.cpu) mo.device = rank_device(r->world);
@@ -491,6 +593,7 @@ static int open_model(gen_run *r, const flexdiag_policy_params *pp, flexdiag_run
     r->threads = (int)(mo.threads ? mo.threads
                                   : cpu_share(r->world->local_size > 1 ? r->world->local_size : 1));
     int rc = cli_open_model(CMD, &mo, rt, &r->m);
+    if (!rc) rc = count_images(r, pp);
     if (!rc) rc = pick_batch(r, *rt, pp);
     return job_agree(r->world, rc);
 }
@@ -553,12 +656,14 @@ static int make_chunks(gen_run *r, int64_t c) {
  * accounting. */
 static int plan_chunks(gen_run *r) {
     const job_world *w = r->world;
-    int64_t c = job_min(w, r->batch), per = r->o->per_prompt, kept = 0;
+    int64_t c = job_min(w, r->batch), per = r->per, kept = 0;
     if (w->size == 1) c = r->total;
     else if (r->o->layout == CLI_LAYOUT_DPG) c = (c + per - 1) / per * per;
     for (int64_t g = 0; g < r->total; g++) kept += r->done[g];
     int rc = make_chunks(r, c);
-    if (!rc) rc = gen_progress_init(&r->jp, w->size, r->total, kept, r->total - kept, r->quiet);
+    if (!rc)
+        rc = gen_progress_init(&r->jp, w->size, r->total, kept, r->total - kept, r->quiet,
+                               r->text);
     r->ends = rc ? NULL : calloc((size_t)w->size, sizeof *r->ends);
     if (!rc && !r->ends) rc = fail(1, "out of host memory");
     return job_agree(w, rc);
@@ -615,8 +720,10 @@ static int generate_job(gen_run *r, const flexdiag_policy_params *pp) {
     struct sigaction old[2];
     signals_install(old);
     r->texts = calloc((size_t)r->batch, sizeof *r->texts);
+    r->ids = calloc((size_t)r->batch, sizeof *r->ids);
+    r->lens = calloc((size_t)r->batch, sizeof *r->lens);
     r->prog.quiet = r->quiet || r->world->size > 1;
-    int rc = r->texts ? prepare(r, pp) : fail(1, "out of host memory");
+    int rc = r->texts && r->ids && r->lens ? prepare(r, pp) : fail(1, "out of host memory");
     if (!rc) rc = gen_writer_open(&r->out, &r->w, r->m, r->batch, r->threads);
     r->prog.out = r->out;
     rc = job_agree(r->world, rc);
@@ -647,7 +754,12 @@ static int check_opts(gen_opts *o) {
     if (o->layout == CLI_LAYOUT_COUNT)
         return fail(2, "--layout: unknown layout '%s' (valid: plain, geneval, dpg)",
                     o->layout_name);
-    if (o->prompt && o->prompts_file) return fail(2, "give --prompt or --prompts, not both");
+    int sources = !!o->prompt + !!o->prompts_file + !!o->prompt_ids + !!o->prompt_ids_file;
+    if (sources > 1)
+        return fail(2, "give one of --prompt, --prompts, --prompt-ids and --prompt-ids-file");
+    if ((o->prompt_ids || o->prompt_ids_file) && strcmp(o->layout_name, "plain"))
+        return fail(2, "--prompt-ids%s: token-id prompts take --layout plain (GenEval and DPG "
+                       "read their prompt files)", o->prompt_ids ? "" : "-file");
     if (o->layout != CLI_LAYOUT_PLAIN && !o->prompts_file)
         return fail(2, "--layout %s reads its prompts from --prompts (%s)", o->layout_name,
                     o->layout == CLI_LAYOUT_GENEVAL ? "GenEval's evaluation_metadata.jsonl"
@@ -661,7 +773,7 @@ static int check_opts(gen_opts *o) {
 }
 
 int flexdiag_cmd_generate(int argc, char **argv) {
-    gen_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .per_prompt = 4, .batch = NULL,
+    gen_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .batch = NULL,
                   .max_prompt_len = 128, .cfg = 5.0, .temperature = 1.0, .top_p = 1.0,
                   .layout_name = "plain", .batching = "continuous"};
     const cli_opt opts[] = {
@@ -669,7 +781,13 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         CLI_POLICY_FLAGS(&o.po),
         {.name = "--prompt", CLI_STR, &o.prompt, "prompt text (default: \"" DEFAULT_PROMPT "\")"},
         {.name = "--prompts", CLI_STR, &o.prompts_file, "prompt file (one per line; see --layout)"},
-        {.name = "--images-per-prompt", CLI_INT, &o.per_prompt, "images per prompt (default 4)",
+        {.name = "--prompt-ids", CLI_STR, &o.prompt_ids,
+         "a prompt as token ids, e.g. 1,2,3 (for a model without tokenizer.json): fed as given, "
+         "BOS and template included"},
+        {.name = "--prompt-ids-file", CLI_STR, &o.prompt_ids_file,
+         "a file of token-id prompts, one comma-separated list a line"},
+        {.name = "--images-per-prompt", CLI_INT, &o.per_prompt,
+         "images (texts of a text model) per prompt (default 4; 1 for a text model)",
          CLI_INTS(1, 65536, NULL)},
         {.name = "--out", CLI_STR, &o.out, "output folder (created if missing)"},
         {.name = "--layout", CLI_STR, &o.layout_name,
@@ -713,14 +831,12 @@ int flexdiag_cmd_generate(int argc, char **argv) {
     flexdiag_policy_params pp;
     if (cli_policy_params(CMD, &o.po, &pp)) return 2;
     cli_prompts ps = {0};
-    gen_run r = {.o = &o, .w = {.dir = o.out, .layout = o.layout, .per_prompt = o.per_prompt,
-                                .ps = &ps}};
-    rc = cli_prompts_load(CMD, o.layout, o.prompts_file, o.prompt ? o.prompt : DEFAULT_PROMPT,
-                          &ps);
-    if (!rc && (int64_t)ps.n * o.per_prompt > INT32_MAX)
-        rc = fail(2, "%d prompts x %lld images exceed %d images per run", ps.n,
-                  (long long)o.per_prompt, INT32_MAX);
-    r.total = (int64_t)ps.n * o.per_prompt;
+    gen_run r = {.o = &o, .w = {.dir = o.out, .layout = o.layout, .ps = &ps}};
+    if (o.prompt_ids || o.prompt_ids_file)
+        rc = cli_prompts_load_ids(CMD, o.prompt_ids, o.prompt_ids_file, &ps);
+    else
+        rc = cli_prompts_load(CMD, o.layout, o.prompts_file,
+                              o.prompt ? o.prompt : DEFAULT_PROMPT, &ps);
     job_world world = {.size = 1};
     if (!rc) rc = job_world_init(CMD, &world);
     r.world = &world;
@@ -736,6 +852,8 @@ int flexdiag_cmd_generate(int argc, char **argv) {
     json_decref(r.w.common);
     free(r.w.dpg_cells);
     free(r.texts);
+    free(r.ids);
+    free(r.lens);
     free(r.tokens);
     free(r.done);
     free(r.chunk_first);

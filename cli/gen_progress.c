@@ -22,9 +22,9 @@
 #include "cli/cli.h"
 
 int gen_progress_init(gen_progress *p, int ranks, int64_t total, int64_t kept, int64_t todo,
-                      int quiet) {
+                      int quiet, int text) {
     *p = (gen_progress){.total = total, .kept = kept, .todo = todo, .ranks = ranks,
-                        .quiet = quiet, .t0 = cli_now()};
+                        .quiet = quiet, .text = text, .t0 = cli_now()};
     p->images = calloc((size_t)ranks, sizeof *p->images);
     p->busy = calloc((size_t)ranks, sizeof *p->busy);
     if (p->images && p->busy) return 0;
@@ -39,6 +39,10 @@ void gen_progress_fini(gen_progress *p) {
     p->busy = NULL;
 }
 
+/* What the job makes, and its rate unit. */
+static const char *things(const gen_progress *p) { return p->text ? "texts" : "images"; }
+static const char *per_s(const gen_progress *p) { return p->text ? "texts/s" : "img/s"; }
+
 /* "3 min 20 s" style duration of s seconds into buf. */
 static const char *duration(double s, char *buf, size_t cap) {
     long t = (long)(s + 0.5);
@@ -48,7 +52,8 @@ static const char *duration(double s, char *buf, size_t cap) {
     return buf;
 }
 
-/* "; 2.41 img/s, finish in ~3 min 20 s (14:05:11)" for made of todo images in elapsed s. */
+/* "; 2.41 img/s, finish in ~3 min 20 s (14:05:11)" for made of todo images (texts/s for
+ * texts) in elapsed s. */
 static const char *rate_and_finish(const gen_progress *p, int64_t made, double elapsed,
                                    char *buf, size_t cap) {
     if (made <= 0 || elapsed <= 0) return "";
@@ -58,16 +63,16 @@ static const char *rate_and_finish(const gen_progress *p, int64_t made, double e
     char when[32] = "?", dur[32];
     if (localtime_r(&at, &tm))
         strftime(when, sizeof when, left < 86400 ? "%H:%M:%S" : "%Y-%m-%d %H:%M", &tm);
-    snprintf(buf, cap, "; %.2f img/s, finish in ~%s (%s)", rate, duration(left, dur, sizeof dur),
-             when);
+    snprintf(buf, cap, "; %.2f %s, finish in ~%s (%s)", rate, per_s(p),
+             duration(left, dur, sizeof dur), when);
     return buf;
 }
 
 void gen_progress_block(const gen_progress *p, int64_t made, int32_t n, double block_s) {
     if (p->quiet) return;
     char tail[128];
-    fprintf(stderr, "[%lld/%lld images] block of %d in %.2f s%s\n", (long long)(p->kept + made),
-            (long long)p->total, n, block_s,
+    fprintf(stderr, "[%lld/%lld %s] block of %d in %.2f s%s\n", (long long)(p->kept + made),
+            (long long)p->total, things(p), n, block_s,
             rate_and_finish(p, made, cli_now() - p->t0, tail, sizeof tail));
 }
 
@@ -83,8 +88,8 @@ void gen_progress_report(void *user, int rank, int64_t images, double busy_s) {
     if (made == 0) return;
     p->last = now;
     char tail[128];
-    fprintf(stderr, "[%lld/%lld images] %d ranks%s\n", (long long)(p->kept + made),
-            (long long)p->total, p->ranks,
+    fprintf(stderr, "[%lld/%lld %s] %d ranks%s\n", (long long)(p->kept + made),
+            (long long)p->total, things(p), p->ranks,
             rate_and_finish(p, made, now - p->t0, tail, sizeof tail));
 }
 

@@ -17,6 +17,7 @@ typedef struct gen_progress {
     int64_t todo;   /* images this run makes */
     int ranks;      /* processes of the job */
     int quiet;      /* --quiet: no progress lines (the end summary stays) */
+    int text;       /* a text model's job: its "images" are texts (texts, texts/s) */
     double t0;      /* start of the generation, cli_now() seconds */
     double last;    /* last job line, cli_now() seconds; 0 = none yet */
     int64_t *images; /* (ranks) images each rank completed, as last reported */
@@ -34,7 +35,7 @@ typedef struct gen_rank_end {
 
 /* Start accounting at cli_now(); 0, or 1 when out of memory (after one line). */
 int gen_progress_init(gen_progress *p, int ranks, int64_t total, int64_t kept, int64_t todo,
-                      int quiet);
+                      int quiet, int text);
 void gen_progress_fini(gen_progress *p);
 /* A job_report_fn (user = the gen_progress): rank's images and busy seconds so far; prints a
  * job line when one is due (several ranks). */

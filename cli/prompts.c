@@ -6,7 +6,8 @@
  * take minutes before the capacity refuses it); UTF-8 is
  * checked with jansson, which also parses the GenEval lines. A NUL byte anywhere is refused
  * with its file and line (C strings would end there and cut the prompt); blank lines of the
- * line files are skipped with one note on stderr (how many, and the first).
+ * line files are skipped with one note on stderr (how many, and the first). Token-id prompts
+ * (--prompt-ids, --prompt-ids-file) are read the same way and kept as ids beside their list.
  */
 #include "cli/prompts.h"
 
@@ -61,8 +62,11 @@ void cli_prompts_free(cli_prompts *s) {
         free(s->p[i].text);
         free(s->p[i].meta);
         free(s->p[i].id);
+        if (s->ids) free(s->ids[i]);
     }
     free(s->p);
+    free(s->ids);
+    free(s->n_ids);
     memset(s, 0, sizeof *s);
 }
 
@@ -138,8 +142,9 @@ static ssize_t read_line(FILE *f, char **buf, size_t *cap) {
  * A NUL byte refuses the file (the line would silently end there); blank lines are skipped,
  * with one note that counts them and names the first. */
 static int each_line(cli_prompts *s, line_fn fn) {
+    const char *flag = s->flag ? s->flag : "--prompts";
     FILE *f = fopen(s->path, "r");
-    if (!f) return fail(2, "--prompts: cannot open '%s': %s", s->path, strerror(errno));
+    if (!f) return fail(2, "%s: cannot open '%s': %s", flag, s->path, strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -148,12 +153,12 @@ static int each_line(cli_prompts *s, line_fn fn) {
     while (!rc && (len = read_line(f, &line, &cap)) >= 0) {
         no++;
         if (len > LINE_MAX_BYTES) {
-            rc = fail(2, "--prompts %s: line %ld is longer than %d bytes (is it a prompts file?)",
+            rc = fail(2, "%s %s: line %ld is longer than %d bytes (is it a prompts file?)", flag,
                       s->path, no, LINE_MAX_BYTES);
             break;
         }
         if (memchr(line, 0, (size_t)len)) {
-            rc = fail(2, "--prompts %s: line %ld holds a NUL byte (is it a text file?)", s->path,
+            rc = fail(2, "%s %s: line %ld holds a NUL byte (is it a text file?)", flag, s->path,
                       no);
             break;
         }
@@ -161,9 +166,9 @@ static int each_line(cli_prompts *s, line_fn fn) {
         if (!is_blank(line)) rc = fn(s, line, no);
         else if (!blank++) first_blank = no;
     }
-    if (!rc && ferror(f)) rc = fail(2, "--prompts %s: read error", s->path);
+    if (!rc && ferror(f)) rc = fail(2, "%s %s: read error", flag, s->path);
     if (!rc && blank)
-        note("--prompts %s: skipped %ld blank line(s), the first at line %ld", s->path, blank,
+        note("%s %s: skipped %ld blank line(s), the first at line %ld", flag, s->path, blank,
              first_blank);
     free(line);
     fclose(f);
@@ -308,5 +313,69 @@ int cli_prompts_load(const char *cmd, cli_layout layout, const char *file, const
     else rc = prompts_add(s, strdup(prompt), NULL, NULL);
     if (!rc && s->n == 0) rc = fail(2, "--prompts: '%s' holds no prompt", s->path);
     if (!rc && layout == CLI_LAYOUT_DPG) rc = dpg_unique(s);
+    return rc;
+}
+
+/* ---- token-id prompts ---- */
+
+/* The ids of list (where names it in messages) as a prompt of s: its text the normalised list
+ * "1,2,3". */
+static int ids_add(cli_prompts *s, const char *list, const char *where) {
+    size_t cap = strlen(list) / 2 + 1, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    char *text = malloc(strlen(list) + 1);
+    if (!ids || !text) {
+        free(ids), free(text);
+        return fail(1, "out of host memory reading %s", where);
+    }
+    size_t at = 0;
+    for (const char *p = list;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\r') p++;
+        if (!*p) break;
+        size_t len = strcspn(p, ", \t\r");
+        char *end = NULL;
+        errno = 0;
+        long long v = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : -1;
+        if (v < 0 || v > INT32_MAX || errno || end != p + len) {
+            free(ids), free(text);
+            return fail(2, "%s: '%.*s' is not a token id (expected whole numbers in [0, %d] "
+                           "separated by commas: the prompt's ids, BOS included)",
+                        where, (int)(len < 40 ? len : 40), p, INT32_MAX);
+        }
+        ids[n++] = (int32_t)v;
+        at += (size_t)sprintf(text + at, "%s%lld", n > 1 ? "," : "", v);
+        p += len;
+    }
+    if (n == 0) {
+        free(ids), free(text);
+        return fail(2, "%s: no token ids", where);
+    }
+    int rc = prompts_add(s, text, NULL, NULL);
+    int32_t **all = rc ? NULL : realloc(s->ids, (size_t)s->cap * sizeof *all);
+    int32_t *counts = all ? realloc(s->n_ids, (size_t)s->cap * sizeof *counts) : NULL;
+    if (all) s->ids = all;
+    if (counts) s->n_ids = counts;
+    if (!rc && !counts) rc = fail(1, "out of host memory reading %s", where);
+    if (rc) {
+        free(ids);
+        return rc;
+    }
+    s->ids[s->n - 1] = ids;
+    s->n_ids[s->n - 1] = (int32_t)n;
+    return 0;
+}
+
+static int ids_line(cli_prompts *s, char *line, long no) {
+    char where[4200];
+    snprintf(where, sizeof where, "--prompt-ids-file %s: line %ld", s->path, no);
+    return ids_add(s, line, where);
+}
+
+int cli_prompts_load_ids(const char *cmd, const char *list, const char *file, cli_prompts *s) {
+    g_cmd = cmd;
+    s->path = file;
+    s->flag = "--prompt-ids-file";
+    int rc = file ? each_line(s, ids_line) : ids_add(s, list, "--prompt-ids");
+    if (!rc && s->n == 0) rc = fail(2, "--prompt-ids-file: '%s' holds no prompt", file);
     return rc;
 }

@@ -11,6 +11,13 @@
  * overflow: int flags at the int32 limit whose products overflowed (bench --images-per-prompt
  * 2147483647: UBSan's signed overflow, then a crash) are refused naming the flag; the largest
  * accepted --images-per-prompt runs.
+ * text: a text model (the golden OPT fixture with the tokenizer test's mini.json) makes one
+ * continuation per prompt by default (not the image default of 4 identical greedy lines), and
+ * the summary speaks of texts and tokens: no img/s, no PNG count.
+ * prompt ids: --prompt-ids feeds ids as given (the same continuation as the text prompt they
+ * encode), --prompt-ids-file one prompt a line, on models without tokenizer.json too (micro-opt,
+ * micro-lumina as a text model); malformed or out-of-vocabulary ids, and text prompts for a
+ * model without a tokenizer, are refused naming the flag.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -28,6 +35,7 @@
 
 #include "flexdiag.h"
 #include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 #include "util.h"
 
 static const char *g_bin;   /* $FLEXDIAG_BIN */
@@ -229,6 +237,144 @@ static void test_overflow(void **state) {
     assert_file_has("out.txt", "| dense |");
 }
 
+/* ---- text models ---- */
+
+/* g_dir/opt: the golden OPT fixture (vocabulary 320) with mini.json as its tokenizer.json. */
+static void write_opt(void) {
+    char *src = tu_data_path("golden/data/opt"), *tok = tu_data_path("tokenizer/data/mini.json");
+    assert_int_equal(tu_system("cd '%s' && rm -rf opt && mkdir opt && cp '%s'/config.json "
+                               "'%s'/generation_config.json '%s'/model.safetensors opt/ && "
+                               "cp '%s' opt/tokenizer.json", g_dir, src, src, src, tok),
+                     0);
+    free(src);
+    free(tok);
+}
+
+/* Lines of file name in g_dir. */
+static int lines_in(const char *name) {
+    char *text = read_in_dir(name);
+    assert_non_null(text);
+    int n = 0;
+    for (const char *p = text; (p = strchr(p, '\n')); p++) n++;
+    free(text);
+    return n;
+}
+
+/* stderr of the last run lacks needle. */
+static void assert_err_lacks(const char *needle) {
+    char *err = read_in_dir("err.txt");
+    if (err && strstr(err, needle)) fail_msg("stderr has '%s': '%s'", needle, err);
+    free(err);
+}
+
+static void test_text_defaults(void **state) {
+    (void)state;
+    write_opt();
+    assert_int_equal(run(g_bin, "generate --cpu --model opt --prompt 'hello world' "
+                                "--max-new-tokens 4 --top-k 1 --out t"), 0);
+    assert_int_equal(lines_in("out.txt"), 1); /* "[0] hello world<text>" once */
+    assert_file_has("out.txt", "[0] hello world");
+    assert_int_equal(lines_in("t/results.jsonl"), 1);
+    assert_file_has("err.txt", "[1/1 texts]");
+    assert_file_has("err.txt", "generated 1 text(s)");
+    assert_file_has("err.txt", " tok/s");
+    assert_err_lacks("img/s");
+    assert_err_lacks("PNG");
+    assert_err_lacks("image decoder");
+    /* an explicit count still holds */
+    assert_int_equal(run(g_bin, "generate --cpu --model opt --prompt 'hello world' "
+                                "--max-new-tokens 4 --images-per-prompt 3 --out t3"), 0);
+    assert_int_equal(lines_in("t3/results.jsonl"), 3);
+    assert_file_has("err.txt", "generated 3 text(s)");
+    /* an image model keeps 4 per prompt, its images and PNGs */
+    assert_int_equal(run(g_bin, "generate --cpu --arch micro-janus --out i"), 0);
+    assert_int_equal(lines_in("i/results.jsonl"), 4);
+    assert_file_has("err.txt", "generated 4 image(s)");
+    assert_file_has("err.txt", "4 PNG(s)");
+}
+
+/* The grid of tokens.json record k in folder dir (a JSON array, owned by the caller). */
+static json_t *grid_of(const char *dir, int k) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s/tokens.json", g_dir, dir);
+    json_error_t e;
+    json_t *doc = json_load_file(path, 0, &e);
+    if (!doc) fail_msg("%s: %s", path, e.text);
+    json_t *grid = json_incref(json_object_get(json_array_get(json_object_get(doc, "images"),
+                                                              (size_t)k), "grid"));
+    json_decref(doc);
+    assert_non_null(grid);
+    return grid;
+}
+
+static void test_prompt_ids(void **state) {
+    (void)state;
+    write_opt();
+    /* the ids the text prompt becomes: BOS (2 in the OPT config) + mini.json's encoding */
+    char *tp = tu_data_path("tokenizer/data/mini.json");
+    flexdiag_tokenizer *tk = NULL;
+    assert_int_equal(flexdiag__tok_load(tp, &tk), FLEXDIAG_OK);
+    free(tp);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    assert_int_equal(flexdiag__tok_encode(tk, "hello world", 11, &ids, &n), FLEXDIAG_OK);
+    flexdiag__tok_destroy(tk);
+    char list[512] = "2";
+    for (int64_t i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), ",%d", ids[i]);
+    free(ids);
+    const char *flags = "--cpu --model opt --max-new-tokens 6 --top-k 1 --quiet";
+    assert_int_equal(run(g_bin, "generate %s --prompt 'hello world' --out a", flags), 0);
+    assert_int_equal(run(g_bin, "generate %s --prompt-ids %s --out b", flags, list), 0);
+    json_t *ga = grid_of("a", 0), *gb = grid_of("b", 0);
+    assert_true(json_equal(ga, gb));
+    json_decref(ga);
+    json_decref(gb);
+    assert_file_has("b/results.jsonl", list); /* the record's prompt is the list */
+    /* a file of id prompts, on models without tokenizer.json */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/ids.txt", g_dir);
+    static const char id_lines[] = "2,5,7\n\n2 9\n";
+    assert_int_equal(tu_write_file(path, id_lines, sizeof id_lines - 1), 0);
+    assert_int_equal(run(g_bin, "generate --cpu --arch micro-opt --random-weights "
+                                "--prompt-ids-file ids.txt --max-new-tokens 3 --out c"), 0);
+    assert_int_equal(lines_in("c/results.jsonl"), 2);
+    assert_int_equal(run(g_bin, "generate --cpu --arch micro-lumina --random-weights "
+                                "--prompt-ids 0,5,6 --max-new-tokens 3 --out d"), 0);
+    assert_int_equal(lines_in("d/results.jsonl"), 1);
+    assert_file_has("err.txt", "generated 1 text(s)");
+}
+
+static void test_prompt_ids_refused(void **state) {
+    (void)state;
+    static const struct {
+        const char *args, *n1, *n2;
+    } cases[] = {
+        {"--prompt-ids 2,x,7", "--prompt-ids", "'x' is not a token id"},
+        {"--prompt-ids 2,-3", "--prompt-ids", "'-3'"},
+        {"--prompt-ids 2,4294967296", "--prompt-ids", "4294967296"},
+        {"--prompt-ids ,", "--prompt-ids", "no token ids"},
+        {"--prompt-ids 2,99999", "--prompt-ids", "outside the vocabulary"},
+        {"--prompt-ids-file bad.txt", "--prompt-ids-file", "line 2"},
+        {"--prompt-ids-file missing.txt", "--prompt-ids-file", "missing.txt"},
+        {"--prompt-ids 2 --prompt hi", "--prompt-ids", "one of"},
+        {"--prompt-ids 2 --layout dpg", "--prompt-ids", "--layout plain"},
+        {"--prompt hi", "no tokenizer.json", "--prompt-ids"},
+    };
+    char path[4200];
+    snprintf(path, sizeof path, "%s/bad.txt", g_dir);
+    static const char bad[] = "2,3\n2,3.5\n";
+    assert_int_equal(tu_write_file(path, bad, sizeof bad - 1), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = run(g_bin, "generate --cpu --arch micro-opt --random-weights --quiet "
+                            "--max-new-tokens 2 --out r %s", cases[i].args);
+        char *err = read_in_dir("err.txt");
+        if (rc != 2 || !err || !strstr(err, cases[i].n1) || !strstr(err, cases[i].n2))
+            fail_msg("generate %s: exit %d, stderr '%s'", cases[i].args, rc, err ? err : "");
+        free(err);
+    }
+}
+
 static int setup(void **state) {
     (void)state;
     g_dir = tu_tempdir("firstrun");
@@ -255,6 +401,9 @@ int main(void) {
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_archs),
         cmocka_unit_test(test_overflow),
+        cmocka_unit_test(test_text_defaults),
+        cmocka_unit_test(test_prompt_ids),
+        cmocka_unit_test(test_prompt_ids_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

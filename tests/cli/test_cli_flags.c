@@ -383,7 +383,7 @@ static void test_nan_weights(void **state) {
              "--raw", dir);
     expect_run(run("%s", args), 1, args, "per-row logits are not finite", NULL);
     assert_false(exists_in_dir("s.npy"));
-    /* generate refuses the same weights where it samples (after a note: no image decoder) */
+    /* generate refuses the same weights where it samples */
     assert_int_equal(run("generate --cpu --quiet --model '%s' --prompt 'ab' "
                          "--images-per-prompt 1 --out o", dir), 1);
     char *err = read_in_dir("err.txt");
