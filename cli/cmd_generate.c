@@ -289,6 +289,8 @@ static int run_continuous(gen_run *r, int64_t first, int64_t n) {
     r->prog.t0 = r->prog.last = cli_now();
     flexdiag_handle *h = NULL;
     flexdiag_status st = flexdiag_submit(r->c, &rq, &sp, &h);
+    char msg[512] = ""; /* the failure's message: the submit's own, or the handle's */
+    if (st != FLEXDIAG_OK) snprintf(msg, sizeof msg, "%s", cli_last_error());
     int64_t next = 0;
     double t_last = cli_now();
     int rc = 0, ended = st != FLEXDIAG_OK;
@@ -298,7 +300,6 @@ static int run_continuous(gen_run *r, int64_t first, int64_t n) {
         rc = rc ? rc : flush_done(r, &ci, first, n, &next, &t_last);
         if (rc) flexdiag_handle_cancel(h); /* a signal, or the writer failed: stop */
     }
-    char msg[512] = "";
     if (h) flexdiag_handle_status(h, &st, NULL);
     if (h) snprintf(msg, sizeof msg, "%s", flexdiag_handle_error(h));
     flexdiag_handle_release(h);
@@ -308,7 +309,7 @@ static int run_continuous(gen_run *r, int64_t first, int64_t n) {
     if (st == FLEXDIAG_ERR_CANCELLED && g_signal) return -1;
     if (st == FLEXDIAG_ERR_CANCELLED && gen_writer_failed(r->out)) return gen_writer_wait(r->out);
     if (st == FLEXDIAG_OK) return 0;
-    return run_fail(r, st, h ? msg : cli_last_error()); /* !h: the submit's own failure */
+    return run_fail(r, st, msg);
 }
 
 /* Images [first, first + n): as one continuous request, or in blocks of --batch (--batching

@@ -18,6 +18,9 @@
  * encode), --prompt-ids-file one prompt a line, on models without tokenizer.json too (micro-opt,
  * micro-lumina as a text model); malformed or out-of-vocabulary ids, and text prompts for a
  * model without a tokenizer, are refused naming the flag.
+ * decode: `decode --tokens tokens.json` takes generate's tokens.json and writes <image_index>.png,
+ * the same bytes generate wrote (the golden Janus fixture); --index picks one record; a file that
+ * is neither, a missing index and --index on a .npy are refused naming the flag.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -375,6 +378,57 @@ static void test_prompt_ids_refused(void **state) {
     }
 }
 
+/* ---- decode takes generate's tokens.json ---- */
+
+/* Files a and b of g_dir hold the same bytes. */
+static void assert_same_file(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char pa[4200], pb[4200];
+    snprintf(pa, sizeof pa, "%s/%s", g_dir, a);
+    snprintf(pb, sizeof pb, "%s/%s", g_dir, b);
+    void *da = tu_read_file(pa, &na), *db = tu_read_file(pb, &nb);
+    if (!da || !db || na != nb || memcmp(da, db, na)) fail_msg("%s and %s differ", a, b);
+    free(da);
+    free(db);
+}
+
+static void test_decode_tokens_json(void **state) {
+    (void)state;
+    char *janus = tu_data_path("golden/data/janus"), path[4200];
+    snprintf(path, sizeof path, "%s/two.txt", g_dir);
+    static const char prompts[] = "a red apple\ntwo cats\n";
+    assert_int_equal(tu_write_file(path, prompts, sizeof prompts - 1), 0);
+    assert_int_equal(run(g_bin, "generate --cpu --model '%s' --prompts two.txt "
+                                "--images-per-prompt 2 --quiet --out g", janus), 0);
+    assert_int_equal(run(g_bin, "decode --cpu --model '%s' --tokens g/tokens.json --out d",
+                         janus), 0);
+    for (int i = 0; i < 4; i++) { /* image i is sample i % 2 of prompt i / 2 */
+        char a[64], b[64];
+        snprintf(a, sizeof a, "d/%d.png", i);
+        snprintf(b, sizeof b, "g/%d/%d.png", i / 2, i % 2);
+        assert_same_file(a, b);
+    }
+    assert_int_equal(run(g_bin, "decode --cpu --model '%s' --tokens g/tokens.json --index 3 "
+                                "--out one", janus), 0);
+    assert_same_file("one/3.png", "g/1/1.png");
+    assert_int_equal(tu_system("test ! -e '%s/one/0.png'", g_dir), 0);
+    static const struct {
+        const char *args, *needle;
+    } bad[] = {
+        {"--tokens g/results.jsonl --out x", "--tokens"},
+        {"--tokens g/tokens.json --index 9 --out x", "--index"},
+        {"--tokens two.txt --out x", "--tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = run(g_bin, "decode --cpu --model '%s' %s", janus, bad[i].args);
+        char *err = read_in_dir("err.txt");
+        if (rc == 0 || !err || !strstr(err, bad[i].needle))
+            fail_msg("decode %s: exit %d, stderr '%s'", bad[i].args, rc, err ? err : "");
+        free(err);
+    }
+    free(janus);
+}
+
 static int setup(void **state) {
     (void)state;
     g_dir = tu_tempdir("firstrun");
@@ -404,6 +458,7 @@ int main(void) {
         cmocka_unit_test(test_text_defaults),
         cmocka_unit_test(test_prompt_ids),
         cmocka_unit_test(test_prompt_ids_refused),
+        cmocka_unit_test(test_decode_tokens_json),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
