@@ -172,8 +172,10 @@ typedef struct flexdiag_context_params {
     /* since API version 5 */
     bool text;                     /* Chameleon (Lumina-mGPT): run as a text decoder over the
                                       whole vocabulary (text continuation, teacher-forced text
-                                      logits) instead of generating images; the other models
-                                      ignore it */
+                                      logits) instead of generating images; a Chameleon model
+                                      whose vocabulary cannot frame images (no image codes, or
+                                      no <racm3:break> etc.: said at load) runs as one either
+                                      way; the other models ignore it */
     uint32_t kv_pct[3];            /* percent of the block's micro-batches whose KV lives on the
                                       GPU, in pinned host memory, on disk (sum 100; rounded down
                                       to whole micro-batches on the GPU; all 0 = 100,0,0). The

@@ -238,12 +238,24 @@ static flexdiag_status place_for(flexdiag_model *m, const flexdiag_model_params 
     return FLEXDIAG_OK;
 }
 
+/* A Chameleon model whose vocabulary cannot frame images runs as a text decoder: said once,
+ * at load (a warning when it names image codes, so looks meant to draw). */
+static void note_text_only(const flexdiag_model_config *c) {
+    if (c->arch != FLEXDIAG_ARCH_CHAMELEON || c->image_vocab > 0) return;
+    if (c->no_image[0])
+        FLEXDIAG_WARN("%s: %s; the model runs as a text decoder", c->source, c->no_image);
+    else
+        FLEXDIAG_INFO("%s: the vocabulary names no image codes (IMGIMG...Z tokens); the model "
+                      "runs as a text decoder", c->source);
+}
+
 static flexdiag_status model_from_dir(flexdiag_model *m, const char *path,
                                       const flexdiag_model_params *mp) {
     flexdiag_runtime *rt = m->rt;
     m->dir = strdup(path);
     if (!m->dir) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "model: no memory");
     FLEXDIAG_TRY(flexdiag__config_load(path, &m->cfg));
+    note_text_only(&m->cfg);
     char tj[4096];
     snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
     FILE *f = fopen(tj, "rb");

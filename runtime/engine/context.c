@@ -88,27 +88,20 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     return off + flexdiag__pd_layout(&c->pd, base ? base + off : NULL);
 }
 
-/* What a context of m generates: images (Janus; Chameleon unless text is asked for) with two
- * CFG rows per image, or text. Chameleon images are grid rows of grid codes, each row ended by
- * the forced row-end token; the head computes the image-code slice of lm_head. */
-static flexdiag_status ctx_output(flexdiag_context *c) {
+/* What a context of m generates: images (Janus; Chameleon unless text is asked for, or its
+ * vocabulary cannot frame images: image_vocab 0, model load said why) with two CFG rows per
+ * image, or text. Chameleon images are grid rows of grid codes, each row ended by the forced
+ * row-end token; the head computes the image-code slice of lm_head. */
+static void ctx_output(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     int janus = m->arch == FLEXDIAG_ARCH_JANUS;
-    int image = janus || (m->arch == FLEXDIAG_ARCH_CHAMELEON && !c->p.text);
-    if (image && !janus && m->image_vocab < 1)
-        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "%s: the vocabulary names no image codes (config.json "
-                             "vocabulary_map with IMGIMG...Z tokens), so this Chameleon model "
-                             "cannot generate images; run it as a text model "
-                             "(context_params.text)",
-                             m->source);
+    int image = janus || (m->arch == FLEXDIAG_ARCH_CHAMELEON && !c->p.text && m->image_vocab > 0);
     c->rows_per_img = image ? 2 : 1;
     c->l_dec = !image ? c->p.max_new_tokens : janus ? m->image_tokens : m->grid * (m->grid + 1);
     c->vocab_out = image ? m->image_vocab : m->lm.vocab;
     c->id0 = image && !janus ? m->img_id0 : 0;
     c->vocab_in = janus ? m->image_vocab : m->lm.vocab;
     c->row_len = image && !janus ? m->grid + 1 : 0;
-    return FLEXDIAG_OK;
 }
 
 void flexdiag__kv_home_split(int32_t n_mb, const uint32_t pct[3], int32_t out[3]) {
@@ -168,7 +161,7 @@ static void ctx_shared_prompts(flexdiag_context *c) {
 static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
-    FLEXDIAG_TRY(ctx_output(c));
+    ctx_output(c);
     if (c->p.max_images < 1 || c->p.max_prompt_len < 1 || c->l_dec < 1)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "max_images (%d), max_prompt_len (%d) and max_new_tokens (%d) must "

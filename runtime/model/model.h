@@ -88,6 +88,10 @@ typedef struct flexdiag_model_config {
      * row_end_id, the image by eoi_id; its prompt ends with boi_id (<racm3:break>) and size_id
      * twice (height, width), the text before them with eot_id */
     int32_t img_id0, row_end_id, eoi_id, size_id, eot_id;
+    char no_image[192];       /* Chameleon: why a vocabulary that names image codes cannot
+                                 frame an image (a missing structural token, codes that are not
+                                 one range); "" otherwise. Such a model has image_vocab 0 and
+                                 runs as a text decoder */
 } flexdiag_model_config;
 
 /* Weights of one decoder layer (bf16): views into the layer's block, which holds the tensors in

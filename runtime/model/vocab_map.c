@@ -10,6 +10,8 @@
  * <reserved08706> ends the text of the prompt, and <reserved{8800 + n}> is the height or width
  * of n 32-pixel cells (n = grid / 2 for 16-pixel codes). The grid is the config's "image_grid"
  * (flexdiag's key; 32 = the 512-pixel Lumina-mGPT-7B-512 when absent).
+ * Only image generation needs the image vocabulary: a map whose codes are not one range, or
+ * that lacks a structural token, leaves a text model (image_vocab 0) and says why in no_image.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -34,19 +36,23 @@ static int64_t code_of_name(const char *name) {
     return code;
 }
 
-static flexdiag_status need_id(const char *file, json_t *map, const char *name, int32_t vocab,
-                               int32_t *out) {
+/* The id of structural token name into *out; 0 when the map has none in [0, vocab), the
+ * reason then in m->no_image. */
+static int need_id(json_t *map, const char *name, int32_t vocab, flexdiag_model_config *m,
+                   int32_t *out) {
     json_t *v = json_object_get(map, name);
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
-        return flexdiag__err(FLEXDIAG_ERR_CORRUPT_MODEL,
-                             "%s: vocabulary_map has no valid id for \"%s\" (an integer in [0, "
-                             "%d)); Lumina-mGPT image generation needs it",
-                             file, name, vocab);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+        snprintf(m->no_image, sizeof m->no_image,
+                 "vocabulary_map has no valid id for \"%s\" (an integer in [0, %d)); "
+                 "Lumina-mGPT image generation needs it", name, vocab);
+        return 0;
+    }
     *out = (int32_t)json_integer_value(v);
-    return FLEXDIAG_OK;
+    return 1;
 }
 
-/* First image id and count: the image names' ids must be one contiguous range. */
+/* First image id and count: the image names' ids must be one contiguous range (else no image
+ * codes, the reason in m->no_image). */
 static flexdiag_status code_range(const char *file, json_t *map, int32_t vocab,
                                   flexdiag_model_config *m) {
     int64_t lo = INT64_MAX, hi = -1, count = 0;
@@ -64,11 +70,13 @@ static flexdiag_status code_range(const char *file, json_t *map, int32_t vocab,
         count++;
     }
     if (count == 0) return FLEXDIAG_OK; /* a text-only vocabulary */
-    if (hi - lo + 1 != count)
-        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                             "%s: the %lld image-code ids of vocabulary_map span [%lld, %lld], not "
-                             "one contiguous range; flexdiag's image head needs one",
-                             file, (long long)count, (long long)lo, (long long)hi);
+    if (hi - lo + 1 != count) {
+        snprintf(m->no_image, sizeof m->no_image,
+                 "the %lld image-code ids of vocabulary_map span [%lld, %lld], not one "
+                 "contiguous range; flexdiag's image head needs one",
+                 (long long)count, (long long)lo, (long long)hi);
+        return FLEXDIAG_OK;
+    }
     m->img_id0 = (int32_t)lo;
     m->image_vocab = (int32_t)count;
     return FLEXDIAG_OK;
@@ -78,6 +86,7 @@ flexdiag_status flexdiag__vocab_map_ids(const char *file, json_t *root,
                                         flexdiag_model_config *m) {
     m->img_id0 = m->row_end_id = m->eoi_id = m->size_id = m->eot_id = -1;
     m->image_vocab = m->grid = m->image_tokens = 0;
+    m->no_image[0] = '\0';
     json_t *map = json_object_get(root, "vocabulary_map");
     if (!json_is_object(map)) return FLEXDIAG_OK; /* text only */
     int32_t V = m->lm.vocab;
@@ -90,15 +99,20 @@ flexdiag_status flexdiag__vocab_map_ids(const char *file, json_t *root,
                              "%s: image_grid must be an even integer in [2, %d] (codes per image "
                              "side: 32 for 512 px, 48 for 768 px)",
                              file, GRID_MAX);
-    m->grid = (int32_t)grid;
-    m->image_tokens = m->grid * m->grid;
     char size[32];
-    snprintf(size, sizeof size, "<reserved%05d>", 8800 + m->grid / 2);
-    FLEXDIAG_TRY(need_id(file, map, "<racm3:break>", V, &m->boi_id));
-    FLEXDIAG_TRY(need_id(file, map, "<eoss>", V, &m->eoi_id));
-    FLEXDIAG_TRY(need_id(file, map, "<reserved08799>", V, &m->row_end_id));
-    FLEXDIAG_TRY(need_id(file, map, "<reserved08706>", V, &m->eot_id));
-    return need_id(file, map, size, V, &m->size_id);
+    snprintf(size, sizeof size, "<reserved%05d>", 8800 + (int)grid / 2);
+    if (need_id(map, "<racm3:break>", V, m, &m->boi_id) &&
+        need_id(map, "<eoss>", V, m, &m->eoi_id) &&
+        need_id(map, "<reserved08799>", V, m, &m->row_end_id) &&
+        need_id(map, "<reserved08706>", V, m, &m->eot_id) &&
+        need_id(map, size, V, m, &m->size_id)) {
+        m->grid = (int32_t)grid;
+        m->image_tokens = m->grid * m->grid;
+        return FLEXDIAG_OK;
+    }
+    m->img_id0 = m->boi_id = m->row_end_id = m->eoi_id = m->size_id = m->eot_id = -1;
+    m->image_vocab = 0; /* a text model */
+    return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__vocab_map_codes(const char *dir, const flexdiag_model_config *m,

@@ -16,7 +16,9 @@
 
 /* From config.json's root object (file names it in messages): img_id0, image_vocab, grid,
  * image_tokens and the structural ids of m (m->lm.vocab already parsed). Without a
- * vocabulary_map, or one without image codes, image_vocab stays 0 (text only). */
+ * vocabulary_map, or one without image codes, image_vocab stays 0 (text only); with codes that
+ * cannot frame an image (a structural token missing, codes not one range) too, the reason in
+ * m->no_image. */
 struct json_t;
 flexdiag_status flexdiag__vocab_map_ids(const char *file, struct json_t *root,
                                         flexdiag_model_config *m);
