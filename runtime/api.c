@@ -226,7 +226,8 @@ static flexdiag_status place_for(flexdiag_model *m, const flexdiag_model_params 
     const uint32_t *pct = mp->weights_pct;
     if (mp->compress_weights != 0 && mp->compress_weights != 4)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "compress_weights = %u: 0 (none) or 4 (4-bit groups)",
+                             "model_params.compress_weights is %u: 0 (none) or 4 (4-bit "
+                             "groups)",
                              mp->compress_weights);
     *out = (flexdiag_weights_place){{pct[0], pct[1], pct[2]}, NULL, NULL, mp->compress_weights == 4};
     uint64_t need[3];
@@ -452,14 +453,18 @@ void flexdiag_context_destroy(flexdiag_context *c) {
 }
 
 flexdiag_status flexdiag_context_cancel(flexdiag_context *c) {
-    if (!c) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_cancel: NULL context");
+    if (!c) { /* the thread's message is touched only here: a signal handler may cancel */
+        flexdiag__err_clear();
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_cancel: NULL context");
+    }
     atomic_store(&c->cancel, 1); /* a scoring call in flight */
     flexdiag__queue_cancel_all(c);
     return FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag_context_stats(const flexdiag_context *c, flexdiag_stats *out) {
-    if (!c || !out) return FLEXDIAG_ERR_INVALID_ARG;
+    flexdiag__err_clear();
+    if (!c || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_stats: NULL argument");
     *out = c->stats;
     out->peak_device_bytes = atomic_load(&((flexdiag_context *)c)->m->rt->arena.peak);
     return FLEXDIAG_OK;

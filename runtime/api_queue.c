@@ -287,7 +287,8 @@ flexdiag_status flexdiag__check_request(const flexdiag_request *r) {
                              "%lld >= 0", r->images_per_prompt, (long long)r->first_image);
     if ((int64_t)r->n_prompts * r->images_per_prompt > INT32_MAX / 2)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "n_prompts %d x images_per_prompt %d images: too many for one request",
+                             "request.n_prompts %d x request.images_per_prompt %d images: too "
+                             "many for one request",
                              r->n_prompts, r->images_per_prompt);
     /* sampling: one message per field, naming it */
     if (!(r->temperature > 0) || !isfinite(r->temperature))
@@ -341,8 +342,8 @@ static flexdiag_status job_tokens(const flexdiag_context *c, const flexdiag_subm
     if (c->rows_per_img == 2 || p->max_new_tokens == 0) return FLEXDIAG_OK;
     if (p->max_new_tokens < 0 || p->max_new_tokens > c->l_dec)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "submit: max_new_tokens %d must be in 1..%d (the context's "
-                             "max_new_tokens)",
+                             "submit_params.max_new_tokens %d must be in 1..%d (the "
+                             "context's context_params.max_new_tokens)",
                              p->max_new_tokens, c->l_dec);
     *out = p->max_new_tokens;
     return FLEXDIAG_OK;
@@ -391,12 +392,12 @@ static flexdiag_status handle_make(flexdiag_context *c, const flexdiag_request *
 static flexdiag_status enqueue(flexdiag_context *c, flexdiag_handle *h) {
     flexdiag_queue *q = c->queue;
     pthread_mutex_lock(&q->mu);
-    while (!q->stop && q->waiting > 0 && q->waiting + h->n_img > q->cap) {
+    while (!q->stop && q->waiting > 0 && (int64_t)q->waiting + h->n_img > q->cap) {
         if (!h->p.wait_for_room) {
             pthread_mutex_unlock(&q->mu);
             return flexdiag__err(FLEXDIAG_ERR_BUSY,
                                  "submit: the queue holds %d waiting image(s) of %d "
-                                 "(context_params queue_images); the request has %d",
+                                 "(context_params.queue_images); the request has %d",
                                  q->waiting, q->cap, h->n_img);
         }
         pthread_cond_wait(&q->cv, &q->mu);

@@ -27,6 +27,12 @@
  * ~107 KB per token at 7B) stays ~0.44 GB however large the batch (a 218-sequence batch of
  * 50-token prompts held 1.17 GB; at 48 GB the difference is about two Diagonal images). */
 #define PREFILL_TOKENS 4096
+/* Limits of the user-given sizes (ctx_check_params): sequences (2 per image with CFG) and
+ * positions stay far inside int32, and a context whose byte bound (ctx_bytes_bound) passes
+ * 2^58 is refused before its layout sums any size_t. */
+#define CTX_MAX_IMAGES (1 << 20)
+#define CTX_MAX_POSITIONS (1 << 24)
+#define CTX_MAX_BYTES 0x1p58
 
 static size_t al(size_t x) { return (x + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN; }
 
@@ -157,24 +163,75 @@ static void ctx_shared_prompts(flexdiag_context *c) {
     c->blk_p = c->n_pre ? 0 : c->p_cap;
 }
 
+/* "context_params.<field> is <v>: <need>" (FLEXDIAG_ERR_INVALID_ARG). */
+static flexdiag_status bad_param(const char *field, int64_t v, const char *need) {
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_params.%s is %lld: %s", field,
+                         (long long)v, need);
+}
+
+/* The params' own ranges, each refused naming its field, before any size is derived from them:
+ * within these every count and position below fits int32 with room (CTX_MAX_*). */
+static flexdiag_status ctx_check_params(const flexdiag_context *c) {
+    const flexdiag_context_params *p = &c->p;
+    if (p->max_images < 1 || p->max_images > CTX_MAX_IMAGES)
+        return bad_param("max_images", p->max_images, "give 1 .. 1048576 images a block");
+    if (p->max_prompt_len < 1 || p->max_prompt_len > CTX_MAX_POSITIONS)
+        return bad_param("max_prompt_len", p->max_prompt_len,
+                         "give 1 .. 16777216 tokens (BOS .. the last prompt token)");
+    if (c->rows_per_img == 1 && (c->l_dec < 1 || c->l_dec > CTX_MAX_POSITIONS))
+        return bad_param("max_new_tokens", c->l_dec, "give 1 .. 16777216 tokens a sequence");
+    if ((int64_t)p->max_prompt_len + c->l_dec > CTX_MAX_POSITIONS)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "context_params.max_prompt_len %d + %d decode tokens: a sequence "
+                             "holds at most %d positions",
+                             p->max_prompt_len, c->l_dec, CTX_MAX_POSITIONS);
+    if (p->micro_batch < 0)
+        return bad_param("micro_batch", p->micro_batch, "give >= 0 (0 = max_images)");
+    if (p->images_per_prompt < 0)
+        return bad_param("images_per_prompt", p->images_per_prompt, "give >= 0 (0, 1 = no "
+                         "shared prompt rows)");
+    if (p->queue_images < 0)
+        return bad_param("queue_images", p->queue_images, "give >= 0 (0 = the default)");
+    if (p->batching < 0 || p->batching > 1)
+        return bad_param("batching", p->batching, "give 0 (continuous) or 1 (blocks)");
+    return FLEXDIAG_OK;
+}
+
+/* An upper bound of the bytes the context's buffers take (ctx_layout, the policy driver, the
+ * host homes and workspaces), in double so that it cannot overflow: the KV rows, the per-token
+ * and per-sequence buffers at the model's widest row, the policy driver's lists (ALiSA's grow
+ * with n_att x n_att), with a factor 4 to spare. */
+static double ctx_bytes_bound(const flexdiag_context *c) {
+    const flexdiag_model_config *m = &c->m->cfg;
+    const flexdiag_lm_config *l = &m->lm;
+    double L = l->layers, S = c->n_seq, n = c->l_dec, dh = l->head_dim;
+    double P = (double)c->p_cap + c->l_dec + c->pd.ring, H = l->heads + 2.0 * l->kv_heads;
+    double V = l->vocab > m->image_vocab ? l->vocab : m->image_vocab;
+    double width = l->hidden + 3.0 * l->ffn + 2 * H * dh + V + m->image_embed + m->head_dim_mid;
+    double kv = L * 2 * S * l->kv_heads * dh * 4 * P;
+    double rows = (S * P + PREFILL_TOKENS) * (width + 64) * 4;
+    double policy = L * S * H * (P * 16 + 64) + L * S * n * n * 8;
+    return 4 * (kv + rows + policy);
+}
+
+/* Refuse a context whose bound exceeds CTX_MAX_BYTES (no machine has it; the layout's size_t
+ * sums stay exact below it), naming the fields that size it. */
+static flexdiag_status ctx_check_bytes(const flexdiag_context *c) {
+    double b = ctx_bytes_bound(c);
+    if (b <= CTX_MAX_BYTES) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                         "context_params.max_images %d, context_params.max_prompt_len %d and "
+                         "%d decode tokens would need about %.3g PiB of memory: lower them",
+                         c->p.max_images, c->p.max_prompt_len, c->l_dec,
+                         b / 4 / (double)(1ull << 50));
+}
+
 /* Fill the geometry fields of c from its params (no allocation). */
 static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
     ctx_output(c);
-    if (c->p.max_images < 1 || c->p.max_prompt_len < 1 || c->l_dec < 1)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "max_images (%d), max_prompt_len (%d) and max_new_tokens (%d) must "
-                             "be >= 1",
-                             c->p.max_images, c->p.max_prompt_len, c->l_dec);
-    if (c->p.micro_batch < 0 || c->p.images_per_prompt < 0 || c->p.queue_images < 0 ||
-        c->p.batching < 0 || c->p.batching > 1)
-        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "context_params: micro_batch %d, images_per_prompt %d, queue_images "
-                             "%d, batching %d: the first three are >= 0 (0 = the default), "
-                             "batching 0 (continuous) or 1 (blocks)",
-                             c->p.micro_batch, c->p.images_per_prompt, c->p.queue_images,
-                             c->p.batching);
+    FLEXDIAG_TRY(ctx_check_params(c));
     c->n_img = c->p.max_images;
     c->n_seq = c->n_img * c->rows_per_img;
     c->mb_img = c->p.micro_batch > 0 && c->p.micro_batch < c->n_img ? c->p.micro_batch : c->n_img;
@@ -183,8 +240,8 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->p_cap = c->p.max_prompt_len;
     if (l->pos_rows && (int64_t)c->p_cap + c->l_dec > l->max_pos)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "max_prompt_len %d + max_new_tokens %d exceed the model's %d learned "
-                             "positions (max_position_embeddings)",
+                             "context_params.max_prompt_len %d + %d decode tokens exceed the "
+                             "model's %d learned positions (max_position_embeddings)",
                              c->p_cap, c->l_dec, l->max_pos);
     int32_t pf_cap = (c->pf_tokens > 0 ? c->pf_tokens : PREFILL_TOKENS) / c->p_cap;
     c->pf_seq = pf_cap < 1 ? 1 : pf_cap < c->mb_seq ? pf_cap : c->mb_seq;
@@ -196,6 +253,7 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     size_t row = (size_t)l->kv_heads * (size_t)l->head_dim * (size_t)c->m->rt->k->act_bytes;
     c->seq_bytes = row * (size_t)(c->blk_p + c->pd.ring);
     c->pre_bytes = row * (size_t)c->p_cap;
+    FLEXDIAG_TRY(ctx_check_bytes(c));
     return flexdiag__cpu_attn_allowed(c);
 }
 

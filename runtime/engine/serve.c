@@ -550,8 +550,9 @@ static flexdiag_status check_block(const flexdiag_context *c, const flexdiag_blo
     if ((int64_t)distinct * c->rows_per_img <= c->n_pre) return FLEXDIAG_OK;
     return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                          "the block's images have more distinct prompt rows than the %d the "
-                         "context shares (images_per_prompt %d): give the images of one prompt "
-                         "side by side, or a smaller images_per_prompt",
+                         "context shares (context_params.images_per_prompt %d): give the images "
+                         "of one prompt side by side, or a smaller "
+                         "context_params.images_per_prompt",
                          c->n_pre, c->p.images_per_prompt);
 }
 

@@ -236,10 +236,11 @@ static void test_struct_sizes(void **state) {
     cp.max_prompt_len = 16;
     cp.micro_batch = -1; /* out of range fields are named, not taken */
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "micro_batch -1"));
+    assert_non_null(strstr(flexdiag_last_error(NULL), "context_params.micro_batch is -1"));
     cp.micro_batch = 0;
     cp.images_per_prompt = -2;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
+    assert_non_null(strstr(flexdiag_last_error(NULL), "context_params.images_per_prompt is -2"));
     cp.images_per_prompt = 0;
     cp.struct_size = (uint32_t)(offsetof(flexdiag_context_params, progress_user) + sizeof(void *));
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK); /* API version 1's */

@@ -34,8 +34,9 @@ static void write_weights(void) {
     static char names[N_T][64];
     flexdiag_st_entry e[N_T];
     int n = 0;
-#define T(nm, nd, a, b) e[n] = (flexdiag_st_entry){names[n], FLEXDIAG_DTYPE_BF16, nd, {a, b}, NULL}, \
-                        snprintf(names[n++], 64, "%s", nm)
+#define T(nm, nd, a, b)                                                                            \
+    e[n] = (flexdiag_st_entry){names[n], FLEXDIAG_DTYPE_BF16, nd, {a, b}, NULL},                   \
+    snprintf(names[n++], 64, "%s", nm)
     T("lm_head.weight", 2, V, D);
     T("model.embed_tokens.weight", 2, V, D);
     T("model.norm.weight", 1, D, 0);
@@ -131,7 +132,8 @@ static void score_api(flexdiag_model *m, bool text, float *out) {
     assert_int_equal(so.vocab, V);
     assert_int_equal(so.rows, 1);
     so.logits = out;
-    if (flexdiag_score(c, &rq, &so) != FLEXDIAG_OK) fail_msg("score: %s", flexdiag_last_error(NULL));
+    if (flexdiag_score(c, &rq, &so) != FLEXDIAG_OK)
+        fail_msg("score: %s", flexdiag_last_error(NULL));
     for (int i = 0; i < N * V; i++) assert_true(isfinite(out[i]));
     flexdiag_context_destroy(c);
 }

@@ -64,7 +64,8 @@ static void test_config_json(void **state) {
 static void test_tokenizer_json(void **state) {
     (void)state;
     write_in_dir("config.json", llama_cfg);
-    write_in_dir("tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": 5, \"merges\": []}}");
+    write_in_dir("tokenizer.json",
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": 5, \"merges\": []}}");
     expect_load("tokenizer.json: model.vocab", NULL);
     write_in_dir("tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}}}");
     expect_load("tokenizer.json: model.vocab", NULL);
