@@ -9,7 +9,8 @@
  * graph: what the engine's norms, activations and KV appends cost beyond their bytes), and with
  * --offload-dir the store's O_DIRECT read rate at the scheduler's request size and queue depth. On the CPU backend the
  * "device" is host memory, so every rate is the CPU's. Buffers come from the device budget.
- * Progress goes to stderr, the file path to stdout.
+ * Progress goes to stderr, the file path to stdout. The file's folder is made and the file
+ * checked writable before anything is measured.
  */
 #include <math.h>
 #include <stdio.h>
@@ -298,6 +299,27 @@ static int measure_disk(const char *dir, cm_profile *p) {
 
 /* ---- command ---- */
 
+/* Where the profile goes (--out, or the cache path of device), its folder made and the file
+ * checked writable before anything is measured: 0, or an exit code after a message. */
+static int out_path(const prof_opts *o, const char *device, char *path, size_t n) {
+    if (!o->out && cm_profile_path(device, path, n)) {
+        fprintf(stderr, "flexdiag profile: neither XDG_CACHE_HOME nor HOME is set: give --out "
+                        "FILE\n");
+        return 2;
+    }
+    if (o->out) snprintf(path, n, "%s", o->out);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) *slash = 0;
+    if (slash && slash != dir && cli_mkdirs(dir)) {
+        fprintf(stderr, "flexdiag profile: %s %s: cannot make the folder %s (nothing was run)\n",
+                o->out ? "--out" : "the profile", path, dir);
+        return 1;
+    }
+    return cli_check_writable("profile", o->out ? "--out" : "the profile", path);
+}
+
 static int profile(const prof_opts *o) {
     flexdiag_runtime_params rp;
     flexdiag_runtime_params_init(&rp);
@@ -310,8 +332,14 @@ static int profile(const prof_opts *o) {
     memset(&p, 0, sizeof p);
     bench_device_name(rt, p.device, sizeof p.device);
     snprintf(p.backend, sizeof p.backend, "%s", rt->k->name);
+    char path[4096];
+    int rc = out_path(o, p.device, path, sizeof path);
+    if (rc) {
+        flexdiag_runtime_destroy(rt);
+        return rc;
+    }
     double t0 = flexdiag__now();
-    int rc = measure_copies(rt, &p) || measure_gemms(rt, &p) || measure_ops(rt, &p);
+    rc = measure_copies(rt, &p) || measure_gemms(rt, &p) || measure_ops(rt, &p);
     if (!rc) {
         progress("host memory read", 0, 2);
         rc = bench_host_read_rate(rt, &p.host_read);
@@ -321,12 +349,6 @@ static int profile(const prof_opts *o) {
     }
     if (!rc && o->offload_dir) rc = measure_disk(o->offload_dir, &p);
     flexdiag_runtime_destroy(rt);
-    char path[4096];
-    if (!rc && !o->out && cm_profile_path(p.device, path, sizeof path)) {
-        fprintf(stderr, "flexdiag profile: neither XDG_CACHE_HOME nor HOME is set: give --out FILE\n");
-        return 2;
-    }
-    if (!rc && o->out) snprintf(path, sizeof path, "%s", o->out);
     if (!rc) rc = cm_profile_write(&p, path);
     if (rc) return 1;
     fprintf(stderr, "flexdiag profile: %s (%s) measured in %.1f s: H2D %.2f GB/s, copy %.1f "

@@ -323,12 +323,12 @@ int flexdiag_cmd_requests(int argc, char **argv) {
     if (cli_check_model(CMD, &o.mo)) return 2;
     if (!strstr(o.batching, "continuous") && !strstr(o.batching, "blocks"))
         return cli_errorf(CMD, 2, "--batching %s: give continuous, blocks or both", o.batching);
+    cli_jsonl json = {0}; /* opened before the model loads: a bad path fails at once */
+    if (o.json && cli_jsonl_open(&json, o.json, 0) != FLEXDIAG_OK)
+        return cli_errorf(CMD, 1, "--json: %s", cli_io_error());
     flexdiag_runtime *rt = NULL;
     flexdiag_model *m = NULL;
-    if ((rc = cli_open_model(CMD, &o.mo, &rt, &m))) return rc;
-    cli_jsonl json = {0};
-    if (o.json && cli_jsonl_open(&json, o.json, 0) != FLEXDIAG_OK)
-        rc = cli_errorf(CMD, 1, "--json: %s", cli_io_error());
+    rc = cli_open_model(CMD, &o.mo, &rt, &m);
     if (!rc) rc = run_all(&o, m, o.json ? &json : NULL);
     if (o.json) (void)cli_jsonl_close(&json);
     flexdiag_model_destroy(m);

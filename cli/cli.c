@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/fileio.h"
 
@@ -32,6 +34,25 @@ int cli_mkdirs(const char *path) {
     if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
     struct stat st;
     return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+int cli_check_writable(const char *cmd, const char *flag, const char *path) {
+    struct stat st;
+    int exists = stat(path, &st) == 0, e = 0;
+    const char *why = exists && S_ISDIR(st.st_mode) ? "is a folder: give a file path" : NULL;
+    const char *slash = strrchr(path, '/');
+    char probe[4200]; /* a file made and removed in path's folder */
+    snprintf(probe, sizeof probe, "%.*s/.flexdiag-write-check-XXXXXX",
+             slash ? (int)(slash - path) : 1, slash ? path : ".");
+    int special = exists && !why && !S_ISREG(st.st_mode);
+    int fd = why ? -1 : special ? open(path, O_WRONLY) : mkstemp(probe);
+    if (!why && fd < 0) e = errno;
+    if (fd >= 0) close(fd);
+    if (fd >= 0 && !special) unlink(probe);
+    if (!why && !e) return 0;
+    fprintf(stderr, "flexdiag %s: %s %s: %s%s (nothing was run)\n", cmd, flag, path,
+            why ? "" : "cannot write there: ", why ? why : strerror(e));
+    return 1;
 }
 
 int cli_parse_size(const char *s, uint64_t *out) {

@@ -232,6 +232,7 @@ static int check_flags(const decode_opts *o) {
         fprintf(stderr, "flexdiag %s: give --out DIR (PNGs) and/or --raw FILE.npy\n", CMD);
         return 2;
     }
+    if (o->raw && cli_check_writable(CMD, "--raw", o->raw)) return 1;
     if (o->out && cli_mkdirs(o->out) != 0) {
         fprintf(stderr, "flexdiag %s: --out %s: cannot create the folder\n", CMD, o->out);
         return 1;

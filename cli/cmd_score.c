@@ -79,6 +79,7 @@ int flexdiag_cmd_score(int argc, char **argv) {
     }
     flexdiag_policy_params pol;
     if (cli_policy_params("score", &po, &pol)) return 2;
+    if (cli_check_writable("score", "--out", out)) return 1;
     cli_score_input in;
     rc = cli_score_input_read("score", input, &in);
     flexdiag_runtime *rt = NULL;

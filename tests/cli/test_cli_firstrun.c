@@ -21,6 +21,8 @@
  * decode: `decode --tokens tokens.json` takes generate's tokens.json and writes <image_index>.png,
  * the same bytes generate wrote (the golden Janus fixture); --index picks one record; a file that
  * is neither, a missing index and --index on a .npy are refused naming the flag.
+ * outputs first: profile --out, score --out, decode --raw and requests --json that cannot be
+ * written are refused before anything is loaded or measured (profile measured 30 s first).
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -429,6 +431,38 @@ static void test_decode_tokens_json(void **state) {
     free(janus);
 }
 
+/* ---- outputs checked before the work ---- */
+
+static void test_outputs_first(void **state) {
+    (void)state;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/afile", g_dir);
+    assert_int_equal(tu_write_file(path, "x", 1), 0);
+    static const struct {
+        int tool; /* 0 flexdiag, 1 flexdiag-bench */
+        const char *args, *n1, *n2;
+    } cases[] = {
+        {0, "profile --cpu --threads 1 --out afile/p.json", "--out afile/p.json", "nothing was run"},
+        {0, "profile --cpu --threads 1 --out .", "is a folder", "nothing was run"},
+        {0, "score --model no-model --input no.json --out nofolder/s.npy", "--out nofolder/s.npy",
+         "nothing was run"},
+        {0, "decode --model no-model --tokens no.npy --raw nofolder/r.npy", "--raw nofolder/r.npy",
+         "nothing was run"},
+        {1, "requests --arch micro-opt --random-weights --json nofolder/r.jsonl", "--json",
+         "nofolder/r.jsonl"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = run(cases[i].tool ? g_bench : g_bin, "%s", cases[i].args);
+        char *err = read_in_dir("err.txt");
+        if (rc != 1 || !err || !strstr(err, cases[i].n1) || !strstr(err, cases[i].n2) ||
+            strchr(err, '\n') != err + strlen(err) - 1) /* that line alone: nothing measured */
+            fail_msg("%s: exit %d, stderr '%s'", cases[i].args, rc, err ? err : "");
+        free(err);
+    }
+    /* the check's probe files are gone */
+    assert_int_equal(tu_system("test -z \"$(ls -a '%s' | grep flexdiag-write-check)\"", g_dir), 0);
+}
+
 static int setup(void **state) {
     (void)state;
     g_dir = tu_tempdir("firstrun");
@@ -459,6 +493,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_ids),
         cmocka_unit_test(test_prompt_ids_refused),
         cmocka_unit_test(test_decode_tokens_json),
+        cmocka_unit_test(test_outputs_first),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
