@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -507,13 +508,31 @@ static void summary(const gen_run *r) {
 
 /* ---- the job's processes ---- */
 
+/* results.jsonl and tokens.json in --out are files or absent (rank 0 checks): a folder in
+ * their place was found only when the run wrote them, a --resume having replaced tokens.json
+ * with an empty list by then. 0, or 1 after a message. */
+static int record_paths_free(const gen_run *r) {
+    static const char *const names[] = {"results.jsonl", "tokens.json"};
+    for (int i = 0; r->world->rank == 0 && i < 2; i++) {
+        char path[4200];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", r->o->out, names[i]);
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            return fail(1, "--out %s: %s is a folder; generate keeps its records in a file of "
+                           "that name: move it away (nothing was changed)",
+                        r->o->out, path);
+    }
+    return 0;
+}
+
 /* Before the model loads, so that a bad folder fails fast: one process without --resume opens
  * results.jsonl itself; otherwise rank 0 prepares the folder (a --resume leaves it as it is). A
  * fresh run removes the part and temp record files and the PNG temp files an interrupted run
  * left (a resumed one removes the PNG temps when it gathers). */
 static int setup_folder(gen_run *r) {
     const gen_opts *o = r->o;
-    int rc = 0;
+    int rc = record_paths_free(r);
+    if (rc) return job_agree(r->world, rc);
     if (!r->merge) {
         rc = gen_out_open(&r->w);
         if (!rc) gen_merge_clear(o->out);

@@ -328,6 +328,10 @@ static int read_all(merge *m) {
         out_path(m, m->files[f].name, path, sizeof path);
         m->files[f].f = fopen(path, "r");
         if (!m->files[f].f) return fail(1, "--out: cannot read %s: %s", path, strerror(errno));
+        struct stat st; /* a folder opens, reads as nothing, and its records would be lost */
+        if (fstat(fileno(m->files[f].f), &st) || !S_ISREG(st.st_mode))
+            return fail(1, "--out: %s is not a file (a folder?): move it away (nothing was "
+                           "changed)", path);
         rc = m->files[f].tokens ? read_tokens(m, f) : read_results(m, f);
     }
     return rc;

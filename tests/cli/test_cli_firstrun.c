@@ -23,6 +23,10 @@
  * is neither, a missing index and --index on a .npy are refused naming the flag.
  * outputs first: profile --out, score --out, decode --raw and requests --json that cannot be
  * written are refused before anything is loaded or measured (profile measured 30 s first).
+ * records in a folder: --resume on an --out whose results.jsonl (or a part file) became a folder
+ * is refused at once and tokens.json keeps its bytes (it was replaced by an empty list, the
+ * records "kept" in a 0-byte temporary file); a fresh run whose tokens.json is a folder stops
+ * before generating.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -463,6 +467,34 @@ static void test_outputs_first(void **state) {
     assert_int_equal(tu_system("test -z \"$(ls -a '%s' | grep flexdiag-write-check)\"", g_dir), 0);
 }
 
+/* ---- record files that became folders ---- */
+
+static void test_records_folder(void **state) {
+    (void)state;
+    const char *gen = "generate --cpu --arch micro-janus --images-per-prompt 2 --quiet --out rf";
+    assert_int_equal(run(g_bin, "%s", gen), 0);
+    char *before = read_in_dir("rf/tokens.json");
+    assert_non_null(before);
+    static const char *const swaps[] = {"rm rf/results.jsonl && mkdir rf/results.jsonl",
+                                        "rmdir rf/results.jsonl && touch rf/results.jsonl && "
+                                        "mkdir rf/results.jsonl.part-0"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(tu_system("cd '%s' && %s", g_dir, swaps[i]), 0);
+        assert_int_equal(run(g_bin, "%s --resume", gen), 1);
+        assert_file_has("err.txt", "move it");
+        assert_file_has("err.txt", "nothing was changed");
+        char *after = read_in_dir("rf/tokens.json");
+        if (!after || strcmp(after, before)) fail_msg("swap %d: tokens.json changed", i);
+        free(after);
+        assert_int_equal(tu_system("cd '%s' && test -z \"$(ls rf | grep tmp)\"", g_dir), 0);
+    }
+    free(before);
+    assert_int_equal(tu_system("cd '%s' && rm -rf rf && mkdir -p rf/tokens.json", g_dir), 0);
+    assert_int_equal(run(g_bin, "%s", gen), 1);
+    assert_file_has("err.txt", "rf/tokens.json is a folder");
+    assert_int_equal(tu_system("test ! -e '%s/rf/0'", g_dir), 0); /* no image was made */
+}
+
 static int setup(void **state) {
     (void)state;
     g_dir = tu_tempdir("firstrun");
@@ -494,6 +526,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_ids_refused),
         cmocka_unit_test(test_decode_tokens_json),
         cmocka_unit_test(test_outputs_first),
+        cmocka_unit_test(test_records_folder),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
