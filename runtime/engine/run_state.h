@@ -66,6 +66,9 @@ typedef struct run_state {
     int32_t *row_tmp;        /* (2, p_cap) host scratch of an admission's prompt rows */
     int32_t *ids_pack;       /* (S or n_pre, p_cap) ids_h packed pf_q ids a row (uploaded) */
     int32_t rounds;          /* admissions so far */
+    int64_t idle;            /* slot-passes free slots stood idle with jobs waiting since the
+                                last admission (serve.c admit_due) */
+    int64_t admit_idle;      /* how many of them make an admission due */
     size_t act;              /* act_bytes */
     double *split;           /* profiling accumulators (block's split) or NULL */
     struct flexdiag_layer_io *held; /* (n_mb) I/O of the host-attended micro-batches between

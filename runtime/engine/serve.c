@@ -28,6 +28,9 @@
 
 static const flexdiag_block no_block; /* a run without captures, progress or profiling */
 
+/* Idle slot-passes, in context slots, that gather admissions into one prefill (admit_due). */
+#define ADMIT_IDLE 0.0
+
 /* ---- run state ---- */
 
 static void run_free(run_state *r) {
@@ -67,6 +70,8 @@ static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdi
     r->pf = r->pre_last + P;
     r->row_tmp = r->ids_h + rows * (size_t)c->p_cap;
     r->ids_pack = r->row_tmp + 2 * (size_t)c->p_cap;
+    const char *env = getenv("FLEXDIAG_ADMIT_IDLE");
+    r->admit_idle = (int64_t)((env ? atof(env) : ADMIT_IDLE) * (double)c->n_img);
     for (size_t s = 0; s < S; s++) r->lp[s] = 1, r->t[s] = -1, r->last[s] = 0, r->prefix[s] = 0;
     for (size_t p = 0; p < P; p++) r->pre_lp[p] = 0, r->pre_ref[p] = 0, r->pre_last[p] = 0;
     memset(c->h_pos, 0, S * 4);
@@ -415,14 +420,25 @@ static flexdiag_status pass_progress(const run_state *r) {
 }
 
 /* A step boundary: cancelled jobs out, waiting jobs in (their prefill pass and first tokens). */
+/* Whether this boundary admits: always while nothing is live, else once the free slots have
+ * stood idle, with jobs waiting, for admit_idle slot-passes since the last admission. A prefill
+ * pass reads every weight however few prompts it carries, so gathering a few admissions into
+ * one pass trades a little idle slot time for fewer prefill passes (admit_idle 0: admit at every
+ * boundary; FLEXDIAG_ADMIT_IDLE=F sets it to F x the context's slots). */
+static int admit_due(const run_state *r) {
+    return r->live == 0 || r->idle >= r->admit_idle;
+}
+
 static flexdiag_status boundary(run_state *r, int32_t granule) {
     flexdiag_context *c = r->c;
     if (r->abort && atomic_load(r->abort))
         return flexdiag__err(FLEXDIAG_ERR_CANCELLED, "generation cancelled");
     retire_cancelled(r);
+    if (!admit_due(r)) return FLEXDIAG_OK;
     int32_t n = admit(r);
     if (n < 0) return FLEXDIAG_ERR_INVALID_ARG; /* a block's refused job: its message stands */
     if (n == 0) return FLEXDIAG_OK;
+    r->idle = 0;
     if (r->rounds++ == 0) c->n_pf = r->n_pf;
     pass_width(r, granule);
     double t0 = flexdiag__now();
@@ -444,7 +460,9 @@ static flexdiag_status decode(run_state *r, int32_t granule) {
     c->stats.decode_s += flexdiag__now() - t0;
     r->split = NULL;
     FLEXDIAG_TRY(pass_progress(r));
-    return after_pass(r, 0);
+    FLEXDIAG_TRY(after_pass(r, 0));
+    if (r->live < c->n_img && r->f->peek(r->f->user)) r->idle += c->n_img - r->live;
+    return FLEXDIAG_OK;
 }
 
 /* Every live job fails with st and msg (the run is over). */
