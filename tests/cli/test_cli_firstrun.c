@@ -27,6 +27,11 @@
  * is refused at once and tokens.json keeps its bytes (it was replaced by an empty list, the
  * records "kept" in a 0-byte temporary file); a fresh run whose tokens.json is a folder stops
  * before generating.
+ * long prompts: a prompt near the 16 KiB cap is tokenised and refused by the default prompt
+ * capacity at once (a 100,000-character one ran for minutes); one over the cap is refused
+ * before the model loads; SIGTERM while such a prompt's block runs (capacity raised: the prefill
+ * takes seconds) ends the run within a layer's prefill with exit 143 and the earlier image kept
+ * (the engine checks for cancellation between layers).
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -38,6 +43,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -495,6 +502,89 @@ static void test_records_folder(void **state) {
     assert_int_equal(tu_system("test ! -e '%s/rf/0'", g_dir), 0); /* no image was made */
 }
 
+/* ---- signals during a long prompt ---- */
+
+#define NEAR_CAP 16000 /* characters of a prompt near the 16 KiB cap (cli/prompts.c) */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* n characters of words. */
+static char *words(size_t n) {
+    static const char w[] = "a red apple on a wooden table ";
+    char *p = malloc(n + 1);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++) p[i] = w[i % (sizeof w - 1)];
+    p[n] = 0;
+    return p;
+}
+
+/* Start `flexdiag ARGS` in g_dir (stderr to err.txt); its pid. */
+static pid_t start(const char *args) {
+    char cmd[12288];
+    snprintf(cmd, sizeof cmd, "cd '%s' && exec '%s' %s >out.txt 2>err.txt", g_dir, g_bin, args);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void test_long_prompt_signal(void **state) {
+    (void)state;
+    char *janus = tu_data_path("golden/data/janus"), path[4200], args[4400];
+    char *near = words(NEAR_CAP), *over = words(16385);
+    snprintf(path, sizeof path, "%s/near.txt", g_dir);
+    assert_int_equal(tu_write_file(path, near, NEAR_CAP), 0);
+    snprintf(path, sizeof path, "%s/over.txt", g_dir);
+    assert_int_equal(tu_write_file(path, over, 16385), 0);
+    /* default capacity: tokenised and refused at once; over the cap: refused unread */
+    double t0 = now_s();
+    assert_int_equal(run(g_bin, "generate --cpu --model '%s' --prompts near.txt --out n", janus), 2);
+    double took = now_s() - t0;
+    assert_file_has("err.txt", "maximum prompt length");
+    if (took > 5) fail_msg("a prompt near the cap took %.1f s to refuse", took);
+    assert_int_equal(run(g_bin, "generate --cpu --model '%s' --prompts over.txt --out n", janus), 2);
+    assert_file_has("err.txt", "at most 16384 bytes");
+    /* a short prompt, then a long one whose prefill runs: SIGTERM during its block */
+    char *two = malloc(NEAR_CAP / 2 + 32);
+    assert_non_null(two);
+    snprintf(two, NEAR_CAP / 2 + 32, "a red apple\n%.*s\n", NEAR_CAP / 2, near);
+    snprintf(path, sizeof path, "%s/two.txt", g_dir);
+    assert_int_equal(tu_write_file(path, two, strlen(two)), 0);
+    snprintf(args, sizeof args, "generate --cpu --model '%s' --prompts two.txt --quiet "
+             "--images-per-prompt 1 --batching blocks --batch 1 --max-prompt-len 8192 --out s",
+             janus);
+    pid_t pid = start(args);
+    snprintf(path, sizeof path, "%s/s/0/0.png", g_dir);
+    int status = 0;
+    for (int i = 0; i < 30000 && access(path, F_OK) != 0; i++) {
+        if (waitpid(pid, &status, WNOHANG) == pid) fail_msg("generate ended (%d) too soon", status);
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+    t0 = now_s();
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    took = now_s() - t0;
+    printf("  SIGTERM during the long prompt's block: exit after %.2f s\n", took);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 143);
+    if (took > 10) fail_msg("SIGTERM took %.1f s to stop the run", took);
+    assert_int_equal(lines_in("s/results.jsonl"), 1); /* the first image, kept */
+    json_t *g = grid_of("s", 0);
+    json_decref(g);
+    assert_int_equal(tu_system("cd '%s' && test -z \"$(ls -a s s/0 | grep tmp)\"", g_dir), 0);
+    free(two);
+    free(near);
+    free(over);
+    free(janus);
+}
+
 static int setup(void **state) {
     (void)state;
     g_dir = tu_tempdir("firstrun");
@@ -527,6 +617,7 @@ int main(void) {
         cmocka_unit_test(test_decode_tokens_json),
         cmocka_unit_test(test_outputs_first),
         cmocka_unit_test(test_records_folder),
+        cmocka_unit_test(test_long_prompt_signal),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
