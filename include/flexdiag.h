@@ -11,7 +11,11 @@
  * out-param first, *out == NULL after a failed create); params structs start with struct_size,
  * are filled by their _params_init() and only ever grow at the end, so a program built against
  * an older header passes a shorter struct and the library reads (or, for outputs, writes) only
- * the fields it has; handles are opaque.
+ * the fields it has, and a params struct from a newer header is taken when every field this
+ * library lacks is zero; handles are opaque. docs/abi.md states these rules, the structs that
+ * never grow (flexdiag_output, flexdiag_stats, flexdiag_policy_params) and the versions: the API
+ * version below rises with every addition, the library's minor version with it, the major
+ * version and the soname (libflexdiag.so.<major>) only with a break.
  *
  * Threads. Each context owns its execution stream (a CUDA stream with its own cuBLAS handles
  * and workspace, or a pool of `threads` CPU workers), its buffers and its KV-policy state, so:
@@ -50,7 +54,8 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-/* 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
+/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13; docs/abi.md) and what each added.
+ * 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
  * flexdiag_context_offload; flexdiag_detokenize, flexdiag_model_eos (text models).
@@ -397,7 +402,7 @@ FLEXDIAG_API flexdiag_status flexdiag_detokenize(const flexdiag_model *m, const 
 
 /* ---- since API version 3 ---- */
 
-/* Version of the loaded library ("0.2.0"; flexdiag_version.h has the version of the headers a
+/* Version of the loaded library ("0.3.0"; flexdiag_version.h has the version of the headers a
  * program was compiled with). Static string, never NULL. */
 FLEXDIAG_API const char *flexdiag_version(void);
 

@@ -3,6 +3,7 @@
 
     abi_check.py HEADER BASELINE LIBRARY            check (exit 0 ok, 1 broken, 77 no abidiff)
     abi_check.py --update HEADER BASELINE LIBRARY   write LIBRARY's ABI as the new BASELINE
+    abi_check.py --versions HEADER DOCS VERSION     the versions agree with docs/abi.md §2
 
 The library carries CTF type information (-gctf, meson.build), which abidw and abidiff read
 with --ctf. What may change is read from include/flexdiag.h:
@@ -159,18 +160,45 @@ def update(baseline, library):
     print(f'wrote {baseline} from {library}')
 
 
+def versions(header, docs, version):
+    """The header's API version is in its change list and in the row of docs/abi.md's version
+    table for the library version, which names the soname of its major version."""
+    text = open(header, encoding='utf-8').read()
+    m = re.search(r'#define FLEXDIAG_API_VERSION (\d+)u', text)
+    if not m:
+        sys.exit(f'FAIL {header}: no FLEXDIAG_API_VERSION')
+    api = int(m.group(1))
+    if not re.search(rf'\b{api}: ', text[:m.start()]):
+        sys.exit(f'FAIL {header}: the change list above FLEXDIAG_API_VERSION does not name '
+                 f'API version {api} ("{api}: what it added")')
+    rows = re.findall(r'^\| (\d+\.\d+\.\d+) \| (\d+)(?: … (\d+))? \| (\S+) \|$',
+                      open(docs, encoding='utf-8').read(), re.M)
+    row = next((r for r in rows if r[0] == version), None)
+    soname = f'libflexdiag.so.{version.split(".")[0]}'
+    if not row:
+        sys.exit(f'FAIL {docs}: §2\'s table has no row for version {version} (API version {api}): '
+                 f'a new API version raises the minor version in meson.build and adds its row')
+    low, high = int(row[1]), int(row[2] or row[1])
+    if not low <= api <= high or row[3] != soname:
+        sys.exit(f'FAIL {docs}: version {version} is API version {row[1]}{" … " + row[2] if row[2] else ""}'
+                 f' and {row[3]} there, but the header is API version {api} and the soname '
+                 f'{soname}: raise the minor version with the API version (docs/abi.md §2)')
+    print(f'ok: version {version}, API version {api}, {soname} agree with {docs}')
+
+
 def main():
     args = sys.argv[1:]
-    write = args[:1] == ['--update']
-    if write:
-        args = args[1:]
+    mode = args.pop(0) if args[:1] in (['--update'], ['--versions']) else None
     if len(args) != 3:
         sys.exit(__doc__)
+    if mode == '--versions':
+        versions(*args)
+        return
     if not shutil.which('abidiff') or not shutil.which('abidw'):
         print('abidiff/abidw not installed (Debian: abigail-tools): skipped', file=sys.stderr)
         sys.exit(77)
     header, baseline, library = args
-    if write:
+    if mode == '--update':
         update(baseline, library)
     else:
         check(header, baseline, library)
