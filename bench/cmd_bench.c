@@ -9,8 +9,12 @@
  * says so), then a profiling run (stream syncs around every op group) of --profile-steps decode
  * steps from the middle of the generation, at the mean context, for the per-step split GEMM /
  * attention / rest (fractions of those steps' wall time). The roofline is measured in the same process through the same
- * op table: device copy bandwidth (bytes read + written) and the bf16 GEMM rate; the decode
- * step's bytes (weights + KV read and written) and FLOPs over those rates give its floor.
+ * op table: the GEMM rate, and on a GPU the device copy bandwidth (bytes read + written); the
+ * decode step's bytes (weights + KV read and written) and FLOPs over those rates give its floor.
+ * On the CPU the memory ceiling is the rate at which the runtime's threads read a buffer of the
+ * row's own step bytes (from a cache when they fit one): one thread's memcpy of 256 MiB, the
+ * ceiling before, was below what the step's threads read, and rows showed 150 % of it. A row
+ * without both ceilings prints no roofline.
  * A run longer than 10 s reports its decode step, elapsed time and an estimate of the rest on
  * stderr every 10 s. Markdown on stdout, one JSON object per row with --json FILE (opened before measuring; each
  * row one append + fsync through cli/fileio.h, so the file never holds a partial row; a row
@@ -46,8 +50,8 @@ typedef struct tp_opts {
 } tp_opts;
 
 typedef struct roofline {
-    double bw;   /* bytes/s, device copy (read + write) */
-    double gemm; /* FLOP/s, bf16 matmul */
+    double bw;   /* bytes/s, device copy (read + write); 0 on the CPU (a ceiling per row) */
+    double gemm; /* FLOP/s, bf16 matmul (fp32 on the CPU) */
 } roofline;
 
 typedef struct tp_row {
@@ -57,6 +61,7 @@ typedef struct tp_row {
     double split[3];            /* fractions of a profiled step */
     double peak_gib, kv_mib_seq;
     double step_bytes, step_flops, roof_ms, roof_frac;
+    double mem_bw;              /* bytes/s, the memory ceiling of roof_ms (0: not measured) */
     int projected;
     double compute_ms;          /* a profiled decode step's op time (GEMM + attention + rest) */
     flexdiag_offload_info oi[2]; /* offload counters before and after the timed run */
@@ -86,11 +91,15 @@ static flexdiag_status op_gemm(const flexdiag_kernels *k, flexdiag_stream *s, vo
     return k->matmul(b[2], b[0], b[1], NULL, g_mm, g_mm, g_mm, 0, s);
 }
 
-/* Measure copy bandwidth and GEMM rate on the backend (buffers from the device budget, freed:
- * the copy buffers shrink to what the budget has left after the weights). */
+/* Whether rt's backend is a device (bf16 activations) rather than the CPU engine. */
+static int on_device(const flexdiag_runtime *rt) { return rt->k->act_bytes == 2; }
+
+/* Measure the GEMM rate on the backend and, on a device, the copy bandwidth (buffers from the
+ * device budget, freed: the copy buffers shrink to what the budget has left after the
+ * weights). */
 static int measure_roofline(flexdiag_runtime *rt, roofline *r) {
     const flexdiag_kernels *k = rt->k;
-    int gpu = k->act_bytes == 2;
+    int gpu = on_device(rt);
     g_copy_bytes = gpu ? (size_t)2 << 30 : (size_t)256 << 20;
     g_mm = gpu ? 8192 : 512;
     size_t n2 = (size_t)g_mm * (size_t)g_mm, fixed = n2 * (4 + (size_t)k->act_bytes);
@@ -102,7 +111,7 @@ static int measure_roofline(flexdiag_runtime *rt, roofline *r) {
     int ok = flexdiag__arena_alloc(a, g_copy_bytes, "the bench's roofline", &b[0]) == FLEXDIAG_OK &&
              flexdiag__arena_alloc(a, g_copy_bytes, "the bench's roofline", &b[1]) == FLEXDIAG_OK;
     ok = ok && k->memset0(b[0], g_copy_bytes, rt->s) == FLEXDIAG_OK;
-    double t = ok ? time_op(k, rt->s, gpu ? 20 : 3, op_copy, b) : -1;
+    double t = ok && gpu ? time_op(k, rt->s, 20, op_copy, b) : -1;
     r->bw = t > 0 ? 2.0 * (double)g_copy_bytes / t : 0;
     /* GEMM operands (reusing the copy buffers) hold a non-zero pattern: zeros run faster than
      * real data on some GPUs. x is act (converted on the device from f32), W bf16. */
@@ -130,7 +139,7 @@ static int measure_roofline(flexdiag_runtime *rt, roofline *r) {
     flexdiag__arena_free(a, b[1], g_copy_bytes);
     flexdiag__arena_free(a, b[2], n2 * (size_t)k->act_bytes);
     flexdiag__err_clear();
-    return r->bw > 0 && r->gemm > 0 ? 0 : 1;
+    return (r->bw > 0 || !gpu) && r->gemm > 0 ? 0 : 1;
 }
 
 /* ---- the decode step's bytes and FLOPs ---- */
@@ -305,21 +314,25 @@ static void print_header(const flexdiag_runtime *rt, const roofline *r, const tp
            "memory budget %s\n", rt->k->name, dev, m->cfg.name, (long long)o->prompt_len, budget);
     /* a CPU multiplies at GFLOP/s: keep three significant digits either way */
     int tera = r->gemm >= 1e12;
-    printf("measured ceilings: copy %.0f GB/s (read + write), %s GEMM %.1f %cFLOP/s\n\n",
-           r->bw / 1e9, rt->k->act_bytes == 2 ? "bf16" : "fp32", r->gemm / (tera ? 1e12 : 1e9),
-           tera ? 'T' : 'G');
+    char mem[96] = "host read by the runtime's threads at each row's step bytes";
+    if (on_device(rt)) snprintf(mem, sizeof mem, "copy %.0f GB/s (read + write)", r->bw / 1e9);
+    printf("measured ceilings: %s, %s GEMM %.1f %cFLOP/s\n\n", mem,
+           on_device(rt) ? "bf16" : "fp32", r->gemm / (tera ? 1e12 : 1e9), tera ? 'T' : 'G');
     printf("| policy | N_att | N_r | batch | img/s | prefill tok/s | decode tok/s | total tok/s | "
            "step ms | gemm/attn/rest %% | peak GiB | KV MiB/seq | roofline ms | of roofline |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
 static void print_row(const tp_row *r) {
+    char roof[48] = "– | –"; /* no ceiling measured: no roofline */
+    if (r->roof_ms > 0)
+        snprintf(roof, sizeof roof, "%.2f | %.0f%%", r->roof_ms, 100 * r->roof_frac);
     printf("| %s | %d | %d | %d | %.3f%s | %.0f | %.0f | %.1f | %.2f | %.0f/%.0f/%.0f | %.2f | "
-           "%.1f | %.2f | %.0f%% |\n",
+           "%.1f | %s |\n",
            flexdiag_policy_name(r->pol.kind), r->pol.n_att, r->pol.n_r, r->batch, r->img_s,
            r->projected ? " (proj.)" : "", r->prefill_tps, r->decode_tps, r->total_tps, r->step_ms,
            100 * r->split[0], 100 * r->split[1], 100 * r->split[2], r->peak_gib, r->kv_mib_seq,
-           r->roof_ms, 100 * r->roof_frac);
+           roof);
     fflush(stdout);
 }
 
@@ -348,7 +361,8 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
             "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"total_tok_s\":%.1f,\"step_ms\":%.4f,"
             "\"split_gemm\":%.4f,"
             "\"split_attn\":%.4f,\"split_rest\":%.4f,\"peak_gpu_gib\":%.4f,\"kv_mib_per_seq\":%.4f,"
-            "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
+            "\"gpu_budget_gib\":%s,\"copy_gbps\":%.1f,\"memory_ceiling\":\"%s\","
+            "\"gemm_tflops\":%.2f,\"step_bytes\":%.0f,"
             "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f%s}\n",
             ts, c->m->rt->k->name, dev, c->m->cfg.name, (long long)o->mo.seed,
             flexdiag_policy_name(r->pol.kind), r->pol.n_att, r->pol.n_r, r->pol.sparsity,
@@ -357,7 +371,8 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
             r->prefill_tps, r->decode_tps, r->total_tps, r->step_ms, r->split[0], r->split[1],
             r->split[2],
-            r->peak_gib, r->kv_mib_seq, budget, rf->bw / 1e9,
+            r->peak_gib, r->kv_mib_seq, budget, r->mem_bw / 1e9,
+            on_device(c->m->rt) ? "device copy" : "host read at the step's bytes",
             rf->gemm / 1e12, r->step_bytes, r->step_flops, r->roof_ms, r->roof_frac, extra);
     flexdiag_status st =
         n > 0 && (size_t)n < sizeof line
@@ -404,9 +419,12 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     row.projected = row.steps < c->l_dec;
     int rc = measure(o, m, c, &row);
     step_cost(c, (int32_t)o->prompt_len, c->l_dec, &row);
+    row.mem_bw = rf->bw;
+    if (rc == 0 && !on_device(m->rt)) /* failures reported: no roofline */
+        (void)bench_read_rate_at(m->rt, (size_t)row.step_bytes, &row.mem_bw);
     /* no roofline without both ceilings (the measurement says it failed): fractions 0 */
-    double roof = rf->bw > 0 && rf->gemm > 0
-                      ? fmax(row.step_bytes / rf->bw, row.step_flops / rf->gemm)
+    double roof = row.mem_bw > 0 && rf->gemm > 0
+                      ? fmax(row.step_bytes / row.mem_bw, row.step_flops / rf->gemm)
                       : 0;
     row.roof_ms = 1e3 * roof;
     row.roof_frac = row.step_ms > 0 ? row.roof_ms / row.step_ms : 0;

@@ -102,8 +102,11 @@ static int disk_ceiling(flexdiag_runtime *rt, const flexdiag_store_extent *ext,
 #define HOST_READ_BYTES ((size_t)2 << 30) /* far beyond any last-level cache */
 #define HOST_READ_TASK ((size_t)4 << 20)
 
+#define READ_TASK_MIN ((size_t)16 << 10) /* bytes of a task reading a small buffer */
+
 typedef struct read_job {
     const uint32_t *buf;
+    size_t task;    /* bytes per task, a multiple of 64 */
     uint32_t *sums; /* one per task: keeps the reads alive */
 } read_job;
 
@@ -111,38 +114,60 @@ typedef struct read_job {
 static void read_task(void *ctx, int64_t t, void *scratch) {
     (void)scratch;
     const read_job *j = ctx;
-    const uint32_t *p = j->buf + (size_t)t * (HOST_READ_TASK / sizeof(uint32_t));
+    const uint32_t *p = j->buf + (size_t)t * (j->task / sizeof(uint32_t));
     uint32_t part[16] = {0};
-    for (size_t i = 0; i < HOST_READ_TASK / sizeof(uint32_t); i += 16)
+    for (size_t i = 0; i < j->task / sizeof(uint32_t); i += 16)
         for (int l = 0; l < 16; l++) part[l] += p[i + l];
     uint32_t s = 0;
     for (int l = 0; l < 16; l++) s += part[l];
     j->sums[t] = s;
 }
 
-/* Bytes/s of the best of `passes` passes of the pool's threads summing [buf, buf + bytes), or of
- * fewer (at least one) once the passes have taken BENCH_SAMPLE_BUDGET_S. */
-static flexdiag_status read_rate(const flexdiag_runtime *rt, const void *buf, size_t bytes,
-                                 int passes, double *out) {
-    int64_t n_tasks = (int64_t)(bytes / HOST_READ_TASK);
+/* Bytes/s of the best of `passes` passes of the pool's threads summing [buf, buf + bytes) in
+ * tasks of `task` bytes (the whole tasks in it), or of fewer passes (at least one) once they
+ * have taken BENCH_SAMPLE_BUDGET_S. */
+static flexdiag_status read_rate_tasks(const flexdiag_runtime *rt, const void *buf, size_t bytes,
+                                       size_t task, int passes, double *out) {
+    int64_t n_tasks = (int64_t)(bytes / task);
     uint32_t *sums = calloc((size_t)n_tasks + 1, sizeof *sums);
     flexdiag_pool *pool = NULL;
     flexdiag_status st = sums ? flexdiag__pool_create(rt->p.threads, &pool)
                               : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
-    read_job j = {buf, sums};
+    read_job j = {buf, task, sums};
     double best = 0, spent = 0;
     for (int pass = 0; st == FLEXDIAG_OK && pass < passes && spent < BENCH_SAMPLE_BUDGET_S; pass++) {
         double t0 = flexdiag__now();
         st = flexdiag__pool_parallel_for(pool, n_tasks, 0, read_task, &j);
         double s = flexdiag__now() - t0;
         spent += s;
-        if (s > 0 && (double)n_tasks * HOST_READ_TASK / s > best)
-            best = (double)n_tasks * HOST_READ_TASK / s;
+        if (s > 0 && (double)n_tasks * (double)task / s > best)
+            best = (double)n_tasks * (double)task / s;
     }
     flexdiag__pool_destroy(pool);
     free(sums);
     *out = st == FLEXDIAG_OK ? best : 0;
     return st;
+}
+
+static flexdiag_status read_rate(const flexdiag_runtime *rt, const void *buf, size_t bytes,
+                                 int passes, double *out) {
+    return read_rate_tasks(rt, buf, bytes, HOST_READ_TASK, passes, out);
+}
+
+int bench_read_rate_at(const flexdiag_runtime *rt, size_t bytes, double *out) {
+    size_t task = bytes / 64 & ~(size_t)63; /* up to 64 tasks: every thread busy */
+    task = task < READ_TASK_MIN ? READ_TASK_MIN : task > HOST_READ_TASK ? HOST_READ_TASK : task;
+    size_t n = (bytes + task - 1) / task * task;
+    void *buf = malloc(n);
+    flexdiag_status st = buf ? FLEXDIAG_OK : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "no host memory");
+    if (st == FLEXDIAG_OK) memset(buf, 1, n);
+    if (st == FLEXDIAG_OK) st = read_rate_tasks(rt, buf, n, task, 20, out);
+    free(buf);
+    if (st == FLEXDIAG_OK) return 0;
+    *out = 0;
+    fprintf(stderr, "flexdiag bench: read rate at %zu bytes not measured: %s\n", n,
+            flexdiag__err_msg());
+    return 1;
 }
 
 int bench_host_read_rate(const flexdiag_runtime *rt, double *out) {

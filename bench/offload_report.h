@@ -68,6 +68,10 @@ int bench_host_attn_rate(const flexdiag_runtime *rt, double *out);
 /* Bytes/s the runtime's --threads read from host memory together: the best of three passes
  * summing 2 GiB (the CPU attention's bound; fewer passes where they are slow, timing.h). 0, or 1 after a message (*out 0). */
 int bench_host_read_rate(const flexdiag_runtime *rt, double *out);
+/* Bytes/s the same threads read a buffer of `bytes` (rounded up to whole tasks) at: the best of
+ * 20 passes, so a buffer that fits a cache is read from it (the CPU roofline's memory ceiling at
+ * a decode step's own bytes). 0, or 1 after a message (*out 0). */
+int bench_read_rate_at(const flexdiag_runtime *rt, size_t bytes, double *out);
 /* The row of context c from its offload counters once the timed run's prefill is queued and
  * after its n_steps decode steps (decode_s seconds) and the profiled compute time per step. */
 void bench_offload_row_make(const flexdiag_context *c, const flexdiag_offload_info *before,

@@ -3,7 +3,9 @@
  *
  * Runs $FLEXDIAG_BIN on the builtin micro-janus model on the CPU (8x8 tokens) and reads the
  * --json row with jansson: every field present with its type; a short --steps run is marked
- * "projected" and a full one "measured"; rates, step time and roofline are positive; the
+ * "projected" and a full one "measured"; rates, step time and roofline are positive, and on the
+ * CPU the roofline's memory ceiling is the host read at the row's step bytes, so no row is
+ * above 100 % of it (one thread's memcpy, the ceiling before, gave rows of 150 %); the
  * gemm/attention/rest split is a set of fractions of the profiled steps' wall time (each in
  * [0, 1], together at most 1 and, on this compute-only CPU model, most of it); a CPU run has no
  * memory budget (JSON null, "none" in the header); --json appends one line per run. A policy
@@ -106,6 +108,15 @@ static void test_row(void **state) {
     if (sum > 1.0001 || sum < 0.5)
         fail_msg("split sums to %g: expected most of a step, at most 1", sum);
     assert_true(json_is_null(json_object_get(row, "gpu_budget_gib")));
+    for (int i = 0; i < 2; i++) {
+        json_t *r = i ? json_row(1) : json_incref(row);
+        assert_string_equal(str(r, "memory_ceiling"), "host read at the step's bytes");
+        /* the step cannot beat reading its own bytes; 10 % for the timing noise of a shared
+         * host */
+        if (num(r, "roofline_fraction") > 1.1)
+            fail_msg("row %d: %.0f %% of the roofline", i, 100 * num(r, "roofline_fraction"));
+        json_decref(r);
+    }
     json_decref(row);
     row = json_row(1); /* all 64 tokens: measured */
     assert_string_equal(str(row, "provenance"), "measured");
@@ -113,6 +124,7 @@ static void test_row(void **state) {
     json_decref(row);
     char *out = read_in_dir("out.txt");
     assert_non_null(strstr(out, "memory budget none"));
+    assert_non_null(strstr(out, "host read by the runtime's threads at each row's step bytes"));
     assert_non_null(strstr(out, "| dense |"));
     free(out);
 }
