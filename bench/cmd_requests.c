@@ -237,7 +237,11 @@ static int open_context(const rq_opts *o, flexdiag_model *m, int blocks, int32_t
     cp.queue_images = (int32_t)o->n_requests + 1;
     cli_kv_homes(CMD, &o->mo, &cp);
     if (cli_policy_params(CMD, &o->po, &cp.policy)) return 2;
-    int32_t b = cli_batch(CMD, o->batch, m, &cp);
+    uint64_t budget = 0; /* without --batch: auto where there is a budget, else 16 (generate's) */
+    const char *batch = o->batch ? o->batch
+                        : flexdiag_runtime_budget(m->rt, &budget) == FLEXDIAG_OK && budget ? "auto"
+                                                                                          : "16";
+    int32_t b = cli_batch(CMD, batch, m, &cp);
     if (b < 1) return 2;
     cp.max_images = *slots = b;
     flexdiag_status st = flexdiag_context_create(m, &cp, c);
@@ -294,14 +298,15 @@ static int run_all(const rq_opts *o, flexdiag_model *m, cli_jsonl *json) {
 }
 
 int flexdiag_cmd_requests(int argc, char **argv) {
-    rq_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .batch = "auto",
+    rq_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT,
                  .batching = "continuous,blocks", .prompt_len = "16:512", .gen_len = "8:256",
                  .n_requests = 200, .mix_seed = 1};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
         {.name = "--batch", CLI_STR, &o.batch,
-         "slots: a number, or auto (the most that fit; default)"},
+         "slots: a number, or auto (the most that fit; the default on a GPU, 16 on the CPU "
+         "engine without --gpu-mem)"},
         {.name = "--micro-batch", CLI_INT, &o.micro, "images per micro-batch (default: the batch)",
          CLI_INTS(0, INT32_MAX, "0 = the batch")},
         {.name = "--batching", CLI_STR, &o.batching,
