@@ -3,14 +3,15 @@
  * PPM files into a folder.
  *
  *   cc examples/generate.c $(pkg-config --cflags --libs flexdiag) -o generate
- *   ./generate out ["a red apple"]      # writes out/0.ppm .. out/3.ppm
+ *   ./generate out ["a red apple" [ARCH]]      # writes out/0.ppm .. out/3.ppm
  *
  * The order every embedding program follows: a runtime (devices, memory budget), a model
- * loaded once (here the built-in tiny-janus: seeded random weights, so the images are noise,
- * but it needs no download), a context (the batch and its KV cache), then requests. The
- * library hands back image tokens; flexdiag_decode_images turns them into float pixels, and
- * this file writes those as binary PPM (P6), which needs no image library. Every call returns
- * a flexdiag_status; flexdiag_last_error() says what went wrong in words.
+ * loaded once (here a built-in shape, tiny-janus unless ARCH names another: seeded random
+ * weights, so the images are noise, but it needs no download), a context (the batch and its
+ * KV cache), then requests. The library hands back image tokens; flexdiag_decode_images turns
+ * them into float pixels, and this file writes those as binary PPM (P6), which needs no image
+ * library. Every call returns a flexdiag_status; flexdiag_last_error() says what went wrong
+ * in words.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -53,12 +54,13 @@ static void write_ppm(const char *dir, int index, const float *px, int h, int w)
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || argc > 3) {
-        fprintf(stderr, "usage: %s OUT_FOLDER [PROMPT]\n", argv[0]);
+    if (argc < 2 || argc > 4) {
+        fprintf(stderr, "usage: %s OUT_FOLDER [PROMPT [ARCH]]\n", argv[0]);
         return 2;
     }
     const char *dir = argv[1];
     const char *prompt = argc > 2 ? argv[2] : "a red apple";
+    const char *arch = argc > 3 ? argv[3] : "tiny-janus";
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         perror(dir);
         return 1;
@@ -76,7 +78,7 @@ int main(int argc, char **argv) {
     /* 2. model: path NULL loads a built-in shape (a model folder would be its path) */
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
-    mp.arch = "tiny-janus";
+    mp.arch = arch;
     flexdiag_model *model = NULL;
     check(flexdiag_model_load(rt, NULL, &mp, &model), "flexdiag_model_load");
 
