@@ -8,7 +8,6 @@
 #include "cli/cli.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,11 +43,13 @@ int cli_check_writable(const char *cmd, const char *flag, const char *path) {
     char probe[4200]; /* a file made and removed in path's folder */
     snprintf(probe, sizeof probe, "%.*s/.flexdiag-write-check-XXXXXX",
              slash ? (int)(slash - path) : 1, slash ? path : ".");
-    int special = exists && !why && !S_ISREG(st.st_mode);
-    int fd = why ? -1 : special ? open(path, O_WRONLY) : mkstemp(probe);
-    if (!why && fd < 0) e = errno;
-    if (fd >= 0) close(fd);
-    if (fd >= 0 && !special) unlink(probe);
+    if (!why && exists && !S_ISREG(st.st_mode)) /* a pipe: opening it would wait for a reader */
+        e = access(path, W_OK) ? errno : 0;
+    else if (!why) {
+        int fd = mkstemp(probe);
+        e = fd < 0 ? errno : 0;
+        if (fd >= 0) close(fd), unlink(probe);
+    }
     if (!why && !e) return 0;
     fprintf(stderr, "flexdiag %s: %s %s: %s%s (nothing was run)\n", cmd, flag, path,
             why ? "" : "cannot write there: ", why ? why : strerror(e));

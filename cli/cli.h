@@ -74,9 +74,9 @@ int cli_fail_io(const char *cmd);
 /* mkdir -p; returns 0 on success. */
 int cli_mkdirs(const char *path);
 /* Whether output file path (of flag) can be written, checked before a command spends minutes
- * on what goes there: an existing file that is not a regular one (/dev/null) opens for
- * writing, and otherwise a file can be made in its folder (the writers replace the file with a
- * renamed temporary). 0, or 1 after "flexdiag <cmd>: <flag> <path>: <why> (nothing was run)". */
+ * on what goes there: an existing file that is not a regular one (/dev/null, a pipe) grants
+ * write access, and otherwise a file can be made in its folder (the writers replace the file
+ * with a renamed temporary). 0, or 1 after "flexdiag <cmd>: <flag> <path>: <why> (nothing was run)". */
 int cli_check_writable(const char *cmd, const char *flag, const char *path);
 /* Parse a size like "24G"; returns 0 on success. */
 int cli_parse_size(const char *s, uint64_t *out);
