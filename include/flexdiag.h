@@ -54,7 +54,7 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13; docs/abi.md) and what each added.
+/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14; docs/abi.md) and what each added.
  * 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
@@ -65,8 +65,9 @@ extern "C" {
  * images_per_prompt (shared prompt KV). 10: model_params compress_weights. 11: context_params
  * cpu_attention_pct, offload_info cpu_attn_mb and host_mb. 12: the request queue
  * (flexdiag_submit, flexdiag_handle_*), context_params queue_images and batching, status
- * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. 13: flexdiag_builtin_arch. */
-#define FLEXDIAG_API_VERSION 13u
+ * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. 13: flexdiag_builtin_arch. 14: the _init() macros and
+ * flexdiag_*_init_size (params written at the caller's size). */
+#define FLEXDIAG_API_VERSION 14u
 
 /* ---- enums ---- */
 
@@ -572,6 +573,30 @@ FLEXDIAG_API const char *flexdiag_handle_error(const flexdiag_handle *h);
 /* Drop the caller's reference; an unfinished request keeps running (cancel it first to stop
  * it). NULL is a no-op. */
 FLEXDIAG_API void flexdiag_handle_release(flexdiag_handle *h);
+
+/* ---- params filled at the caller's size (since API version 14) ----
+ *
+ * The _init() calls above are macros from here on that pass the caller's sizeof: the library
+ * writes exactly that many bytes (its defaults for the fields both know, zeros past its own
+ * struct) and sets struct_size to it, so a program built against this header never has more
+ * written than its struct holds, whichever library it meets (docs/abi.md §3). The functions
+ * named like the macros stay exported for programs built before API version 14. */
+
+FLEXDIAG_API void flexdiag_runtime_params_init_size(flexdiag_runtime_params *p, size_t size);
+FLEXDIAG_API void flexdiag_model_params_init_size(flexdiag_model_params *p, size_t size);
+FLEXDIAG_API void flexdiag_policy_params_init_size(flexdiag_policy_params *p, size_t size);
+FLEXDIAG_API void flexdiag_context_params_init_size(flexdiag_context_params *p, size_t size);
+FLEXDIAG_API void flexdiag_request_init_size(flexdiag_request *r, size_t size);
+FLEXDIAG_API void flexdiag_score_request_init_size(flexdiag_score_request *r, size_t size);
+FLEXDIAG_API void flexdiag_submit_params_init_size(flexdiag_submit_params *p, size_t size);
+
+#define flexdiag_runtime_params_init(p) flexdiag_runtime_params_init_size((p), sizeof *(p))
+#define flexdiag_model_params_init(p) flexdiag_model_params_init_size((p), sizeof *(p))
+#define flexdiag_policy_params_init(p) flexdiag_policy_params_init_size((p), sizeof *(p))
+#define flexdiag_context_params_init(p) flexdiag_context_params_init_size((p), sizeof *(p))
+#define flexdiag_request_init(r) flexdiag_request_init_size((r), sizeof *(r))
+#define flexdiag_score_request_init(r) flexdiag_score_request_init_size((r), sizeof *(r))
+#define flexdiag_submit_params_init(p) flexdiag_submit_params_init_size((p), sizeof *(p))
 
 #ifdef __cplusplus
 }

@@ -31,43 +31,62 @@
 
 /* ---- params ---- */
 
-void flexdiag_runtime_params_init(flexdiag_runtime_params *p) {
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-    p->device = flexdiag__have_cuda() ? 0 : -1;
+/* What the _init() functions set; each takes the caller's size (flexdiag.h: the _init() macros
+ * pass sizeof) and writes no byte past it. The functions named like the macros are the entry
+ * points of programs built before API version 14: they write the structs as API version 13
+ * had them (docs/abi.md §6). */
+#define RUNTIME_PARAMS_V13 FLEXDIAG_FIRST_SIZE(flexdiag_runtime_params, offload_dir)
+#define MODEL_PARAMS_V13 FLEXDIAG_FIRST_SIZE(flexdiag_model_params, compress_weights)
+#define POLICY_PARAMS_V13 sizeof(flexdiag_policy_params)
+#define CONTEXT_PARAMS_V13 FLEXDIAG_FIRST_SIZE(flexdiag_context_params, batching)
+#define REQUEST_V13 FLEXDIAG_FIRST_SIZE(flexdiag_request, first_image)
+
+void flexdiag_runtime_params_init_size(flexdiag_runtime_params *p, size_t size) {
+    flexdiag_runtime_params d = {.struct_size = sizeof d, .device = flexdiag__have_cuda() ? 0 : -1};
+    flexdiag__params_fill(p, size, &d, sizeof d);
 }
 
-void flexdiag_model_params_init(flexdiag_model_params *p) {
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-    p->arch = "tiny-janus";
-    p->random_weights = true;
-    p->seed = 1;
+void flexdiag_model_params_init_size(flexdiag_model_params *p, size_t size) {
+    flexdiag_model_params d = {.struct_size = sizeof d, .arch = "tiny-janus",
+                               .random_weights = true, .seed = 1};
+    flexdiag__params_fill(p, size, &d, sizeof d);
 }
 
-void flexdiag_policy_params_init(flexdiag_policy_params *p) {
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-    p->kind = FLEXDIAG_POLICY_DENSE;
+void flexdiag_policy_params_init_size(flexdiag_policy_params *p, size_t size) {
+    flexdiag_policy_params d = {.struct_size = sizeof d, .kind = FLEXDIAG_POLICY_DENSE};
+    flexdiag__params_fill(p, size, &d, sizeof d);
 }
 
-void flexdiag_context_params_init(flexdiag_context_params *p) {
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-    p->max_images = 16;
-    p->max_prompt_len = 128;
-    p->max_new_tokens = 128;
-    flexdiag_policy_params_init(&p->policy);
+void flexdiag_context_params_init_size(flexdiag_context_params *p, size_t size) {
+    flexdiag_context_params d = {.struct_size = sizeof d, .max_images = 16, .max_prompt_len = 128,
+                                 .max_new_tokens = 128};
+    flexdiag_policy_params_init(&d.policy);
+    flexdiag__params_fill(p, size, &d, sizeof d);
 }
 
-void flexdiag_request_init(flexdiag_request *r) {
-    memset(r, 0, sizeof *r);
-    r->struct_size = sizeof *r;
-    r->images_per_prompt = 1;
-    r->cfg_weight = 5.0f;
-    r->temperature = 1.0f;
-    r->top_p = 1.0f;
+void flexdiag_request_init_size(flexdiag_request *r, size_t size) {
+    flexdiag_request d = {.struct_size = sizeof d, .images_per_prompt = 1, .cfg_weight = 5.0f,
+                          .temperature = 1.0f, .top_p = 1.0f};
+    flexdiag__params_fill(r, size, &d, sizeof d);
 }
+
+void(flexdiag_runtime_params_init)(flexdiag_runtime_params *p) {
+    flexdiag_runtime_params_init_size(p, RUNTIME_PARAMS_V13);
+}
+
+void(flexdiag_model_params_init)(flexdiag_model_params *p) {
+    flexdiag_model_params_init_size(p, MODEL_PARAMS_V13);
+}
+
+void(flexdiag_policy_params_init)(flexdiag_policy_params *p) {
+    flexdiag_policy_params_init_size(p, POLICY_PARAMS_V13);
+}
+
+void(flexdiag_context_params_init)(flexdiag_context_params *p) {
+    flexdiag_context_params_init_size(p, CONTEXT_PARAMS_V13);
+}
+
+void(flexdiag_request_init)(flexdiag_request *r) { flexdiag_request_init_size(r, REQUEST_V13); }
 
 /* ---- runtime ---- */
 

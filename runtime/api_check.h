@@ -73,6 +73,17 @@ static inline void flexdiag__params_copy(void *dst, const void *src, size_t want
     memcpy(dst, &size, sizeof size);
 }
 
+/* Write the library's defaults def (want bytes) into the caller's params struct p of size
+ * bytes (the caller's sizeof): the bytes both have, zeros past want, struct_size = size. Nothing
+ * past size is written. */
+static inline void flexdiag__params_fill(void *p, size_t size, const void *def, size_t want) {
+    uint32_t s = (uint32_t)size;
+    if (size < sizeof s) return; /* no struct_size to set: the call that takes it refuses it */
+    memcpy(p, def, size < want ? size : want);
+    if (size > want) memset((char *)p + want, 0, size - want);
+    memcpy(p, &s, sizeof s);
+}
+
 /* The size of a struct's first version: the end of the last field it had. */
 #define FLEXDIAG_FIRST_SIZE(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
 

@@ -269,9 +269,14 @@ void flexdiag__queue_cancel_all(flexdiag_context *c) {
 
 /* ---- submit ---- */
 
-void flexdiag_submit_params_init(flexdiag_submit_params *p) {
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
+void flexdiag_submit_params_init_size(flexdiag_submit_params *p, size_t size) {
+    flexdiag_submit_params d = {.struct_size = sizeof d};
+    flexdiag__params_fill(p, size, &d, sizeof d);
+}
+
+/* a program built before API version 14 (the struct of API version 13) */
+void(flexdiag_submit_params_init)(flexdiag_submit_params *p) {
+    flexdiag_submit_params_init_size(p, FLEXDIAG_FIRST_SIZE(flexdiag_submit_params, stop_at_eos));
 }
 
 flexdiag_status flexdiag__check_request(const flexdiag_request *r) {

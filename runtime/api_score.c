@@ -17,10 +17,14 @@
 /* Bytes of flexdiag_score_output in API version 3: the least a caller may pass. */
 #define SCORE_OUTPUT_V3 (offsetof(flexdiag_score_output, raw) + sizeof(float *))
 
-void flexdiag_score_request_init(flexdiag_score_request *r) {
-    memset(r, 0, sizeof *r);
-    r->struct_size = sizeof *r;
-    r->cfg_weight = 5.0f;
+void flexdiag_score_request_init_size(flexdiag_score_request *r, size_t size) {
+    flexdiag_score_request d = {.struct_size = sizeof d, .cfg_weight = 5.0f};
+    flexdiag__params_fill(r, size, &d, sizeof d);
+}
+
+/* a program built before API version 14 (the struct of API version 13) */
+void(flexdiag_score_request_init)(flexdiag_score_request *r) {
+    flexdiag_score_request_init_size(r, FLEXDIAG_FIRST_SIZE(flexdiag_score_request, cfg_weight));
 }
 
 /* FLEXDIAG_ERR_NUMERIC naming the first non-finite value of x (rows, n, vocab), if any; x may

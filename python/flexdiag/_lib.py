@@ -214,7 +214,7 @@ def api_version():
 
 
 def version():
-    """Version string of the loaded library ("0.2.0")."""
+    """Version string of the loaded library (e.g. "0.4.0")."""
     return lib().flexdiag_version().decode()
 
 

@@ -67,7 +67,7 @@ static int own_size;  /* FLEXDIAG_ABI_OWN_SIZE=1: params sized by this program *
         if (own_size) {                                                                            \
             static _Alignas(16) unsigned char scratch_[4096];                                      \
             memset(scratch_, 0, sizeof scratch_);                                                  \
-            init_fn((void *)scratch_);                                                             \
+            init_fn((__typeof__(&(g).v))scratch_);                                                 \
             memcpy(&(g).v, scratch_, sizeof(g).v);                                                 \
             (g).v.struct_size = sizeof(g).v;                                                       \
         } else {                                                                                   \

@@ -225,8 +225,50 @@ static void test_score_request(void **state) {
     check_tail(e, &sr, sizeof sr, "flexdiag_score_request", score);
 }
 
+/* _init() writes exactly the caller's size: its first version's (an old program) leaves the
+ * bytes after it alone; 16 bytes past ours come back zero and are taken by `call`. */
+#define CHECK_INIT_SIZE(type, init, first)                                                          \
+    do {                                                                                           \
+        _Alignas(16) unsigned char buf_[sizeof(type) + TAIL];                                      \
+        memset(buf_, 0xa5, sizeof buf_);                                                           \
+        init((type *)buf_, first);                                                                 \
+        uint32_t n_;                                                                               \
+        memcpy(&n_, buf_, sizeof n_);                                                              \
+        assert_int_equal(n_, first);                                                               \
+        for (size_t i_ = first; i_ < sizeof buf_; i_++) assert_int_equal(buf_[i_], 0xa5);         \
+        init((type *)buf_, sizeof buf_);                                                           \
+        for (size_t i_ = sizeof(type); i_ < sizeof buf_; i_++) assert_int_equal(buf_[i_], 0);     \
+        assert_int_equal(call(*state, buf_), FLEXDIAG_OK);                                         \
+    } while (0)
+
+/* A request _init() filled at 16 bytes past ours, given the setup's prompt and seed: it draws
+ * the setup's image. */
+static flexdiag_status request_filled(env *e, const void *p) {
+    _Alignas(16) unsigned char b[sizeof(flexdiag_request) + TAIL];
+    memcpy(b, p, sizeof b);
+    flexdiag_request *r = (flexdiag_request *)b;
+    r->n_prompts = 1;
+    r->prompts = e->rq.prompts;
+    r->seed = e->rq.seed;
+    return generate_longer(e, b);
+}
+
+static void test_init_size(void **state) {
+    call_fn call = runtime_create;
+    CHECK_INIT_SIZE(flexdiag_runtime_params, flexdiag_runtime_params_init_size, 20);
+    call = model_load;
+    CHECK_INIT_SIZE(flexdiag_model_params, flexdiag_model_params_init_size, 32);
+    call = context_create;
+    CHECK_INIT_SIZE(flexdiag_context_params, flexdiag_context_params_init_size, 64);
+    call = request_filled;
+    CHECK_INIT_SIZE(flexdiag_request, flexdiag_request_init_size, 72);
+    call = submit_params;
+    CHECK_INIT_SIZE(flexdiag_submit_params, flexdiag_submit_params_init_size, 56);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_runtime_params),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_init_size),
+                                       cmocka_unit_test(test_runtime_params),
                                        cmocka_unit_test(test_model_params),
                                        cmocka_unit_test(test_context_params),
                                        cmocka_unit_test(test_request),
