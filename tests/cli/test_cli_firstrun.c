@@ -29,9 +29,12 @@
  * before generating.
  * long prompts: a prompt near the 16 KiB cap is tokenised and refused by the default prompt
  * capacity at once (a 100,000-character one ran for minutes); one over the cap is refused
- * before the model loads; SIGTERM while such a prompt's block runs (capacity raised: the prefill
- * takes seconds) ends the run within a layer's prefill with exit 143 and the earlier image kept
- * (the engine checks for cancellation between layers).
+ * before the model loads; SIGTERM while a long prompt's block runs (half the cap, capacity
+ * raised: its prefill takes about a second here, 15 s under the sanitizers) ends the run at the
+ * next layer with exit 143 and the earlier image kept. The engine checks for cancellation between
+ * layers, so the wait is one layer's prefill (0.1-1.8 s here in a release build); the bound
+ * below only catches a run that ignores the signal, as the 100,000-character prompt did for
+ * minutes.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -574,7 +577,7 @@ static void test_long_prompt_signal(void **state) {
     printf("  SIGTERM during the long prompt's block: exit after %.2f s\n", took);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 143);
-    if (took > 10) fail_msg("SIGTERM took %.1f s to stop the run", took);
+    if (took > 60) fail_msg("SIGTERM took %.1f s to stop the run", took);
     assert_int_equal(lines_in("s/results.jsonl"), 1); /* the first image, kept */
     json_t *g = grid_of("s", 0);
     json_decref(g);
