@@ -148,11 +148,11 @@ static int measure_roofline(flexdiag_runtime *rt, roofline *r) {
 static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_row *row) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
-    double rows = (double)row->batch * c->rows_per_img, ab = c->m->rt->k->act_bytes;
+    double rows = (double)row->batch * c->geo.rows_per_img, ab = c->m->rt->k->act_bytes;
     double d = l->hidden, dq = (double)l->heads * l->head_dim, dkv = (double)l->kv_heads * l->head_dim;
     double layer_params = d * (dq + 2 * dkv) + dq * d + (l->relu_mlp ? 2 : 3) * d * l->ffn + 2 * d;
     double head_params = m->arch != FLEXDIAG_ARCH_JANUS
-                             ? (double)c->vocab_out * d /* lm_head (Chameleon: its code rows) */
+                             ? (double)c->geo.vocab_out * d /* lm_head (Chameleon: its code rows) */
                              : (double)m->head_dim_mid * (d + m->image_vocab) +
                                    (double)m->aligner_depth * d * d;
     double wbytes = 2.0 * (layer_params * l->layers + head_params);
@@ -169,8 +169,8 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
     /* attended rows summed over the sequences: a Lumina unconditional row's prompt is 3 ids;
      * the bound reads shared prompt KV once per distinct prompt row (what a cascade would),
      * while each sequence still scores it */
-    double att_rows = (c->row_len ? row->batch * (lp + 3.0) : rows * lp) + rows * att;
-    double read_rows = c->n_pre && c->n_pf > 0 ? (double)c->n_pf * lp + rows * att : att_rows;
+    double att_rows = (c->geo.row_len ? row->batch * (lp + 3.0) : rows * lp) + rows * att;
+    double read_rows = c->geo.n_pre && c->n_pf > 0 ? (double)c->n_pf * lp + rows * att : att_rows;
     double kv_read = l->layers * read_rows * 2 * dkv * ab;
     double kv_write = rows * l->layers * 2 * dkv * ab;
     row->step_bytes = wbytes + kv_read + kv_write;
@@ -186,10 +186,10 @@ int32_t *bench_synthetic_prompt(const flexdiag_context *c, int32_t len, int32_t 
     for (int32_t i = 0; p && i < len; i++)
         p[i] = (int32_t)(flexdiag__rng64(42, (uint64_t)g, (uint64_t)i) % (uint64_t)m->lm.vocab);
     if (p && m->bos_id >= 0) p[0] = m->bos_id;
-    if (p && c->row_len && len >= 5) {
+    if (p && c->geo.row_len && len >= 5) {
         const int32_t tail[4] = {m->eot_id, m->boi_id, m->size_id, m->size_id};
         memcpy(p + len - 4, tail, sizeof tail);
-    } else if (p && c->rows_per_img == 2 && m->boi_id >= 0) {
+    } else if (p && c->geo.rows_per_img == 2 && m->boi_id >= 0) {
         p[len - 1] = m->boi_id;
     }
     return p;
@@ -237,7 +237,7 @@ static flexdiag_status run_block(flexdiag_context *c, int32_t *const *prompt, in
     }
     flexdiag_block b = {.n_img = batch, .prompt = pp, .prompt_len = pl, .n_steps = steps,
                         .cfg_weight = 5.0f, .tokens = tok,
-                        .sp = {1.0f, c->row_len ? FLEXDIAG_LUMINA_TOP_K : 0, 1.0f, 1, 0},
+                        .sp = {1.0f, c->geo.row_len ? FLEXDIAG_LUMINA_TOP_K : 0, 1.0f, 1, 0},
                         .split = split, .split_from = split_from, .progress = on_progress,
                         .progress_user = &ps};
     memset(&c->stats, 0, sizeof c->stats);
@@ -277,7 +277,7 @@ static int measure(const tp_opts *o, flexdiag_model *m, flexdiag_context *c, tp_
     for (int32_t g = 0; prompt && g < n_p; g++) free(prompt[g]);
     free(prompt);
     if (st != FLEXDIAG_OK) return cli_fail("bench", st);
-    double rows = (double)row->batch * c->rows_per_img, dec_steps = steps - 1;
+    double rows = (double)row->batch * c->geo.rows_per_img, dec_steps = steps - 1;
     row->step_ms = dec_steps > 0 ? 1e3 * row->decode_s / dec_steps : 0;
     double full = row->prefill_s + row->step_ms * 1e-3 * (row->l_dec - 1); /* whole image */
     row->img_s = row->batch / full;
@@ -366,8 +366,8 @@ static int append_json(cli_jsonl *json, const flexdiag_context *c, const tp_opts
             "\"step_flops\":%.0f,\"roofline_ms\":%.4f,\"roofline_fraction\":%.4f%s}\n",
             ts, c->m->rt->k->name, dev, c->m->cfg.name, (long long)o->mo.seed,
             flexdiag_policy_name(r->pol.kind), r->pol.n_att, r->pol.n_r, r->pol.sparsity,
-            r->batch, c->mb_img,
-            (long long)o->prompt_len, r->l_dec, c->rows_per_img,
+            r->batch, c->geo.mb_img,
+            (long long)o->prompt_len, r->l_dec, c->geo.rows_per_img,
             r->projected ? "projected" : "measured", r->prefill_s, r->decode_s, r->img_s,
             r->prefill_tps, r->decode_tps, r->total_tps, r->step_ms, r->split[0], r->split[1],
             r->split[2],
@@ -408,17 +408,17 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     cp.micro_batch = (int32_t)o->micro;
     flexdiag_status st = flexdiag_context_create(m, &cp, &c);
     if (st != FLEXDIAG_OK) return cli_fail("bench", st);
-    tp_row row = {.pol.struct_size = sizeof row.pol, .batch = batch, .l_dec = c->l_dec};
+    tp_row row = {.pol.struct_size = sizeof row.pol, .batch = batch, .l_dec = c->geo.l_dec};
     if ((st = flexdiag_context_policy(c, &row.pol)) != FLEXDIAG_OK) {
         flexdiag_context_destroy(c);
         return cli_fail("bench", st);
     }
     (void)bench_offload_kv_disk_ceiling(c, ce); /* failures reported; the row goes on */
     (void)bench_offload_kv_home_read(c, ce);
-    row.steps = o->steps > 0 && o->steps < c->l_dec ? (int32_t)o->steps : c->l_dec;
-    row.projected = row.steps < c->l_dec;
+    row.steps = o->steps > 0 && o->steps < c->geo.l_dec ? (int32_t)o->steps : c->geo.l_dec;
+    row.projected = row.steps < c->geo.l_dec;
     int rc = measure(o, m, c, &row);
-    step_cost(c, (int32_t)o->prompt_len, c->l_dec, &row);
+    step_cost(c, (int32_t)o->prompt_len, c->geo.l_dec, &row);
     row.mem_bw = rf->bw;
     if (rc == 0 && !on_device(m->rt)) /* failures reported: no roofline */
         (void)bench_read_rate_at(m->rt, (size_t)row.step_bytes, &row.mem_bw);

@@ -97,8 +97,8 @@ static int dense_reference(flexdiag_model *m, const char *prompt, uint64_t seed,
     flexdiag_context *c = fid_context(m, &dense, ref->np);
     if (!c) return 1;
     const flexdiag_lm_config *l = &m->cfg.lm;
-    ref->n = c->l_dec;
-    ref->V = c->vocab_out;
+    ref->n = c->geo.l_dec;
+    ref->V = c->geo.vocab_out;
     ref->attn_w = (int64_t)l->layers * l->heads * l->head_dim;
     ref->tokens = malloc((size_t)ref->n * 4);
     ref->logits = malloc((size_t)ref->n * (size_t)ref->V * 4);
@@ -138,7 +138,7 @@ static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity
         row->attn_err = na ? err / (double)na : 0;
         row->attn_err_max = err_max;
         flexdiag_kvp_params kp; /* the policy as the context resolved it (it was created) */
-        flexdiag__kvp_resolve(pol, c->l_dec, &kp);
+        flexdiag__kvp_resolve(pol, c->geo.l_dec, &kp);
         row->kind = kp.kind;
         row->n_att = kp.n_att;
         row->n_r = kp.n_r;

@@ -183,9 +183,9 @@ int bench_host_read_rate(const flexdiag_runtime *rt, double *out) {
 }
 
 int bench_offload_kv_home_read(const flexdiag_context *c, bench_ceilings *out) {
-    if (!c->ca || !c->kv_host) return 0;
-    size_t bytes = (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->s_disk - c->s_host) * c->seq_bytes;
-    if (read_rate(c->m->rt, c->kv_host, bytes, 2, &out->home_read) == FLEXDIAG_OK) return 0;
+    if (!c->homes.ca || !c->homes.kv_host) return 0;
+    size_t bytes = (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->homes.s_disk - c->homes.s_host) * c->geo.seq_bytes;
+    if (read_rate(c->m->rt, c->homes.kv_host, bytes, 2, &out->home_read) == FLEXDIAG_OK) return 0;
     fprintf(stderr, "flexdiag bench: KV home read rate not measured: %s\n", flexdiag__err_msg());
     return 1;
 }
@@ -255,8 +255,8 @@ int bench_offload_ceilings(flexdiag_runtime *rt, const flexdiag_model *m, int kv
 }
 
 int bench_offload_kv_disk_ceiling(const flexdiag_context *c, bench_ceilings *out) {
-    if (out->disk > 0 || !c->kv_disk.bytes) return 0;
-    return disk_ceiling(c->m->rt, &c->kv_disk, out);
+    if (out->disk > 0 || !c->homes.kv_disk.bytes) return 0;
+    return disk_ceiling(c->m->rt, &c->homes.kv_disk, out);
 }
 
 /* ---- the row ---- */

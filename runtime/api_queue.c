@@ -234,7 +234,7 @@ static void *engine_main(void *arg) {
 flexdiag_status flexdiag__queue_create(flexdiag_context *c) {
     flexdiag_queue *q = calloc(1, sizeof *q);
     if (!q) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "request queue: no host memory");
-    int32_t cap = c->p.queue_images > 0 ? c->p.queue_images : 4 * c->n_img;
+    int32_t cap = c->p.queue_images > 0 ? c->p.queue_images : 4 * c->geo.n_img;
     q->cap = c->p.queue_images > 0 ? cap : cap < 64 ? 64 : cap;
     q->c = c;
     pthread_mutex_init(&q->mu, NULL);
@@ -327,7 +327,7 @@ static flexdiag_status prompt_table(const flexdiag_context *c, const flexdiag_re
                                  "texts, prompt_ids[] n_prompts arrays)",
                                  i, r->n_prompts);
         if (r->prompts) {
-            FLEXDIAG_TRY(flexdiag__prompt_ids(c->m, r->prompts[i], c->rows_per_img == 2,
+            FLEXDIAG_TRY(flexdiag__prompt_ids(c->m, r->prompts[i], c->geo.rows_per_img == 2,
                                               &h->ids[i], &n));
         } else {
             n = r->prompt_lens[i];
@@ -343,13 +343,13 @@ static flexdiag_status prompt_table(const flexdiag_context *c, const flexdiag_re
 /* Tokens each image's job makes: the context's decode length, or a text request's own. */
 static flexdiag_status job_tokens(const flexdiag_context *c, const flexdiag_submit_params *p,
                                   int32_t *out) {
-    *out = c->l_dec;
-    if (c->rows_per_img == 2 || p->max_new_tokens == 0) return FLEXDIAG_OK;
-    if (p->max_new_tokens < 0 || p->max_new_tokens > c->l_dec)
+    *out = c->geo.l_dec;
+    if (c->geo.rows_per_img == 2 || p->max_new_tokens == 0) return FLEXDIAG_OK;
+    if (p->max_new_tokens < 0 || p->max_new_tokens > c->geo.l_dec)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "submit_params.max_new_tokens %d must be in 1..%d (the "
                              "context's context_params.max_new_tokens)",
-                             p->max_new_tokens, c->l_dec);
+                             p->max_new_tokens, c->geo.l_dec);
     *out = p->max_new_tokens;
     return FLEXDIAG_OK;
 }
@@ -359,7 +359,7 @@ static flexdiag_status handle_make(flexdiag_context *c, const flexdiag_request *
                                    const flexdiag_submit_params *p, flexdiag_handle **out) {
     flexdiag_handle *h = calloc(1, sizeof *h);
     if (!h) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "submit: no host memory");
-    *h = (flexdiag_handle){.refs = 2, .m = c->m, .p = *p, .rows_per_img = c->rows_per_img,
+    *h = (flexdiag_handle){.refs = 2, .m = c->m, .p = *p, .rows_per_img = c->geo.rows_per_img,
                            .st = FLEXDIAG_ERR_BUSY, .t_admit = -1, .t_tok = -1, .t_img = -1,
                            .t_end = -1};
     pthread_mutex_init(&h->mu, NULL);
@@ -368,7 +368,7 @@ static flexdiag_status handle_make(flexdiag_context *c, const flexdiag_request *
     *out = h;
     FLEXDIAG_TRY(job_tokens(c, p, &h->l_tok));
     h->n_img = r->n_prompts * r->images_per_prompt;
-    h->per = c->rows_per_img == 2 ? c->m->cfg.image_tokens : h->l_tok;
+    h->per = c->geo.rows_per_img == 2 ? c->m->cfg.image_tokens : h->l_tok;
     FLEXDIAG_TRY(prompt_table(c, r, h));
     h->raw = calloc((size_t)h->n_img * (size_t)h->l_tok, 4);
     h->made = calloc((size_t)h->n_img, 4);
@@ -377,8 +377,8 @@ static flexdiag_status handle_make(flexdiag_context *c, const flexdiag_request *
     if (!h->raw || !h->made || !h->grid || !h->jobs)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "submit: no host memory for %d images",
                              h->n_img);
-    int32_t top_k = r->top_k == 0 && c->row_len ? FLEXDIAG_LUMINA_TOP_K : r->top_k;
-    int32_t eos = c->rows_per_img == 1 && p->stop_at_eos ? c->m->cfg.eos_id : -1;
+    int32_t top_k = r->top_k == 0 && c->geo.row_len ? FLEXDIAG_LUMINA_TOP_K : r->top_k;
+    int32_t eos = c->geo.rows_per_img == 1 && p->stop_at_eos ? c->m->cfg.eos_id : -1;
     for (int32_t i = 0; i < h->n_img; i++) {
         int32_t prompt = i / r->images_per_prompt;
         h->jobs[i] = (flexdiag_job){.prompt = h->ids[prompt], .prompt_len = h->lens[prompt],
@@ -540,7 +540,7 @@ flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *r
     if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "generate: NULL argument");
     FLEXDIAG_TRY(flexdiag__check_request(req));
     out->n_images = req->n_prompts * req->images_per_prompt;
-    out->tokens_per_image = c->rows_per_img == 2 ? c->m->cfg.image_tokens : c->l_dec;
+    out->tokens_per_image = c->geo.rows_per_img == 2 ? c->m->cfg.image_tokens : c->geo.l_dec;
     if (!out->tokens) return FLEXDIAG_OK; /* size query */
     flexdiag_submit_params sp;
     flexdiag_submit_params_init(&sp);

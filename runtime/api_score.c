@@ -53,8 +53,8 @@ flexdiag_status flexdiag_score(flexdiag_context *c, const flexdiag_score_request
     flexdiag_score_request r;
     flexdiag_score_request_init(&r);
     flexdiag__params_copy(&r, req, sizeof r);
-    out->vocab = c->vocab_out;
-    out->rows = c->rows_per_img;
+    out->vocab = c->geo.vocab_out;
+    out->rows = c->geo.rows_per_img;
     if (!out->logits && !out->raw) return FLEXDIAG_OK; /* size query */
     if (!r.prompt_ids || r.prompt_len < 1 || !r.ids || r.n < 1 || !isfinite(r.cfg_weight))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,

@@ -153,9 +153,9 @@ static void offload_fill(const flexdiag_context *c, flexdiag_offload_info *out) 
     }
     memcpy(out->kv_pct, c->p.kv_pct, sizeof out->kv_pct);
     if (!out->kv_pct[0] && !out->kv_pct[1] && !out->kv_pct[2]) out->kv_pct[0] = 100;
-    out->kv_bytes[0] = (uint64_t)L * 2 * (uint64_t)c->s_host * c->seq_bytes;
-    out->kv_bytes[1] = (uint64_t)L * 2 * (uint64_t)(c->s_disk - c->s_host) * c->seq_bytes;
-    out->kv_bytes[2] = (uint64_t)L * 2 * (uint64_t)(c->n_seq - c->s_disk) * c->seq_bytes;
+    out->kv_bytes[0] = (uint64_t)L * 2 * (uint64_t)c->homes.s_host * c->geo.seq_bytes;
+    out->kv_bytes[1] = (uint64_t)L * 2 * (uint64_t)(c->homes.s_disk - c->homes.s_host) * c->geo.seq_bytes;
+    out->kv_bytes[2] = (uint64_t)L * 2 * (uint64_t)(c->geo.n_seq - c->homes.s_disk) * c->geo.seq_bytes;
     flexdiag__cpu_attn_stats(c, out);
 }
 

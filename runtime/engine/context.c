@@ -38,7 +38,7 @@ static size_t al(size_t x) { return (x + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN;
 
 int32_t flexdiag__casc_tiles(const flexdiag_context *c, int32_t nb) {
     const flexdiag_lm_config *l = &c->m->cfg.lm;
-    return c->n_pre ? flexdiag__cascade_tiles(nb, c->n_pre, l->heads / l->kv_heads) : 0;
+    return c->geo.n_pre ? flexdiag__cascade_tiles(nb, c->geo.n_pre, l->heads / l->kv_heads) : 0;
 }
 
 /* Assign buffer pointers inside base (when non-NULL) and return the total size: the engine's
@@ -48,10 +48,10 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     const flexdiag_lm_config *l = &m->lm;
     flexdiag_ctx_bufs *b = &c->b;
     size_t d = (size_t)l->hidden, dh = (size_t)l->head_dim, hq = (size_t)l->heads;
-    size_t hkv = (size_t)l->kv_heads, f = (size_t)l->ffn, S = (size_t)c->n_seq;
-    size_t qkvw = (hq + 2 * hkv) * dh, pft = (size_t)c->pf_seq * (size_t)c->p_cap;
-    size_t mbt = pft > (size_t)c->mb_seq ? pft : (size_t)c->mb_seq; /* prefill or decode rows */
-    size_t V = (size_t)c->vocab_out;
+    size_t hkv = (size_t)l->kv_heads, f = (size_t)l->ffn, S = (size_t)c->geo.n_seq;
+    size_t qkvw = (hq + 2 * hkv) * dh, pft = (size_t)c->geo.pf_seq * (size_t)c->geo.p_cap;
+    size_t mbt = pft > (size_t)c->geo.mb_seq ? pft : (size_t)c->geo.mb_seq; /* prefill or decode rows */
+    size_t V = (size_t)c->geo.vocab_out;
     size_t dm = m->head_dim_mid > l->hidden ? (size_t)m->head_dim_mid : d;
     size_t e8 = m->image_embed > 0 ? (size_t)m->image_embed : 1, off = 0;
 #define TAKE(field, bytes)                                                                         \
@@ -59,19 +59,19 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
         if (base) b->field = (void *)(base + off);                                                 \
         off += al(bytes);                                                                          \
     } while (0)
-    TAKE(kv, (size_t)l->layers * 2 * (size_t)c->s_host * c->seq_bytes);
-    if (c->n_pre) TAKE(kv_pre, (size_t)l->layers * 2 * (size_t)c->n_pre * c->pre_bytes);
-    if (c->n_pre) TAKE(lp_pre, (size_t)c->n_pre * 4);
-    if (c->n_pre) TAKE(prefix, S * 4);
-    if (c->n_pre) TAKE(casc_seq, S * 4);
-    if (c->n_pre)
-        TAKE(casc_tile, (size_t)c->n_mb * (size_t)flexdiag__casc_tiles(c, c->mb_seq) * 12);
-    if (c->s_host < c->n_seq) TAKE(kv_stage, flexdiag__sched_kv_staging_bytes(c->mb_seq, c->seq_bytes));
+    TAKE(kv, (size_t)l->layers * 2 * (size_t)c->homes.s_host * c->geo.seq_bytes);
+    if (c->geo.n_pre) TAKE(kv_pre, (size_t)l->layers * 2 * (size_t)c->geo.n_pre * c->geo.pre_bytes);
+    if (c->geo.n_pre) TAKE(lp_pre, (size_t)c->geo.n_pre * 4);
+    if (c->geo.n_pre) TAKE(prefix, S * 4);
+    if (c->geo.n_pre) TAKE(casc_seq, S * 4);
+    if (c->geo.n_pre)
+        TAKE(casc_tile, (size_t)c->geo.n_mb * (size_t)flexdiag__casc_tiles(c, c->geo.mb_seq) * 12);
+    if (c->homes.s_host < c->geo.n_seq) TAKE(kv_stage, flexdiag__sched_kv_staging_bytes(c->geo.mb_seq, c->geo.seq_bytes));
     if (c->m->w.homes)
         TAKE(wslots, WEIGHT_SLOTS * flexdiag__sched_tiered_slot_bytes(c->m->w.homes));
-    TAKE(x, S * (size_t)c->p_cap * d * act);
-    if (c->n_pre) TAKE(xl_pre, (size_t)c->n_pre * d * act);
-    if (c->n_pre) TAKE(last_pre, (size_t)c->n_pre * 4);
+    TAKE(x, S * (size_t)c->geo.p_cap * d * act);
+    if (c->geo.n_pre) TAKE(xl_pre, (size_t)c->geo.n_pre * d * act);
+    if (c->geo.n_pre) TAKE(last_pre, (size_t)c->geo.n_pre * 4);
     TAKE(h, mbt * d * act);
     TAKE(qkv, mbt * qkvw * act);
     TAKE(att, mbt * hq * dh * act);
@@ -81,15 +81,15 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     TAKE(hm, S * dm * act);
     TAKE(emb, S * e8 * act);
     TAKE(logits, S * V * 4);
-    TAKE(cfg, (size_t)c->n_img * V * 4);
-    TAKE(ids_in, S * (size_t)c->p_cap * 4);
+    TAKE(cfg, (size_t)c->geo.n_img * V * 4);
+    TAKE(ids_in, S * (size_t)c->geo.p_cap * 4);
     TAKE(lp, S * 4);
     TAKE(pos_pf, pft * 4);
     TAKE(rows_pf, pft * hkv * 4);
     TAKE(pos, S * 4);
     TAKE(last, S * 4);
     TAKE(ids, S * 4);
-    TAKE(srows, (size_t)c->n_img * sizeof(flexdiag_sample_row));
+    TAKE(srows, (size_t)c->geo.n_img * sizeof(flexdiag_sample_row));
 #undef TAKE
     return off + flexdiag__pd_layout(&c->pd, base ? base + off : NULL);
 }
@@ -102,12 +102,12 @@ static void ctx_output(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     int janus = m->arch == FLEXDIAG_ARCH_JANUS;
     int image = janus || (m->arch == FLEXDIAG_ARCH_CHAMELEON && !c->p.text && m->image_vocab > 0);
-    c->rows_per_img = image ? 2 : 1;
-    c->l_dec = !image ? c->p.max_new_tokens : janus ? m->image_tokens : m->grid * (m->grid + 1);
-    c->vocab_out = image ? m->image_vocab : m->lm.vocab;
-    c->id0 = image && !janus ? m->img_id0 : 0;
-    c->vocab_in = janus ? m->image_vocab : m->lm.vocab;
-    c->row_len = image && !janus ? m->grid + 1 : 0;
+    c->geo.rows_per_img = image ? 2 : 1;
+    c->geo.l_dec = !image ? c->p.max_new_tokens : janus ? m->image_tokens : m->grid * (m->grid + 1);
+    c->geo.vocab_out = image ? m->image_vocab : m->lm.vocab;
+    c->geo.id0 = image && !janus ? m->img_id0 : 0;
+    c->geo.vocab_in = janus ? m->image_vocab : m->lm.vocab;
+    c->geo.row_len = image && !janus ? m->grid + 1 : 0;
 }
 
 void flexdiag__kv_home_split(int32_t n_mb, const uint32_t pct[3], int32_t out[3]) {
@@ -126,8 +126,8 @@ static flexdiag_status ctx_cpu_attn_share(flexdiag_context *c, int32_t n_host) {
                              "context_params.cpu_attention_pct %u: give a percent of the "
                              "CPU-homed micro-batches, 1..100 (0: all of them)", pct);
     int64_t n = c->p.cpu_attention ? ((int64_t)n_host * pct + 99) / 100 : 0;
-    int64_t end = (int64_t)c->s_host + n * c->mb_seq;
-    c->s_ca = end < c->s_disk ? (int32_t)end : c->s_disk;
+    int64_t end = (int64_t)c->homes.s_host + n * c->geo.mb_seq;
+    c->homes.s_ca = end < c->homes.s_disk ? (int32_t)end : c->homes.s_disk;
     return FLEXDIAG_OK;
 }
 
@@ -144,10 +144,10 @@ static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
                              "micro-batches on GPU, pinned CPU and disk that add up to 100",
                              g, h, d);
     int32_t n[3];
-    flexdiag__kv_home_split(c->n_mb, k, n);
-    int64_t dev = (int64_t)n[0] * c->mb_seq, disk = (int64_t)(n[0] + n[1]) * c->mb_seq;
-    c->s_host = dev < c->n_seq ? (int32_t)dev : c->n_seq;
-    c->s_disk = disk < c->n_seq ? (int32_t)disk : c->n_seq;
+    flexdiag__kv_home_split(c->geo.n_mb, k, n);
+    int64_t dev = (int64_t)n[0] * c->geo.mb_seq, disk = (int64_t)(n[0] + n[1]) * c->geo.mb_seq;
+    c->homes.s_host = dev < c->geo.n_seq ? (int32_t)dev : c->geo.n_seq;
+    c->homes.s_disk = disk < c->geo.n_seq ? (int32_t)disk : c->geo.n_seq;
     return ctx_cpu_attn_share(c, n[1]);
 }
 
@@ -157,10 +157,10 @@ static flexdiag_status ctx_kv_homes(flexdiag_context *c) {
  * when that is no fewer than the sequences. */
 static void ctx_shared_prompts(flexdiag_context *c) {
     int32_t ipp = c->p.images_per_prompt; /* 0 from an older caller's shorter params */
-    int64_t n = ipp > 1 ? ((int64_t)c->n_img + ipp - 1) / ipp + 1 : c->n_img;
-    n *= c->rows_per_img;
-    c->n_pre = ipp > 1 && c->s_host == c->n_seq && n < c->n_seq ? (int32_t)n : 0;
-    c->blk_p = c->n_pre ? 0 : c->p_cap;
+    int64_t n = ipp > 1 ? ((int64_t)c->geo.n_img + ipp - 1) / ipp + 1 : c->geo.n_img;
+    n *= c->geo.rows_per_img;
+    c->geo.n_pre = ipp > 1 && c->homes.s_host == c->geo.n_seq && n < c->geo.n_seq ? (int32_t)n : 0;
+    c->geo.blk_p = c->geo.n_pre ? 0 : c->geo.p_cap;
 }
 
 /* "context_params.<field> is <v>: <need>" (FLEXDIAG_ERR_INVALID_ARG). */
@@ -178,13 +178,13 @@ static flexdiag_status ctx_check_params(const flexdiag_context *c) {
     if (p->max_prompt_len < 1 || p->max_prompt_len > CTX_MAX_POSITIONS)
         return bad_param("max_prompt_len", p->max_prompt_len,
                          "give 1 .. 16777216 tokens (BOS .. the last prompt token)");
-    if (c->rows_per_img == 1 && (c->l_dec < 1 || c->l_dec > CTX_MAX_POSITIONS))
-        return bad_param("max_new_tokens", c->l_dec, "give 1 .. 16777216 tokens a sequence");
-    if ((int64_t)p->max_prompt_len + c->l_dec > CTX_MAX_POSITIONS)
+    if (c->geo.rows_per_img == 1 && (c->geo.l_dec < 1 || c->geo.l_dec > CTX_MAX_POSITIONS))
+        return bad_param("max_new_tokens", c->geo.l_dec, "give 1 .. 16777216 tokens a sequence");
+    if ((int64_t)p->max_prompt_len + c->geo.l_dec > CTX_MAX_POSITIONS)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "context_params.max_prompt_len %d + %d decode tokens: a sequence "
                              "holds at most %d positions",
-                             p->max_prompt_len, c->l_dec, CTX_MAX_POSITIONS);
+                             p->max_prompt_len, c->geo.l_dec, CTX_MAX_POSITIONS);
     if (p->micro_batch < 0)
         return bad_param("micro_batch", p->micro_batch, "give >= 0 (0 = max_images)");
     if (p->images_per_prompt < 0)
@@ -204,8 +204,8 @@ static flexdiag_status ctx_check_params(const flexdiag_context *c) {
 static double ctx_bytes_bound(const flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
-    double L = l->layers, S = c->n_seq, n = c->l_dec, dh = l->head_dim;
-    double P = (double)c->p_cap + c->l_dec + c->pd.ring, H = l->heads + 2.0 * l->kv_heads;
+    double L = l->layers, S = c->geo.n_seq, n = c->geo.l_dec, dh = l->head_dim;
+    double P = (double)c->geo.p_cap + c->geo.l_dec + c->pd.ring, H = l->heads + 2.0 * l->kv_heads;
     double V = l->vocab > m->image_vocab ? l->vocab : m->image_vocab;
     double width = l->hidden + 3.0 * l->ffn + 2 * H * dh + V + m->image_embed + m->head_dim_mid;
     double kv = L * 2 * S * l->kv_heads * dh * 4 * P;
@@ -222,7 +222,7 @@ static flexdiag_status ctx_check_bytes(const flexdiag_context *c) {
     return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                          "context_params.max_images %d, context_params.max_prompt_len %d and "
                          "%d decode tokens would need about %.3g PiB of memory: lower them",
-                         c->p.max_images, c->p.max_prompt_len, c->l_dec,
+                         c->p.max_images, c->p.max_prompt_len, c->geo.l_dec,
                          b / 4 / (double)(1ull << 50));
 }
 
@@ -232,45 +232,45 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_lm_config *l = &m->lm;
     ctx_output(c);
     FLEXDIAG_TRY(ctx_check_params(c));
-    c->n_img = c->p.max_images;
-    c->n_seq = c->n_img * c->rows_per_img;
-    c->mb_img = c->p.micro_batch > 0 && c->p.micro_batch < c->n_img ? c->p.micro_batch : c->n_img;
-    c->mb_seq = c->mb_img * c->rows_per_img;
-    c->n_mb = (c->n_img + c->mb_img - 1) / c->mb_img;
-    c->p_cap = c->p.max_prompt_len;
-    if (l->pos_rows && (int64_t)c->p_cap + c->l_dec > l->max_pos)
+    c->geo.n_img = c->p.max_images;
+    c->geo.n_seq = c->geo.n_img * c->geo.rows_per_img;
+    c->geo.mb_img = c->p.micro_batch > 0 && c->p.micro_batch < c->geo.n_img ? c->p.micro_batch : c->geo.n_img;
+    c->geo.mb_seq = c->geo.mb_img * c->geo.rows_per_img;
+    c->geo.n_mb = (c->geo.n_img + c->geo.mb_img - 1) / c->geo.mb_img;
+    c->geo.p_cap = c->p.max_prompt_len;
+    if (l->pos_rows && (int64_t)c->geo.p_cap + c->geo.l_dec > l->max_pos)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "context_params.max_prompt_len %d + %d decode tokens exceed the "
                              "model's %d learned positions (max_position_embeddings)",
-                             c->p_cap, c->l_dec, l->max_pos);
-    int32_t pf_cap = (c->pf_tokens > 0 ? c->pf_tokens : PREFILL_TOKENS) / c->p_cap;
-    c->pf_seq = pf_cap < 1 ? 1 : pf_cap < c->mb_seq ? pf_cap : c->mb_seq;
+                             c->geo.p_cap, c->geo.l_dec, l->max_pos);
+    int32_t pf_cap = (c->pf_tokens > 0 ? c->pf_tokens : PREFILL_TOKENS) / c->geo.p_cap;
+    c->geo.pf_seq = pf_cap < 1 ? 1 : pf_cap < c->geo.mb_seq ? pf_cap : c->geo.mb_seq;
     FLEXDIAG_TRY(ctx_kv_homes(c));
-    while (c->s_host < c->n_seq && c->mb_seq % c->pf_seq) c->pf_seq--; /* no chunk straddles */
+    while (c->homes.s_host < c->geo.n_seq && c->geo.mb_seq % c->geo.pf_seq) c->geo.pf_seq--; /* no chunk straddles */
     ctx_shared_prompts(c);
     FLEXDIAG_TRY(flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
-                                    l->kv_heads, c->n_seq, c->blk_p, c->l_dec, c->host_policy));
+                                    l->kv_heads, c->geo.n_seq, c->geo.blk_p, c->geo.l_dec, c->host_policy));
     size_t row = (size_t)l->kv_heads * (size_t)l->head_dim * (size_t)c->m->rt->k->act_bytes;
-    c->seq_bytes = row * (size_t)(c->blk_p + c->pd.ring);
-    c->pre_bytes = row * (size_t)c->p_cap;
+    c->geo.seq_bytes = row * (size_t)(c->geo.blk_p + c->pd.ring);
+    c->geo.pre_bytes = row * (size_t)c->geo.p_cap;
     FLEXDIAG_TRY(ctx_check_bytes(c));
     return flexdiag__cpu_attn_allowed(c);
 }
 
 /* Pinned host bytes of the KV home of the host-homed micro-batches (0: none). */
 static size_t ctx_home_bytes(const flexdiag_context *c) {
-    return (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->s_disk - c->s_host) * c->seq_bytes;
+    return (size_t)c->m->cfg.lm.layers * 2 * (size_t)(c->homes.s_disk - c->homes.s_host) * c->geo.seq_bytes;
 }
 
 /* Pinned host bytes of the disk home's staging regions (0: no disk home). */
 static size_t ctx_disk_stage_bytes(const flexdiag_context *c) {
-    return c->s_disk < c->n_seq ? flexdiag__kv_disk_stage_bytes(c->mb_seq, c->seq_bytes) : 0;
+    return c->homes.s_disk < c->geo.n_seq ? flexdiag__kv_disk_stage_bytes(c->geo.mb_seq, c->geo.seq_bytes) : 0;
 }
 
 /* Store bytes of the disk home (0: none). */
 static uint64_t ctx_disk_bytes(const flexdiag_context *c) {
-    int32_t n_mb = (c->n_seq - c->s_disk + c->mb_seq - 1) / c->mb_seq;
-    return n_mb ? flexdiag__kv_disk_bytes(c->m->cfg.lm.layers, n_mb, c->mb_seq, c->seq_bytes) : 0;
+    int32_t n_mb = (c->geo.n_seq - c->homes.s_disk + c->geo.mb_seq - 1) / c->geo.mb_seq;
+    return n_mb ? flexdiag__kv_disk_bytes(c->m->cfg.lm.layers, n_mb, c->geo.mb_seq, c->geo.seq_bytes) : 0;
 }
 
 /* Pinned host bytes the context takes: the KV home, the disk home's staging and the CPU
@@ -340,7 +340,7 @@ int32_t flexdiag__context_fit(const flexdiag_model *m, const flexdiag_context_pa
 flexdiag_status flexdiag__context_pf_tables(flexdiag_context *c, int32_t q) {
     if (q == c->pf_table_q) return FLEXDIAG_OK;
     const flexdiag_kernels *k = c->m->rt->k;
-    int32_t hkv = c->m->cfg.lm.kv_heads, mbt = c->pf_seq * q;
+    int32_t hkv = c->m->cfg.lm.kv_heads, mbt = c->geo.pf_seq * q;
     int32_t *pos = malloc((size_t)mbt * 4), *rows = malloc((size_t)mbt * (size_t)hkv * 4);
     flexdiag_status st = (pos && rows) ? FLEXDIAG_OK
                                        : flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no memory");
@@ -362,16 +362,16 @@ flexdiag_status flexdiag__context_pf_tables(flexdiag_context *c, int32_t q) {
  * it, so the per-step copies are asynchronous). */
 static flexdiag_status host_alloc(flexdiag_context *c) {
     const flexdiag_kernels *k = c->m->rt->k;
-    size_t each = al((size_t)c->n_seq * 4);
-    size_t total = 2 * each + al((size_t)c->n_img * sizeof *c->h_srows);
-    flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->host) : FLEXDIAG_OK;
-    if (!k->host_alloc) c->host = malloc(total);
+    size_t each = al((size_t)c->geo.n_seq * 4);
+    size_t total = 2 * each + al((size_t)c->geo.n_img * sizeof *c->up.srows);
+    flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->up.block) : FLEXDIAG_OK;
+    if (!k->host_alloc) c->up.block = malloc(total);
     if (st != FLEXDIAG_OK) return st;
-    if (!c->host) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no host memory");
-    memset(c->host, 0, total);
-    c->h_ids = c->host;
-    c->h_pos = (int32_t *)((char *)c->host + each);
-    c->h_srows = (flexdiag_sample_row *)((char *)c->host + 2 * each);
+    if (!c->up.block) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "context: no host memory");
+    memset(c->up.block, 0, total);
+    c->up.ids = c->up.block;
+    c->up.pos = (int32_t *)((char *)c->up.block + each);
+    c->up.srows = (flexdiag_sample_row *)((char *)c->up.block + 2 * each);
     return FLEXDIAG_OK;
 }
 
@@ -396,8 +396,8 @@ static flexdiag_status sched_weights(flexdiag_context *c, size_t act, flexdiag_s
                                  .weights = c->m->w.layer0,
                                  .layer_bytes = c->m->w.layer_bytes,
                                  .kv = c->b.kv,
-                                 .n_seq = c->s_host,
-                                 .seq_bytes = c->seq_bytes,
+                                 .n_seq = c->homes.s_host,
+                                 .seq_bytes = c->geo.seq_bytes,
                                  .act = c->b.x,
                                  .row_bytes = (size_t)l->hidden * act};
     if (!c->m->w.homes) return flexdiag__sched_resident_create(&lay, out);
@@ -415,38 +415,38 @@ static flexdiag_status sched_open(flexdiag_context *c, size_t act) {
     flexdiag_runtime *rt = c->m->rt;
     flexdiag_sched *inner = NULL;
     FLEXDIAG_TRY(sched_weights(c, act, &inner));
-    if (c->s_host == c->n_seq) {
+    if (c->homes.s_host == c->geo.n_seq) {
         c->sched = inner;
         return FLEXDIAG_OK;
     }
-    c->kv_host_bytes = ctx_host_bytes(c); /* the home, the disk staging, the workspaces */
-    flexdiag_status st = flexdiag__tiers_pool_alloc(rt, c->kv_host_bytes,
+    c->homes.kv_host_bytes = ctx_host_bytes(c); /* the home, the disk staging, the workspaces */
+    flexdiag_status st = flexdiag__tiers_pool_alloc(rt, c->homes.kv_host_bytes,
                                                     "the KV home of a context's host-homed "
                                                     "micro-batches (context_params.kv_pct, "
                                                     "context_params.cpu_attention)",
-                                                    &c->kv_host);
-    if (st == FLEXDIAG_OK) memset(c->kv_host, 0, c->kv_host_bytes);
+                                                    &c->homes.kv_host);
+    if (st == FLEXDIAG_OK) memset(c->homes.kv_host, 0, c->homes.kv_host_bytes);
     uint64_t disk = ctx_disk_bytes(c);
     if (st == FLEXDIAG_OK && disk)
         st = flexdiag__tiers_store_alloc(rt, disk,
                                          "the KV home of a context's disk-homed micro-batches "
                                          "(context_params.kv_pct)",
-                                         &c->kv_disk);
+                                         &c->homes.kv_disk);
     if (st != FLEXDIAG_OK) {
         flexdiag__sched_destroy(inner);
         return st;
     }
     flexdiag_sched_kv_params kp = {.k = rt->k, .device = rt->p.device, .compute = c->s,
-                                   .n_layers = c->m->cfg.lm.layers, .n_seq = c->n_seq,
-                                   .s_host = c->s_host, .s_disk = c->s_disk, .mb_seq = c->mb_seq,
-                                   .store = disk ? rt->store : NULL, .disk_off = c->kv_disk.off,
-                                   .disk_stage = disk ? (char *)c->kv_host + ctx_home_bytes(c)
+                                   .n_layers = c->m->cfg.lm.layers, .n_seq = c->geo.n_seq,
+                                   .s_host = c->homes.s_host, .s_disk = c->homes.s_disk, .mb_seq = c->geo.mb_seq,
+                                   .store = disk ? rt->store : NULL, .disk_off = c->homes.kv_disk.off,
+                                   .disk_stage = disk ? (char *)c->homes.kv_host + ctx_home_bytes(c)
                                                       : NULL,
-                                   .seq_bytes = c->seq_bytes, .heads = c->m->cfg.lm.kv_heads,
-                                   .p_cap = c->p_cap, .span_rows = c->p_cap + c->pd.ring,
+                                   .seq_bytes = c->geo.seq_bytes, .heads = c->m->cfg.lm.kv_heads,
+                                   .p_cap = c->geo.p_cap, .span_rows = c->geo.p_cap + c->pd.ring,
                                    .row_bytes = (size_t)c->m->cfg.lm.head_dim *
                                                 (size_t)rt->k->act_bytes,
-                                   .host = c->kv_host, .staging = c->b.kv_stage};
+                                   .host = c->homes.kv_host, .staging = c->b.kv_stage};
     return flexdiag__sched_kv_create(inner, &kp, &c->sched);
 }
 
@@ -456,7 +456,7 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(ctx_geometry(c));
     c->block_bytes = ctx_layout(c, act, NULL);
     char what[96];
-    snprintf(what, sizeof what, "the KV cache and scratch of %d image(s)", c->n_img);
+    snprintf(what, sizeof what, "the KV cache and scratch of %d image(s)", c->geo.n_img);
     FLEXDIAG_TRY(flexdiag__arena_alloc(&rt->arena, c->block_bytes, what, &c->block));
     ctx_layout(c, act, c->block);
     FLEXDIAG_TRY(stream_open(c));
@@ -464,25 +464,25 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     FLEXDIAG_TRY(host_alloc(c));
     FLEXDIAG_TRY(flexdiag__pd_start(&c->pd, rt->p.threads));
     FLEXDIAG_TRY(sched_open(c, act));
-    if (c->kv_host)
+    if (c->homes.kv_host)
         FLEXDIAG_TRY(flexdiag__cpu_attn_open(
-            c, (char *)c->kv_host + ctx_home_bytes(c) + ctx_disk_stage_bytes(c)));
-    return flexdiag__context_pf_tables(c, c->p_cap);
+            c, (char *)c->homes.kv_host + ctx_home_bytes(c) + ctx_disk_stage_bytes(c)));
+    return flexdiag__context_pf_tables(c, c->geo.p_cap);
 }
 
 void flexdiag__context_free(flexdiag_context *c) {
     flexdiag_runtime *rt = c->m->rt;
     const flexdiag_kernels *k = rt->k;
     for (int i = 0; i < 2; i++)
-        if (c->graph[i]) k->graph_destroy(c->graph[i]);
+        if (c->graphs.step[i]) k->graph_destroy(c->graphs.step[i]);
     flexdiag__cpu_attn_close(c); /* its jobs write the home and the workspaces */
     flexdiag__sched_destroy(c->sched); /* drains its copies into the block and home first */
-    if (c->kv_host) flexdiag__host_pool_free(rt->pool, c->kv_host, c->kv_host_bytes);
-    if (c->kv_disk.bytes) flexdiag__store_free(rt->store, &c->kv_disk);
+    if (c->homes.kv_host) flexdiag__host_pool_free(rt->pool, c->homes.kv_host, c->homes.kv_host_bytes);
+    if (c->homes.kv_disk.bytes) flexdiag__store_free(rt->store, &c->homes.kv_disk);
     if (c->s) k->stream_destroy(c->s); /* waits for the stream's work */
     flexdiag__arena_charge(&rt->arena, -(int64_t)c->stream_charge, "a context's stream");
     flexdiag__arena_free(&rt->arena, c->block, c->block_bytes);
     flexdiag__pd_fini(&c->pd);
-    if (k->host_free) k->host_free(c->host);
-    else free(c->host);
+    if (k->host_free) k->host_free(c->up.block);
+    else free(c->up.block);
 }

@@ -74,13 +74,13 @@ static size_t out_bytes(const flexdiag_context *c, int32_t n) {
 }
 
 static size_t ws_bytes(const flexdiag_context *c) {
-    return align64(qkv_bytes(c, c->mb_seq)) + align64(out_bytes(c, c->mb_seq)) +
-           align64((size_t)c->mb_seq * (size_t)c->m->cfg.lm.head_dim * sizeof(float));
+    return align64(qkv_bytes(c, c->geo.mb_seq)) + align64(out_bytes(c, c->geo.mb_seq)) +
+           align64((size_t)c->geo.mb_seq * (size_t)c->m->cfg.lm.head_dim * sizeof(float));
 }
 
 /* Micro-batches the host attends: [s_host, s_ca). */
 static int32_t host_mbs(const flexdiag_context *c) {
-    return (c->s_ca - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    return (c->homes.s_ca - c->homes.s_host + c->geo.mb_seq - 1) / c->geo.mb_seq;
 }
 
 size_t flexdiag__cpu_attn_host_bytes(const flexdiag_context *c) {
@@ -89,7 +89,7 @@ size_t flexdiag__cpu_attn_host_bytes(const flexdiag_context *c) {
 
 flexdiag_status flexdiag__cpu_attn_allowed(const flexdiag_context *c) {
     if (!c->p.cpu_attention) return FLEXDIAG_OK;
-    if (c->s_host == c->s_disk)
+    if (c->homes.s_host == c->homes.s_disk)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "context_params.cpu_attention attends the micro-batches whose KV "
                              "lives in pinned host memory, and this block has none: give "
@@ -113,9 +113,9 @@ static flexdiag_status open_ws(flexdiag_context *c, flexdiag_cpu_attn *ca) {
         char *p = (char *)ca->host + (size_t)i * per;
         ca_ws *w = &ca->ws[i];
         w->qkv = p;
-        w->out = p + align64(qkv_bytes(c, c->mb_seq));
-        w->cs = (float *)((char *)w->out + align64(out_bytes(c, c->mb_seq)));
-        w->cs_pos = ca->cs_pos + (size_t)i * (size_t)c->mb_seq;
+        w->out = p + align64(qkv_bytes(c, c->geo.mb_seq));
+        w->cs = (float *)((char *)w->out + align64(out_bytes(c, c->geo.mb_seq)));
+        w->cs_pos = ca->cs_pos + (size_t)i * (size_t)c->geo.mb_seq;
         w->cs_n = -1;
         FLEXDIAG_TRY(ca->k->event_create(c->s, &w->q_ready));
         FLEXDIAG_TRY(ca->k->event_create(ca->queue, &w->done));
@@ -155,7 +155,7 @@ static flexdiag_status open_all(flexdiag_context *c, flexdiag_cpu_attn *ca) {
     FLEXDIAG_TRY(open_threads(rt, ca));
     ca->ws = calloc((size_t)ca->n_ws, sizeof *ca->ws);
     ca->jobs = calloc((size_t)ca->n_ws * (size_t)ca->n_layers, sizeof *ca->jobs);
-    ca->cs_pos = calloc((size_t)ca->n_ws * (size_t)c->mb_seq, sizeof *ca->cs_pos);
+    ca->cs_pos = calloc((size_t)ca->n_ws * (size_t)c->geo.mb_seq, sizeof *ca->cs_pos);
     if (!ca->ws || !ca->jobs || !ca->cs_pos)
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "CPU attention: no host memory");
     return open_ws(c, ca);
@@ -168,12 +168,12 @@ flexdiag_status flexdiag__cpu_attn_open(flexdiag_context *c, void *ws) {
     *ca = (flexdiag_cpu_attn){.k = c->m->rt->k, .n_ws = host_mbs(c),
                               .n_layers = c->m->cfg.lm.layers, .host = ws};
     atomic_init(&ca->st, FLEXDIAG_OK);
-    c->ca = ca;
+    c->homes.ca = ca;
     return open_all(c, ca);
 }
 
 void flexdiag__cpu_attn_close(flexdiag_context *c) {
-    flexdiag_cpu_attn *ca = c->ca;
+    flexdiag_cpu_attn *ca = c->homes.ca;
     if (!ca) return;
     if (ca->queue) ca->k->stream_destroy(ca->queue); /* waits for the jobs */
     if (ca->cpu) flexdiag__kernels_cpu()->stream_destroy(ca->cpu);
@@ -185,7 +185,7 @@ void flexdiag__cpu_attn_close(flexdiag_context *c) {
     free(ca->jobs);
     free(ca->cs_pos);
     free(ca);
-    c->ca = NULL;
+    c->homes.ca = NULL;
 }
 
 /* ---- the two halves ---- */
@@ -227,18 +227,18 @@ static void fill_job(const run_state *r, const flexdiag_layer_io *io, ca_ws *w, 
     a->lp = r->lp + m->s0;
     a->slots = c->pd.h_slots + (size_t)m->s0 * (size_t)c->pd.max_slots; /* one per sequence */
     a->n_slots = c->pd.h_nslots + m->s0;
-    a->pos = io->a.pos ? c->h_pos + m->s0 : NULL;
+    a->pos = io->a.pos ? c->up.pos + m->s0 : NULL;
     uint64_t rows = 0;
     for (int32_t s = 0; s < m->n_seq; s++) rows += (uint64_t)a->lp[s] + (uint64_t)a->n_slots[s];
     j->kv_bytes = rows * 2 * (uint64_t)a->h_kv * (uint64_t)a->d_h * r->act;
 }
 
 static int32_t ws_index(const flexdiag_context *c, const flexdiag_sched_io *m) {
-    return (m->s0 - c->s_host) / c->mb_seq;
+    return (m->s0 - c->homes.s_host) / c->geo.mb_seq;
 }
 
 flexdiag_status flexdiag__cpu_attn_send(const run_state *r, const flexdiag_layer_io *io) {
-    flexdiag_cpu_attn *ca = r->c->ca;
+    flexdiag_cpu_attn *ca = r->c->homes.ca;
     const flexdiag_sched_io *m = &io->mem;
     int32_t i = ws_index(r->c, m);
     ca_ws *w = &ca->ws[i];
@@ -254,7 +254,7 @@ flexdiag_status flexdiag__cpu_attn_send(const run_state *r, const flexdiag_layer
 }
 
 flexdiag_status flexdiag__cpu_attn_recv(const run_state *r, const flexdiag_layer_io *io) {
-    flexdiag_cpu_attn *ca = r->c->ca;
+    flexdiag_cpu_attn *ca = r->c->homes.ca;
     ca_ws *w = &ca->ws[ws_index(r->c, &io->mem)];
     size_t bytes = out_bytes(r->c, io->mem.n_seq);
     FLEXDIAG_TRY(ca->k->stream_wait_event(r->s, w->done));
@@ -264,16 +264,16 @@ flexdiag_status flexdiag__cpu_attn_recv(const run_state *r, const flexdiag_layer
 }
 
 flexdiag_status flexdiag__cpu_attn_status(const flexdiag_context *c) {
-    const flexdiag_cpu_attn *ca = c->ca;
+    const flexdiag_cpu_attn *ca = c->homes.ca;
     flexdiag_status st = ca ? (flexdiag_status)atomic_load(&ca->st) : FLEXDIAG_OK;
     if (st == FLEXDIAG_OK) return FLEXDIAG_OK;
     return flexdiag__err(st, "CPU attention: %s", ca->msg);
 }
 
 void flexdiag__cpu_attn_stats(const flexdiag_context *c, flexdiag_offload_info *out) {
-    const flexdiag_cpu_attn *ca = c->ca;
+    const flexdiag_cpu_attn *ca = c->homes.ca;
     out->cpu_attention = ca != NULL;
-    out->host_mb = (c->s_disk - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    out->host_mb = (c->homes.s_disk - c->homes.s_host + c->geo.mb_seq - 1) / c->geo.mb_seq;
     out->cpu_attn_mb = ca ? host_mbs(c) : 0;
     if (!ca) return;
     out->cpu_attn_d2h_bytes = ca->d2h_bytes;

@@ -25,10 +25,10 @@ typedef struct flexdiag_cpu_attn flexdiag_cpu_attn;
 size_t flexdiag__cpu_attn_host_bytes(const flexdiag_context *c);
 /* Check that c's params allow CPU attention (KV in host memory, a position-only policy). */
 flexdiag_status flexdiag__cpu_attn_allowed(const flexdiag_context *c);
-/* Create c->ca (when c->p.cpu_attention): the host-function queue, the attention threads, and
+/* Create c->homes.ca (when c->p.cpu_attention): the host-function queue, the attention threads, and
  * the workspaces in ws (flexdiag__cpu_attn_host_bytes of pinned memory, the context's). */
 flexdiag_status flexdiag__cpu_attn_open(flexdiag_context *c, void *ws);
-/* Wait for its jobs and free c->ca; NULL is a no-op. */
+/* Wait for its jobs and free c->homes.ca; NULL is a no-op. */
 void flexdiag__cpu_attn_close(flexdiag_context *c);
 /* After the q/k/v projection of io (a host-homed micro-batch, io->mem.kv_host): queue its rows
  * down and its host job. */

@@ -110,49 +110,21 @@ typedef struct flexdiag_ctx_bufs {
     flexdiag_sample_row *srows; /* (n_img) each image's draw of the current step (kernels.h) */
 } flexdiag_ctx_bufs;
 
-/* A context: one block of work at a time (busy), independent of every other context of the
- * runtime: its own execution stream (CUDA stream + cuBLAS handles + workspace, or a CPU thread
- * pool), its own buffers, policy state and policy workers. What contexts share is read-only
- * (the model's weights) or thread-safe (the arena's accounting, the GEMM plan cache). */
-struct flexdiag_context {
-    flexdiag_model *m;               /* borrowed */
-    flexdiag_context_params p;       /* copy, defaults applied */
-    flexdiag_stream *s;              /* this context's execution stream (owned) */
-    size_t stream_charge;            /* device bytes of s charged to the arena */
-    flexdiag_policy_driver pd;       /* the KV policy: plans, slot lists, updates */
-    flexdiag_sched *sched;           /* hands each (layer, micro-batch) its memory (owned) */
+/* The shape of a context, fixed at its creation (context.c): slots, sequences, micro-batches,
+ * prompt capacity and the decode length and vocabulary its heads produce. */
+typedef struct flexdiag_ctx_geom {
     int32_t rows_per_img;            /* 2 with CFG (images), 1 (text) */
     int32_t n_img, n_seq;            /* capacity in images / sequences */
     int32_t mb_img, mb_seq, n_mb;    /* micro-batch size in images / sequences; count */
     int32_t pf_seq;                  /* sequences per prefill chunk (<= mb_seq): the prefill
                                         scratch holds pf_seq·p_cap tokens, not the batch's */
-    int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
-    int32_t pf_table_q;              /* the stride b.pos_pf and b.rows_pf hold (0: none yet) */
     int32_t p_cap;                   /* prompt rows per (sequence, KV head) */
     int32_t n_pre;                   /* shared prompt rows the context holds (0: each
                                         sequence keeps its own in its KV block) */
-    int32_t n_pf;                    /* distinct prompt rows of the last run's first
-                                        admission (n_pre > 0), the rows its prefill ran; its
-                                        sequences otherwise */
     int32_t blk_p;                   /* prompt rows in each sequence's KV block: p_cap, or 0
                                         when the prompt rows are shared (n_pre > 0) */
     size_t pre_bytes;                /* bytes of one shared prompt row's K (or V) in a layer */
-    int32_t s_host;                  /* first sequence whose KV home is pinned host memory
-                                        (n_seq: all on the device) */
-    int32_t s_disk;                  /* first sequence whose KV home is disk (n_seq: none);
-                                        [s_host, s_disk) are pinned-homed */
-    int32_t s_ca;                    /* with CPU attention, the host attends [s_host, s_ca) and
-                                        the device [s_ca, s_disk) over streamed rows
-                                        (params cpu_attention_pct); s_host without it */
     size_t seq_bytes;                /* bytes of one sequence's K (or V) in one layer */
-    void *kv_host;                   /* (layers, 2, s_disk - s_host, seq_bytes) in the pinned
-                                        pool, NULL when every KV is on the device; the disk
-                                        home's staging and the CPU attention's workspaces
-                                        follow it */
-    flexdiag_store_extent kv_disk;   /* the disk home's extent of the store (bytes 0: none) */
-    size_t kv_host_bytes;            /* its size, the workspaces included */
-    struct flexdiag_cpu_attn *ca;    /* CPU attention of the host-homed micro-batches
-                                        (cpu_attn.h), NULL without p.cpu_attention */
     int32_t l_dec;                   /* decode tokens per sequence */
     int32_t vocab_out;               /* width of the sampled distribution */
     int32_t id0;                     /* id of its column 0 (Chameleon images: the first image
@@ -161,20 +133,70 @@ struct flexdiag_context {
                                         text and Chameleon: the whole vocabulary) */
     int32_t row_len;                 /* Chameleon images: tokens per row of the image (grid
                                         codes + the forced row end); 0 otherwise */
+} flexdiag_ctx_geom;
+
+/* Where the KV of the sequences the device does not hold lives (context.c ctx_kv_homes). */
+typedef struct flexdiag_ctx_homes {
+    int32_t s_host;                  /* first sequence whose KV home is pinned host memory
+                                        (n_seq: all on the device) */
+    int32_t s_disk;                  /* first sequence whose KV home is disk (n_seq: none);
+                                        [s_host, s_disk) are pinned-homed */
+    int32_t s_ca;                    /* with CPU attention, the host attends [s_host, s_ca) and
+                                        the device [s_ca, s_disk) over streamed rows
+                                        (params cpu_attention_pct); s_host without it */
+    void *kv_host;                   /* (layers, 2, s_disk - s_host, seq_bytes) in the pinned
+                                        pool, NULL when every KV is on the device; the disk
+                                        home's staging and the CPU attention's workspaces
+                                        follow it */
+    flexdiag_store_extent kv_disk;   /* the disk home's extent of the store (bytes 0: none) */
+    size_t kv_host_bytes;            /* its size, the workspaces included */
+    struct flexdiag_cpu_attn *ca;    /* CPU attention of the host-homed micro-batches
+                                        (cpu_attn.h), NULL without p.cpu_attention */
+} flexdiag_ctx_homes;
+
+/* The recorded decode-pass bodies (run.c step_body_graph), replayed every pass. */
+typedef struct flexdiag_ctx_graphs {
+    void *step[2];                   /* without / with policy scores */
+    int32_t seq[2];                  /* sequences each was recorded for */
+    int32_t eager_seq;               /* sequence count of the last op-by-op warm-up pass */
+    int off;                         /* recording failed once: launch op by op */
+} flexdiag_ctx_graphs;
+
+/* Host staging of what a pass uploads (page-locked when the backend can). */
+typedef struct flexdiag_ctx_upload {
+    void *block;                     /* the host block holding the three below */
+    int32_t *ids;                    /* (n_seq) sampled or forced ids */
+    int32_t *pos;                    /* (n_seq) decode positions of a pass */
+    flexdiag_sample_row *srows;      /* (n_img) staging of b.srows */
+} flexdiag_ctx_upload;
+
+/* A context: one block of work at a time (busy), independent of every other context of the
+ * runtime: its own execution stream (CUDA stream + cuBLAS handles + workspace, or a CPU thread
+ * pool), its own buffers, policy state and policy workers. What contexts share is read-only
+ * (the model's weights) or thread-safe (the arena's accounting, the GEMM plan cache). It is its
+ * shape (geo), the KV homes below the device (homes), the device block of buffers (b), the KV
+ * policy (pd), the scheduler, the recorded passes (graphs) and the upload staging (up); the
+ * sequences' own states live in the run (run_state.h) while one is in flight. */
+struct flexdiag_context {
+    flexdiag_model *m;               /* borrowed */
+    flexdiag_context_params p;       /* copy, defaults applied */
+    flexdiag_stream *s;              /* this context's execution stream (owned) */
+    size_t stream_charge;            /* device bytes of s charged to the arena */
+    flexdiag_ctx_geom geo;           /* its shape */
+    flexdiag_ctx_homes homes;        /* KV below the device */
+    flexdiag_policy_driver pd;       /* the KV policy: plans, slot lists, updates */
+    flexdiag_sched *sched;           /* hands each (layer, micro-batch) its memory (owned) */
     void *block;                     /* device block holding every buffer */
     size_t block_bytes;              /* its size */
     flexdiag_ctx_bufs b;             /* carved buffers */
+    int32_t pf_table_q;              /* the stride b.pos_pf and b.rows_pf hold (0: none yet) */
+    int32_t pf_tokens;               /* tests: prefill chunk cap in tokens (0: the default) */
     int host_policy;                 /* tests: force the host state machines (no device policy) */
-    void *graph[2];                  /* recorded decode-step bodies (without / with policy
-                                        scores), replayed every step */
-    int32_t graph_seq[2];            /* sequences each graph was recorded for */
-    int32_t eager_seq;               /* sequence count of the last op-by-op warm-up step */
-    int graphs_off;                  /* recording failed once: launch op by op */
-    void *host;                      /* host block for ids and positions (page-locked when the
-                                        backend can) */
-    int32_t *h_ids;                  /* (n_seq) sampled or forced ids */
-    int32_t *h_pos;                  /* (n_seq) decode positions of a step */
-    flexdiag_sample_row *h_srows;    /* (n_img) staging of b.srows */
+    flexdiag_ctx_graphs graphs;      /* recorded decode-pass bodies */
+    flexdiag_ctx_upload up;          /* host staging of ids, positions, sampling rows */
+    int32_t n_pf;                    /* distinct prompt rows of the last run's first
+                                        admission (n_pre > 0), the rows its prefill ran; its
+                                        sequences otherwise (stats) */
     atomic_int busy;                 /* a run is in flight (the queue's engine thread, or a
                                         scoring call) */
     atomic_int cancel;               /* cancel of a lock-step run (scoring) requested */

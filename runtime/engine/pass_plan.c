@@ -20,7 +20,7 @@
 /* The chunk of prompt rows starting at s0 within the run [s0, end): up to the next multiple of
  * pf_seq (so a chunk never straddles a micro-batch where the KV homes need that, context.c). */
 static int32_t chunk_len(const flexdiag_context *c, int32_t s0, int32_t end) {
-    int32_t stop = (s0 / c->pf_seq + 1) * c->pf_seq;
+    int32_t stop = (s0 / c->geo.pf_seq + 1) * c->geo.pf_seq;
     return (stop < end ? stop : end) - s0;
 }
 
@@ -66,7 +66,7 @@ static void visit_rows(const run_state *r, int32_t s0, int32_t nb, int prefill,
     if (t < 0) t = 0, w = -1; /* no live sequence: any consistent rows */
     v->kv_prompt = lp;
     v->kv_ring = (int32_t)flexdiag__kvp_resident_rows(&c->pd.kp, t);
-    v->kv_w0 = c->blk_p + w;
+    v->kv_w0 = c->geo.blk_p + w;
     v->kv_wn = w >= 0 ? 1 : -1;
 }
 
@@ -96,9 +96,9 @@ void flexdiag__plan_prefill(run_state *r) {
 static void host_mbs(const run_state *r, int32_t *lo, int32_t *hi) {
     const flexdiag_context *c = r->c;
     *lo = *hi = r->n_mb;
-    if (!c->ca) return;
-    *lo = c->s_host / c->mb_seq;
-    *hi = *lo + (c->s_ca - c->s_host + c->mb_seq - 1) / c->mb_seq;
+    if (!c->homes.ca) return;
+    *lo = c->homes.s_host / c->geo.mb_seq;
+    *hi = *lo + (c->homes.s_ca - c->homes.s_host + c->geo.mb_seq - 1) / c->geo.mb_seq;
     if (*hi > r->n_mb) *hi = r->n_mb;
 }
 
@@ -114,7 +114,7 @@ void flexdiag__plan_decode(run_state *r) {
     const flexdiag_context *c = r->c;
     flexdiag_visit *mbv = r->mbv;
     int32_t layers = c->m->cfg.lm.layers, lo, hi;
-    int ahead = c->ca && c->sched->any_order;
+    int ahead = c->homes.ca && c->sched->any_order;
     r->plan = (flexdiag_pass_plan){.rows_per_seq = 1, .v = r->visits, .repeats = 1};
     host_mbs(r, &lo, &hi);
     for (int32_t mb = 0; mb < r->n_mb; mb++) {

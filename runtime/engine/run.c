@@ -61,7 +61,7 @@ static void slot_lists(const run_state *r, const flexdiag_visit *v, const flexdi
 
 /* Layer j's K (kv 0) or V (kv 1) store of the shared prompt rows. */
 static void *shared_rows(const flexdiag_context *c, int32_t j, int kv) {
-    return (char *)c->b.kv_pre + ((size_t)j * 2 + (size_t)kv) * (size_t)c->n_pre * c->pre_bytes;
+    return (char *)c->b.kv_pre + ((size_t)j * 2 + (size_t)kv) * (size_t)c->geo.n_pre * c->geo.pre_bytes;
 }
 
 /* Decode attention of sequences s0.. of layer j over the shared prompt rows. */
@@ -69,11 +69,11 @@ static void shared_args(const flexdiag_context *c, int32_t j, int32_t s0, flexdi
     a->prefix = c->b.prefix + s0;
     a->k_pre = shared_rows(c, j, 0);
     a->v_pre = shared_rows(c, j, 1);
-    a->n_pre = c->n_pre;
-    a->pre_cap = c->p_cap;
+    a->n_pre = c->geo.n_pre;
+    a->pre_cap = c->geo.p_cap;
     a->casc_seq = c->b.casc_seq + s0;
     a->casc_tile =
-        c->b.casc_tile + (size_t)(s0 / c->mb_seq) * 3 * flexdiag__casc_tiles(c, c->mb_seq);
+        c->b.casc_tile + (size_t)(s0 / c->geo.mb_seq) * 3 * flexdiag__casc_tiles(c, c->geo.mb_seq);
     a->n_casc_tiles = flexdiag__casc_tiles(c, a->n_seq);
 }
 
@@ -88,21 +88,21 @@ static flexdiag_status io_acquire(const run_state *r, const flexdiag_visit *v, i
     memset(io, 0, sizeof *io);
     io->t = prefill ? -1 : r->t[s0];
     io->a = (flexdiag_attn_args){.n_seq = nb, .h_q = l->heads, .h_kv = l->kv_heads,
-                                 .d_h = l->head_dim, .p_cap = c->p_cap, .ring = c->pd.ring,
+                                 .d_h = l->head_dim, .p_cap = c->geo.p_cap, .ring = c->pd.ring,
                                  .scale = 1.0f / sqrtf((float)l->head_dim), .lp = c->b.lp + s0,
                                  .rope_theta = l->rope_theta};
     int rope = l->pos_rows == 0; /* learned positions were added at the embedding */
     if (prefill) { /* r->pf_q rows a sequence: its block seen as pf_q prompt rows + the rest */
         io->a.pos = rope ? c->b.pos_pf : NULL;
         io->rows = c->b.rows_pf;
-        if (c->n_pre) io->a.ring = 0, io->a.lp = c->b.lp_pre + s0; /* prompt-only blocks */
-        io->a.ring += c->p_cap - r->pf_q;
+        if (c->geo.n_pre) io->a.ring = 0, io->a.lp = c->b.lp_pre + s0; /* prompt-only blocks */
+        io->a.ring += c->geo.p_cap - r->pf_q;
         io->a.p_cap = r->pf_q;
     } else {
         io->a.pos = rope ? c->b.pos + s0 : NULL;
-        io->a.p_cap = c->blk_p;
+        io->a.p_cap = c->geo.blk_p;
         io->rows = flexdiag__pd_attn(&c->pd, j, s0, flexdiag__pd_scores(&c->pd), &io->a);
-        if (c->n_pre) shared_args(c, j, s0, &io->a);
+        if (c->geo.n_pre) shared_args(c, j, s0, &io->a);
     }
     io->mem = (flexdiag_sched_io){.layer = j, .s0 = s0, .n_seq = nb,
                                   .rows_per_seq = prefill ? r->pf_q : 1,
@@ -111,9 +111,9 @@ static flexdiag_status io_acquire(const run_state *r, const flexdiag_visit *v, i
                                   .host_attend = v->host_attend};
     if (!prefill) slot_lists(r, v, &io->a, &io->mem);
     FLEXDIAG_TRY(flexdiag__sched_acquire(c->sched, &io->mem));
-    if (prefill && c->n_pre) { /* the prefill of shared prompt rows s0.. writes their store */
-        io->mem.k = (char *)shared_rows(c, j, 0) + (size_t)s0 * c->pre_bytes;
-        io->mem.v = (char *)shared_rows(c, j, 1) + (size_t)s0 * c->pre_bytes;
+    if (prefill && c->geo.n_pre) { /* the prefill of shared prompt rows s0.. writes their store */
+        io->mem.k = (char *)shared_rows(c, j, 0) + (size_t)s0 * c->geo.pre_bytes;
+        io->mem.v = (char *)shared_rows(c, j, 1) + (size_t)s0 * c->geo.pre_bytes;
     }
     io->w = flexdiag__layer_view(&c->m->w, io->mem.weights, io->mem.weights_res,
                                  io->mem.res_bytes);
@@ -128,7 +128,7 @@ static flexdiag_status io_release(const run_state *r, const flexdiag_layer_io *i
  * acquires and queues the first half of a host-attended decode forward (its I/O held until the
  * FINISH), a FINISH the second half, then releases. */
 static flexdiag_status run_visit(const run_state *r, const flexdiag_visit *v, int prefill) {
-    flexdiag_layer_io io, *held = r->held ? &r->held[v->s0 / r->c->mb_seq] : NULL;
+    flexdiag_layer_io io, *held = r->held ? &r->held[v->s0 / r->c->geo.mb_seq] : NULL;
     switch (v->op) {
     case FLEXDIAG_VISIT_SEND:
         FLEXDIAG_TRY(io_acquire(r, v, 0, held));
@@ -161,7 +161,7 @@ static flexdiag_status embed_chunk(const run_state *r, int32_t s0, int32_t nb, v
 static flexdiag_status each_fresh_run(const run_state *r,
                                       flexdiag_status (*fn)(const run_state *, int32_t,
                                                             int32_t)) {
-    int32_t rows = r->c->rows_per_img;
+    int32_t rows = r->c->geo.rows_per_img;
     for (int32_t i = 0, e; i < r->n_img; i = e) {
         for (e = i + 1; e < r->n_img && r->slot[e].fresh == r->slot[i].fresh; e++) {}
         if (r->slot[i].fresh) FLEXDIAG_TRY(fn(r, i * rows, (e - i) * rows));
@@ -175,7 +175,7 @@ static flexdiag_status gather_last(const run_state *r, int32_t s0, int32_t nb) {
     const flexdiag_context *c = r->c;
     size_t d = (size_t)c->m->cfg.lm.hidden;
     void *xl = (char *)c->b.xl + (size_t)s0 * d * r->act;
-    if (c->n_pre) return r->k->gather_rows(xl, c->b.xl_pre, c->b.prefix + s0, nb, (int64_t)d, r->s);
+    if (c->geo.n_pre) return r->k->gather_rows(xl, c->b.xl_pre, c->b.prefix + s0, nb, (int64_t)d, r->s);
     return r->k->gather_rows(xl, c->b.x, c->b.last + s0, nb, (int64_t)d, r->s);
 }
 
@@ -184,7 +184,7 @@ static flexdiag_status head_run(const run_state *r, int32_t s0, int32_t nb) {
     const flexdiag_context *c = r->c;
     size_t d = (size_t)c->m->cfg.lm.hidden;
     for (int32_t q = s0, n; q < s0 + nb; q += n) {
-        n = s0 + nb - q < c->mb_seq ? s0 + nb - q : c->mb_seq;
+        n = s0 + nb - q < c->geo.mb_seq ? s0 + nb - q : c->geo.mb_seq;
         FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.xl + (size_t)q * d * r->act, q, n));
     }
     return FLEXDIAG_OK;
@@ -211,7 +211,7 @@ flexdiag_status flexdiag__pass_prefill(run_state *r) {
         if (i + 1 == n || v[i + 1].layer != v[i].layer)
             FLEXDIAG_TRY(progress(r, 0, (uint64_t)v[i].layer + 1, (uint64_t)l->layers));
     }
-    if (r->c->n_pre) FLEXDIAG_TRY(flexdiag__each_chunk(r, keep_pre_last, NULL));
+    if (r->c->geo.n_pre) FLEXDIAG_TRY(flexdiag__each_chunk(r, keep_pre_last, NULL));
     FLEXDIAG_TRY(each_fresh_run(r, gather_last));
     FLEXDIAG_TRY(each_fresh_run(r, head_run));
     return flexdiag__take_step_output(r, 1);
@@ -237,7 +237,7 @@ static flexdiag_status step_body(const run_state *r) {
 /* Graphs need the backend's support, a step without host-side captures or profiling, and a
  * scheduler whose calls are address arithmetic (the tiered one queues copies and may wait). */
 static int use_graph(const run_state *r) {
-    return r->k->graph_begin && !r->c->graphs_off && !r->split && !r->b->hidden &&
+    return r->k->graph_begin && !r->c->graphs.off && !r->split && !r->b->hidden &&
            !r->b->attn_out && r->c->sched->ops->graph_safe;
 }
 
@@ -247,13 +247,13 @@ static int use_graph(const run_state *r) {
  * autotunes) its GEMM plans there; nothing may synchronise the host while recording. */
 static flexdiag_status step_body_graph(const run_state *r, int scores) {
     flexdiag_context *c = r->c;
-    void **g = &c->graph[scores];
-    if (*g && c->graph_seq[scores] != r->n_seq) {
+    void **g = &c->graphs.step[scores];
+    if (*g && c->graphs.seq[scores] != r->n_seq) {
         r->k->graph_destroy(*g);
         *g = NULL;
     }
-    if (!*g && c->eager_seq != r->n_seq) {
-        c->eager_seq = r->n_seq;
+    if (!*g && c->graphs.eager_seq != r->n_seq) {
+        c->graphs.eager_seq = r->n_seq;
         return step_body(r);
     }
     if (!*g) {
@@ -266,11 +266,11 @@ static flexdiag_status step_body_graph(const run_state *r, int scores) {
             FLEXDIAG_WARN("decode-step graph not recorded (%s): launching op by op",
                           flexdiag__err_msg());
             flexdiag__err_clear();
-            c->graphs_off = 1;
+            c->graphs.off = 1;
             return step_body(r);
         }
         *g = ng;
-        c->graph_seq[scores] = r->n_seq;
+        c->graphs.seq[scores] = r->n_seq;
     }
     return r->k->graph_launch(*g, r->s);
 }
@@ -279,15 +279,15 @@ static flexdiag_status step_body_graph(const run_state *r, int scores) {
 static flexdiag_status upload_positions(run_state *r) {
     flexdiag_context *c = r->c;
     for (int32_t s = 0; s < r->n_seq; s++)
-        if (r->t[s] >= 0) c->h_pos[s] = r->lp[s] + r->t[s];
-    return r->k->copy_h2d(c->b.pos, c->h_pos, (size_t)r->n_seq * 4, r->s);
+        if (r->t[s] >= 0) c->up.pos[s] = r->lp[s] + r->t[s];
+    return r->k->copy_h2d(c->b.pos, c->up.pos, (size_t)r->n_seq * 4, r->s);
 }
 
 static flexdiag_status decode_pass(run_state *r) {
     flexdiag_context *c = r->c;
     FLEXDIAG_TRY(cancelled(r));
     FLEXDIAG_TRY(upload_positions(r));
-    r->pr = (flexdiag_pd_run){.n_seq = r->n_seq, .mb_seq = c->mb_seq, .n_mb = r->n_mb,
+    r->pr = (flexdiag_pd_run){.n_seq = r->n_seq, .mb_seq = c->geo.mb_seq, .n_mb = r->n_mb,
                               .t = r->t, .plan_out = r->b->plan_out, .plan_t = r->t[0]};
     double t0 = flexdiag__prof_begin(r);
     FLEXDIAG_TRY(flexdiag__pd_plan(&c->pd, &r->pr, r->s));

@@ -54,12 +54,12 @@ typedef struct run_state {
     int32_t live;            /* slots holding a job */
     int32_t *ids_h;          /* (S, p_cap) host prompt table, by sequence or shared row */
     int32_t *last;           /* (S) gather index of each sequence's last prompt row in x */
-    int32_t *prefix;         /* (S) shared prompt row of each sequence (c->n_pre > 0) */
+    int32_t *prefix;         /* (S) shared prompt row of each sequence (c->geo.n_pre > 0) */
     int32_t *pre_lp;         /* (n_pre) length of each shared prompt row, 0: free */
     int32_t *pre_ref;        /* (n_pre) sequences reading it */
     int32_t *pre_last;       /* (n_pre) gather index of its last row in x */
     int32_t *pf;             /* rows the boundary's prefill runs: sequences, or shared prompt
-                                rows (c->n_pre > 0), ascending */
+                                rows (c->geo.n_pre > 0), ascending */
     int32_t n_pf;            /* how many */
     int32_t pf_q;            /* prompt rows each of them runs: their longest prompt rounded up
                                 to PF_ROUND (<= p_cap), the stride of x and ids_in in the pass */
@@ -112,7 +112,7 @@ static inline flexdiag_status flexdiag__prof_end(const run_state *r, int cat, do
 
 /* Sequences of micro-batch mb in this run: first *s0, count returned. */
 static inline int32_t flexdiag__mb_range(const run_state *r, int32_t mb, int32_t *s0) {
-    int32_t per = r->c->mb_seq, left = r->n_seq - mb * per;
+    int32_t per = r->c->geo.mb_seq, left = r->n_seq - mb * per;
     *s0 = mb * per;
     return left < per ? left : per;
 }
@@ -122,8 +122,8 @@ static inline int32_t flexdiag__mb_range(const run_state *r, int32_t mb, int32_t
 /* Visits a run's plans may hold: a prefill chunk per admitted row and layer at most, a decode
  * pass two visits per micro-batch and layer. */
 static inline size_t flexdiag__plan_cap(const flexdiag_context *c) {
-    size_t rows = (size_t)(c->n_seq > c->n_pre ? c->n_seq : c->n_pre);
-    return (size_t)c->m->cfg.lm.layers * (rows + 2 * (size_t)c->n_mb);
+    size_t rows = (size_t)(c->geo.n_seq > c->geo.n_pre ? c->geo.n_seq : c->geo.n_pre);
+    return (size_t)c->m->cfg.lm.layers * (rows + 2 * (size_t)c->geo.n_mb);
 }
 /* Calls fn(r, s0, nb, arg) for every prefill chunk of the rows r->pf (runs of consecutive rows,
  * cut where a chunk would straddle pf_seq). */

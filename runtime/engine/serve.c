@@ -45,18 +45,18 @@ static void run_free(run_state *r) {
  * slot's rows in a pass compute finite values nobody reads). */
 static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdiag_feed *f,
                                  const flexdiag_block *b) {
-    size_t S = (size_t)c->n_seq, P = (size_t)c->n_pre, rows = S > P ? S : P;
+    size_t S = (size_t)c->geo.n_seq, P = (size_t)c->geo.n_pre, rows = S > P ? S : P;
     *r = (run_state){.c = c, .b = b, .f = f, .k = c->m->rt->k, .s = c->s,
                      .abort = b == &no_block ? NULL : &c->cancel,
                      .progress = b == &no_block ? c->p.progress : b->progress,
                      .progress_user = b == &no_block ? c->p.progress_user : b->progress_user,
                      .act = (size_t)c->m->rt->k->act_bytes};
     r->lp = malloc((S * 4 + P * 3 + rows) * 4);
-    r->slot = calloc((size_t)c->n_img, sizeof *r->slot);
-    r->ids_h = calloc((2 * rows + 2) * (size_t)c->p_cap, 4);
-    if (c->ca) r->held = malloc((size_t)c->n_mb * sizeof *r->held);
-    r->visits = malloc((flexdiag__plan_cap(c) + (size_t)c->n_mb) * sizeof *r->visits);
-    if (!r->lp || !r->slot || !r->ids_h || (c->ca && !r->held) || !r->visits) {
+    r->slot = calloc((size_t)c->geo.n_img, sizeof *r->slot);
+    r->ids_h = calloc((2 * rows + 2) * (size_t)c->geo.p_cap, 4);
+    if (c->homes.ca) r->held = malloc((size_t)c->geo.n_mb * sizeof *r->held);
+    r->visits = malloc((flexdiag__plan_cap(c) + (size_t)c->geo.n_mb) * sizeof *r->visits);
+    if (!r->lp || !r->slot || !r->ids_h || (c->homes.ca && !r->held) || !r->visits) {
         run_free(r);
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "run: no host memory");
     }
@@ -68,13 +68,13 @@ static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdi
     r->pre_ref = r->pre_lp + P;
     r->pre_last = r->pre_ref + P;
     r->pf = r->pre_last + P;
-    r->row_tmp = r->ids_h + rows * (size_t)c->p_cap;
-    r->ids_pack = r->row_tmp + 2 * (size_t)c->p_cap;
+    r->row_tmp = r->ids_h + rows * (size_t)c->geo.p_cap;
+    r->ids_pack = r->row_tmp + 2 * (size_t)c->geo.p_cap;
     const char *env = getenv("FLEXDIAG_ADMIT_IDLE");
-    r->admit_idle = (int64_t)((env ? atof(env) : ADMIT_IDLE) * (double)c->n_img);
+    r->admit_idle = (int64_t)((env ? atof(env) : ADMIT_IDLE) * (double)c->geo.n_img);
     for (size_t s = 0; s < S; s++) r->lp[s] = 1, r->t[s] = -1, r->last[s] = 0, r->prefix[s] = 0;
     for (size_t p = 0; p < P; p++) r->pre_lp[p] = 0, r->pre_ref[p] = 0, r->pre_last[p] = 0;
-    memset(c->h_pos, 0, S * 4);
+    memset(c->up.pos, 0, S * 4);
     return FLEXDIAG_OK;
 }
 
@@ -85,15 +85,15 @@ static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdi
 static flexdiag_status check_job(const flexdiag_context *c, const flexdiag_job *j) {
     const flexdiag_model_config *m = &c->m->cfg;
     long long img = (long long)j->img;
-    if (j->n_steps < 1 || j->n_steps > c->l_dec)
+    if (j->n_steps < 1 || j->n_steps > c->geo.l_dec)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "image %lld: %d tokens requested, 1..%d allowed", img, j->n_steps,
-                             c->l_dec);
-    if (!j->prompt || j->prompt_len < 1 || j->prompt_len > c->p_cap)
+                             c->geo.l_dec);
+    if (!j->prompt || j->prompt_len < 1 || j->prompt_len > c->geo.p_cap)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "prompt of image %lld has %d tokens; the context allows 1..%d (raise "
                              "the maximum prompt length)",
-                             img, j->prompt_len, c->p_cap);
+                             img, j->prompt_len, c->geo.p_cap);
     for (int32_t i = 0; i < j->prompt_len; i++)
         if (j->prompt[i] < 0 || j->prompt[i] >= m->lm.vocab)
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
@@ -101,7 +101,7 @@ static flexdiag_status check_job(const flexdiag_context *c, const flexdiag_job *
                                  "vocabulary [0, %d)",
                                  img, i, j->prompt[i], m->lm.vocab);
     const int32_t *p = j->prompt, n = j->prompt_len;
-    if (c->row_len &&
+    if (c->geo.row_len &&
         (n < 4 || p[n - 3] != m->boi_id || p[n - 2] != m->size_id || p[n - 1] != m->size_id))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "prompt of image %lld: a Lumina-mGPT image prompt ends with the image "
@@ -109,10 +109,10 @@ static flexdiag_status check_job(const flexdiag_context *c, const flexdiag_job *
                              "text token (text prompts get them added)",
                              img, m->boi_id, m->size_id);
     for (int32_t i = 0; j->forced && i < j->n_steps; i++)
-        if (j->forced[i] < 0 || j->forced[i] >= c->vocab_in)
+        if (j->forced[i] < 0 || j->forced[i] >= c->geo.vocab_in)
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                                  "image %lld: forced token %d is id %d, outside [0, %d)", img, i,
-                                 j->forced[i], c->vocab_in);
+                                 j->forced[i], c->geo.vocab_in);
     const flexdiag_sample_params *sp = &j->sp;
     if (!j->forced && (!(sp->temperature > 0) || !isfinite(sp->temperature) || sp->top_k < 0 ||
                        !(sp->top_p > 0) || !isfinite(j->cfg_weight)))
@@ -144,7 +144,7 @@ static int32_t uncond_row(const flexdiag_model_config *m, const int32_t *cond, i
  * returns its length. */
 static int32_t prompt_row(const flexdiag_context *c, const flexdiag_job *j, int32_t q,
                           int32_t *row) {
-    memset(row, 0, (size_t)c->p_cap * 4);
+    memset(row, 0, (size_t)c->geo.p_cap * 4);
     if (q == 0) {
         memcpy(row, j->prompt, (size_t)j->prompt_len * 4);
         return j->prompt_len;
@@ -157,17 +157,17 @@ static int32_t prompt_row(const flexdiag_context *c, const flexdiag_job *j, int3
 /* The live shared prompt row holding ids (p_cap, length n), or -1. */
 static int32_t find_pre(const run_state *r, const int32_t *ids, int32_t n) {
     const flexdiag_context *c = r->c;
-    size_t row = (size_t)c->p_cap * 4;
-    for (int32_t p = 0; p < c->n_pre; p++)
+    size_t row = (size_t)c->geo.p_cap * 4;
+    for (int32_t p = 0; p < c->geo.n_pre; p++)
         if (r->pre_ref[p] > 0 && r->pre_lp[p] == n &&
-            !memcmp(r->ids_h + (size_t)p * (size_t)c->p_cap, ids, row))
+            !memcmp(r->ids_h + (size_t)p * (size_t)c->geo.p_cap, ids, row))
             return p;
     return -1;
 }
 
 /* A shared prompt row no sequence reads and no admission of this boundary took, or -1. */
 static int32_t free_pre(const run_state *r) {
-    for (int32_t p = 0; p < r->c->n_pre; p++)
+    for (int32_t p = 0; p < r->c->geo.n_pre; p++)
         if (r->pre_ref[p] == 0) return p;
     return -1;
 }
@@ -178,23 +178,23 @@ static int32_t free_pre(const run_state *r) {
 static int take_pre(run_state *r, int32_t i, const int32_t *rows, const int32_t *n) {
     flexdiag_context *c = r->c;
     int32_t got[2], fresh_rows = 0, q;
-    for (q = 0; q < c->rows_per_img; q++) {
-        const int32_t *ids = rows + (size_t)q * (size_t)c->p_cap;
+    for (q = 0; q < c->geo.rows_per_img; q++) {
+        const int32_t *ids = rows + (size_t)q * (size_t)c->geo.p_cap;
         got[q] = find_pre(r, ids, n[q]);
         if (got[q] < 0 && q == 1 && n[1] == n[0] &&
-            !memcmp(ids, rows, (size_t)c->p_cap * 4))
+            !memcmp(ids, rows, (size_t)c->geo.p_cap * 4))
             got[q] = -2; /* the same as row 0 */
         if (got[q] == -1) fresh_rows++;
     }
     int32_t n_free = 0;
-    for (int32_t p = 0; p < c->n_pre; p++) n_free += r->pre_ref[p] == 0;
+    for (int32_t p = 0; p < c->geo.n_pre; p++) n_free += r->pre_ref[p] == 0;
     if (n_free < fresh_rows) return 0;
-    for (q = 0; q < c->rows_per_img; q++) {
-        int32_t p = got[q] == -2 ? got[0] : got[q], s = i * c->rows_per_img + q;
+    for (q = 0; q < c->geo.rows_per_img; q++) {
+        int32_t p = got[q] == -2 ? got[0] : got[q], s = i * c->geo.rows_per_img + q;
         if (p < 0) {
             p = free_pre(r);
-            memcpy(r->ids_h + (size_t)p * (size_t)c->p_cap, rows + (size_t)q * (size_t)c->p_cap,
-                   (size_t)c->p_cap * 4);
+            memcpy(r->ids_h + (size_t)p * (size_t)c->geo.p_cap, rows + (size_t)q * (size_t)c->geo.p_cap,
+                   (size_t)c->geo.p_cap * 4);
             r->pre_lp[p] = n[q];
             r->pf[r->n_pf++] = p;
         }
@@ -211,14 +211,14 @@ static int take_pre(run_state *r, int32_t i, const int32_t *rows, const int32_t 
  * rows: 0 when too few are free), its policy state reset. */
 static int admit_one(run_state *r, int32_t i, const flexdiag_job *j) {
     flexdiag_context *c = r->c;
-    int32_t n[2], R = c->rows_per_img;
-    int32_t *dst = c->n_pre ? r->row_tmp : r->ids_h + (size_t)i * (size_t)R * (size_t)c->p_cap;
-    for (int32_t q = 0; q < R; q++) n[q] = prompt_row(c, j, q, dst + (size_t)q * (size_t)c->p_cap);
-    if (c->n_pre && !take_pre(r, i, dst, n)) return 0;
+    int32_t n[2], R = c->geo.rows_per_img;
+    int32_t *dst = c->geo.n_pre ? r->row_tmp : r->ids_h + (size_t)i * (size_t)R * (size_t)c->geo.p_cap;
+    for (int32_t q = 0; q < R; q++) n[q] = prompt_row(c, j, q, dst + (size_t)q * (size_t)c->geo.p_cap);
+    if (c->geo.n_pre && !take_pre(r, i, dst, n)) return 0;
     for (int32_t q = 0; q < R; q++) {
         int32_t s = i * R + q;
         r->lp[s] = n[q];
-        if (!c->n_pre) r->pf[r->n_pf++] = s;
+        if (!c->geo.n_pre) r->pf[r->n_pf++] = s;
     }
     flexdiag__pd_admit(&c->pd, i * R, R);
     r->slot[i] = (run_slot){.job = *j, .live = 1, .fresh = 1};
@@ -239,7 +239,7 @@ static int32_t admit(run_state *r) {
     int32_t n = 0;
     r->n_pf = 0;
     if (f->lockstep && r->live) return 0;
-    for (int32_t i = 0; i < r->c->n_img; i++) {
+    for (int32_t i = 0; i < r->c->geo.n_img; i++) {
         if (r->slot[i].live) continue;
         const flexdiag_job *j;
         flexdiag_status st;
@@ -265,12 +265,12 @@ static int32_t admit(run_state *r) {
 static void kv_stats(const run_state *r) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
-    double lp = r->lp[0], n = (double)r->c->n_seq;
-    double prompt = c->n_pre && c->n_pf > 0 ? lp * c->n_pf / n : lp;
+    double lp = r->lp[0], n = (double)r->c->geo.n_seq;
+    double prompt = c->geo.n_pre && c->n_pf > 0 ? lp * c->n_pf / n : lp;
     c->stats.evictions = flexdiag__pd_evictions(&c->pd);
     c->stats.kv_bytes_per_seq =
         (uint64_t)((double)l->layers * 2 * l->kv_heads * l->head_dim * (double)r->act *
-                   (prompt + (double)flexdiag__kvp_resident_rows(&c->pd.kp, c->l_dec - 1)));
+                   (prompt + (double)flexdiag__kvp_resident_rows(&c->pd.kp, c->geo.l_dec - 1)));
 }
 
 /* Slot i's job ends with st (msg: why, "" for OK): handed back, its rows free (their shared
@@ -279,12 +279,12 @@ static void retire(run_state *r, int32_t i, flexdiag_status st, const char *msg)
     flexdiag_context *c = r->c;
     run_slot *sl = &r->slot[i];
     int32_t made = sl->made < 0 ? 0 : sl->made;
-    for (int32_t q = 0; q < c->rows_per_img; q++) {
-        int32_t s = i * c->rows_per_img + q;
+    for (int32_t q = 0; q < c->geo.rows_per_img; q++) {
+        int32_t s = i * c->geo.rows_per_img + q;
         r->t[s] = -1;
-        if (c->n_pre) r->pre_ref[r->prefix[s]]--;
+        if (c->geo.n_pre) r->pre_ref[r->prefix[s]]--;
     }
-    c->stats.tokens_generated += (uint64_t)made * (uint64_t)c->rows_per_img;
+    c->stats.tokens_generated += (uint64_t)made * (uint64_t)c->geo.rows_per_img;
     sl->live = sl->fresh = 0;
     r->live--;
     r->f->done(r->f->user, &sl->job, made, st, msg);
@@ -305,8 +305,8 @@ static flexdiag_status after_pass(run_state *r, int fresh) {
             continue;
         }
         sl->fresh = 0;
-        for (int32_t q = 0; q < r->c->rows_per_img; q++)
-            r->t[i * r->c->rows_per_img + q] = sl->made - 1;
+        for (int32_t q = 0; q < r->c->geo.rows_per_img; q++)
+            r->t[i * r->c->geo.rows_per_img + q] = sl->made - 1;
         if (f->token) f->token(f->user, &sl->job, sl->made - 1);
         int32_t last = sl->job.tokens[sl->made - 1];
         if (sl->made == sl->job.n_steps || (sl->job.eos >= 0 && last == sl->job.eos))
@@ -317,7 +317,7 @@ static flexdiag_status after_pass(run_state *r, int fresh) {
 
 /* Jobs whose cancel flag is up retire (CANCELLED) before the next pass. */
 static void retire_cancelled(run_state *r) {
-    for (int32_t i = 0; i < r->c->n_img; i++)
+    for (int32_t i = 0; i < r->c->geo.n_img; i++)
         if (r->slot[i].live && r->slot[i].job.cancel && atomic_load(r->slot[i].job.cancel))
             retire(r, i, FLEXDIAG_ERR_CANCELLED, "cancelled");
 }
@@ -326,12 +326,12 @@ static void retire_cancelled(run_state *r) {
 static void pass_width(run_state *r, int32_t granule) {
     const flexdiag_context *c = r->c;
     int32_t end = 0;
-    for (int32_t i = 0; i < c->n_img; i++)
+    for (int32_t i = 0; i < c->geo.n_img; i++)
         if (r->slot[i].live) end = i + 1;
     end = (end + granule - 1) / granule * granule;
-    r->n_img = end < c->n_img ? end : c->n_img;
-    r->n_seq = r->n_img * c->rows_per_img;
-    r->n_mb = (r->n_img + c->mb_img - 1) / c->mb_img;
+    r->n_img = end < c->geo.n_img ? end : c->geo.n_img;
+    r->n_seq = r->n_img * c->geo.rows_per_img;
+    r->n_mb = (r->n_img + c->geo.mb_img - 1) / c->geo.mb_img;
 }
 
 /* ---- uploads of an admission ---- */
@@ -340,19 +340,19 @@ static void pass_width(run_state *r, int32_t granule) {
 static flexdiag_status upload_cascade(run_state *r) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
-    int32_t cap = flexdiag__casc_tiles(c, c->mb_seq), g = l->heads / l->kv_heads;
-    int32_t *seq = malloc((size_t)c->n_seq * 4), *tile = calloc((size_t)c->n_mb * cap * 3 + 3, 4);
+    int32_t cap = flexdiag__casc_tiles(c, c->geo.mb_seq), g = l->heads / l->kv_heads;
+    int32_t *seq = malloc((size_t)c->geo.n_seq * 4), *tile = calloc((size_t)c->geo.n_mb * cap * 3 + 3, 4);
     flexdiag_status st = seq && tile ? FLEXDIAG_OK
                                      : flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
                                                      "prompts: no host memory");
-    for (int32_t s0 = 0; st == FLEXDIAG_OK && s0 < c->n_seq; s0 += c->mb_seq) {
-        int32_t nb = c->n_seq - s0 < c->mb_seq ? c->n_seq - s0 : c->mb_seq;
-        flexdiag__cascade_plan(r->prefix + s0, nb, c->n_pre, g, seq + s0,
-                               tile + (size_t)(s0 / c->mb_seq) * 3 * cap);
+    for (int32_t s0 = 0; st == FLEXDIAG_OK && s0 < c->geo.n_seq; s0 += c->geo.mb_seq) {
+        int32_t nb = c->geo.n_seq - s0 < c->geo.mb_seq ? c->geo.n_seq - s0 : c->geo.mb_seq;
+        flexdiag__cascade_plan(r->prefix + s0, nb, c->geo.n_pre, g, seq + s0,
+                               tile + (size_t)(s0 / c->geo.mb_seq) * 3 * cap);
     }
-    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.casc_seq, seq, (size_t)c->n_seq * 4, r->s);
+    if (st == FLEXDIAG_OK) st = r->k->copy_h2d(c->b.casc_seq, seq, (size_t)c->geo.n_seq * 4, r->s);
     if (st == FLEXDIAG_OK && cap > 0)
-        st = r->k->copy_h2d(c->b.casc_tile, tile, (size_t)c->n_mb * cap * 12, r->s);
+        st = r->k->copy_h2d(c->b.casc_tile, tile, (size_t)c->geo.n_mb * cap * 12, r->s);
     if (st == FLEXDIAG_OK) st = r->k->stream_sync(r->s); /* the host arrays are freed */
     free(seq);
     free(tile);
@@ -366,22 +366,22 @@ static int32_t pass_rows(const run_state *r) {
     const flexdiag_context *c = r->c;
     int32_t q = 1;
     for (int32_t i = 0; i < r->n_pf; i++) {
-        int32_t n = c->n_pre ? r->pre_lp[r->pf[i]] : r->lp[r->pf[i]];
+        int32_t n = c->geo.n_pre ? r->pre_lp[r->pf[i]] : r->lp[r->pf[i]];
         q = n > q ? n : q;
     }
     q = (q + PF_ROUND - 1) / PF_ROUND * PF_ROUND;
-    return q < c->p_cap ? q : c->p_cap;
+    return q < c->geo.p_cap ? q : c->geo.p_cap;
 }
 
 /* The prompt table of the prefill rows packed pf_q ids a row (row p at p·pf_q, as x holds them
  * in the pass), and each fresh sequence's (or prompt row's) last row there. */
 static void pack_rows(run_state *r) {
     const flexdiag_context *c = r->c;
-    size_t q = (size_t)r->pf_q, cap = (size_t)c->p_cap;
+    size_t q = (size_t)r->pf_q, cap = (size_t)c->geo.p_cap;
     for (int32_t i = 0; i < r->n_pf; i++) {
         size_t p = (size_t)r->pf[i];
         memcpy(r->ids_pack + p * q, r->ids_h + p * cap, q * 4);
-        if (c->n_pre) r->pre_last[p] = (int32_t)(p * q) + r->pre_lp[p] - 1;
+        if (c->geo.n_pre) r->pre_last[p] = (int32_t)(p * q) + r->pre_lp[p] - 1;
         else r->last[p] = (int32_t)(p * q) + r->lp[p] - 1;
     }
 }
@@ -390,14 +390,14 @@ static void pack_rows(run_state *r) {
  * the rows' ids, lengths and last rows, each sequence's row and the cascade plans). */
 static flexdiag_status upload_admission(run_state *r) {
     flexdiag_context *c = r->c;
-    size_t S = (size_t)c->n_seq, P = (size_t)c->n_pre, rows = c->n_pre ? P : S;
+    size_t S = (size_t)c->geo.n_seq, P = (size_t)c->geo.n_pre, rows = c->geo.n_pre ? P : S;
     r->pf_q = pass_rows(r);
     pack_rows(r);
     FLEXDIAG_TRY(flexdiag__context_pf_tables(c, r->pf_q));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.ids_in, r->ids_pack, rows * (size_t)r->pf_q * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.lp, r->lp, S * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.last, r->last, S * 4, r->s));
-    if (!c->n_pre) return FLEXDIAG_OK;
+    if (!c->geo.n_pre) return FLEXDIAG_OK;
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.prefix, r->prefix, S * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.lp_pre, r->pre_lp, P * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.last_pre, r->pre_last, P * 4, r->s));
@@ -461,13 +461,13 @@ static flexdiag_status decode(run_state *r, int32_t granule) {
     r->split = NULL;
     FLEXDIAG_TRY(pass_progress(r));
     FLEXDIAG_TRY(after_pass(r, 0));
-    if (r->live < c->n_img && r->f->peek(r->f->user)) r->idle += c->n_img - r->live;
+    if (r->live < c->geo.n_img && r->f->peek(r->f->user)) r->idle += c->geo.n_img - r->live;
     return FLEXDIAG_OK;
 }
 
 /* Every live job fails with st and msg (the run is over). */
 static void fail_live(run_state *r, flexdiag_status st, const char *msg) {
-    for (int32_t i = 0; i < r->c->n_img; i++)
+    for (int32_t i = 0; i < r->c->geo.n_img; i++)
         if (r->slot[i].live) retire(r, i, st, msg);
 }
 
@@ -497,7 +497,7 @@ static flexdiag_status serve(flexdiag_context *c, const flexdiag_feed *f, const 
 }
 
 flexdiag_status flexdiag__engine_serve(flexdiag_context *c, const flexdiag_feed *f) {
-    return serve(c, f, &no_block, (c->n_img + 7) / 8);
+    return serve(c, f, &no_block, (c->geo.n_img + 7) / 8);
 }
 
 void flexdiag__context_take(flexdiag_context *c) {
@@ -549,13 +549,13 @@ static void block_done(void *user, const flexdiag_job *job, int32_t n, flexdiag_
  * distinct prompt rows fit the context's shared ones (all its images run at once). */
 static flexdiag_status check_block(const flexdiag_context *c, const flexdiag_block *b) {
     const flexdiag_model_config *m = &c->m->cfg;
-    if (b->n_img < 1 || b->n_img > c->n_img)
+    if (b->n_img < 1 || b->n_img > c->geo.n_img)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "%d images requested, context holds 1..%d",
-                             b->n_img, c->n_img);
-    if ((b->hidden && (int64_t)b->n_hidden_pos * m->lm.hidden > (int64_t)c->n_seq * c->vocab_out) ||
-        (b->attn_out && (int64_t)m->lm.heads * m->lm.head_dim > (int64_t)c->n_seq * c->vocab_out))
+                             b->n_img, c->geo.n_img);
+    if ((b->hidden && (int64_t)b->n_hidden_pos * m->lm.hidden > (int64_t)c->geo.n_seq * c->geo.vocab_out) ||
+        (b->attn_out && (int64_t)m->lm.heads * m->lm.head_dim > (int64_t)c->geo.n_seq * c->geo.vocab_out))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "captures do not fit the scratch buffer");
-    if (!c->n_pre) return FLEXDIAG_OK;
+    if (!c->geo.n_pre) return FLEXDIAG_OK;
     int32_t distinct = 0; /* prompts (each rows_per_img rows; identical unconditional rows of
                              one length counted apart: an upper bound) */
     for (int32_t i = 0; i < b->n_img; i++) {
@@ -565,13 +565,13 @@ static flexdiag_status check_block(const flexdiag_context *c, const flexdiag_blo
             u++;
         distinct += u == i;
     }
-    if ((int64_t)distinct * c->rows_per_img <= c->n_pre) return FLEXDIAG_OK;
+    if ((int64_t)distinct * c->geo.rows_per_img <= c->geo.n_pre) return FLEXDIAG_OK;
     return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                          "the block's images have more distinct prompt rows than the %d the "
                          "context shares (context_params.images_per_prompt %d): give the images "
                          "of one prompt side by side, or a smaller "
                          "context_params.images_per_prompt",
-                         c->n_pre, c->p.images_per_prompt);
+                         c->geo.n_pre, c->p.images_per_prompt);
 }
 
 flexdiag_status flexdiag__engine_run(flexdiag_context *c, const flexdiag_block *b) {

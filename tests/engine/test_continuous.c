@@ -206,7 +206,7 @@ static void check_jobs(flexdiag_model *m, const tconf *tc, flexdiag_policy_kind 
 /* A disk KV home reads ahead what the pass plans name next: every disk visit but the first of
  * a pass that follows an admission's prefill finds its rows on their way. */
 static void check_read_ahead(const flexdiag_context *c) {
-    if (c->s_disk >= c->n_seq) return;
+    if (c->homes.s_disk >= c->geo.n_seq) return;
     flexdiag_sched_stats st;
     c->sched->ops->stats(c->sched, &st);
     assert_true(st.kv_disk_gets > 0);
@@ -223,10 +223,10 @@ static void run_conf(const tconf *tc, flexdiag_policy_kind kind, int text_eos) {
     open_model(tc, &rt, &m, &dir);
     tfeed f = {.n = N_JOBS};
     flexdiag_context *c = open_context(m, tc, tc->slots, kind, &f);
-    int32_t V = c->vocab_out;
+    int32_t V = c->geo.vocab_out;
     tjob *j = calloc(N_JOBS, sizeof *j);
     assert_non_null(j);
-    make_jobs(j, c->l_dec, V);
+    make_jobs(j, c->geo.l_dec, V);
     if (text_eos) { /* job 1 ends at the id its run alone makes at step 9 */
         int32_t ref[MAX_STEPS];
         float *lref = calloc((size_t)MAX_STEPS * (size_t)V, 4);

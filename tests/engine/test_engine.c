@@ -319,7 +319,7 @@ static void test_prefill_chunks(void **state) {
         if (i >= 3) c->p.kv_pct[2] = 100; /* one micro-batch, on disk */
         c->pf_tokens = caps[i];
         assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
-        assert_int_equal(c->pf_seq, want_seq[i]);
+        assert_int_equal(c->geo.pf_seq, want_seq[i]);
         int32_t p0[6] = {256, 259, 'a', 'b', 260, 261}, p1[4] = {256, 259, 'z', 261};
         int32_t np[2] = {6, 4}, forced[2 * 64], tok[2 * 64];
         const int32_t *pp[2] = {p0, p1};
@@ -351,7 +351,7 @@ static float *shared_run(flexdiag_model *m, flexdiag_policy_kind kind, int micro
     flexdiag_context *c = policy_ctx(m, kind, 7, micro);
     c->p.images_per_prompt = ipp;
     assert_int_equal(flexdiag__context_alloc(c), FLEXDIAG_OK);
-    *n_pre = c->n_pre;
+    *n_pre = c->geo.n_pre;
     int32_t a[6] = {256, 259, 'a', 'b', 260, 261}, bb[4] = {256, 259, 'z', 261};
     int32_t cc[6] = {256, 259, 'q', 'r', 260, 261};
     const int32_t *pp[7] = {a, a, a, bb, bb, bb, cc};

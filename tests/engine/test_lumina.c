@@ -83,7 +83,7 @@ static int32_t make_case(int32_t *prompt, int32_t *ids) {
 static void text_logits(const int32_t *prompt, int32_t np, const int32_t *ids, int32_t n,
                         float *out) {
     flexdiag_context *c = context(1, true, FLEXDIAG_POLICY_DENSE, n);
-    assert_int_equal(c->vocab_out, g_m->cfg.lm.vocab);
+    assert_int_equal(c->geo.vocab_out, g_m->cfg.lm.vocab);
     assert_int_equal(flexdiag__context_score(c, prompt, np, ids, n, 1.0f, out, NULL), FLEXDIAG_OK);
     flexdiag_context_destroy(c);
 }
@@ -99,8 +99,8 @@ static void test_cfg_matches_two_text_runs(void **state) {
     text_logits(prompt, np, ids, N_IDS, cond);
     text_logits(prompt + np - 3, 3, ids, N_IDS, unc);
     flexdiag_context *c = context(1, false, FLEXDIAG_POLICY_DENSE, 0);
-    assert_int_equal(c->vocab_out, K);
-    assert_int_equal(c->l_dec, GRID * ROW);
+    assert_int_equal(c->geo.vocab_out, K);
+    assert_int_equal(c->geo.l_dec, GRID * ROW);
     float *got = malloc((size_t)N_IDS * K * 4), *raw = malloc(2 * (size_t)N_IDS * K * 4);
     float *want = malloc((size_t)N_IDS * K * 4), *wc = malloc((size_t)N_IDS * K * 4);
     float *wu = malloc((size_t)N_IDS * K * 4);
@@ -173,17 +173,17 @@ static void test_row_ends_forced(void **state) {
     (void)state;
     const flexdiag_model_config *m = &g_m->cfg;
     flexdiag_context *c = context(2, false, FLEXDIAG_POLICY_DIAGONAL, 0);
-    int32_t prompt[32], ids[N_IDS], *tok = malloc(2 * (size_t)c->l_dec * 4);
+    int32_t prompt[32], ids[N_IDS], *tok = malloc(2 * (size_t)c->geo.l_dec * 4);
     int32_t np = make_case(prompt, ids), lens[2] = {np, np - 2};
     int32_t p2[32];
     memcpy(p2, prompt, (size_t)np * 4);
     memmove(p2 + 1, p2 + 3, (size_t)(np - 3) * 4); /* a shorter second prompt */
     const int32_t *pp[2] = {prompt, p2};
-    flexdiag_block b = {.n_img = 2, .prompt = pp, .prompt_len = lens, .n_steps = c->l_dec,
+    flexdiag_block b = {.n_img = 2, .prompt = pp, .prompt_len = lens, .n_steps = c->geo.l_dec,
                         .cfg_weight = CFG, .tokens = tok, .sp = {1.0f, 8, 1.0f, 9, 0}};
     assert_int_equal(flexdiag__engine_run(c, &b), FLEXDIAG_OK);
-    for (int32_t i = 0; i < 2 * c->l_dec; i++) {
-        int32_t t = i % c->l_dec;
+    for (int32_t i = 0; i < 2 * c->geo.l_dec; i++) {
+        int32_t t = i % c->geo.l_dec;
         if (t % ROW == GRID) assert_int_equal(tok[i], m->row_end_id);
         else assert_true(tok[i] >= m->img_id0 && tok[i] < m->img_id0 + m->image_vocab);
     }

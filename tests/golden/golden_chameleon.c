@@ -174,7 +174,7 @@ void test_chameleon_image(void **state) {
     flexdiag_model *m;
     gd_open_model(dir, &rt, &m);
     flexdiag_context *c = gd_context(m, 1, np, n, false);
-    int32_t V = c->vocab_out;
+    int32_t V = c->geo.vocab_out;
     assert_int_equal(V, json_array_size(json_object_get(in, "code_of_id")));
     float *cfg = malloc((size_t)n * (size_t)V * 4), *raw = malloc(2 * (size_t)n * (size_t)V * 4);
     flexdiag_status st = flexdiag__context_score(c, cond, np, ids, n, w, cfg, raw);

@@ -47,7 +47,7 @@ static float *janus_logits(const char *dir, const janus_case *jc, float **raw, i
     flexdiag_model *m;
     gd_open_model(dir, &rt, &m);
     flexdiag_context *c = gd_context(m, 1, jc->np, jc->n, false);
-    *V = c->vocab_out;
+    *V = c->geo.vocab_out;
     float *out = malloc((size_t)jc->n * (size_t)*V * 4);
     if (raw) *raw = malloc(2 * (size_t)jc->n * (size_t)*V * 4);
     flexdiag_status st = flexdiag__context_score(c, jc->prompt, jc->np, jc->ids, jc->n, jc->cfg,

@@ -37,7 +37,7 @@ void test_shapes_logits(void **state) {
     flexdiag_model *m;
     gd_open_model(dir, &rt, &m);
     flexdiag_context *c = gd_context(m, 1, np, n, false);
-    int64_t V = c->vocab_out;
+    int64_t V = c->geo.vocab_out;
     float *cfg = malloc((size_t)n * (size_t)V * 4), *raw = malloc(2 * (size_t)n * (size_t)V * 4);
     flexdiag_status st = flexdiag__context_score(c, prompt, np, ids, n, cfg_w, cfg, raw);
     if (st != FLEXDIAG_OK) fprintf(stderr, "score: %s\n", flexdiag_last_error(NULL));

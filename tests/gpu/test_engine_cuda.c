@@ -74,7 +74,7 @@ static run_out score(int device, const flexdiag_policy_params *pol) {
     cp.policy = *pol;
     flexdiag_context *c = NULL;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_OK);
-    run_out o = {.V = c->vocab_out};
+    run_out o = {.V = c->geo.vocab_out};
     o.plan_len = (size_t)(g_fx.n - 1) * (size_t)m->cfg.lm.layers * 2 * (size_t)m->cfg.lm.kv_heads *
                  (size_t)(1 + c->pd.max_slots);
     o.plan = calloc(o.plan_len, 4);
