@@ -406,20 +406,17 @@ static flexdiag_status upload_admission(run_state *r) {
 
 /* ---- the loop ---- */
 
-/* The progress callback after a decode pass (phase 1): the tokens made by the furthest live
- * slot and its job's length (a lock-step block: its images'); false cancels the run. */
-static flexdiag_status pass_progress(const run_state *r) {
-    uint64_t done = 0, total = 0;
+/* The progress of a decode pass (phase 1): the tokens made by the furthest live slot and its
+ * job's length (a lock-step block: its images'), taken before its retirements. */
+static void pass_progress(const run_state *r, uint64_t *done, uint64_t *total) {
+    *done = *total = 0;
     for (int32_t i = 0; i < r->n_img; i++)
-        if (r->slot[i].live && (uint64_t)r->slot[i].made >= done) {
-            done = (uint64_t)r->slot[i].made;
-            total = (uint64_t)r->slot[i].job.n_steps;
+        if (r->slot[i].live && (uint64_t)r->slot[i].made >= *done) {
+            *done = (uint64_t)r->slot[i].made;
+            *total = (uint64_t)r->slot[i].job.n_steps;
         }
-    if (!r->progress || r->progress(1, done, total, r->progress_user)) return FLEXDIAG_OK;
-    return flexdiag__err(FLEXDIAG_ERR_CANCELLED, "cancelled by the progress callback");
 }
 
-/* A step boundary: cancelled jobs out, waiting jobs in (their prefill pass and first tokens). */
 /* Whether this boundary admits: always while nothing is live, else once the free slots have
  * stood idle, with jobs waiting, for admit_idle slot-passes since the last admission. A prefill
  * pass reads every weight however few prompts it carries, so gathering a few admissions into
@@ -429,6 +426,7 @@ static int admit_due(const run_state *r) {
     return r->live == 0 || r->idle >= r->admit_idle;
 }
 
+/* A step boundary: cancelled jobs out, waiting jobs in (their prefill pass and first tokens). */
 static flexdiag_status boundary(run_state *r, int32_t granule) {
     flexdiag_context *c = r->c;
     if (r->abort && atomic_load(r->abort))
@@ -459,10 +457,12 @@ static flexdiag_status decode(run_state *r, int32_t granule) {
     FLEXDIAG_TRY(flexdiag__pass_decode(r));
     c->stats.decode_s += flexdiag__now() - t0;
     r->split = NULL;
-    FLEXDIAG_TRY(pass_progress(r));
-    FLEXDIAG_TRY(after_pass(r, 0));
+    uint64_t done, total;
+    pass_progress(r, &done, &total);
+    FLEXDIAG_TRY(after_pass(r, 0)); /* the pass's tokens go out even if the callback cancels */
     if (r->live < c->geo.n_img && r->f->peek(r->f->user)) r->idle += c->geo.n_img - r->live;
-    return FLEXDIAG_OK;
+    if (!r->progress || r->progress(1, done, total, r->progress_user)) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_CANCELLED, "cancelled by the progress callback");
 }
 
 /* Every live job fails with st and msg (the run is over). */
