@@ -124,7 +124,9 @@ typedef bool (*flexdiag_progress_fn)(int phase, uint64_t done, uint64_t total, v
 
 typedef struct flexdiag_runtime_params {
     uint32_t struct_size; /* sizeof(flexdiag_runtime_params), set by _params_init */
-    int device;           /* CUDA device ordinal; -1 = CPU engine; default 0 if built with CUDA */
+    int device;           /* CUDA device ordinal; -1 = CPU engine; default 0 if built with CUDA
+                             (0 falls back to the CPU engine, with a warning, where CUDA cannot
+                             start; a device above 0 that cannot start is refused) */
     uint64_t gpu_mem;     /* bytes of GPU memory the runtime may use; 0 = free memory - margin */
     int threads;          /* CPU worker threads; 0 = all online cores */
     /* since API version 4: the tiers below the device (used when a model's weights_pct puts

@@ -96,8 +96,9 @@ int flexdiag_device_count(void) {
 }
 
 /* CUDA when built with it, device >= 0 and the device answers; else the CPU engine. A failed
- * CUDA start warns in one line with its short reason (the backend's message: the failing call
- * and the fix are in it, logged in full at debug level). */
+ * CUDA start of device 0 (the default) warns in one line with its short reason (the backend's
+ * message: the failing call and the fix are in it, logged in full at debug level) and runs on
+ * the CPU; a device above 0 was asked for by number, so its failure is the caller's error. */
 static flexdiag_status pick_backend(flexdiag_runtime *rt) {
     const flexdiag_kernels *cuda = flexdiag__kernels_cuda();
     if (rt->p.device >= 0 && cuda) {
@@ -106,6 +107,11 @@ static flexdiag_status pick_backend(flexdiag_runtime *rt) {
             rt->k = cuda;
             return FLEXDIAG_OK;
         }
+        if (rt->p.device > 0)
+            return flexdiag__err_prefix(FLEXDIAG_ERR_INVALID_ARG,
+                                        "runtime_params.device is %d, but CUDA cannot start it "
+                                        "(give a device that exists, or -1: the CPU engine)",
+                                        rt->p.device);
         if (st == FLEXDIAG_ERR_UNSUPPORTED) /* no device or no driver: an expected setup */
             FLEXDIAG_WARN("no usable CUDA device (%s); running on the CPU (pass --cpu to choose "
                           "the CPU and skip this check)", flexdiag__err_msg());
