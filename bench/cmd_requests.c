@@ -284,8 +284,10 @@ static int run_all(const rq_opts *o, flexdiag_model *m, cli_jsonl *json) {
            m->rt->k->name, dev, m->cfg.name, n, o->prompt_len, image ? "images, 1 per request"
                                                                      : "output",
            image ? "" : o->gen_len, o->rate > 0 ? "Poisson" : "all at once");
-    printf("| batching | slots | wall s | tok/s | img/s | steady img/s | latency p50/p99 s | "
-           "queue p50/p99 s | first token p50/p99 s |\n|---|---|---|---|---|---|---|---|---|\n");
+    const char *per = image ? "img/s" : "req/s"; /* a text request is one sequence */
+    printf("| batching | slots | wall s | tok/s | %s | steady %s | latency p50/p99 s | "
+           "queue p50/p99 s | first token p50/p99 s |\n|---|---|---|---|---|---|---|---|---|\n",
+           per, per);
     int rc = 0;
     const char *modes = o->batching;
     for (int blocks = 0; !rc && blocks < 2; blocks++)
