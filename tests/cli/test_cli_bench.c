@@ -4,8 +4,8 @@
  * Runs $FLEXDIAG_BIN on the builtin micro-janus model on the CPU (8x8 tokens) and reads the
  * --json row with jansson: every field present with its type; a short --steps run is marked
  * "projected" and a full one "measured"; rates, step time and roofline are positive, and on the
- * CPU the roofline's memory ceiling is the host read at the row's step bytes, so no row is
- * above 100 % of it (one thread's memcpy, the ceiling before, gave rows of 150 %); the
+ * CPU the roofline's memory ceiling is the host read at the row's step bytes (one thread's
+ * memcpy, the ceiling before, gave rows of 150 %; how close a row comes is not asserted); the
  * gemm/attention/rest split is a set of fractions of the profiled steps' wall time (each in
  * [0, 1], together at most 1 and, on this compute-only CPU model, most of it); a CPU run has no
  * memory budget (JSON null, "none" in the header); --json appends one line per run. A policy
