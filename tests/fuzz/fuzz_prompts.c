@@ -17,7 +17,9 @@
  * line end; GenEval prompts are the "prompt" of their metadata line, kept verbatim; DPG prompts
  * are trimmed and non-empty, with unique ids that can name a file, and in folder form the ids
  * are written files, in name order; --prompt TEXT is taken exactly when it is valid UTF-8;
- * cli_prompts_free leaves the set zeroed.
+ * token-id prompts (the input as --prompt-ids-file and as --prompt-ids) are non-empty lists of
+ * ids in [0, 2^31) written in the input, or a refusal naming the flag; cli_prompts_free leaves
+ * the set zeroed.
  *
  * The same entry point is replayed over tests/fuzz/corpus/prompts by replay.c in the 'format'
  * suite.
@@ -178,6 +180,37 @@ static void check_prompt_arg(const input *in) {
     free(text);
 }
 
+/* Token-id prompts (--prompt-ids LIST, --prompt-ids-file FILE): each list non-empty, every id
+ * in [0, 2^31) and written in the input, the record text the ids joined by commas; a refusal
+ * is exit 1 or 2 with one line naming the flag. */
+static void check_ids(const char *list, const char *path, const input *in) {
+    static const cli_prompts zero;
+    cli_prompts s = {0};
+    fuzz_stderr_begin();
+    int rc = cli_prompts_load_ids("fuzz", list, path, &s);
+    const char *out = fuzz_stderr_end();
+    if (rc != 0) {
+        FUZZ_CHECK((rc == 1 || rc == 2) && strstr(out, "--prompt-ids") != NULL, out);
+    } else {
+        FUZZ_CHECK(s.n >= 1 && (size_t)s.n <= count_lines(in) && s.ids && s.n_ids, "id lists");
+        for (int i = 0; i < s.n; i++) {
+            char want[64 * 12] = "", num[16];
+            size_t at = 0;
+            FUZZ_CHECK(s.n_ids[i] >= 1, "an empty id list");
+            for (int32_t k = 0; k < s.n_ids[i]; k++) {
+                FUZZ_CHECK(s.ids[i][k] >= 0, "a negative id");
+                int w = snprintf(num, sizeof num, "%d", s.ids[i][k]);
+                FUZZ_CHECK(memmem(in->d, in->n, num, (size_t)w) != NULL, "id not in input");
+                if (at + (size_t)w + 2 < sizeof want)
+                    at += (size_t)snprintf(want + at, sizeof want - at, "%s%s", k ? "," : "", num);
+            }
+            if (at + 2 < sizeof want) FUZZ_CHECK(strcmp(s.p[i].text, want) == 0, s.p[i].text);
+        }
+    }
+    cli_prompts_free(&s);
+    FUZZ_CHECK(memcmp(&s, &zero, sizeof zero) == 0, "cli_prompts_free");
+}
+
 /* Can stem[0..n) name a file in the folder? */
 static int stem_ok(const uint8_t *stem, size_t n) {
     return n > 0 && n <= MAX_STEM && !memchr(stem, '/', n) && !memchr(stem, 0, n) &&
@@ -234,6 +267,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     load_checked(CLI_LAYOUT_PLAIN, file, NULL, &in, 0);
     load_checked(CLI_LAYOUT_GENEVAL, file, NULL, &in, 0);
     load_checked(CLI_LAYOUT_DPG, file, NULL, &in, 0);
+    check_ids(NULL, file, &in);
+    char *list = strndup((const char *)data, size);
+    FUZZ_CHECK(list != NULL, "out of memory");
+    check_ids(list, NULL, &in);
+    free(list);
     if (!memchr(data, 0x1e, size)) return 0;
     fill_folder(&in);
     load_checked(CLI_LAYOUT_DPG, folder, NULL, &in, 1);
