@@ -21,6 +21,7 @@
 int flexdiag_cmd_generate(int argc, char **argv);
 int flexdiag_cmd_score(int argc, char **argv);
 int flexdiag_cmd_decode(int argc, char **argv);
+int flexdiag_cmd_serve(int argc, char **argv);
 
 /* ---- flag parser ---- */
 

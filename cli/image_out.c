@@ -144,6 +144,23 @@ flexdiag_status flexdiag__png_write_rgb(const char *path, const uint8_t *rgb, in
     return st;
 }
 
+flexdiag_status flexdiag__png_encode(const uint8_t *rgb, int w, int h, uint8_t **out,
+                                     size_t *len) {
+    *out = NULL;
+    *len = 0;
+    if (!rgb || w < 1 || h < 1 || w > PNG_MAX_SIDE || h > PNG_MAX_SIDE)
+        return cli_io_fail(FLEXDIAG_ERR_INVALID_ARG, "PNG of %dx%d pixels: need pixel data and "
+                           "1..%d pixels per side", w, h, PNG_MAX_SIDE);
+    png_mem m = {0};
+    if (png_encode(&m, rgb, w, h) != 0) {
+        free(m.buf);
+        return cli_io_fail(FLEXDIAG_ERR_IO, "PNG encoding: libpng: %s", m.msg);
+    }
+    *out = m.buf;
+    *len = m.len;
+    return FLEXDIAG_OK;
+}
+
 int flexdiag__png_whole(const char *path, int w, int h) {
     png_image im;
     memset(&im, 0, sizeof im);

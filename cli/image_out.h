@@ -25,6 +25,12 @@ void flexdiag__pixels_to_u8(const float *x, int64_t n, uint8_t *out);
  * (sizes), FLEXDIAG_ERR_IO (libpng), or cli_write_atomic's (NO_SPACE, NOT_FOUND, IO). */
 flexdiag_status flexdiag__png_write_rgb(const char *path, const uint8_t *rgb, int w, int h);
 
+/* Encode w×h interleaved RGB (borrowed) as the same 8-bit PNG bytes the writer above puts in a
+ * file, into *out (malloc'ed, caller frees; *len bytes). FLEXDIAG_ERR_INVALID_ARG (sizes),
+ * FLEXDIAG_ERR_IO (libpng, out of memory included). */
+flexdiag_status flexdiag__png_encode(const uint8_t *rgb, int w, int h, uint8_t **out,
+                                     size_t *len);
+
 /* Whether path holds a whole PNG that decodes (every row read by libpng), of w×h pixels when
  * w > 0 (any size otherwise): what --resume keeps (a file cut short or overwritten is made
  * again). */

@@ -4,10 +4,11 @@
  *   flexdiag generate      text prompts -> image tokens (+ PNGs) on the builtin or a real model
  *   flexdiag score         teacher-forced CFG logits of given image tokens (.npy)
  *   flexdiag decode        image-token grids (.npy) -> PNGs through the VQ decoder
+ *   flexdiag serve         an OpenAI-shaped HTTP API on the model (cmd_serve.c)
  *   flexdiag policy-trace  step-by-step attended/resident/evicted sets of a KV policy
  *   flexdiag bench         throughput and fidelity benchmarks
  *
- * The first three run here, on the public API of the shared library. policy-trace and bench
+ * The first four run here, on the public API of the shared library. policy-trace and bench
  * replay the library's internals (host policy state machines, profiling splits, the op table),
  * so they live in the analysis tool `flexdiag-bench`, built and installed next to this
  * executable: they are handed to it with their arguments unchanged (exec, so its exit status,
@@ -33,6 +34,7 @@ static const command commands[] = {
     {"generate", flexdiag_cmd_generate, "generate images (builtin model without --model)"},
     {"score", flexdiag_cmd_score, "teacher-forced CFG logits of image tokens -> .npy"},
     {"decode", flexdiag_cmd_decode, "image-token grids (.npy) -> PNG files"},
+    {"serve", flexdiag_cmd_serve, "HTTP server: OpenAI-shaped images and completions API"},
     {"policy-trace", NULL, "trace a KV policy's attended sets as JSON"},
     {"bench", NULL, "benchmarks: throughput (default) and fidelity"},
     {"profile", NULL, "measure this machine's transfer, copy and GEMM rates -> JSON profile"},

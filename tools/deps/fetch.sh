@@ -32,6 +32,7 @@ packages=(
     zlib1g-dev zlib1g
     libcmocka-dev libcmocka0
     liburing-dev liburing2
+    libmicrohttpd-dev libmicrohttpd12
     pkgconf pkgconf-bin libpkgconf3
 )
 
