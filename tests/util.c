@@ -147,6 +147,21 @@ int tu_system(const char *fmt, ...) {
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+int tu_run_in(const char *dir, const char *bin, const char *fmt, ...) {
+    char args[3072];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return tu_system("cd '%s' && '%s' %s >out.txt 2>err.txt", dir, bin, args);
+}
+
+char *tu_read_in(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return tu_read_file(path, NULL);
+}
+
 int tu_cuda_stream(const char *name, flexdiag_stream **s) {
     const flexdiag_kernels *k = flexdiag__kernels_cuda();
     if (!k) {

@@ -50,6 +50,11 @@ struct flexdiag_kernels;
 void tu_on_table(int which, void (*check)(const struct flexdiag_kernels *k));
 /* Run a shell command, return its exit status (-1 on failure to run). */
 int tu_system(const char *fmt, ...);
+/* Run `bin ARGS` in folder dir (stdout to dir/out.txt, stderr to dir/err.txt): its exit status. */
+int tu_run_in(const char *dir, const char *bin, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* dir/name read whole (malloc'ed, NUL-terminated), or NULL. */
+char *tu_read_in(const char *dir, const char *name);
 
 /* FNV-1a 64 of a tokens.json grid (rows of ids, taken as little-endian int32 bytes): the token
  * hash results.jsonl records, recomputed independently of the CLI; *count = ids hashed. */

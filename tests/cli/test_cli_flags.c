@@ -62,11 +62,7 @@ __attribute__((format(printf, 1, 2))) static int run(const char *fmt, ...) {
                      args);
 }
 
-static char *read_in_dir(const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    return tu_read_file(path, NULL);
-}
+static char *read_in_dir(const char *name) { return tu_read_in(g_dir, name); }
 
 static void write_in_dir(const char *name, const void *data, size_t n) {
     char path[4096];

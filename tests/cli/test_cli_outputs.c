@@ -33,21 +33,9 @@ static char *g_dir;         /* temporary folder of this run */
     "bench --cpu --arch micro-janus --random-weights --batch 1 --steps 4 --profile-steps 1"
 #define FIDELITY "bench fidelity --synthetic grid:4 --policies dense,window --sparsities 0.5"
 
-/* Run bin with args in g_dir (stdout to out.txt, stderr to err.txt); the exit status. */
-__attribute__((format(printf, 2, 3))) static int run(const char *bin, const char *fmt, ...) {
-    char args[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    return tu_system("cd '%s' && '%s' %s >out.txt 2>err.txt", g_dir, bin, args);
-}
-
-static char *read_in_dir(const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    return tu_read_file(path, NULL);
-}
+/* `bin ARGS` run in g_dir (tests/util.h tu_run_in); a file of g_dir read whole. */
+#define run(bin, ...) tu_run_in(g_dir, bin, __VA_ARGS__)
+#define read_in_dir(name) tu_read_in(g_dir, name)
 
 static int exists_in_dir(const char *name) {
     char path[4096];
