@@ -19,7 +19,8 @@
 /* What the API serves: one model and its context, fixed after start. */
 typedef struct serve_engine {
     flexdiag_model *m;
-    flexdiag_context *c;      /* NULL: parse only (the fuzz target) */
+    flexdiag_context *c;      /* NULL: parse only (the fuzz target): a request that passes
+                                 every check is answered 200 with {} */
     const char *model_id;     /* name in /v1/models and the "model" field */
     int text;                 /* the model continues text (/v1/completions) */
     int32_t per_image;        /* tokens of an image (text: max_new_tokens) */

@@ -36,13 +36,23 @@ static void reply_json(serve_reply *out, int status, json_t *j) {
     }
 }
 
+/* A message cut by snprintf ends inside a UTF-8 sequence maybe (the client's field names and
+ * values are quoted): drop its last character, whole or not, so that it stays UTF-8. */
+static void utf8_cut(char *msg) {
+    size_t n = strlen(msg);
+    while (n && ((unsigned char)msg[n - 1] & 0xC0) == 0x80) n--;
+    if (n && ((unsigned char)msg[n - 1] & 0x80)) n--;
+    msg[n] = 0;
+}
+
 void serve_api_error(serve_reply *out, int status, const char *type, const char *param,
                      const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = (size_t)vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (n >= sizeof msg) utf8_cut(msg);
     json_t *e = json_pack("{s:{s:s, s:s, s:o, s:n}}", "error", "message", msg, "type", type,
                           "param", param ? json_string(param) : json_null(), "code");
     reply_json(out, status, e);
@@ -196,6 +206,10 @@ static void on_image(flexdiag_handle *h, int32_t i, const int32_t *tokens, int32
  * after an error reply (429 full queue, 504 timeout, 400 refused, 500 failed). */
 static int run_job(const serve_engine *e, const flexdiag_request *rq,
                    flexdiag_submit_params *sp, job *j, serve_reply *out) {
+    if (!e->c) { /* parse only (serve.h): the request passed every check */
+        reply_json(out, 200, json_object());
+        return -1;
+    }
     sp->on_image = on_image;
     sp->user = j;
     flexdiag_handle *h = NULL;

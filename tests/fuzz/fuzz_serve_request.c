@@ -1,0 +1,72 @@
+/*
+ * fuzz_serve_request.c - libFuzzer target for the request parser of `flexdiag serve`
+ * (cli/serve_api.c serve_api_handle, compiled in) on an engine without a context (parse only:
+ * a request that passes every check is answered 200 with {}). The first byte picks the model
+ * (bit 0: an image model, 32x32 images of 64 tokens; a text model of 16 new tokens) and the
+ * route (bits 1-2: images, completions, models, an unknown path; bit 3: GET instead of POST);
+ * the rest is the body.
+ *
+ * Properties checked beyond "no crash, no sanitizer report":
+ *   - the status is 200, 400, 404 or 405 (never 500), and the reply body is a JSON object;
+ *   - a 400 names its field: param is null (the body is not a JSON object) or a string that is
+ *     a key of the body's object, or "prompt" / "model" (a missing prompt, the other route);
+ *   - a 200 on a POST route came from a body that jansson reads as an object, with no
+ *     duplicate keys; its reply is {}.
+ *
+ * The same entry point is replayed over tests/fuzz/corpus/serve_request by replay.c in the
+ * 'format' suite.
+ */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/serve.h"
+#include "fuzz_util.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const char *const paths[] = {"/v1/images/generations", "/v1/completions", "/v1/models",
+                                    "/v2/nothing"};
+
+/* Whether a 400's param is a field the request named, or one it must have named. */
+static int param_named(const json_t *req, const json_t *param) {
+    if (json_is_null(param)) return 1;
+    if (!json_is_string(param)) return 0;
+    const char *p = json_string_value(param);
+    return !strcmp(p, "prompt") || !strcmp(p, "model") ||
+           (json_is_object(req) && json_object_get(req, p) != NULL);
+}
+
+static void check_reply(const serve_reply *r, const char *body, size_t len, int post) {
+    FUZZ_CHECK(r->status == 200 || r->status == 400 || r->status == 404 || r->status == 405,
+               r->body ? r->body : "");
+    json_t *reply = json_loads(r->body ? r->body : "", 0, NULL);
+    FUZZ_CHECK(json_is_object(reply), r->body ? r->body : "");
+    json_t *req = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    if (r->status == 400) {
+        json_t *param = json_object_get(json_object_get(reply, "error"), "param");
+        FUZZ_CHECK(param && param_named(req, param), r->body);
+    }
+    if (r->status == 200 && post) {
+        FUZZ_CHECK(json_is_object(req), "accepted a body that is not a JSON object");
+        FUZZ_CHECK(json_object_size(reply) == 0, r->body);
+    }
+    json_decref(req);
+    json_decref(reply);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    int image = data[0] & 1, route = data[0] >> 1 & 3, get = data[0] >> 3 & 1;
+    serve_engine e = {.model_id = image ? "micro-janus" : "micro-opt", .text = !image,
+                      .per_image = image ? 64 : 16, .img_h = image ? 32 : 0,
+                      .img_w = image ? 32 : 0, .eos = image ? -1 : 2, .max_n = 16};
+    const char *body = (const char *)data + 1;
+    size_t len = size - 1;
+    serve_reply r = {0};
+    serve_api_handle(&e, get ? "GET" : "POST", paths[route], body, len, &r);
+    check_reply(&r, body, len, !get && route < 2);
+    free(r.body);
+    return 0;
+}
