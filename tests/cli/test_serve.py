@@ -207,9 +207,9 @@ def test_drain():
     t = threading.Thread(target=lambda: out.update(r=srv.request(
         "POST", "/v1/images/generations", {"prompt": "long", "n": 40})))
     t.start()
-    time.sleep(0.3)
+    time.sleep(0.2)  # the request is in (40 images one at a time: about 1 s, 10-25 s in ASan)
     srv.p.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
+    time.sleep(0.1)
     st, j, _ = srv.request("GET", "/health")
     check(st == 200 and j == {"status": "draining"}, "health while draining: %r" % j)
     st, j, _ = srv.request("POST", "/v1/images/generations", {"prompt": "late"})
