@@ -269,6 +269,16 @@ static void set_prompt(flexdiag_request *rq, const prompt *p, const char **text,
     rq->prompt_lens = p->text ? NULL : &p->n_ids;
 }
 
+/* The request's count and sampling settings on rq (both endpoints take the same ones). */
+static void set_sampling(flexdiag_request *rq, int64_t n, int64_t seed, int64_t top_k,
+                         double temperature, double top_p) {
+    rq->images_per_prompt = (int32_t)n;
+    rq->temperature = (float)temperature;
+    rq->top_k = (int32_t)top_k;
+    rq->top_p = (float)top_p;
+    rq->seed = (uint64_t)seed;
+}
+
 /* ---- images ---- */
 
 static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -389,12 +399,8 @@ static void images_route(const serve_engine *e, const char *body, size_t len,
         const char *text;
         const int32_t *ids;
         set_prompt(&rq, &r.p, &text, &ids);
-        rq.images_per_prompt = (int32_t)r.n;
+        set_sampling(&rq, r.n, r.seed, r.top_k, r.temperature, r.top_p);
         rq.cfg_weight = (float)r.cfg;
-        rq.temperature = (float)r.temperature;
-        rq.top_k = (int32_t)r.top_k;
-        rq.top_p = (float)r.top_p;
-        rq.seed = (uint64_t)r.seed;
         flexdiag_submit_params sp;
         flexdiag_submit_params_init(&sp);
         if (!run_job(e, &rq, &sp, &j, out)) {
@@ -486,11 +492,7 @@ static void completions_route(const serve_engine *e, const char *body, size_t le
             const char *text;
             const int32_t *ids;
             set_prompt(&rq, &r.p, &text, &ids);
-            rq.images_per_prompt = (int32_t)r.n;
-            rq.temperature = (float)r.temperature;
-            rq.top_k = (int32_t)r.top_k;
-            rq.top_p = (float)r.top_p;
-            rq.seed = (uint64_t)r.seed;
+            set_sampling(&rq, r.n, r.seed, r.top_k, r.temperature, r.top_p);
             flexdiag_submit_params sp;
             flexdiag_submit_params_init(&sp);
             sp.max_new_tokens = (int32_t)r.max_tokens;
