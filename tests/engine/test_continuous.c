@@ -38,6 +38,7 @@ typedef struct tjob {
 typedef struct tfeed {
     tjob *jobs;
     int32_t n, next, passes;
+    int32_t prefills; /* prefill passes run (their last layer's progress) */
 } tfeed;
 
 static const flexdiag_job *t_peek(void *user) {
@@ -70,10 +71,11 @@ static void t_done(void *user, const flexdiag_job *job, int32_t n, flexdiag_stat
     tj->st = st;
 }
 
-/* The context's progress callback counts the decode passes (the feed's clock). */
+/* The context's progress callback counts the decode passes (the feed's clock) and the
+ * prefill passes. */
 static bool t_pass(int phase, uint64_t done, uint64_t total, void *user) {
-    (void)done, (void)total;
     if (phase == 1) ((tfeed *)user)->passes++;
+    if (phase == 0 && done == total) ((tfeed *)user)->prefills++;
     return true;
 }
 
@@ -215,8 +217,9 @@ static void check_read_ahead(const flexdiag_context *c) {
                  (unsigned long long)st.kv_disk_gets);
 }
 
-/* The continuous run of the jobs on tc's context under policy kind, then the comparison. */
-static void run_conf(const tconf *tc, flexdiag_policy_kind kind, int text_eos) {
+/* The continuous run of the jobs on tc's context under policy kind, then the comparison; the
+ * prefill passes the run took. */
+static int32_t run_conf(const tconf *tc, flexdiag_policy_kind kind, int text_eos) {
     flexdiag_runtime *rt;
     flexdiag_model *m;
     char *dir;
@@ -250,6 +253,7 @@ static void run_conf(const tconf *tc, flexdiag_policy_kind kind, int text_eos) {
     flexdiag_runtime_destroy(rt);
     if (dir) tu_rmtree(dir);
     free(dir);
+    return f.prefills;
 }
 
 static const flexdiag_policy_kind all_kinds[] = {
@@ -329,6 +333,19 @@ static void test_text(void **state) {
     for (int k = 0; k < N_KINDS; k++) run_conf(&tc, all_kinds[k], 1);
 }
 
+/* Admissions gathered (FLEXDIAG_ADMIT_IDLE, serve.c admit_due): fewer prefill passes, every
+ * job still as alone. */
+static void test_admissions_gather(void **state) {
+    (void)state;
+    tconf tc = {.arch = "micro-janus", .slots = 3, .micro = 2};
+    int32_t every = run_conf(&tc, FLEXDIAG_POLICY_DIAGONAL, 0);
+    setenv("FLEXDIAG_ADMIT_IDLE", "4", 1);
+    int32_t gathered = run_conf(&tc, FLEXDIAG_POLICY_DIAGONAL, 0);
+    unsetenv("FLEXDIAG_ADMIT_IDLE");
+    printf("  prefill passes: %d admitting at every boundary, %d gathered\n", every, gathered);
+    assert_true(gathered < every);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_images),
@@ -338,6 +355,7 @@ int main(void) {
         cmocka_unit_test(test_kv_disk),
         cmocka_unit_test(test_weights_offloaded),
         cmocka_unit_test(test_text),
+        cmocka_unit_test(test_admissions_gather),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
