@@ -3,6 +3,8 @@
 # one call: build (CUDA, sm_90; the dependency bundle of tools/deps/), the engine's GPU test, then
 #   text:    a mix of OPT-6.7B-shaped requests (prompt 16-512, output 8-256, seed 1), continuous
 #            against --batching blocks at the same memory;
+#   gather:  the text mix, continuous only, with admissions gathered into fewer prefill passes
+#            (FLEXDIAG_ADMIT_IDLE in $GATHER, default 0.1 0.25 1);
 #   arrive:  Janus-Pro-7B-shaped single-image requests arriving as a Poisson stream into a full
 #            engine (queue time, first-image latency);
 #   images:  `generate` of 4 prompts x 128 images (Diagonal 95 %, default flags) and the bench
@@ -53,6 +55,13 @@ for step in $steps; do
         timeout 300 $B/flexdiag-bench requests --arch opt-6.7b --random-weights --requests 2000 \
             --prompt-len 16:512 --gen-len 8:256 --json "$OUT/text.jsonl" >"$OUT/text.log" 2>&1
         echo "text: rc=$?"; grep -E '^\| (continuous|blocks)' "$OUT/text.log" ;;
+    gather)  # the text mix with admissions gathered (FLEXDIAG_ADMIT_IDLE, serve.c admit_due)
+        for idle in ${GATHER:-0.1 0.25 1}; do
+            FLEXDIAG_ADMIT_IDLE=$idle timeout 150 $B/flexdiag-bench requests --arch opt-6.7b --random-weights \
+                --requests 2000 --prompt-len 16:512 --gen-len 8:256 --batching continuous \
+                --json "$OUT/gather_$idle.jsonl" >"$OUT/gather_$idle.log" 2>&1
+            echo "text, FLEXDIAG_ADMIT_IDLE=$idle: rc=$?"; grep -E '^\| continuous' "$OUT/gather_$idle.log"
+        done ;;
     arrive)
         timeout 120 $B/flexdiag-bench requests --arch janus-pro-7b --random-weights --requests 300 \
             --prompt-len 50 --batch 64 --arrival-rate 20 --policy diagonal --sparsity 0.95 \
