@@ -54,7 +54,7 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14; docs/abi.md) and what each added.
+/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14, 0.5.0: 15; docs/abi.md) and what each added.
  * 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
@@ -66,8 +66,9 @@ extern "C" {
  * cpu_attention_pct, offload_info cpu_attn_mb and host_mb. 12: the request queue
  * (flexdiag_submit, flexdiag_handle_*), context_params queue_images and batching, status
  * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. 13: flexdiag_builtin_arch. 14: the _init() macros and
- * flexdiag_*_init_size (params written at the caller's size). */
-#define FLEXDIAG_API_VERSION 14u
+ * flexdiag_*_init_size (params written at the caller's size). 15: context_params and request
+ * draft_len (speculative Jacobi decoding). */
+#define FLEXDIAG_API_VERSION 15u
 
 /* ---- enums ---- */
 
@@ -225,6 +226,15 @@ typedef struct flexdiag_context_params {
                                       the next waiting one at the next step); 1: blocks (the
                                       waiting images are taken only when every slot is free:
                                       the lock-step of API versions <= 11) */
+    /* since API version 15 */
+    int32_t draft_len;             /* speculative Jacobi decoding (SJD, lossless): tokens a
+                                      sequence runs per decode pass, its last token and
+                                      draft_len - 1 drafts, of which the pass keeps the accepted
+                                      prefix plus one; the context sizes its buffers for it
+                                      and it is the default of its requests. 0 or 1:
+                                      sequential decoding (one token a pass). Needs the dense
+                                      policy, every KV on the device, no shared prompt KV;
+                                      FLEXDIAG_ERR_UNSUPPORTED otherwise (docs/decoding.md) */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {
@@ -242,6 +252,10 @@ typedef struct flexdiag_request {
     uint64_t seed;               /* sampling seed; draws keyed by (seed, image index, step) */
     int64_t first_image;         /* image index of this request's first image (default 0): lets
                                     a job split into several requests draw the same images */
+    /* since API version 15 */
+    int32_t draft_len;           /* SJD window of this request's images (context_params
+                                    draft_len): 0 = the context's, 1 = sequential, else at
+                                    most the context's */
 } flexdiag_request;
 
 typedef struct flexdiag_output {

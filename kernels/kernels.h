@@ -134,7 +134,21 @@ typedef struct flexdiag_attn_args {
      * shapes only (flexdiag__cascade_tiles), so a recorded graph replays any block's plan. */
     const int32_t *casc_seq, *casc_tile;
     int32_t n_casc_tiles;
+    /* decode only: query rows per sequence (0 or 1: one; a multi-token window pass: several).
+     * With win > 1, qkv and out hold n_seq·win rows, row q = s·win + i being the i-th query of
+     * sequence s; row q reads sequence s's block (its lp[s] prompt rows, or prefix[s]) and the
+     * slot list of virtual sequence q: flexdiag__slot_list(a, q, h), so the lists, n_slots and
+     * logits_out / lse_out / probs_out rows are indexed by q as if there were n_seq·win
+     * sequences. Causality inside the window is the lists' business (row i's list names the
+     * ring rows of the window's rows 0..i, which kv_append wrote before). No Diagonal fusion
+     * (diag_lag NULL) and no cascade (n_casc_tiles 0) with win > 1. */
+    int32_t win;
 } flexdiag_attn_args;
+
+/* Query rows per sequence of a decode call (kernels.h flexdiag_attn_args win). */
+static inline int32_t flexdiag__attn_win(const flexdiag_attn_args *a) {
+    return a->win > 1 ? a->win : 1;
+}
 
 /* The slot list (index into n_slots; times max_slots into slots) of (sequence s of the call,
  * KV head h) under a's sharing. */
@@ -386,6 +400,17 @@ typedef struct flexdiag_sample_row {
 typedef flexdiag_status flexdiag_op_sample(int32_t *ids, const float *logits, int64_t n,
                                            int64_t V, const flexdiag_sample_row *rows,
                                            flexdiag_stream *s);
+
+/* The distribution sample draws row r from, on the host (kernels/cpu/ref_sample.c): p (V)
+ * holds the probability of every column sample would keep (steps 1-4 of its definition, the
+ * same fp32 values), 0 for the others. scratch: V·8 bytes. INVALID_ARG / NUMERIC as sample's
+ * CPU op for the row's settings and logits. */
+flexdiag_status flexdiag__sample_probs(float *p, const float *logits, int64_t V,
+                                       const flexdiag_sample_row *r, void *scratch);
+/* Step 5 of sample over p (flexdiag__sample_probs): the column whose cumulative probability
+ * (ascending columns, double) first exceeds u · the total; the same column sample draws for
+ * the same uniform u. */
+int32_t flexdiag__sample_walk(const float *p, int64_t V, double u);
 
 /* ---- image decoder (VQ-16) ---- */
 /* Tensors are NCHW f32 on every backend, not act: bf16 activations put the CUDA decode 0.022

@@ -279,8 +279,12 @@ void(flexdiag_submit_params_init)(flexdiag_submit_params *p) {
     flexdiag_submit_params_init_size(p, FLEXDIAG_FIRST_SIZE(flexdiag_submit_params, stop_at_eos));
 }
 
-flexdiag_status flexdiag__check_request(const flexdiag_request *r) {
-    FLEXDIAG_TRY(flexdiag__check_params(r, sizeof *r, sizeof *r, "flexdiag_request"));
+flexdiag_status flexdiag__read_request(const flexdiag_request *req, flexdiag_request *copy) {
+    FLEXDIAG_TRY(flexdiag__check_params(req, FLEXDIAG_FIRST_SIZE(flexdiag_request, first_image),
+                                        sizeof *req, "flexdiag_request"));
+    flexdiag_request_init(copy);
+    flexdiag__params_copy(copy, req, sizeof *copy);
+    const flexdiag_request *r = copy;
     if (r->n_prompts < 1 || (!r->prompts && !(r->prompt_ids && r->prompt_lens)))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "request.n_prompts is %d: it needs n_prompts >= 1 and "
@@ -379,13 +383,18 @@ static flexdiag_status handle_make(flexdiag_context *c, const flexdiag_request *
                              h->n_img);
     int32_t top_k = r->top_k == 0 && c->geo.row_len ? FLEXDIAG_LUMINA_TOP_K : r->top_k;
     int32_t eos = c->geo.rows_per_img == 1 && p->stop_at_eos ? c->m->cfg.eos_id : -1;
+    if (r->draft_len < 0 || r->draft_len > c->geo.win)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "request.draft_len %d: give 0 (the context's), 1 (sequential) or up "
+                             "to context_params.draft_len (%d)", r->draft_len, c->geo.win);
+    int32_t draft = r->draft_len ? r->draft_len : c->geo.win;
     for (int32_t i = 0; i < h->n_img; i++) {
         int32_t prompt = i / r->images_per_prompt;
         h->jobs[i] = (flexdiag_job){.prompt = h->ids[prompt], .prompt_len = h->lens[prompt],
                                     .n_steps = h->l_tok, .eos = eos,
                                     .img = r->first_image + i,
                                     .sp = {r->temperature, top_k, r->top_p, r->seed, 0},
-                                    .cfg_weight = r->cfg_weight,
+                                    .cfg_weight = r->cfg_weight, .draft_len = draft,
                                     .tokens = h->raw + (size_t)i * (size_t)h->l_tok,
                                     .cancel = &h->cancel, .tag = h, .idx = i};
     }
@@ -441,9 +450,10 @@ flexdiag_status flexdiag_submit(flexdiag_context *c, const flexdiag_request *req
         FLEXDIAG_TRY(flexdiag__check_params(p, sizeof *p, sizeof *p, "flexdiag_submit_params"));
         flexdiag__params_copy(&sp, p, sizeof sp);
     }
-    FLEXDIAG_TRY(flexdiag__check_request(req));
+    flexdiag_request rq;
+    FLEXDIAG_TRY(flexdiag__read_request(req, &rq));
     flexdiag_handle *h = NULL;
-    flexdiag_status st = handle_make(c, req, &sp, &h);
+    flexdiag_status st = handle_make(c, &rq, &sp, &h);
     if (st == FLEXDIAG_OK) st = enqueue(c, h);
     if (st != FLEXDIAG_OK) {
         if (h) handle_free(h);
@@ -538,7 +548,8 @@ flexdiag_status flexdiag_generate(flexdiag_context *c, const flexdiag_request *r
                                   flexdiag_output *out) {
     flexdiag__err_clear();
     if (!c || !req || !out) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "generate: NULL argument");
-    FLEXDIAG_TRY(flexdiag__check_request(req));
+    flexdiag_request rq;
+    FLEXDIAG_TRY(flexdiag__read_request(req, &rq));
     out->n_images = req->n_prompts * req->images_per_prompt;
     out->tokens_per_image = c->geo.rows_per_img == 2 ? c->m->cfg.image_tokens : c->geo.l_dec;
     if (!out->tokens) return FLEXDIAG_OK; /* size query */

@@ -19,7 +19,8 @@ flexdiag_status flexdiag__queue_create(flexdiag_context *c);
 void flexdiag__queue_destroy(flexdiag_context *c);
 /* Cancel every request of c's queue not ended. */
 void flexdiag__queue_cancel_all(flexdiag_context *c);
-/* The checks of a request every entry point makes (struct_size, prompts, sampling fields). */
-flexdiag_status flexdiag__check_request(const flexdiag_request *r);
+/* The checks of a request every entry point makes (struct_size, prompts, sampling fields), on
+ * its copy at this library's size (fields past an older caller's struct at their defaults). */
+flexdiag_status flexdiag__read_request(const flexdiag_request *r, flexdiag_request *copy);
 
 #endif /* FLEXDIAG_API_QUEUE_H */

@@ -137,15 +137,16 @@ static size_t epilogue_floats(const flexdiag_attn_args *a) {
     return a->probs_out || a->diag_lag ? g * (size_t)a->max_slots + g : 0;
 }
 
-/* Task t: sequence t / h_kv, KV head t % h_kv, all g query heads of its group. */
+/* Task t: query row s = t / h_kv (query s % win of sequence s / win, kernels.h win), KV head
+ * t % h_kv, all g query heads of its group. */
 FLEXDIAG_CPU_CLONES static void decode_task(void *ctx, int64_t t, void *scratch) {
     const attn_job *jb = ctx;
     const flexdiag_attn_args *a = jb->a;
-    int64_t s = t / a->h_kv;
+    int64_t s = t / a->h_kv, seq = s / flexdiag__attn_win(a);
     int32_t h = (int32_t)(t % a->h_kv), g = a->h_q / a->h_kv;
-    int64_t hq0 = s * a->h_q + (int64_t)h * g; /* first (sequence, query head) of the group */
-    key_list r = block_keys(jb, s, h, 1);
-    r.n_prompt = a->lp[s];
+    int64_t hq0 = s * a->h_q + (int64_t)h * g; /* first (row, query head) of the group */
+    key_list r = block_keys(jb, seq, h, 1);
+    r.n_prompt = a->lp[seq];
     int64_t li = flexdiag__slot_list(a, s, h); /* this (sequence, KV head)'s slot list */
     r.slots = a->slots ? a->slots + li * a->max_slots : NULL;
     r.n_slots = a->n_slots[li];
@@ -167,7 +168,8 @@ flexdiag_status flexdiag__cpu_fast_attn_decode(void *out, const void *qkv, const
     FLEXDIAG_TRY(flexdiag__cpu_attn_check("attn_decode", out, qkv, k, v, a, 1));
     attn_job jb = {a, out, qkv, k, v, ((int64_t)a->h_q + 2 * a->h_kv) * a->d_h};
     size_t scratch = group_scratch(a->h_q / a->h_kv, a->d_h) + epilogue_floats(a) * sizeof(float);
-    return flexdiag__cpu_parallel_for(s, (int64_t)a->n_seq * a->h_kv, scratch, decode_task, &jb);
+    return flexdiag__cpu_parallel_for(s, (int64_t)a->n_seq * flexdiag__attn_win(a) * a->h_kv,
+                                      scratch, decode_task, &jb);
 }
 
 /* ---- prefill ---- */

@@ -83,8 +83,9 @@ static flexdiag_status check_slots(const char *op, const flexdiag_attn_args *a) 
     if (!a->n_slots || (a->max_slots > 0 && !a->slots))
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "cpu %s: %s is NULL", op,
                              a->n_slots ? "slots" : "n_slots");
-    /* lists: 1, n_seq or n_seq·h_kv, the last group's list being the last one */
-    int64_t lists = a->n_seq > 0 ? flexdiag__slot_list(a, a->n_seq - 1, a->h_kv - 1) + 1 : 0;
+    /* lists: 1, rows or rows·h_kv (rows = n_seq·win), the last group's list being the last */
+    int64_t rows = (int64_t)a->n_seq * flexdiag__attn_win(a);
+    int64_t lists = rows > 0 ? flexdiag__slot_list(a, rows - 1, a->h_kv - 1) + 1 : 0;
     char name[64];
     for (int64_t li = 0; li < lists; li++) {
         int32_t ns = a->n_slots[li];
@@ -107,6 +108,11 @@ static flexdiag_status check_slots(const char *op, const flexdiag_attn_args *a) 
  * diag_base >= 0, every diag_next[s] a lag int16 holds or negative (no update), and no list
  * longer than diag_base + diag_a. */
 static flexdiag_status check_diag(const char *op, const flexdiag_attn_args *a) {
+    if (a->win > 1 && (a->diag_lag || a->n_casc_tiles))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: win = %d with %s: a window pass takes neither the fused "
+                             "Diagonal update nor a cascade plan",
+                             op, a->win, a->diag_lag ? "diag_lag" : "a cascade plan");
     if (!a->diag_lag) return FLEXDIAG_OK;
     if (a->shared_slots)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
@@ -160,6 +166,10 @@ flexdiag_status flexdiag__cpu_attn_check(const char *op, const void *out, const 
                                          const void *k, const void *v, const flexdiag_attn_args *a,
                                          int decode) {
     FLEXDIAG_TRY(check_shape(op, a));
+    if (a->win < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "cpu %s: win = %d: need 0 or 1 (one query a sequence) or more", op,
+                             a->win);
     if (a->n_seq == 0) return FLEXDIAG_OK;
     const void *ptrs[] = {out, qkv, k, v, a->lp};
     const char *null = first_null(ptrs, "out\0qkv\0k\0v\0lp\0", 5);
@@ -305,15 +315,16 @@ flexdiag_status flexdiag__cpu_ref_attn_prefill(void *out, const void *qkv, const
     return FLEXDIAG_OK;
 }
 
-/* Decode of the group (sequence sq, KV head h): each of its g query heads, then the shared
- * epilogue when zbuf (scratch of g·max_slots + g floats) is given. */
+/* Decode of the group (query row sq, KV head h): each of its g query heads, then the shared
+ * epilogue when zbuf (scratch of g·max_slots + g floats) is given. Row sq is query sq % win of
+ * sequence sq / win (kernels.h win). */
 static void decode_group(float *out, const float *qkv, const void *k, const void *v,
                          const flexdiag_attn_args *a, int64_t sq, int32_t h, float *zbuf) {
     int32_t g = a->h_q / a->h_kv, d_h = a->d_h;
     int64_t width = ((int64_t)a->h_q + 2 * a->h_kv) * d_h, hq0 = sq * a->h_q + (int64_t)h * g;
-    int64_t li = flexdiag__slot_list(a, sq, h); /* this group's slot list */
-    key_rows kr = block_rows(a, k, v, sq, h, 1);
-    kr.n_prompt = a->lp[sq];
+    int64_t li = flexdiag__slot_list(a, sq, h), seq = sq / flexdiag__attn_win(a);
+    key_rows kr = block_rows(a, k, v, seq, h, 1);
+    kr.n_prompt = a->lp[seq];
     kr.slots = a->slots ? a->slots + li * a->max_slots : NULL;
     kr.n_slots = a->n_slots[li];
     /* ring logits and lse: into the optional outputs, else into zbuf when the epilogue runs */
@@ -338,7 +349,7 @@ flexdiag_status flexdiag__cpu_ref_attn_decode(void *out, const void *qkv, const 
         FLEXDIAG_TRY(flexdiag__cpu_scratch(s, (g * (size_t)a->max_slots + g) * sizeof(float),
                                            &zbuf, &tmp));
     }
-    for (int64_t sq = 0; sq < a->n_seq; sq++)
+    for (int64_t sq = 0; sq < (int64_t)a->n_seq * flexdiag__attn_win(a); sq++)
         for (int32_t h = 0; h < a->h_kv; h++) decode_group(out, qkv, k, v, a, sq, h, zbuf);
     free(tmp);
     return FLEXDIAG_OK;

@@ -189,3 +189,36 @@ flexdiag_status flexdiag__cpu_ref_sample(int32_t *ids, const float *logits, int6
     free(tmp);
     return st;
 }
+
+/* ---- a draw's distribution on the host (speculative decoding, runtime/engine/sjd.c) ---- */
+
+flexdiag_status flexdiag__sample_probs(float *p, const float *logits, int64_t V,
+                                       const flexdiag_sample_row *r, void *scratch) {
+    cand *c = scratch;
+    FLEXDIAG_TRY(check_row(r, r->req));
+    FLEXDIAG_TRY(scale_row(c, logits, V, r->temperature, r->req));
+    int64_t n = V;
+    if (r->top_k > 0 && r->top_k < V) { /* steps 2-4 exactly as sample_row takes them */
+        qsort(c, (size_t)V, sizeof *c, cmp_value_desc);
+        n = r->top_k;
+    }
+    softmax_kept(c, n);
+    if (r->top_p < 1.0f) n = top_p_prefix(c, n, r->top_p);
+    memset(p, 0, (size_t)V * sizeof *p);
+    for (int64_t j = 0; j < n; j++) p[c[j].id] = c[j].v;
+    return FLEXDIAG_OK;
+}
+
+int32_t flexdiag__sample_walk(const float *p, int64_t V, double u) {
+    double total = 0.0, cum = 0.0;
+    int32_t last = 0;
+    for (int64_t j = 0; j < V; j++) total += p[j];
+    double target = u * total;
+    for (int64_t j = 0; j < V; j++) {
+        if (!(p[j] > 0.0f)) continue;
+        cum += p[j];
+        last = (int32_t)j;
+        if (cum > target) return (int32_t)j;
+    }
+    return last;
+}

@@ -50,7 +50,9 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     size_t d = (size_t)l->hidden, dh = (size_t)l->head_dim, hq = (size_t)l->heads;
     size_t hkv = (size_t)l->kv_heads, f = (size_t)l->ffn, S = (size_t)c->geo.n_seq;
     size_t qkvw = (hq + 2 * hkv) * dh, pft = (size_t)c->geo.pf_seq * (size_t)c->geo.p_cap;
-    size_t mbt = pft > (size_t)c->geo.mb_seq ? pft : (size_t)c->geo.mb_seq; /* prefill or decode rows */
+    size_t W = (size_t)c->geo.win, SW = S * W, dec = (size_t)c->geo.mb_seq * W;
+    size_t mbt = pft > dec ? pft : dec; /* prefill or decode rows of a micro-batch */
+    size_t xrows = (size_t)c->geo.p_cap > W ? (size_t)c->geo.p_cap : W; /* x rows a sequence */
     size_t V = (size_t)c->geo.vocab_out;
     size_t dm = m->head_dim_mid > l->hidden ? (size_t)m->head_dim_mid : d;
     size_t e8 = m->image_embed > 0 ? (size_t)m->image_embed : 1, off = 0;
@@ -69,7 +71,7 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     if (c->homes.s_host < c->geo.n_seq) TAKE(kv_stage, flexdiag__sched_kv_staging_bytes(c->geo.mb_seq, c->geo.seq_bytes));
     if (c->m->w.homes)
         TAKE(wslots, WEIGHT_SLOTS * flexdiag__sched_tiered_slot_bytes(c->m->w.homes));
-    TAKE(x, S * (size_t)c->geo.p_cap * d * act);
+    TAKE(x, S * xrows * d * act);
     if (c->geo.n_pre) TAKE(xl_pre, (size_t)c->geo.n_pre * d * act);
     if (c->geo.n_pre) TAKE(last_pre, (size_t)c->geo.n_pre * 4);
     TAKE(h, mbt * d * act);
@@ -77,18 +79,21 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     TAKE(att, mbt * hq * dh * act);
     TAKE(gu, mbt * 2 * f * act);
     TAKE(mlp, mbt * f * act);
-    TAKE(xl, S * d * act);
-    TAKE(hm, S * dm * act);
-    TAKE(emb, S * e8 * act);
-    TAKE(logits, S * V * 4);
+    TAKE(xl, SW * d * act);
+    TAKE(hm, SW * dm * act);
+    TAKE(emb, SW * e8 * act);
+    TAKE(logits, SW * V * 4);
     TAKE(cfg, (size_t)c->geo.n_img * V * 4);
     TAKE(ids_in, S * (size_t)c->geo.p_cap * 4);
     TAKE(lp, S * 4);
     TAKE(pos_pf, pft * 4);
     TAKE(rows_pf, pft * hkv * 4);
-    TAKE(pos, S * 4);
+    TAKE(pos, SW * 4);
     TAKE(last, S * 4);
-    TAKE(ids, S * 4);
+    TAKE(ids, SW * 4);
+    if (W > 1) TAKE(win_rows, SW * hkv * 4);
+    if (W > 1) TAKE(win_slots, SW * (size_t)c->pd.max_slots * 4);
+    if (W > 1) TAKE(win_nslots, SW * 4);
     TAKE(srows, (size_t)c->geo.n_img * sizeof(flexdiag_sample_row));
 #undef TAKE
     return off + flexdiag__pd_layout(&c->pd, base ? base + off : NULL);
@@ -194,6 +199,9 @@ static flexdiag_status ctx_check_params(const flexdiag_context *c) {
         return bad_param("queue_images", p->queue_images, "give >= 0 (0 = the default)");
     if (p->batching < 0 || p->batching > 1)
         return bad_param("batching", p->batching, "give 0 (continuous) or 1 (blocks)");
+    if (p->draft_len < 0 || p->draft_len > FLEXDIAG_MAX_DRAFT)
+        return bad_param("draft_len", p->draft_len, "give 0 or 1 (sequential decoding) or 2 .. 64 "
+                         "tokens a pass (speculative Jacobi decoding)");
     return FLEXDIAG_OK;
 }
 
@@ -227,6 +235,24 @@ static flexdiag_status ctx_check_bytes(const flexdiag_context *c) {
 }
 
 /* Fill the geometry fields of c from its params (no allocation). */
+/* Speculative Jacobi decoding (draft_len >= 2; geo.win rows a sequence in a decode pass): the
+ * window pass (window.c) writes its rows where sequential decoding would and attends lists
+ * planned position by position, which this version does for the dense policy with every KV on
+ * the device and each sequence's own prompt rows. */
+static flexdiag_status ctx_window_allowed(const flexdiag_context *c) {
+    const char *why = c->geo.win < 2                       ? NULL
+                      : c->p.policy.kind != FLEXDIAG_POLICY_DENSE ? "a policy other than dense"
+                      : c->homes.s_host < c->geo.n_seq      ? "KV homed below the device (kv_pct)"
+                      : c->geo.n_pre                        ? "shared prompt KV (images_per_prompt)"
+                                                            : NULL;
+    if (!why) return FLEXDIAG_OK;
+    return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
+                         "context_params.draft_len %d (speculative Jacobi decoding) with %s: "
+                         "this version runs it with the dense policy, every KV on the device and "
+                         "no shared prompt KV (docs/decoding.md); give draft_len 0 or change "
+                         "the other setting", c->p.draft_len, why);
+}
+
 static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
@@ -238,6 +264,7 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->geo.mb_seq = c->geo.mb_img * c->geo.rows_per_img;
     c->geo.n_mb = (c->geo.n_img + c->geo.mb_img - 1) / c->geo.mb_img;
     c->geo.p_cap = c->p.max_prompt_len;
+    c->geo.win = c->p.draft_len > 1 ? c->p.draft_len : 1;
     if (l->pos_rows && (int64_t)c->geo.p_cap + c->geo.l_dec > l->max_pos)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "context_params.max_prompt_len %d + %d decode tokens exceed the "
@@ -254,6 +281,7 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->geo.seq_bytes = row * (size_t)(c->geo.blk_p + c->pd.ring);
     c->geo.pre_bytes = row * (size_t)c->geo.p_cap;
     FLEXDIAG_TRY(ctx_check_bytes(c));
+    FLEXDIAG_TRY(ctx_window_allowed(c));
     return flexdiag__cpu_attn_allowed(c);
 }
 
@@ -362,7 +390,7 @@ flexdiag_status flexdiag__context_pf_tables(flexdiag_context *c, int32_t q) {
  * it, so the per-step copies are asynchronous). */
 static flexdiag_status host_alloc(flexdiag_context *c) {
     const flexdiag_kernels *k = c->m->rt->k;
-    size_t each = al((size_t)c->geo.n_seq * 4);
+    size_t each = al((size_t)c->geo.n_seq * (size_t)c->geo.win * 4);
     size_t total = 2 * each + al((size_t)c->geo.n_img * sizeof *c->up.srows);
     flexdiag_status st = k->host_alloc ? k->host_alloc(total, &c->up.block) : FLEXDIAG_OK;
     if (!k->host_alloc) c->up.block = malloc(total);

@@ -104,9 +104,14 @@ typedef struct flexdiag_ctx_bufs {
     int32_t *lp;       /* (n_seq) */
     int32_t *pos_pf;   /* (mb_tok) prefill positions r % q (q: pf_table_q) */
     int32_t *rows_pf;  /* (mb_tok, h_kv) prefill cache rows r % q */
-    int32_t *pos;      /* (n_seq) decode positions */
+    int32_t *pos;      /* (n_seq) decode positions; a window pass: (n_seq, win) */
     int32_t *last;     /* (n_seq) gather index of each sequence's last prompt row */
-    int32_t *ids;      /* (n_img) sampled / forced ids of the current step */
+    int32_t *ids;      /* (n_img) sampled / forced ids of the current step; a window pass:
+                          (n_seq, win) the input id of every row */
+    int32_t *win_rows; /* window passes (win > 1): (n_seq, win, h_kv) the cache row of each
+                          row's K/V */
+    int32_t *win_slots; /* (n_seq, win, max_slots) the ring rows each row attends */
+    int32_t *win_nslots; /* (n_seq, win) their counts */
     flexdiag_sample_row *srows; /* (n_img) each image's draw of the current step (kernels.h) */
 } flexdiag_ctx_bufs;
 
@@ -133,6 +138,8 @@ typedef struct flexdiag_ctx_geom {
                                         text and Chameleon: the whole vocabulary) */
     int32_t row_len;                 /* Chameleon images: tokens per row of the image (grid
                                         codes + the forced row end); 0 otherwise */
+    int32_t win;                     /* rows a sequence may run in one decode pass: the SJD
+                                        window (params draft_len), 1 for sequential decoding */
 } flexdiag_ctx_geom;
 
 /* Where the KV of the sequences the device does not hold lives (context.c ctx_kv_homes). */
@@ -207,6 +214,9 @@ struct flexdiag_context {
 /* Lumina-mGPT's top-k inside the image (its README), used when a request leaves top_k at 0. */
 #define FLEXDIAG_LUMINA_TOP_K 2000
 
+/* The longest SJD window a context takes (params draft_len). */
+#define FLEXDIAG_MAX_DRAFT 64
+
 /* One run: n_img images generated (or scored) together. Host pointers. */
 typedef struct flexdiag_block {
     int32_t n_img;                 /* images, <= context capacity */
@@ -249,6 +259,8 @@ typedef struct flexdiag_job {
     flexdiag_sample_params sp; /* temperature, top_k, top_p, seed (id0 is the context's) */
     float cfg_weight;          /* CFG weight (images) */
     const int32_t *forced;     /* (n_steps) teacher-forced ids, or NULL to sample */
+    int32_t draft_len;         /* SJD window (window.c), <= the context's geo.win; 0 or 1:
+                                  sequential */
     int32_t *tokens;           /* out (n_steps) */
     float *logits;             /* optional out (n_steps, vocab_out): the distribution each token
                                   was drawn from (CFG-combined for images); tests, fidelity */

@@ -42,11 +42,8 @@ static int taking(const run_state *r, int32_t i, int fresh) {
     return r->slot[i].live && (!fresh || r->slot[i].fresh);
 }
 
-/* The id slot sl must take at its next step without drawing: teacher-forced, or the row end of
- * a Chameleon image; 0 when it draws. */
-static int forced_id(const run_state *r, const run_slot *sl, int32_t *id) {
+int flexdiag__forced_at(const run_state *r, const run_slot *sl, int32_t step, int32_t *id) {
     const flexdiag_context *c = r->c;
-    int32_t step = sl->made;
     if (sl->job.forced) *id = sl->job.forced[step];
     else if (c->geo.row_len && step % c->geo.row_len == c->geo.row_len - 1) *id = c->m->cfg.row_end_id;
     else return 0;
@@ -81,7 +78,7 @@ static int32_t plan_draws(const run_state *r, int fresh) {
         run_slot *sl = &r->slot[i];
         sl->forced = -1;
         c->up.srows[i] = (flexdiag_sample_row){.req = -1};
-        if (!taking(r, i, fresh) || forced_id(r, sl, &sl->forced)) continue;
+        if (!taking(r, i, fresh) || flexdiag__forced_at(r, sl, sl->made, &sl->forced)) continue;
         const flexdiag_sample_params *sp = &sl->job.sp;
         c->up.srows[i] = (flexdiag_sample_row){.seed = sp->seed, .req = sl->job.img,
                                               .step = sl->made, .temperature = sp->temperature,
@@ -169,12 +166,13 @@ flexdiag_status flexdiag__feedback(const run_state *r) {
     const flexdiag_context *c = r->c;
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_weights *w = &c->m->w;
-    int32_t n = r->n_seq, d = m->lm.hidden;
+    int32_t n = r->n_seq * r->win, d = m->lm.hidden;
+    int32_t rep = r->win > 1 ? 1 : c->geo.rows_per_img; /* a window pass: an id every row */
     if (m->arch != FLEXDIAG_ARCH_JANUS) { /* both CFG rows of an image take its id */
-        FLEXDIAG_TRY(r->k->embed(c->b.x, w->embed, c->b.ids, n, d, c->geo.rows_per_img, r->s));
+        FLEXDIAG_TRY(r->k->embed(c->b.x, w->embed, c->b.ids, n, d, rep, r->s));
         return flexdiag__add_positions(r, c->b.x, c->b.pos, n);
     }
-    FLEXDIAG_TRY(r->k->embed(c->b.emb, w->gen_embed, c->b.ids, n, m->image_embed, 2, r->s));
+    FLEXDIAG_TRY(r->k->embed(c->b.emb, w->gen_embed, c->b.ids, n, m->image_embed, rep, r->s));
     const void *in = c->b.emb;
     int32_t in_dim = m->image_embed;
     for (int32_t i = 0; i < m->aligner_depth; i++) { /* Linear, GELU between layers */

@@ -117,16 +117,17 @@ static flexdiag_status decode_tail(const run_state *r, const flexdiag_layer_io *
     const flexdiag_sched_io *m = &io->mem;
     if (m->s0 == 0 && r->b->attn_out) FLEXDIAG_TRY(capture_attn(r, m->layer, io->t));
     FLEXDIAG_TRY(flexdiag__prof_end(r, PROF_ATTN, t0));
-    FLEXDIAG_TRY(out_and_mlp(r, &io->w, m->x, m->n_seq));
+    FLEXDIAG_TRY(out_and_mlp(r, &io->w, m->x, (int64_t)m->n_seq * m->rows_per_seq));
     return m->s0 == 0 ? capture_hidden(r, m->layer, m->x, r->lp[0] + io->t, 1) : FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__layer_decode(const run_state *r, const flexdiag_layer_io *io) {
     const flexdiag_context *c = r->c;
     const flexdiag_sched_io *m = &io->mem;
-    FLEXDIAG_TRY(qkv_proj(r, &io->w, m->x, m->n_seq));
+    int64_t n = (int64_t)m->n_seq * m->rows_per_seq; /* a window pass: rows_per_seq rows each */
+    FLEXDIAG_TRY(qkv_proj(r, &io->w, m->x, n));
     double t0 = flexdiag__prof_begin(r);
-    FLEXDIAG_TRY(r->k->kv_append(m->k, m->v, c->b.qkv, io->rows, m->n_seq, 1, &io->a, r->s));
+    FLEXDIAG_TRY(r->k->kv_append(m->k, m->v, c->b.qkv, io->rows, n, m->rows_per_seq, &io->a, r->s));
     FLEXDIAG_TRY(r->k->attn_decode(c->b.att, c->b.qkv, m->k, m->v, &io->a, r->s));
     return decode_tail(r, io, t0);
 }

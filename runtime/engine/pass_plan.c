@@ -60,10 +60,12 @@ static void visit_rows(const run_state *r, int32_t s0, int32_t nb, int prefill,
     for (int32_t s = s0; s < s0 + nb; s++) {
         if (r->t[s] < 0) continue;
         int32_t ws = flexdiag__kvp_write_slot(&c->pd.kp, r->t[s]);
-        t = r->t[s] > t ? r->t[s] : t;
-        w = w == -2 || w == ws ? ws : -1;
+        int32_t last = r->t[s] + r->win - 1; /* a window pass writes win rows from t */
+        t = last > t ? last : t;
+        w = r->win == 1 && (w == -2 || w == ws) ? ws : -1;
     }
     if (t < 0) t = 0, w = -1; /* no live sequence: any consistent rows */
+    if (t >= c->geo.l_dec) t = c->geo.l_dec - 1;
     v->kv_prompt = lp;
     v->kv_ring = (int32_t)flexdiag__kvp_resident_rows(&c->pd.kp, t);
     v->kv_w0 = c->geo.blk_p + w;
@@ -115,7 +117,7 @@ void flexdiag__plan_decode(run_state *r) {
     flexdiag_visit *mbv = r->mbv;
     int32_t layers = c->m->cfg.lm.layers, lo, hi;
     int ahead = c->homes.ca && c->sched->any_order;
-    r->plan = (flexdiag_pass_plan){.rows_per_seq = 1, .v = r->visits, .repeats = 1};
+    r->plan = (flexdiag_pass_plan){.rows_per_seq = r->win, .v = r->visits, .repeats = 1};
     host_mbs(r, &lo, &hi);
     for (int32_t mb = 0; mb < r->n_mb; mb++) {
         int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);

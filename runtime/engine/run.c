@@ -98,6 +98,16 @@ static flexdiag_status io_acquire(const run_state *r, const flexdiag_visit *v, i
         if (c->geo.n_pre) io->a.ring = 0, io->a.lp = c->b.lp_pre + s0; /* prompt-only blocks */
         io->a.ring += c->geo.p_cap - r->pf_q;
         io->a.p_cap = r->pf_q;
+    } else if (r->win > 1) { /* a window pass: its own rows and lists (window.c) */
+        size_t q0 = (size_t)s0 * (size_t)r->win;
+        io->a.pos = rope ? c->b.pos + q0 : NULL;
+        io->a.p_cap = c->geo.blk_p;
+        io->a.win = r->win;
+        io->a.shared_slots = FLEXDIAG_SLOTS_PER_SEQ;
+        io->a.max_slots = c->pd.max_slots;
+        io->a.slots = c->b.win_slots + q0 * (size_t)c->pd.max_slots;
+        io->a.n_slots = c->b.win_nslots + q0;
+        io->rows = c->b.win_rows + q0 * (size_t)l->kv_heads;
     } else {
         io->a.pos = rope ? c->b.pos + s0 : NULL;
         io->a.p_cap = c->geo.blk_p;
@@ -105,7 +115,7 @@ static flexdiag_status io_acquire(const run_state *r, const flexdiag_visit *v, i
         if (c->geo.n_pre) shared_args(c, j, s0, &io->a);
     }
     io->mem = (flexdiag_sched_io){.layer = j, .s0 = s0, .n_seq = nb,
-                                  .rows_per_seq = prefill ? r->pf_q : 1,
+                                  .rows_per_seq = prefill ? r->pf_q : r->win,
                                   .kv_prompt = v->kv_prompt, .kv_ring = v->kv_ring,
                                   .kv_w0 = v->kv_w0, .kv_wn = v->kv_wn,
                                   .host_attend = v->host_attend};
@@ -220,16 +230,18 @@ flexdiag_status flexdiag__pass_prefill(run_state *r) {
 /* ---- decode steps ---- */
 
 /* The device work of a decode pass that reads only device buffers (ids, positions, plans):
- * feedback embedding, every layer of every micro-batch, the heads. Recordable as a graph. */
-static flexdiag_status step_body(const run_state *r) {
+ * feedback embedding, every layer of every micro-batch, the heads (win rows a sequence).
+ * Recordable as a graph. */
+flexdiag_status flexdiag__step_body(const run_state *r) {
     flexdiag_context *c = r->c;
     const flexdiag_lm_config *l = &c->m->cfg.lm;
     FLEXDIAG_TRY(flexdiag__feedback(r));
     for (int32_t i = 0; i < r->plan.n_visits; i++) FLEXDIAG_TRY(run_visit(r, &r->plan.v[i], 0));
     for (int32_t mb = 0; mb < r->n_mb; mb++) {
         int32_t s0, nb = flexdiag__mb_range(r, mb, &s0);
-        FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.x + (size_t)s0 * (size_t)l->hidden * r->act,
-                                    s0, nb));
+        size_t q0 = (size_t)s0 * (size_t)r->win;
+        FLEXDIAG_TRY(flexdiag__head(r, (char *)c->b.x + q0 * (size_t)l->hidden * r->act,
+                                    (int32_t)q0, nb * r->win));
     }
     return FLEXDIAG_OK;
 }
@@ -254,11 +266,11 @@ static flexdiag_status step_body_graph(const run_state *r, int scores) {
     }
     if (!*g && c->graphs.eager_seq != r->n_seq) {
         c->graphs.eager_seq = r->n_seq;
-        return step_body(r);
+        return flexdiag__step_body(r);
     }
     if (!*g) {
         FLEXDIAG_TRY(r->k->graph_begin(r->s));
-        flexdiag_status st = step_body(r);
+        flexdiag_status st = flexdiag__step_body(r);
         void *ng = NULL;
         flexdiag_status st2 = r->k->graph_end(r->s, &ng);
         if (st != FLEXDIAG_OK || st2 != FLEXDIAG_OK) {
@@ -267,7 +279,7 @@ static flexdiag_status step_body_graph(const run_state *r, int scores) {
                           flexdiag__err_msg());
             flexdiag__err_clear();
             c->graphs.off = 1;
-            return step_body(r);
+            return flexdiag__step_body(r);
         }
         *g = ng;
         c->graphs.seq[scores] = r->n_seq;
@@ -297,7 +309,7 @@ static flexdiag_status decode_pass(run_state *r) {
     if (use_graph(r))
         FLEXDIAG_TRY(step_body_graph(r, flexdiag__pd_scores(&c->pd)));
     else
-        FLEXDIAG_TRY(step_body(r));
+        FLEXDIAG_TRY(flexdiag__step_body(r));
     FLEXDIAG_TRY(flexdiag__take_step_output(r, 0));
     FLEXDIAG_TRY(flexdiag__cpu_attn_status(c));
     t0 = flexdiag__prof_begin(r);

@@ -27,6 +27,7 @@ typedef struct run_slot {
     int fresh;        /* admitted at this boundary: its prefill is pending */
     int32_t made;     /* tokens made so far; -1: its logits failed (NUMERIC) */
     int32_t forced;   /* the id its next token is forced to, -1: drawn (heads.c) */
+    int32_t told;     /* tokens handed to the feed's token callback */
     char msg[160];    /* why it failed (made -1) */
 } run_slot;
 
@@ -76,6 +77,9 @@ typedef struct run_state {
     flexdiag_pass_plan plan; /* the pass being run (pass_plan.c), its visits in visits */
     flexdiag_visit *visits;  /* (layers × (max(S, n_pre) + 2 n_mb)) */
     flexdiag_visit *mbv;     /* (n_mb) a decode pass's rows of each micro-batch */
+    int32_t win;             /* rows a sequence runs in the current decode pass: 1, or the
+                                window of a window pass (window.c) */
+    struct flexdiag_window *w; /* a window pass's host state (contexts with geo.win > 1) */
 } run_state;
 
 /* One (layer, micro-batch) of a prefill chunk or decode step. */
@@ -157,6 +161,21 @@ flexdiag_status flexdiag__pass_prefill(run_state *r);
  * for every live slot. */
 flexdiag_status flexdiag__pass_decode(run_state *r);
 
+/* ---- window.c ---- */
+
+/* The window of the next decode pass: the longest SJD window of a live slot (1: a sequential
+ * pass). */
+int32_t flexdiag__window_rows(const run_state *r);
+/* A decode pass of r->win rows a sequence (the live slots' last tokens and drafts): plan,
+ * uploads, the step body, then verification: each live slot commits 1 .. win tokens. */
+flexdiag_status flexdiag__pass_window(run_state *r);
+/* The host state of window passes (r->w), for contexts with geo.win > 1; free with
+ * flexdiag__window_free. */
+flexdiag_status flexdiag__window_alloc(run_state *r);
+void flexdiag__window_free(run_state *r);
+/* Slot i took a new job: no drafts yet. */
+void flexdiag__window_admit(run_state *r, int32_t i);
+
 /* ---- heads.c ---- */
 
 /* Final norm + output head for the rows xin (nb of them) into logits rows s0.. */
@@ -165,8 +184,13 @@ flexdiag_status flexdiag__head(const run_state *r, const void *xin, int32_t s0, 
  * (fresh: only the fresh ones, after their prefill): its made count goes up by one. A slot whose
  * logits are not finite gets made = -1 and its msg (its job fails with NUMERIC). */
 flexdiag_status flexdiag__take_step_output(run_state *r, int fresh);
-/* Next input embedding: the step's token of every image, fed to all its rows. */
+/* Next input embedding: the step's token of every image, fed to all its rows (a window pass:
+ * the id of every row, b.ids (n_seq, win)). */
 flexdiag_status flexdiag__feedback(const run_state *r);
+/* Whether slot sl's token `step` is forced (teacher forcing, a Chameleon row end): its id. */
+int flexdiag__forced_at(const run_state *r, const run_slot *sl, int32_t step, int32_t *id);
+/* Step body of a decode pass (run.c): feedback, the plan's visits, the heads. */
+flexdiag_status flexdiag__step_body(const run_state *r);
 /* x (n, d) act += the learned position rows of pos (n) (OPT); nothing for RoPE models. */
 flexdiag_status flexdiag__add_positions(const run_state *r, void *x, const int32_t *pos,
                                         int64_t n);

@@ -34,6 +34,7 @@ static const flexdiag_block no_block; /* a run without captures, progress or pro
 /* ---- run state ---- */
 
 static void run_free(run_state *r) {
+    flexdiag__window_free(r);
     free(r->lp);
     free(r->slot);
     free(r->ids_h);
@@ -75,6 +76,11 @@ static flexdiag_status run_alloc(run_state *r, flexdiag_context *c, const flexdi
     for (size_t s = 0; s < S; s++) r->lp[s] = 1, r->t[s] = -1, r->last[s] = 0, r->prefix[s] = 0;
     for (size_t p = 0; p < P; p++) r->pre_lp[p] = 0, r->pre_ref[p] = 0, r->pre_last[p] = 0;
     memset(c->up.pos, 0, S * 4);
+    r->win = 1;
+    if (c->geo.win > 1 && flexdiag__window_alloc(r) != FLEXDIAG_OK) {
+        run_free(r);
+        return FLEXDIAG_ERR_OOM_HOST; /* its message stands */
+    }
     return FLEXDIAG_OK;
 }
 
@@ -113,6 +119,10 @@ static flexdiag_status check_job(const flexdiag_context *c, const flexdiag_job *
             return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                                  "image %lld: forced token %d is id %d, outside [0, %d)", img, i,
                                  j->forced[i], c->geo.vocab_in);
+    if (j->draft_len < 0 || j->draft_len > c->geo.win)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "image %lld: draft_len %d: the context's window is %d tokens a pass "
+                             "(context_params.draft_len)", img, j->draft_len, c->geo.win);
     const flexdiag_sample_params *sp = &j->sp;
     if (!j->forced && (!(sp->temperature > 0) || !isfinite(sp->temperature) || sp->top_k < 0 ||
                        !(sp->top_p > 0) || !isfinite(j->cfg_weight)))
@@ -222,6 +232,7 @@ static int admit_one(run_state *r, int32_t i, const flexdiag_job *j) {
     }
     flexdiag__pd_admit(&c->pd, i * R, R);
     r->slot[i] = (run_slot){.job = *j, .live = 1, .fresh = 1};
+    flexdiag__window_admit(r, i);
     r->live++;
     return 1;
 }
@@ -305,12 +316,15 @@ static flexdiag_status after_pass(run_state *r, int fresh) {
             continue;
         }
         sl->fresh = 0;
+        int eos = 0;
+        for (; sl->told < sl->made && !eos; sl->told++) { /* a window pass makes several */
+            eos = sl->job.eos >= 0 && sl->job.tokens[sl->told] == sl->job.eos;
+            if (f->token) f->token(f->user, &sl->job, sl->told);
+        }
+        sl->made = sl->told; /* tokens after an eos are dropped */
         for (int32_t q = 0; q < r->c->geo.rows_per_img; q++)
             r->t[i * r->c->geo.rows_per_img + q] = sl->made - 1;
-        if (f->token) f->token(f->user, &sl->job, sl->made - 1);
-        int32_t last = sl->job.tokens[sl->made - 1];
-        if (sl->made == sl->job.n_steps || (sl->job.eos >= 0 && last == sl->job.eos))
-            retire(r, i, FLEXDIAG_OK, "");
+        if (sl->made == sl->job.n_steps || eos) retire(r, i, FLEXDIAG_OK, "");
     }
     return FLEXDIAG_OK;
 }
@@ -453,8 +467,10 @@ static flexdiag_status decode(run_state *r, int32_t granule) {
     const flexdiag_block *b = r->b;
     pass_width(r, granule);
     r->split = b->split && r->t[0] >= b->split_from ? b->split : NULL;
+    r->win = flexdiag__window_rows(r);
     double t0 = flexdiag__now();
-    FLEXDIAG_TRY(flexdiag__pass_decode(r));
+    FLEXDIAG_TRY(r->win > 1 ? flexdiag__pass_window(r) : flexdiag__pass_decode(r));
+    r->win = 1;
     c->stats.decode_s += flexdiag__now() - t0;
     r->split = NULL;
     uint64_t done, total;

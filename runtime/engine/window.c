@@ -1,0 +1,240 @@
+/*
+ * window.c - decode passes of several rows a sequence (speculative Jacobi decoding, sjd.h;
+ * docs/decoding.md):
+ *
+ *   rows:   each live sequence runs win rows: its last committed token, its drafts, then
+ *           padding rows (a job's shorter window, its last tokens) that nothing reads;
+ *   plan:   row i of a sequence at step t is position lp + t + i, writes its K/V where
+ *           sequential decoding writes step t + i and attends what step t + i attends (the
+ *           dense policy: ring rows 0..t+i, ascending), so row i computes exactly the logits
+ *           sequential decoding computes at step t + i whenever rows 0..i hold its tokens;
+ *           padding rows write the ring's last row, which no step attends before it is
+ *           written for real;
+ *   body:   run.c's step body over the rows (kernels.h attn_args win);
+ *   verify: the heads' logits to the host, CFG and the request's sampling settings give
+ *           each row's distribution (the sampler's own definition, kernels.h
+ *           flexdiag__sample_probs), sjd.c commits 1..nv tokens and draws the next drafts.
+ * A slot whose job decodes sequentially (draft_len 1) runs one valid row and draws with
+ * sequential sampling's key, so its tokens equal a sequential pass's.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/core.h"
+#include "runtime/engine/run_state.h"
+#include "runtime/engine/sjd.h"
+
+/* Host state of window passes (geo.win = W rows a sequence at most). */
+typedef struct flexdiag_window {
+    int32_t *n_draft;  /* (n_img) drafts each slot holds */
+    int32_t *draft;    /* (n_img, W - 1) their ids */
+    float *q;          /* (n_img, W - 1, V) the distribution each was drawn from */
+    float *p;          /* (W, V) the rows' distributions of the slot being verified */
+    float *g;          /* (V) a row's guided logits */
+    float *res;        /* (V) residual scratch */
+    void *cand;        /* (V, 8 bytes) sampler scratch */
+    float *logits;     /* (n_seq·W, V) the pass's logits on the host */
+    int32_t *ids, *pos, *rows, *slots, *nslots; /* uploads: (n_seq·W), ·h_kv, ·max_slots */
+    int32_t *forced, *out; /* (W) a slot's forced columns and committed columns */
+} flexdiag_window;
+
+void flexdiag__window_free(run_state *r) {
+    flexdiag_window *w = r->w;
+    if (!w) return;
+    free(w->n_draft);
+    free(w->q);
+    free(w->logits);
+    free(w->ids);
+    free(w);
+    r->w = NULL;
+}
+
+flexdiag_status flexdiag__window_alloc(run_state *r) {
+    const flexdiag_context *c = r->c;
+    size_t W = (size_t)c->geo.win, V = (size_t)c->geo.vocab_out, I = (size_t)c->geo.n_img;
+    size_t SW = (size_t)c->geo.n_seq * W, hkv = (size_t)c->m->cfg.lm.kv_heads;
+    size_t ms = (size_t)c->pd.max_slots;
+    flexdiag_window *w = calloc(1, sizeof *w);
+    r->w = w;
+    if (!w) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "window passes: no host memory");
+    w->n_draft = calloc(I + I * (W - 1) + 2 * W, 4);
+    w->q = malloc(((I * (W - 1) + W + 2) * V) * sizeof(float) + V * 8);
+    w->logits = malloc(SW * V * sizeof(float));
+    w->ids = malloc(SW * (3 + hkv + ms) * 4);
+    if (!w->n_draft || !w->q || !w->logits || !w->ids) {
+        flexdiag__window_free(r);
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "window passes of %zu rows: no host memory "
+                             "for %zu slots' drafts", W, I);
+    }
+    w->draft = w->n_draft + I;
+    w->forced = w->draft + I * (W - 1);
+    w->out = w->forced + W;
+    w->p = w->q + I * (W - 1) * V;
+    w->g = w->p + W * V;
+    w->res = w->g + V;
+    w->cand = w->res + V;
+    w->pos = w->ids + SW;
+    w->nslots = w->pos + SW;
+    w->rows = w->nslots + SW;
+    w->slots = w->rows + SW * hkv;
+    return FLEXDIAG_OK;
+}
+
+void flexdiag__window_admit(run_state *r, int32_t i) {
+    if (r->w) r->w->n_draft[i] = 0;
+}
+
+/* The window of slot i's job (1: sequential). */
+static int32_t job_window(const run_slot *sl) {
+    return sl->job.draft_len > 1 ? sl->job.draft_len : 1;
+}
+
+int32_t flexdiag__window_rows(const run_state *r) {
+    int32_t win = 1;
+    for (int32_t i = 0; r->w && i < r->c->geo.n_img; i++)
+        if (r->slot[i].live && job_window(&r->slot[i]) > win) win = job_window(&r->slot[i]);
+    return win;
+}
+
+/* Rows of slot i that carry its tokens this pass: its last token and the drafts it holds, no
+ * further than the token before its last. */
+static int32_t valid_rows(const run_state *r, int32_t i) {
+    const run_slot *sl = &r->slot[i];
+    int32_t nv = 1 + r->w->n_draft[i], left = sl->job.n_steps - sl->made;
+    if (nv > job_window(sl)) nv = job_window(sl);
+    return nv < left ? nv : left;
+}
+
+/* ---- the plan of a window pass ---- */
+
+/* Row q = s·win + k of sequence s: its input id, position, cache row (after the block's prompt
+ * rows) and attended ring rows. */
+static void plan_row(run_state *r, int32_t s, int32_t k, int32_t nv) {
+    flexdiag_window *w = r->w;
+    const flexdiag_context *c = r->c;
+    int32_t i = s / c->geo.rows_per_img, hkv = c->m->cfg.lm.kv_heads;
+    size_t q = (size_t)s * (size_t)r->win + (size_t)k, ms = (size_t)c->pd.max_slots;
+    const run_slot *sl = &r->slot[i];
+    int32_t t = r->t[s] < 0 ? 0 : r->t[s], real = r->t[s] >= 0 && k < nv;
+    int32_t step = real ? t + k : t, row = c->geo.blk_p + (real ? t + k : c->pd.ring - 1);
+    w->ids[q] = r->t[s] < 0       ? 0
+                : k == 0 || !real ? sl->job.tokens[sl->made - 1]
+                                  : w->draft[(size_t)i * (size_t)(c->geo.win - 1) + (size_t)k - 1];
+    w->pos[q] = r->lp[s] + step;
+    for (int32_t h = 0; h < hkv; h++) w->rows[q * (size_t)hkv + (size_t)h] = row;
+    w->nslots[q] = r->t[s] < 0 ? 0 : step + 1; /* dense: ring rows 0..step */
+    for (int32_t j = 0; j < w->nslots[q]; j++) w->slots[q * ms + (size_t)j] = j;
+}
+
+/* Every row of the pass, then their uploads. */
+static flexdiag_status plan_window(run_state *r) {
+    flexdiag_context *c = r->c;
+    size_t SW = (size_t)r->n_seq * (size_t)r->win, hkv = (size_t)c->m->cfg.lm.kv_heads;
+    flexdiag_window *w = r->w;
+    for (int32_t s = 0; s < r->n_seq; s++) {
+        int32_t i = s / c->geo.rows_per_img, nv = r->slot[i].live ? valid_rows(r, i) : 0;
+        for (int32_t k = 0; k < r->win; k++) plan_row(r, s, k, nv);
+    }
+    /* the lists' stride is max_slots; only their first nslots entries are read */
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.ids, w->ids, SW * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.pos, w->pos, SW * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.win_rows, w->rows, SW * hkv * 4, r->s));
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.win_nslots, w->nslots, SW * 4, r->s));
+    return r->k->copy_h2d(c->b.win_slots, w->slots, SW * (size_t)c->pd.max_slots * 4, r->s);
+}
+
+/* ---- verification ---- */
+
+/* Row k's distribution of slot i into w->p + k·V: CFG-guided logits (u + w·(c - u), as
+ * cfg_combine), then the job's sampling settings; the guided (or plain) logits go to *dist. */
+static flexdiag_status row_dist(run_state *r, int32_t i, int32_t k, const float **dist) {
+    const flexdiag_context *c = r->c;
+    flexdiag_window *w = r->w;
+    const run_slot *sl = &r->slot[i];
+    size_t V = (size_t)c->geo.vocab_out, W = (size_t)r->win;
+    size_t s = (size_t)i * (size_t)c->geo.rows_per_img;
+    const float *l = w->logits + (s * W + (size_t)k) * V;
+    if (c->geo.rows_per_img == 2) {
+        const float *u = w->logits + ((s + 1) * W + (size_t)k) * V;
+        for (size_t j = 0; j < V; j++) w->g[j] = u[j] + sl->job.cfg_weight * (l[j] - u[j]);
+        l = w->g;
+    }
+    *dist = l;
+    const flexdiag_sample_params *sp = &sl->job.sp;
+    flexdiag_sample_row row = {.seed = sp->seed, .req = sl->job.img, .step = sl->made + k,
+                               .temperature = sp->temperature, .top_k = sp->top_k,
+                               .top_p = sp->top_p};
+    return flexdiag__sample_probs(w->p + (size_t)k * V, l, (int64_t)V, &row, w->cand);
+}
+
+/* Slot i's next drafts (tokens made.. after its commit of n), each from this pass's
+ * distribution of the row that predicted it, else from its last row's. */
+static void redraft(run_state *r, int32_t i, int32_t n, int32_t nv) {
+    const flexdiag_context *c = r->c;
+    flexdiag_window *w = r->w;
+    run_slot *sl = &r->slot[i];
+    size_t V = (size_t)c->geo.vocab_out, D = (size_t)(c->geo.win - 1);
+    flexdiag_sjd_key key = {sl->job.sp.seed, sl->job.img};
+    int32_t want = job_window(sl) - 1, left = sl->job.n_steps - sl->made - 1;
+    w->n_draft[i] = want < left ? want : left > 0 ? left : 0;
+    for (int32_t j = 0; j < w->n_draft[i]; j++) {
+        int32_t k = n + j < nv ? n + j : nv - 1, col, id;
+        float *q = w->q + ((size_t)i * D + (size_t)j) * V;
+        memcpy(q, w->p + (size_t)k * V, V * sizeof *q);
+        if (flexdiag__forced_at(r, sl, sl->made + j, &id)) col = id - c->geo.id0;
+        else col = flexdiag__sjd_draw_draft(&key, sl->made + j, q, (int64_t)V);
+        w->draft[(size_t)i * D + (size_t)j] = c->geo.id0 + col;
+    }
+}
+
+/* Slot i: its rows' distributions, the verification, the committed tokens (and logits) into its
+ * job, its next drafts. A row without finite logits fails the slot (made -1). */
+static void verify_slot(run_state *r, int32_t i) {
+    const flexdiag_context *c = r->c;
+    flexdiag_window *w = r->w;
+    run_slot *sl = &r->slot[i];
+    size_t V = (size_t)c->geo.vocab_out, D = (size_t)(c->geo.win - 1);
+    int32_t nv = valid_rows(r, i), drafts[FLEXDIAG_MAX_DRAFT];
+    for (int32_t k = 0; k < nv; k++) {
+        const float *dist;
+        int32_t id;
+        if (row_dist(r, i, k, &dist) != FLEXDIAG_OK) {
+            snprintf(sl->msg, sizeof sl->msg, "step %d: image %lld: %s", sl->made + k,
+                     (long long)sl->job.img, flexdiag__err_msg());
+            flexdiag__err_clear();
+            sl->made = -1;
+            return;
+        }
+        if (sl->job.logits) memcpy(sl->job.logits + (size_t)(sl->made + k) * V, dist, V * 4);
+        w->forced[k] = flexdiag__forced_at(r, sl, sl->made + k, &id) ? id - c->geo.id0 : -1;
+        if (k + 1 < nv) drafts[k] = w->draft[(size_t)i * D + (size_t)k] - c->geo.id0;
+    }
+    flexdiag_sjd_key key = {sl->job.sp.seed, sl->job.img};
+    int32_t n = flexdiag__sjd_verify(&key, sl->made, w->p, nv, drafts, w->q + (size_t)i * D * V,
+                                     w->forced, (int64_t)V, w->out, w->res);
+    for (int32_t k = 0; k < n; k++) sl->job.tokens[sl->made + k] = c->geo.id0 + w->out[k];
+    sl->made += n;
+    redraft(r, i, n, nv);
+}
+
+/* The pass's logits to the host, then every live slot's verification. */
+static flexdiag_status verify(run_state *r) {
+    const flexdiag_context *c = r->c;
+    size_t rows = (size_t)r->n_seq * (size_t)r->win;
+    FLEXDIAG_TRY(r->k->copy_d2h(r->w->logits, c->b.logits, rows * (size_t)c->geo.vocab_out * 4, r->s));
+    FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    for (int32_t i = 0; i < r->n_img; i++)
+        if (r->slot[i].live && r->slot[i].made >= 0) verify_slot(r, i);
+    return FLEXDIAG_OK;
+}
+
+flexdiag_status flexdiag__pass_window(run_state *r) {
+    flexdiag_context *c = r->c;
+    FLEXDIAG_TRY(plan_window(r));
+    flexdiag__plan_decode(r);
+    FLEXDIAG_TRY(flexdiag__sched_begin(c->sched, &r->plan));
+    FLEXDIAG_TRY(flexdiag__step_body(r));
+    return verify(r);
+}
