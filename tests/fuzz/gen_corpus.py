@@ -23,6 +23,10 @@ stay. Standard library only. Per target:
                "<id>\n<prompt>" separated by 0x1e) with the malformed lines prompts.c refuses;
   serve_request  a route byte and a `flexdiag serve` body: valid image and text requests and
                one per refusal of cli/serve_api.c (bad JSON, unknown field, type, range, route).
+  planes_zstd  the target's 7-byte prefix (element size, position, expected raw size) and a
+               chunk of offload/planes_zstd.c: planes kept as they are, planes of one repeated
+               byte as zstd RLE frames, and one chunk per refusal (magic, version, element and
+               raw size, plane lengths, checksum, truncation).
 So mutations start next to every validation branch. """
 import functools
 import json
@@ -448,6 +452,106 @@ def serve_request_seeds():
     }
 
 
+M64 = (1 << 64) - 1
+XP = [0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,
+      0x27D4EB2F165667C5]
+
+
+def xxh64(data, seed=0):
+    """XXH64, the reference algorithm (offload/planes_zstd.c flexdiag__xxh64)."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (64 - r))) & M64
+
+    def rnd(acc, v):
+        return rotl((acc + v * XP[1]) & M64, 31) * XP[0] & M64
+
+    p, n = 0, len(data)
+    if n >= 32:
+        v = [(seed + XP[0] + XP[1]) & M64, (seed + XP[1]) & M64, seed, (seed - XP[0]) & M64]
+        while n - p >= 32:
+            for i in range(4):
+                v[i] = rnd(v[i], struct.unpack_from("<Q", data, p + 8 * i)[0])
+            p += 32
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M64
+        for x in v:
+            h = ((h ^ rnd(0, x)) * XP[0] + XP[3]) & M64
+    else:
+        h = (seed + XP[4]) & M64
+    h = (h + n) & M64
+    while n - p >= 8:
+        h = (rotl(h ^ rnd(0, struct.unpack_from("<Q", data, p)[0]), 27) * XP[0] + XP[3]) & M64
+        p += 8
+    if n - p >= 4:
+        h = (rotl(h ^ (struct.unpack_from("<I", data, p)[0] * XP[0] & M64), 23) * XP[1] + XP[2]) & M64
+        p += 4
+    while p < n:
+        h = rotl(h ^ (data[p] * XP[4] & M64), 11) * XP[0] & M64
+        p += 1
+    h ^= h >> 33
+    h = h * XP[1] & M64
+    h ^= h >> 29
+    h = h * XP[2] & M64
+    return h ^ (h >> 32)
+
+
+def zstd_rle(byte, m):
+    """A zstd frame of m copies of byte: single segment, content size, one RLE block."""
+    if m < 256:
+        head = bytes([0x20, m])
+    else:
+        head = bytes([0x60]) + struct.pack("<H", m - 256)
+    block = 1 | 1 << 1 | m << 3
+    return struct.pack("<I", 0xFD2FB528) + head + struct.pack("<I", block)[:3] + bytes([byte])
+
+
+def pz_chunk(raw, elem, planes=None):
+    """A chunk of raw bytes (elem-byte elements): each plane kept as it is, or the given zstd
+    frame for it (planes: {b: frame})."""
+    m = len(raw) // elem
+    stored, lens, payload = 0, [0] * 8, b""
+    for b in range(elem):
+        frame = (planes or {}).get(b)
+        if frame is None:
+            frame = bytes(raw[i * elem + b] for i in range(m))
+            stored |= 1 << b
+        lens[b] = len(frame)
+        payload += frame
+    head = struct.pack("<IHBBII8IQQ", 0x315A4446, 1, elem, stored, len(raw), len(payload),
+                       *lens, 0, 0)
+    total = xxh64(head, xxh64(payload))
+    return head[:48] + struct.pack("<Q", total) + head[56:] + payload
+
+
+def planes_zstd_seeds():
+    def case(elem, raw, chunk, p=5):
+        return bytes([elem - 1]) + struct.pack("<HI", p, raw) + chunk
+
+    ramp = bytes((i * 37) % 251 for i in range(512))
+    bf16 = bytes([0x3C if i % 2 else (i * 13) % 256 for i in range(1024)])  # a constant high byte
+    stored2 = pz_chunk(ramp, 2)
+    rle = pz_chunk(bf16, 2, {1: zstd_rle(0x3C, 512)})
+    seeds = {
+        "valid_stored_e1.bin": case(1, 512, pz_chunk(ramp, 1)),
+        "valid_stored_e2.bin": case(2, 512, stored2),
+        "valid_stored_e4.bin": case(4, 512, pz_chunk(ramp, 4)),
+        "valid_stored_e8.bin": case(8, 512, pz_chunk(ramp, 8)),
+        "valid_rle_high_plane.bin": case(2, 1024, rle),
+        "valid_rle_all_planes.bin": case(2, 400, pz_chunk(bytes(400), 2, {0: zstd_rle(0, 200),
+                                                                          1: zstd_rle(0, 200)})),
+        "bad_magic.bin": case(2, 512, b"PK\3\4" + stored2[4:]),
+        "bad_version.bin": case(2, 512, stored2[:4] + b"\2\0" + stored2[6:]),
+        "bad_elem.bin": case(4, 512, stored2),
+        "bad_raw.bin": case(2, 510, stored2),
+        "bad_plane_length.bin": case(2, 512, stored2[:16] + struct.pack("<I", 255) + stored2[20:]),
+        "bad_checksum.bin": case(2, 512, stored2[:48] + bytes(8) + stored2[56:]),
+        "bad_payload_flip.bin": case(2, 1024, rle[:-1] + bytes([rle[-1] ^ 1])),
+        "bad_truncated.bin": case(2, 1024, rle[:-3]),
+        "bad_short.bin": case(2, 512, stored2[:30]),
+        "data_only.bin": case(2, 0, bf16, p=0x2345),
+    }
+    return seeds
+
+
 TARGETS = {
     "safetensors": safetensors_seeds,
     "config": config_seeds,
@@ -456,6 +560,7 @@ TARGETS = {
     "score_input": score_input_seeds,
     "prompts": prompts_seeds,
     "serve_request": serve_request_seeds,
+    "planes_zstd": planes_zstd_seeds,
 }
 
 
