@@ -38,9 +38,10 @@ flexdiag_op_attn_prefill flexdiag__cuda_attn_prefill;
  * one CTA, so it is the table's diag_max_group. */
 #define FLEXDIAG__CUDA_DEC_MAX_G 8
 
-/* kernels.h attn_decode: one query per sequence over prompt rows 0..lp-1 and the ring rows of
- * the slot lists; one CTA per (sequence, KV head) serves all its query heads. Fills
- * logits_out / lse_out / probs_out when given; applies the Diagonal update (diag_lag). */
+/* kernels.h attn_decode: one query per sequence (win of them in a window pass, kernels.h win)
+ * over prompt rows 0..lp-1 and the ring rows of the slot lists; one CTA per (query row, KV head)
+ * serves all its query heads. Fills logits_out / lse_out / probs_out when given; applies the
+ * Diagonal update (diag_lag, win 1 only). */
 flexdiag_op_attn_decode flexdiag__cuda_attn_decode;
 
 /* ---- shared by the attention .cu files ---- */

@@ -1,14 +1,16 @@
 /*
- * attn_decode.cu - the CUDA attn_decode op: one query token per sequence attends its prompt
- * rows and the ring rows its KV policy selected (docs/policies.md §4.3), the hot kernel of
- * decoding.
+ * attn_decode.cu - the CUDA attn_decode op: one query token per sequence (a window pass: win of
+ * them, kernels.h win) attends its prompt rows and the ring rows its KV policy selected
+ * (docs/policies.md §4.3), the hot kernel of decoding.
  *
- * One CTA per (sequence, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
- * group, so each K/V row is read once and used g times. Key list: j < lp are prompt rows
+ * One CTA per (query row, KV head) (× ceil(g / 8) head chunks) runs all query heads of the
+ * group, so each K/V row is read once and used g times. Query row q is query q % win of
+ * sequence s = q / win: it reads s's block, lp[s] and prefix[s], and everything else (qkv and
+ * out rows, its slot list, the policy outputs) as row q. Key list: j < lp are prompt rows
  * (contiguous: in the block, or with shared prompt KV in the sequence's prefix block of the
  * prompt-only store, which the sequences of one prompt read through L2), j >= lp ring rows
- * p_cap + slots[s][h][j - lp] (token-granular gather; the list of (s, h), of sequence s or
- * one for all as shared_slots says: dec_list), the CTA's slots staged in shared memory first
+ * p_cap + slots[q][h][j - lp] (token-granular gather; the list of (q, h), of row q or one
+ * for all as shared_slots says: dec_list), the CTA's slots staged in shared memory first
  * (short lists excepted) so key loads never wait on a slot load. A row of d_h bf16 is split over
  * L = d_h / 8 lanes
  * with 16-byte loads; each such row group takes every NG-th key, U per iteration, all loads
@@ -84,45 +86,48 @@ typedef struct decode_params {
     int32_t splits;               /* CTAs per key list (grid z); 1 = no split */
     float scale;                  /* logit scale */
     const int32_t *lp;            /* (n_seq) prompt rows */
-    const int32_t *slots;         /* (n_seq, h_kv, max_slots) ring rows */
-    const int32_t *n_slots;       /* (n_seq, h_kv) valid slots */
+    const int32_t *slots;         /* (n_seq·win, h_kv, max_slots) ring rows */
+    const int32_t *n_slots;       /* (n_seq·win, h_kv) valid slots */
     int32_t shared;               /* FLEXDIAG_SLOTS_*: lists per (seq, KV head), one for all
                                      or per sequence (dec_list) */
-    float *logits_out;            /* (n_seq, h_q, max_slots) or NULL */
-    float *lse_out;               /* (n_seq, h_q) or NULL */
-    float *probs_out;             /* (n_seq, h_q, max_slots) or NULL */
+    float *logits_out;            /* (n_seq·win, h_q, max_slots) or NULL */
+    float *lse_out;               /* (n_seq·win, h_q) or NULL */
+    float *probs_out;             /* (n_seq·win, h_q, max_slots) or NULL */
     int16_t *diag_lag;            /* (n_seq, h_kv, diag_a) lag lists or NULL (kernels.h) */
     int32_t diag_a, diag_base;
     const int32_t *diag_next;     /* (n_seq) the new lag of each sequence, < 0: none */
-    float *part;                  /* splits > 1: (n_seq·h_q, splits, DEC_PART(d_h)) acc|m|l,
+    float *part;                  /* splits > 1: (n_seq·win·h_q, splits, DEC_PART(d_h)) acc|m|l,
                                      Diagonal's partial (score, entry) in the first head's pad */
     const int32_t *prefix;        /* (n_seq) shared prompt block of each sequence, or NULL */
     const uint4 *kpre, *vpre;     /* the prompt-only stores (n_pre, h_kv, pre_cap, d_h) */
     int32_t n_pre, pre_cap;
     int32_t n_seq;
+    int32_t win;                  /* query rows per sequence (kernels.h win, >= 1): row q reads
+                                     sequence q / win's block */
     const int32_t *casc_seq, *casc_tile; /* the cascade plan (kernels.h): every sequence in
                                             one tile, or its prompt part is undefined */
     float *pre_part;              /* cascade: (n_seq·h_q, DEC_PART(d_h)) prompt partials acc|m|l,
                                      the decode kernel then skips the prompt keys; or NULL */
-    int32_t head_major;           /* 1: CTA x = h·n_seq + s, else s·h_kv + h (decode_head_major) */
+    int32_t head_major;           /* 1: CTA x = h·n_seq·win + q, else q·h_kv + h (query row q;
+                                     decode_head_major) */
 } decode_params;
 
 /* ---- small device helpers ---- */
 
-/* The slot list (index into n_slots; times max_slots into slots) of sequence s, KV head h under
- * p.shared: kernels.h flexdiag__slot_list on the device. */
-static __device__ __forceinline__ int64_t dec_list(const decode_params &p, int64_t s, int h) {
+/* The slot list (index into n_slots; times max_slots into slots) of query row q, KV head h under
+ * p.shared: kernels.h flexdiag__slot_list on the device (lists are per row, kernels.h win). */
+static __device__ __forceinline__ int64_t dec_list(const decode_params &p, int64_t q, int h) {
     return p.shared == FLEXDIAG_SLOTS_ONE ? 0
-           : p.shared == FLEXDIAG_SLOTS_PER_SEQ ? s
-                                                : s * p.h_kv + h;
+           : p.shared == FLEXDIAG_SLOTS_PER_SEQ ? q
+                                                : q * p.h_kv + h;
 }
 
-/* The sequence s and KV head h this CTA attends for: CTA x = s·h_kv + h, or head-major
- * x = h·n_seq + s (decode_head_major). */
-static __device__ __forceinline__ void dec_cta(const decode_params &p, int &s, int &h) {
-    const int x = (int)blockIdx.x;
-    h = p.head_major ? x / p.n_seq : x % p.h_kv;
-    s = p.head_major ? x - h * p.n_seq : x / p.h_kv;
+/* The query row q (of n_seq·win) and KV head h this CTA attends for: CTA x = q·h_kv + h, or
+ * head-major x = h·n_seq·win + q (decode_head_major). */
+static __device__ __forceinline__ void dec_cta(const decode_params &p, int &q, int &h) {
+    const int x = (int)blockIdx.x, rows = p.n_seq * p.win;
+    h = p.head_major ? x / rows : x % p.h_kv;
+    q = p.head_major ? x - h * rows : x / p.h_kv;
 }
 
 /* 8 bf16 of a 16-byte vector to fp32 (element 0 in the low half of word 0). */
@@ -399,10 +404,11 @@ static __device__ __forceinline__ void dec_write(uint4 *out, const decode_params
 }
 
 /* Reduce the CTA's Diagonal candidates (row groups by shuffles, warps through shared memory);
- * thread 0 rewrites the winning lag with diag_next[s] of the CTA's sequence s (nothing when it
- * is negative), or under split-K leaves the split's candidate in the pad of the first head's
- * partial for attn_decode_merge. s is found again from the CTA index rather than kept live
- * through the key loop (one register less: no spills at g = 1, d_h 128). */
+ * thread 0 rewrites the winning lag with diag_next[s] of the CTA's sequence s (its query row:
+ * the update comes with win 1 only; nothing when it is negative), or under split-K leaves the
+ * split's candidate in the pad of the first head's partial for attn_decode_merge. s is found
+ * again from the CTA index rather than kept live through the key loop (one register less: no
+ * spills at g = 1, d_h 128). */
 template <int D>
 static __device__ void dec_diag_finish(dec_amin am, const dec_keys &k, const decode_params &p,
                                        int64_t sq0, float *sm_s, int *sm_e) {
@@ -485,10 +491,10 @@ static __device__ __forceinline__ void dec_finish(dec_state<G> &st, uint4 *out,
 
 /* ---- kernels ---- */
 
-/* out (n_seq, h_q·D) bf16; qkv (n_seq, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as 16-byte
- * vectors. G query heads per CTA (ng <= G of them live), U keys per row group per iteration.
- * POL: the call asked for policy outputs (logits, probabilities or the Diagonal update); the
- * plain instantiation carries none of their code in its key loop. */
+/* out (n_seq·win, h_q·D) bf16; qkv (n_seq·win, (h_q + 2·h_kv)·D) bf16; kc, vc caches; all as
+ * 16-byte vectors. G query heads per CTA (ng <= G of them live), U keys per row group per
+ * iteration. POL: the call asked for policy outputs (logits, probabilities or the Diagonal
+ * update); the plain instantiation carries none of their code in its key loop. */
 template <int D, int G, int U, bool POL, bool SHORT = G == 1 && U == 2>
 static __global__ void __launch_bounds__(DEC_THREADS, SHORT ? DEC_SHORT_CTAS
                                                    : G <= 4 ? DEC_MIN_CTAS : 1)
@@ -503,8 +509,9 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
     const int sub = lane % L, grp = warp * RPW + lane / L;
-    int s, h;
-    dec_cta(p, s, h);
+    int qrow, h;
+    dec_cta(p, qrow, h);
+    const int s = qrow / p.win;    /* the sequence whose block the row reads (kernels.h win) */
     const int bh = s * p.h_kv + h; /* the index of the (s, h) cache block */
     const int hq0 = h * p.g + (int)blockIdx.y * G;
     const int ng = min(G, p.g - (int)blockIdx.y * G);
@@ -515,14 +522,14 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
 #pragma unroll
     for (int i = 0; i < G; i++) {
         uint4 w = make_uint4(0, 0, 0, 0);
-        if (i < ng) w = __ldg(qkv + s * qkv_w + (int64_t)(hq0 + i) * L + sub);
+        if (i < ng) w = __ldg(qkv + qrow * qkv_w + (int64_t)(hq0 + i) * L + sub);
         bf16x8_to_f32(w, q[i]);
     }
 
     /* key list: lp prompt rows, then ns ring slots (clamped: file comment); this CTA's part */
     dec_keys k;
     k.lp = p.pre_part ? 0 : min(max(__ldg(p.lp + s), 0), p.prefix ? p.pre_cap : p.p_cap);
-    const int64_t li = dec_list(p, s, h); /* slot list of this (sequence, KV head) */
+    const int64_t li = dec_list(p, qrow, h); /* slot list of this (query row, KV head) */
     k.n = k.lp + (p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0);
     const int per = (k.n + p.splits - 1) / p.splits;
     k.jb = min(k.n, (int)blockIdx.z * per);
@@ -543,7 +550,7 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
         k.sl = sm_slot - s0;
         __syncthreads();
     }
-    const int64_t sq0 = (int64_t)s * p.h_q + hq0; /* first query head row of the CTA */
+    const int64_t sq0 = (int64_t)qrow * p.h_q + hq0; /* first query head row of the CTA */
     k.lg = p.logits_out ? p.logits_out + sq0 * p.max_slots : nullptr;
     k.pg = p.probs_out ? p.probs_out + sq0 * p.max_slots : nullptr;
     k.dl = p.diag_lag ? p.diag_lag + (int64_t)bh * p.diag_a : nullptr; /* one chunk: launcher */
@@ -572,9 +579,9 @@ attn_decode_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ qkv,
     }
 }
 
-/* Split-K merge: one warp per query head row sq; out (n_seq·h_q, D) bf16, lse (n_seq·h_q); the
- * row's probabilities (probs_out) and, in a group's first head row, Diagonal's update from the
- * splits' candidates. */
+/* Split-K merge: one warp per query head row sq; out (n_seq·win·h_q, D) bf16, lse
+ * (n_seq·win·h_q); the row's probabilities (probs_out) and, in a group's first head row,
+ * Diagonal's update from the splits' candidates. */
 template <int D>
 static __global__ void __launch_bounds__(32)
 attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
@@ -597,8 +604,9 @@ attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
     const float lse = lsum == 0.0f ? -INFINITY : mx + logf(lsum);
     if (threadIdx.x == 0 && p.lse_out) p.lse_out[sq] = lse;
     if (!p.probs_out && !p.diag_lag) return;
-    const int s = (int)(sq / p.h_q), hq = (int)(sq - (int64_t)s * p.h_q);
-    const int64_t li = dec_list(p, s, hq / p.g);
+    /* query row q (its sequence too under the Diagonal update, which comes with win 1 only) */
+    const int q = (int)(sq / p.h_q), hq = (int)(sq - (int64_t)q * p.h_q);
+    const int64_t li = dec_list(p, q, hq / p.g);
     const int ns = p.max_slots > 0 ? min(max(__ldg(p.n_slots + li), 0), p.max_slots) : 0;
     if (p.probs_out)
         for (int c = (int)threadIdx.x; c < ns; c += 32) {
@@ -606,9 +614,9 @@ attn_decode_merge(__nv_bfloat16 *__restrict__ out, const decode_params p) {
             *pr = dec_prob(*pr, lse);
         }
     if (p.diag_lag && hq % p.g == 0 && threadIdx.x == 0) {
-        const int32_t next = __ldg(p.diag_next + s); /* < 0: s keeps its lags */
+        const int32_t next = __ldg(p.diag_next + q); /* < 0: q keeps its lags */
         if (next < 0) return;
-        int16_t *dl = p.diag_lag + ((int64_t)s * p.h_kv + hq / p.g) * p.diag_a;
+        int16_t *dl = p.diag_lag + ((int64_t)q * p.h_kv + hq / p.g) * p.diag_a;
         dec_amin am = {0.0f, -1};
         for (int z = 0; z < p.splits; z++)
             amin_fold(am, pp[z * DEC_PART(D) + D + 2], __float_as_int(pp[z * DEC_PART(D) + D + 3]),
@@ -776,9 +784,15 @@ static void decode_launch_g(int G, dim3 grid, cudaStream_t st, void *out, const 
 /* Prompt rows a sequence may attend: its block's, or with shared prompt KV its prefix block's. */
 static int32_t prompt_cap(const flexdiag_attn_args *a) { return a->prefix ? a->pre_cap : a->p_cap; }
 
-/* Workspace bytes of one partial per query head row (split-K, cascade). */
+/* Query rows of a decode call: n_seq·win (kernels.h win). */
+static int64_t query_rows(const flexdiag_attn_args *a) {
+    return (int64_t)a->n_seq * flexdiag__attn_win(a);
+}
+
+/* Workspace bytes of per_row partials per query head row (split-K, cascade). */
 static size_t part_bytes(const flexdiag_attn_args *a, int64_t per_row) {
-    return (size_t)a->n_seq * (size_t)a->h_q * (size_t)per_row * DEC_PART(a->d_h) * sizeof(float);
+    return (size_t)query_rows(a) * (size_t)a->h_q * (size_t)per_row * DEC_PART(a->d_h) *
+           sizeof(float);
 }
 
 /* Cascade when FLEXDIAG_CASCADE=1, the caller gave a plan, the prompts are shared by two
@@ -834,12 +848,30 @@ static void decode_launch_d(const flexdiag_attn_args *a, int G, dim3 grid, cudaS
     decode_launch_g<D>(G, grid, st, out, qkv, k, v, p, n_rows, keys);
 }
 
-/* out (n_seq, h_q·d_h) bf16; qkv (n_seq, (h_q + 2·h_kv)·d_h) bf16; k, v caches (kernels.h);
- * slots (n_seq, h_kv, max_slots), n_slots (n_seq, h_kv) int32; logits_out, lse_out optional */
+/* kernels.h win: 0 or 1 (one query a sequence) or more (a window pass), the latter with neither
+ * the fused Diagonal update nor a cascade plan. The CPU backends check the same. */
+static flexdiag_status check_win(const flexdiag_attn_args *a) {
+    if (a->win < 0)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "attn_decode: win = %d: need 0 or 1 (one query a sequence) or more",
+                             (int)a->win);
+    if (a->win > 1 && (a->diag_lag || a->n_casc_tiles))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "attn_decode: win = %d with %s: a window pass takes neither the "
+                             "fused Diagonal update nor a cascade plan",
+                             (int)a->win,
+                             a->diag_lag ? "diag_lag" : "a cascade plan (n_casc_tiles)");
+    return FLEXDIAG_OK;
+}
+
+/* out (n_seq·win, h_q·d_h) bf16; qkv (n_seq·win, (h_q + 2·h_kv)·d_h) bf16; k, v caches
+ * (kernels.h); slots (n_seq·win, h_kv, max_slots), n_slots (n_seq·win, h_kv) int32 (or per
+ * shared_slots); logits_out, lse_out, probs_out optional */
 extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv, const void *k,
                                                       const void *v, const flexdiag_attn_args *a,
                                                       flexdiag_stream *s) {
     FLEXDIAG_TRY(flexdiag__cuda_attn_check("attn_decode", a, s, 1, out, qkv, k, v));
+    FLEXDIAG_TRY(check_win(a));
     if (a->n_seq == 0) return FLEXDIAG_OK;
     if (!out || !qkv || !k || !v)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "attn_decode: NULL out, qkv, k or v");
@@ -858,12 +890,14 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
                              "ring-only blocks (p_cap 0), n_pre >= 1 and pre_cap >= 0",
                              a->k_pre ? "set" : "NULL", a->v_pre ? "set" : "NULL", (int)a->p_cap,
                              (int)a->n_pre, (int)a->pre_cap);
-    const int64_t n_rows = (int64_t)a->n_seq * a->h_q; /* query head rows */
-    if (n_rows > INT32_MAX || (int64_t)prompt_cap(a) + a->max_slots > INT32_MAX)
+    const int64_t rows = query_rows(a); /* < 2^62: no overflow times h_q once <= 2^31 - 1 */
+    if (rows > INT32_MAX || rows * a->h_q > INT32_MAX ||
+        (int64_t)prompt_cap(a) + a->max_slots > INT32_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
-                             "attn_decode: n_seq·h_q = %lld or the prompt rows + max_slots exceed "
-                             "2^31 - 1",
-                             (long long)n_rows);
+                             "attn_decode: %lld query rows (n_seq·win) times h_q = %d, or the "
+                             "prompt rows + max_slots, exceed 2^31 - 1",
+                             (long long)rows, (int)a->h_q);
+    const int64_t n_rows = rows * a->h_q; /* query head rows */
     const int g = a->h_q / a->h_kv;
     const int G = g > 4 ? DEC_MAX_G : g > 2 ? 4 : g; /* 1, 2, 4 or 8: the smallest >= g */
     const int chunks = (g + G - 1) / G;
@@ -880,7 +914,7 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
                              "%d, group %d)",
                              DEC_MAX_G, (int)a->shared_slots, (int)a->diag_a, (int)a->diag_base,
                              g);
-    const int64_t ctas = (int64_t)a->n_seq * a->h_kv * chunks;
+    const int64_t ctas = rows * a->h_kv * chunks;
     /* workspace: the cascade's prompt partials first, then the split-K partials */
     const bool cascade = decode_cascade(a, s);
     const size_t pre = cascade ? flexdiag__round256(part_bytes(a, 1)) : 0;
@@ -891,10 +925,10 @@ extern "C" flexdiag_status flexdiag__cuda_attn_decode(void *out, const void *qkv
                        a->lse_out, a->probs_out, a->diag_lag, a->diag_a, a->diag_base,
                        a->diag_next, (float *)((char *)s->workspace + pre), a->prefix,
                        (const uint4 *)a->k_pre, (const uint4 *)a->v_pre, a->n_pre, a->pre_cap,
-                       a->n_seq, a->casc_seq, a->casc_tile,
+                       a->n_seq, flexdiag__attn_win(a), a->casc_seq, a->casc_tile,
                        cascade ? (float *)s->workspace : nullptr,
                        decode_head_major(a, cascade) ? 1 : 0};
-    const dim3 grid((unsigned)(a->n_seq * a->h_kv), (unsigned)chunks, (unsigned)splits);
+    const dim3 grid((unsigned)(rows * a->h_kv), (unsigned)chunks, (unsigned)splits);
     const int64_t keys = (list + splits - 1) / splits;
     switch (a->d_h) {
     case 16: decode_launch_d<16>(a, G, grid, s->stream, out, qkv, k, v, p, n_rows, keys); break;

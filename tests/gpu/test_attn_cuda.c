@@ -23,9 +23,11 @@
  * before each call so unwritten elements fail. Decode with shared prompt KV (prefix blocks,
  * ring-only caches) in each CTA order (head-major, sequence-major, the cascade), split-K
  * included, against the reference and each other, with the same policy checks. kv_append with
- * positions (fused RoPE) has its own file, test_kv_append_cuda.c. Also: the host-side argument
- * checks. Exits 77 when CUDA is not
- * built or no device is usable.
+ * positions (fused RoPE) has its own file, test_kv_append_cuda.c. Window passes (kernels.h win:
+ * 2, 4 or 8 query rows per sequence, lists causal inside the window, per (row, KV head) or per
+ * row, with and without shared prompt KV, split-K included) against the reference's window
+ * call, and bit-identical to a win-1 call over copies of the blocks (test_win). Also: the
+ * host-side argument checks. Exits 77 when CUDA is not built or no device is usable.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -269,7 +271,7 @@ static void problem_init(problem *pb, const attn_case *c, int idx, tu_rng *r) {
     flexdiag_attn_args a = {c->n_seq, c->h_q, c->h_kv, c->d_h, pb->c.p_cap, c->ring,
                             1.0f / sqrtf((float)c->d_h), pb->lp, pb->slots, pb->n_slots,
                             pb->max_slots, NULL, NULL, c->shared, NULL, 0.0f, NULL, NULL, 0, 0,
-                            NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, 0};
+                            NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, 0, 0};
     pb->a = a;
     pb->kc = xmalloc((size_t)pb->cache_n * 2);
     pb->vc = xmalloc((size_t)pb->cache_n * 2);
@@ -1213,6 +1215,411 @@ static void test_prefix(void **state) {
     pproblem_free(&pp);
 }
 
+/* ---- window passes: win query rows per sequence (kernels.h win) ---- */
+
+typedef struct win_case {
+    int32_t n_seq, win, h_q, h_kv, d_h, ring;
+    int32_t p_cap;  /* prompt rows per block, or per prompt-only block when n_pre > 0 */
+    int32_t n_pre;  /* shared prompt KV over n_pre prompt-only blocks (ring-only caches); 0: none */
+    int32_t shared; /* FLEXDIAG_SLOTS_PER_HEAD or FLEXDIAG_SLOTS_PER_SEQ */
+} win_case;
+
+/* Windows of 2, 4 and 8; groups of 1, 3 (4-head CTAs), 4, 8 and 12 (two 8-head chunks); d_h 16
+ * to 128. On a 132-SM GPU the cases with n_seq·win·h_kv·chunks < 264 CTAs and p_cap + ring + 3
+ * >= 128 keys take the split-K path (0, 1, 5, 6, 8); case 2 and 9 run the short-list U = 2
+ * kernel; 3, 4, 7 neither. */
+static const win_case wcases[] = {
+    {2, 4, 8, 2, 64, 300, 100, 0, FLEXDIAG_SLOTS_PER_HEAD},
+    {3, 2, 4, 4, 128, 200, 50, 0, FLEXDIAG_SLOTS_PER_SEQ},
+    {16, 8, 32, 32, 128, 60, 40, 0, FLEXDIAG_SLOTS_PER_HEAD},
+    {40, 4, 16, 2, 64, 120, 50, 0, FLEXDIAG_SLOTS_PER_SEQ},
+    {4, 2, 24, 2, 32, 80, 40, 0, FLEXDIAG_SLOTS_PER_HEAD},
+    {2, 8, 32, 8, 128, 300, 50, 0, FLEXDIAG_SLOTS_PER_HEAD},
+    /* shared prompt KV (head-major CTA order, and sequence-major) */
+    {5, 4, 4, 4, 128, 200, 30, 2, FLEXDIAG_SLOTS_PER_SEQ},
+    {24, 8, 8, 2, 32, 64, 20, 3, FLEXDIAG_SLOTS_PER_HEAD},
+    {3, 2, 12, 4, 16, 90, 40, 2, FLEXDIAG_SLOTS_PER_HEAD},
+    {32, 4, 16, 16, 64, 40, 40, 4, FLEXDIAG_SLOTS_PER_HEAD},
+};
+#define N_WCASES ((int)(sizeof wcases / sizeof wcases[0]))
+
+/* One window case on the host: bf16 for the device, fp32 upcasts for the CPU reference, and the
+ * expanded layout (win 1 over n_seq·win sequences, block (q, h) a copy of (q / win, h)). */
+typedef struct wproblem {
+    win_case c;
+    int32_t w, max_slots;         /* qkv row width; list stride */
+    int32_t bcap;                 /* prompt rows of a cache block: p_cap, 0 with prefix */
+    int64_t rows, cache_n, pre_n; /* query rows n_seq·win; elements of a cache, of the store */
+    int64_t n_lists;
+    int32_t *lp, *prefix, *hist;  /* (n_seq) prompt rows, prompt block, ring rows before the
+                                     window (the window holds ring rows hist..hist + win - 1) */
+    int32_t *lpx, *prefixx;       /* (rows) the expanded call's: lp[q / win], prefix[q / win] */
+    int32_t *slots, *n_slots;     /* (n_lists, max_slots), (n_lists): lists of the rows */
+    uint16_t *kc, *vc, *kx, *vx, *kp, *vp, *qkv;
+    float *kc32, *vc32, *kp32, *vp32, *qkv32;
+    flexdiag_attn_args a;         /* the window call, host view */
+    flexdiag_attn_args va;        /* the expanded call, host view: rows sequences, win 1 */
+} wproblem;
+
+/* fp32 K (v = 0) or V row of attended key j of row q, KV head h: prompt rows of sequence
+ * q / win (its block's or its prefix block's), then the slots of q's list. */
+static const float *win_row(const wproblem *wp, int v, int64_t q, int32_t h, int64_t j) {
+    const win_case *c = &wp->c;
+    int64_t s = q / c->win, blk = (s * c->h_kv + h) * (wp->bcap + c->ring);
+    const float *cache = v ? wp->vc32 : wp->kc32;
+    if (j < wp->lp[s] && c->n_pre)
+        return (v ? wp->vp32 : wp->kp32) +
+               (((int64_t)wp->prefix[s] * c->h_kv + h) * c->p_cap + j) * c->d_h;
+    if (j < wp->lp[s]) return cache + (blk + j) * c->d_h;
+    int64_t li = flexdiag__slot_list(&wp->va, q, h);
+    return cache + (blk + wp->bcap + wp->slots[li * wp->max_slots + j - wp->lp[s]]) * c->d_h;
+}
+
+/* key_fn of a wproblem (ctx) over its expanded view (s: the row). */
+static const float *win_key(const void *ctx, int64_t s, int32_t h, int64_t j) {
+    return win_row(ctx, 0, s, h, j);
+}
+
+/* List li (of row q): the history rows of sequence q / win, each kept with probability 3/4, in
+ * random order, then the window's ring rows up to q's own (causal inside the window). */
+static void win_list(wproblem *wp, int64_t li, tu_rng *r) {
+    const win_case *c = &wp->c;
+    int64_t q = c->shared == FLEXDIAG_SLOTS_PER_SEQ ? li : li / c->h_kv;
+    int32_t t = wp->hist[q / c->win], i = (int32_t)(q % c->win), n = 0;
+    int32_t *sl = wp->slots + li * wp->max_slots;
+    for (int32_t row = 0; row < t; row++)
+        if (tu_rng_int(r, 0, 3) != 0) sl[n++] = row;
+    for (int32_t j = n - 1; j > 0; j--) {
+        int32_t x = (int32_t)tu_rng_int(r, 0, j), tmp = sl[j];
+        sl[j] = sl[x];
+        sl[x] = tmp;
+    }
+    for (int32_t row = t; row <= t + i; row++) sl[n++] = row;
+    wp->n_slots[li] = n;
+    for (int32_t j = n; j < wp->max_slots; j++) sl[j] = -1;
+}
+
+/* n bf16 NaN from x on. */
+static void nan_fill(uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = BF16_NAN;
+}
+
+/* Rows nobody may read become NaN: ring rows past each sequence's window, prompt rows past lp
+ * (in the blocks, or in a prompt-only block past the longest prompt of its sequences). */
+static void win_mark_unread(wproblem *wp) {
+    const win_case *c = &wp->c;
+    int64_t br = wp->bcap + c->ring;
+    for (int64_t sh = 0; sh < (int64_t)c->n_seq * c->h_kv; sh++) {
+        int64_t s = sh / c->h_kv, end = wp->bcap + wp->hist[s] + c->win;
+        uint16_t *kv[2] = {wp->kc + sh * br * c->d_h, wp->vc + sh * br * c->d_h};
+        for (int t = 0; t < 2; t++) {
+            if (!c->n_pre) nan_fill(kv[t] + wp->lp[s] * c->d_h, (wp->bcap - wp->lp[s]) * c->d_h);
+            nan_fill(kv[t] + end * c->d_h, (br - end) * c->d_h);
+        }
+    }
+    for (int64_t bh = 0; bh < (int64_t)c->n_pre * c->h_kv; bh++) {
+        int32_t lmax = 0;
+        for (int32_t s = 0; s < c->n_seq; s++)
+            if (wp->prefix[s] == bh / c->h_kv && wp->lp[s] > lmax) lmax = wp->lp[s];
+        int64_t off = (bh * c->p_cap + lmax) * c->d_h, n = (int64_t)(c->p_cap - lmax) * c->d_h;
+        nan_fill(wp->kp + off, n);
+        nan_fill(wp->vp + off, n);
+    }
+}
+
+/* The expanded call's caches and metadata: virtual sequence q gets sequence q / win's. */
+static void win_expand(wproblem *wp) {
+    const win_case *c = &wp->c;
+    int64_t per_seq = (int64_t)c->h_kv * (wp->bcap + c->ring) * c->d_h;
+    wp->kx = xmalloc((size_t)(wp->rows * per_seq) * 2);
+    wp->vx = xmalloc((size_t)(wp->rows * per_seq) * 2);
+    for (int64_t q = 0; q < wp->rows; q++) {
+        int64_t s = q / c->win;
+        wp->lpx[q] = wp->lp[s];
+        wp->prefixx[q] = wp->prefix[s];
+        memcpy(wp->kx + q * per_seq, wp->kc + s * per_seq, (size_t)per_seq * 2);
+        memcpy(wp->vx + q * per_seq, wp->vc + s * per_seq, (size_t)per_seq * 2);
+    }
+}
+
+/* The window call's host view and the expanded one's. */
+static void win_args(wproblem *wp) {
+    const win_case *c = &wp->c;
+    flexdiag_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.n_seq = c->n_seq;
+    a.h_q = c->h_q;
+    a.h_kv = c->h_kv;
+    a.d_h = c->d_h;
+    a.p_cap = wp->bcap;
+    a.ring = c->ring;
+    a.scale = 1.0f / sqrtf((float)c->d_h);
+    a.lp = wp->lp;
+    a.slots = wp->slots;
+    a.n_slots = wp->n_slots;
+    a.max_slots = wp->max_slots;
+    a.shared_slots = c->shared;
+    if (c->n_pre) a.prefix = wp->prefix, a.n_pre = c->n_pre, a.pre_cap = c->p_cap;
+    a.win = c->win;
+    wp->a = a;
+    a.n_seq = (int32_t)wp->rows;
+    a.win = 1;
+    a.lp = wp->lpx;
+    if (c->n_pre) a.prefix = wp->prefixx;
+    wp->va = a;
+}
+
+/* Prompt lengths vary per sequence (full, 1, 7, none, 3 short of full); the window sits at the
+ * end of the ring or up to 3 rows before it. */
+static void wproblem_init(wproblem *wp, const win_case *c, tu_rng *r) {
+    memset(wp, 0, sizeof *wp);
+    wp->c = *c;
+    wp->w = (c->h_q + 2 * c->h_kv) * c->d_h;
+    wp->max_slots = c->ring + 3; /* a stride that is not a list length */
+    wp->bcap = c->n_pre ? 0 : c->p_cap;
+    wp->rows = (int64_t)c->n_seq * c->win;
+    wp->cache_n = (int64_t)c->n_seq * c->h_kv * (wp->bcap + c->ring) * c->d_h;
+    wp->pre_n = (int64_t)c->n_pre * c->h_kv * c->p_cap * c->d_h;
+    wp->n_lists = lists_of(c->shared, (int32_t)wp->rows, c->h_kv);
+    int32_t *meta[5];
+    for (int i = 0; i < 5; i++) meta[i] = xmalloc((size_t)(i < 3 ? c->n_seq : wp->rows) * 4);
+    wp->lp = meta[0], wp->prefix = meta[1], wp->hist = meta[2], wp->lpx = meta[3];
+    wp->prefixx = meta[4];
+    const int32_t lps[5] = {c->p_cap, 1, 7, 0, c->p_cap - 3};
+    for (int32_t s = 0; s < c->n_seq; s++) {
+        int32_t lp = lps[s % 5];
+        wp->lp[s] = lp > c->p_cap ? c->p_cap : lp;
+        wp->prefix[s] = c->n_pre ? (7 * s + 1) % c->n_pre : 0;
+        wp->hist[s] = c->ring - c->win - s % 4;
+    }
+    wp->slots = xmalloc((size_t)(wp->n_lists * wp->max_slots) * 4);
+    wp->n_slots = xmalloc((size_t)wp->n_lists * 4);
+    for (int64_t li = 0; li < wp->n_lists; li++) win_list(wp, li, r);
+    struct {
+        uint16_t **h;
+        int64_t n;
+        float scale;
+    } fill[] = {{&wp->kc, wp->cache_n, 1.0f}, {&wp->vc, wp->cache_n, 1.0f},
+                {&wp->kp, wp->pre_n, 1.0f},   {&wp->vp, wp->pre_n, 1.0f},
+                {&wp->qkv, wp->rows * wp->w, 1.5f}};
+    for (size_t i = 0; i < sizeof fill / sizeof fill[0]; i++) {
+        *fill[i].h = xmalloc((size_t)fill[i].n * 2);
+        tu_fill_bf16(r, *fill[i].h, fill[i].n, fill[i].scale);
+    }
+    win_mark_unread(wp);
+    win_expand(wp);
+    win_args(wp);
+    wp->kc32 = tu_bf16_to_f32(wp->kc, wp->cache_n);
+    wp->vc32 = tu_bf16_to_f32(wp->vc, wp->cache_n);
+    wp->kp32 = tu_bf16_to_f32(wp->kp, wp->pre_n);
+    wp->vp32 = tu_bf16_to_f32(wp->vp, wp->pre_n);
+    wp->qkv32 = tu_bf16_to_f32(wp->qkv, wp->rows * wp->w);
+}
+
+static void wproblem_free(wproblem *wp) {
+    void *all[] = {wp->lp,   wp->prefix, wp->hist, wp->lpx,  wp->prefixx, wp->slots,
+                   wp->n_slots, wp->kc,  wp->vc,   wp->kx,   wp->vx,      wp->kp,
+                   wp->vp,   wp->qkv,    wp->kc32, wp->vc32, wp->kp32,    wp->vp32,
+                   wp->qkv32};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+/* fp64 / naive references of the window call, folded into fe. */
+static void win_fa(const wproblem *wp, const float *got, fa_err *fe) {
+    const win_case *c = &wp->c;
+    int g = c->h_q / c->h_kv, d = c->d_h;
+    int64_t nmax = c->p_cap + wp->max_slots;
+    const float **kr = xmalloc((size_t)nmax * sizeof *kr);
+    const float **vr = xmalloc((size_t)nmax * sizeof *vr);
+    double *o64 = xmalloc((size_t)d * sizeof *o64);
+    float *on = xmalloc((size_t)d * sizeof *on), *zb = xmalloc((size_t)nmax * sizeof *zb);
+    for (int64_t q = 0; q < wp->rows; q++)
+        for (int32_t hq = 0; hq < c->h_q; hq++) {
+            int32_t h = hq / g;
+            int64_t n = wp->lpx[q] + wp->n_slots[flexdiag__slot_list(&wp->va, q, h)];
+            for (int64_t j = 0; j < n; j++) {
+                kr[j] = win_row(wp, 0, q, h, j);
+                vr[j] = win_row(wp, 1, q, h, j);
+            }
+            attend_ref(wp->qkv32 + q * wp->w + (int64_t)hq * d, kr, vr, n, d, wp->a.scale, o64,
+                       on, zb);
+            fa_add(fe, got + (q * c->h_q + hq) * d, o64, on, d);
+        }
+    free(kr);
+    free(vr);
+    free(o64);
+    free(on);
+    free(zb);
+}
+
+/* The device copies of a window case's data: the window call's caches, the expanded call's,
+ * the prompt store, the queries, both calls' lp and prefix, the lists. */
+enum { W_K, W_V, W_KX, W_VX, W_KP, W_VP, W_QKV, W_LP, W_LPX, W_PRE, W_PREX, W_SL, W_NS, W_BUFS };
+typedef struct wdev {
+    dbuf b[W_BUFS];
+} wdev;
+
+static void wdev_init(wdev *d, const wproblem *wp, tu_rng *r) {
+    const win_case *c = &wp->c;
+    int64_t nx = wp->rows * c->h_kv * (wp->bcap + c->ring) * c->d_h;
+    const struct {
+        const void *h;
+        int64_t n;
+        size_t esz;
+    } up[W_BUFS] = {
+        [W_K] = {wp->kc, wp->cache_n, 2},      [W_V] = {wp->vc, wp->cache_n, 2},
+        [W_KX] = {wp->kx, nx, 2},              [W_VX] = {wp->vx, nx, 2},
+        [W_KP] = {wp->kp, wp->pre_n, 2},       [W_VP] = {wp->vp, wp->pre_n, 2},
+        [W_QKV] = {wp->qkv, wp->rows * wp->w, 2},
+        [W_LP] = {wp->lp, c->n_seq, 4},        [W_LPX] = {wp->lpx, wp->rows, 4},
+        [W_PRE] = {wp->prefix, c->n_seq, 4},   [W_PREX] = {wp->prefixx, wp->rows, 4},
+        [W_SL] = {wp->slots, wp->n_lists * wp->max_slots, 4},
+        [W_NS] = {wp->n_slots, wp->n_lists, 4},
+    };
+    for (int i = 0; i < W_BUFS; i++) {
+        d->b[i] = dbuf_new(up[i].n, up[i].esz, r);
+        dbuf_up(&d->b[i], up[i].h);
+    }
+}
+
+static void wdev_free(wdev *d, const char *label) {
+    for (int i = 0; i < W_BUFS; i++) {
+        dbuf_check_guards(&d->b[i], label);
+        dbuf_free(&d->b[i]);
+    }
+}
+
+/* The device view of the window call (expanded 0) or the expanded call (1). */
+static flexdiag_attn_args win_dev_args(const wproblem *wp, const wdev *d, int expanded) {
+    flexdiag_attn_args ga = expanded ? wp->va : wp->a;
+    ga.lp = d->b[expanded ? W_LPX : W_LP].p;
+    ga.slots = d->b[W_SL].p;
+    ga.n_slots = d->b[W_NS].p;
+    if (wp->c.n_pre) {
+        ga.prefix = d->b[expanded ? W_PREX : W_PRE].p;
+        ga.k_pre = d->b[W_KP].p;
+        ga.v_pre = d->b[W_VP].p;
+    }
+    return ga;
+}
+
+/* What one decode call gives back (host); NULL for outputs it was not asked for. */
+typedef struct wresult {
+    uint16_t *out;
+    float *lg, *lse, *pr;
+} wresult;
+
+static void wresult_free(wresult *r) {
+    free(r->out);
+    free(r->lg);
+    free(r->lse);
+    free(r->pr);
+}
+
+/* One CUDA decode of ga (device metadata; expanded: over the copied caches) into poisoned,
+ * guarded outputs: with_lg adds logits_out and lse_out, with_pr probs_out. */
+static wresult win_decode(const wproblem *wp, const wdev *d, flexdiag_attn_args ga, int expanded,
+                          int with_lg, int with_pr, tu_rng *r) {
+    int64_t nq = wp->rows * wp->c.h_q, n_out = nq * wp->c.d_h, n_lg = nq * wp->max_slots;
+    dbuf dout = dbuf_new(n_out, 2, r), dlg = dbuf_new(n_lg, 4, r), dlse = dbuf_new(nq, 4, r);
+    dbuf dpr = dbuf_new(n_lg, 4, r);
+    dbuf *all[4] = {&dout, &dlg, &dlse, &dpr};
+    for (int i = 0; i < 4; i++) dbuf_poison(all[i]);
+    ga.logits_out = with_lg ? dlg.p : NULL;
+    ga.lse_out = with_lg ? dlse.p : NULL;
+    ga.probs_out = with_pr ? dpr.p : NULL;
+    const dbuf *k = &d->b[expanded ? W_KX : W_K], *v = &d->b[expanded ? W_VX : W_V];
+    ck(gk->attn_decode(dout.p, d->b[W_QKV].p, k->p, v->p, &ga, gs), "cuda attn_decode (win)");
+    wresult res = {xmalloc((size_t)n_out * 2), NULL, NULL, NULL};
+    dbuf_down(&dout, res.out);
+    if (with_lg) {
+        res.lg = xmalloc((size_t)n_lg * 4), res.lse = xmalloc((size_t)nq * 4);
+        dbuf_down(&dlg, res.lg);
+        dbuf_down(&dlse, res.lse);
+    }
+    if (with_pr) {
+        res.pr = xmalloc((size_t)n_lg * 4);
+        dbuf_down(&dpr, res.pr);
+    }
+    for (int i = 0; i < 4; i++) dbuf_check_guards(all[i], "win decode");
+    for (int i = 0; i < 4; i++) dbuf_free(all[i]);
+    return res;
+}
+
+/* Two calls' outputs bit for bit (those both were asked for; the probabilities of b against
+ * those of p, the call that had them). */
+static void win_same(const wproblem *wp, const wresult *a, const wresult *b, const wresult *p,
+                     const char *what) {
+    int64_t nq = wp->rows * wp->c.h_q;
+    size_t n_out = (size_t)nq * (size_t)wp->c.d_h * 2, n_lg = (size_t)nq * wp->max_slots * 4;
+    if (memcmp(a->out, b->out, n_out) || memcmp(a->lg, b->lg, n_lg) ||
+        memcmp(a->lse, b->lse, (size_t)nq * 4) || memcmp(p->pr, b->pr, n_lg))
+        fail_msg("%s: outputs differ bit for bit", what);
+}
+
+/* One window case: the window call with logits_out and lse_out against the CPU reference's
+ * window call (outputs within the bf16 tolerances and the flash-attention rule, logits and lse
+ * within check_logits' bound over the expanded view: row q attends sequence q / win's prompt
+ * rows and its own list); again with probs_out only (probabilities against the first call's
+ * logits and lse, output bit-identical); the expanded call (win 1 over n_seq·win sequences whose
+ * blocks are copies) bit-identical to both; with shared prompt KV the sequence-major CTA order
+ * bit-identical to the default head-major one. */
+static void test_win(void **state) {
+    const win_case *c = *state;
+    int idx = (int)(c - wcases);
+    char label[160];
+    snprintf(label, sizeof label, "win case %d (n_seq %d, win %d, h_q %d, h_kv %d, d_h %d, ring "
+             "%d, prefix blocks %d, lists %s)", idx, c->n_seq, c->win, c->h_q, c->h_kv, c->d_h,
+             c->ring, c->n_pre,
+             c->shared == FLEXDIAG_SLOTS_PER_SEQ ? "per row" : "per (row, KV head)");
+    tu_rng r;
+    tu_rng_seed(&r, 9000 + (uint64_t)idx);
+    wproblem wp;
+    wproblem_init(&wp, c, &r);
+    wdev d;
+    wdev_init(&d, &wp, &r);
+    int64_t nq = wp.rows * c->h_q, n_out = nq * c->d_h, n_lg = nq * wp.max_slots;
+    float *ref = xmalloc((size_t)n_out * 4), *ref_lg = xmalloc((size_t)n_lg * 4);
+    float *ref_lse = xmalloc((size_t)nq * 4);
+    flexdiag_attn_args ra = wp.a;
+    ra.k_pre = wp.kp32;
+    ra.v_pre = wp.vp32;
+    ra.logits_out = ref_lg;
+    ra.lse_out = ref_lse;
+    ck(rk->attn_decode(ref, wp.qkv32, wp.kc32, wp.vc32, &ra, rs), "ref attn_decode (win)");
+
+    flexdiag_attn_args ga = win_dev_args(&wp, &d, 0), gx = win_dev_args(&wp, &d, 1);
+    wresult plain = win_decode(&wp, &d, ga, 0, 1, 0, &r);
+    wresult pol = win_decode(&wp, &d, ga, 0, 0, 1, &r);
+    wresult ex = win_decode(&wp, &d, gx, 1, 1, 1, &r);
+    float *got = tu_bf16_to_f32(plain.out, n_out);
+    assert_true(tu_allclose(label, got, ref, n_out, OUT_ATOL, OUT_RTOL, OUT_NMSE));
+    fa_err fe = {0, 0};
+    win_fa(&wp, got, &fe);
+    fa_check(&fe, label);
+    assert_true(check_logits(&wp.va, wp.qkv32, win_key, &wp, plain.lg, ref_lg, plain.lse,
+                             ref_lse));
+    assert_true(check_probs(&wp.va, pol.pr, plain.lg, plain.lse));
+    assert_memory_equal(pol.out, plain.out, (size_t)n_out * 2);
+    win_same(&wp, &plain, &ex, &pol, "the expanded call against the window call");
+    if (c->n_pre) {
+        setenv("FLEXDIAG_DEC_HEAD_MAJOR", "0", 1);
+        wresult sm = win_decode(&wp, &d, ga, 0, 1, 1, &r);
+        unsetenv("FLEXDIAG_DEC_HEAD_MAJOR");
+        win_same(&wp, &plain, &sm, &pol, "sequence-major against head-major");
+        wresult_free(&sm);
+    }
+    wresult_free(&plain);
+    wresult_free(&pol);
+    wresult_free(&ex);
+    wdev_free(&d, label);
+    free(got);
+    free(ref);
+    free(ref_lg);
+    free(ref_lse);
+    wproblem_free(&wp);
+}
+
 /* ---- argument checks ---- */
 
 /* st is the expected status and the message names the op. */
@@ -1234,7 +1641,8 @@ static void test_bad_args(void **state) {
     dbuf_up(&ints, zeros);
     void *p = buf.p;
     flexdiag_attn_args ok = {2, 4, 2, 16, 4, 4, 0.25f, ints.p, ints.p, ints.p, 4, NULL, NULL, 0,
-                             NULL, 0.0f, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, NULL, 0};
+                             NULL, 0.0f, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL,
+                             NULL, 0, 0};
     flexdiag_attn_args a = ok;
     flexdiag__err_clear();
 
@@ -1294,6 +1702,21 @@ static void test_bad_args(void **state) {
     a.h_kv = 1;
     a.h_q = gk->diag_max_group + 1;
     expect_err(gk->attn_decode(p, p, p, p, &a, gs), FLEXDIAG_ERR_UNSUPPORTED, "attn_decode");
+    /* win (kernels.h): negative, or a window pass with the fused Diagonal update or a cascade
+     * plan, is refused with a message naming win */
+    struct {
+        int32_t win;
+        int diag, casc;
+    } bad_win[3] = {{-1, 0, 0}, {2, 1, 0}, {4, 0, 1}};
+    for (int i = 0; i < 3; i++) {
+        a = ok;
+        a.win = bad_win[i].win;
+        if (bad_win[i].diag) a.diag_lag = p, a.diag_a = 4, a.diag_next = ints.p;
+        if (bad_win[i].casc) a.n_casc_tiles = 1;
+        flexdiag_status st = gk->attn_decode(p, p, p, p, &a, gs);
+        assert_non_null(strstr(flexdiag_last_error(NULL), "win = "));
+        expect_err(st, FLEXDIAG_ERR_INVALID_ARG, "attn_decode");
+    }
     /* a sharing mode that is none of FLEXDIAG_SLOTS_* */
     const int32_t bad_modes[2] = {-1, 3};
     for (int i = 0; i < 2; i++) {
@@ -1312,6 +1735,26 @@ static void test_bad_args(void **state) {
     dbuf_check_guards(&buf, "bad args");
     dbuf_free(&buf);
     dbuf_free(&ints);
+}
+
+/* Tests of the case tables, in order: shapes, prefix cases, window cases. */
+#define N_TABLE (N_CASES + N_PCASES + N_WCASES)
+
+/* Test i of the tables, named into name (n bytes). */
+static struct CMUnitTest table_test(int i, char *name, size_t n) {
+    struct CMUnitTest t = {name, test_case, NULL, NULL, (void *)&cases[i < N_CASES ? i : 0]};
+    if (i < N_CASES) {
+        snprintf(name, n, "attn_case_%02d", i);
+    } else if (i < N_CASES + N_PCASES) {
+        snprintf(name, n, "prefix_case_%02d", i - N_CASES);
+        t.test_func = test_prefix;
+        t.initial_state = (void *)&pcases[i - N_CASES];
+    } else {
+        snprintf(name, n, "win_case_%02d", i - N_CASES - N_PCASES);
+        t.test_func = test_win;
+        t.initial_state = (void *)&wcases[i - N_CASES - N_PCASES];
+    }
+    return t;
 }
 
 /* i appears in the comma-separated list. */
@@ -1343,20 +1786,13 @@ int main(void) {
         return 1;
     }
     /* FLEXDIAG_ATTN_CASES="2,5" runs only those rows of the shape table (debugging); the
-     * prefix cases are numbered after it (N_CASES + i) */
+     * prefix cases are numbered after it (N_CASES + i), the window cases after those */
     const char *only = getenv("FLEXDIAG_ATTN_CASES");
-    struct CMUnitTest tests[N_CASES + N_PCASES + 1];
-    static char names[N_CASES + N_PCASES][48];
+    struct CMUnitTest tests[N_TABLE + 1];
+    static char names[N_TABLE][48];
     size_t n = 0;
-    for (int i = 0; i < N_CASES + N_PCASES; i++) {
-        if (only && !case_listed(only, i)) continue;
-        const int pre = i >= N_CASES;
-        snprintf(names[i], sizeof names[i], pre ? "prefix_case_%02d" : "attn_case_%02d",
-                 pre ? i - N_CASES : i);
-        struct CMUnitTest t = {names[i], pre ? test_prefix : test_case, NULL, NULL,
-                               pre ? (void *)&pcases[i - N_CASES] : (void *)&cases[i]};
-        tests[n++] = t;
-    }
+    for (int i = 0; i < N_TABLE; i++)
+        if (!only || case_listed(only, i)) tests[n++] = table_test(i, names[i], sizeof names[i]);
     struct CMUnitTest tb = cmocka_unit_test(test_bad_args);
     tests[n++] = tb;
     int rc = _cmocka_run_group_tests("attn_cuda", tests, n, NULL, NULL);
