@@ -229,6 +229,7 @@ static const struct {
     {"runtime_params.disk_mem", "--disk-mem"},
     {"runtime_params.offload_dir", "--offload-dir"},
     {"runtime_params.threads", "--threads"},
+    {"runtime_params.compress_disk", "--compress-disk"},
     {"model_params.arch", "--arch"},
     {"model_params.weights_pct", "--weights"},
     {"model_params.compress_weights", "--compress-weights"},
@@ -364,10 +365,22 @@ int cli_compress_bits(const char *cmd, const cli_model_opts *o, uint32_t *bits) 
     return 2;
 }
 
+int cli_compress_disk(const char *cmd, const cli_model_opts *o, uint32_t *codec) {
+    *codec = 0;
+    if (!o->compress_disk || !strcmp(o->compress_disk, "none")) return 0;
+    if (!strcmp(o->compress_disk, "zstd")) {
+        *codec = 1;
+        return 0;
+    }
+    fprintf(stderr, "flexdiag %s: --compress-disk %s: expected none or zstd\n", cmd,
+            o->compress_disk);
+    return 2;
+}
+
 int cli_check_model(const char *cmd, const cli_model_opts *o) {
     uint32_t pct[3], bits;
     if (parse_weights(cmd, o->weights, pct) || cli_kv_pct(cmd, o, pct) ||
-        cli_compress_bits(cmd, o, &bits))
+        cli_compress_bits(cmd, o, &bits) || cli_compress_disk(cmd, o, &bits))
         return 2;
     if (o->cpu_attn_share && !o->cpu_attention) {
         fprintf(stderr, "flexdiag %s: --cpu-attention-share %lld divides the CPU attention: give "
@@ -395,6 +408,7 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
     rp.cpu_mem = o->cpu_mem;
     rp.disk_mem = o->disk_mem;
     rp.offload_dir = o->offload_dir;
+    (void)cli_compress_disk(cmd, o, &rp.compress_disk); /* checked above */
     flexdiag_status st = flexdiag_runtime_create(&rp, rt);
     if (st != FLEXDIAG_OK) return cli_fail(cmd, st);
     flexdiag_model_params mp;

@@ -99,6 +99,7 @@ typedef struct cli_model_opts {
     int64_t threads;    /* --threads N (0 = all cores) */
     const char *weights;     /* --weights G,C,D: percent of layer weights on GPU, CPU, disk */
     const char *compress;    /* --compress-weights none|4bit: the CPU and disk parts packed */
+    const char *compress_disk; /* --compress-disk none|zstd: the disk part as zstd chunks */
     uint64_t cpu_mem;        /* --cpu-mem SIZE: pinned host pool (0: what --weights needs) */
     uint64_t disk_mem;       /* --disk-mem SIZE: NVMe store (0: what --weights needs) */
     const char *offload_dir; /* --offload-dir DIR: folder of the store file */
@@ -144,6 +145,9 @@ const char *cli_arch_help(void);
     {.name = "--compress-weights", CLI_STR, &(o)->compress,                                        \
      "none (default) or 4bit: the weights --weights puts on CPU and disk kept in 4-bit groups "    \
      "of 64 (4.5 bits a value; lossy), moved packed and unpacked on the device"},                  \
+    {.name = "--compress-disk", CLI_STR, &(o)->compress_disk,                                      \
+     "none (default) or zstd: the weights --weights puts on disk stored as byte planes "          \
+     "compressed with zstd, decompressed by --threads host threads as they are read (lossless)"}, \
     {.name = "--cpu-mem", CLI_SIZE, &(o)->cpu_mem,                                                 \
      "pinned host memory budget (default: what --weights needs)"},                                 \
     {.name = "--disk-mem", CLI_SIZE, &(o)->disk_mem,                                               \
@@ -175,11 +179,15 @@ const char *cli_arch_help(void);
      "Diagonal ring size, at least N_att (default max(round(L_dec/2), N_att))",                    \
      CLI_INTS(0, CLI_MAX_RING, "0 = not given: the default ring")}
 
-/* Checks of the model flags the parser cannot make (--weights, --kv, --compress-weights, and
+/* Checks of the model flags the parser cannot make (--weights, --kv, --compress-weights,
+ * --compress-disk, and
  * --cpu-attention-share only with --cpu-attention); prints the error and returns 2. */
 int cli_check_model(const char *cmd, const cli_model_opts *o);
 /* --compress-weights as flexdiag_model_params.compress_weights (0 or 4); 2 after a message. */
 int cli_compress_bits(const char *cmd, const cli_model_opts *o, uint32_t *bits);
+/* --compress-disk as flexdiag_runtime_params.compress_disk (0 none, 1 zstd); 2 after a
+ * message. */
+int cli_compress_disk(const char *cmd, const cli_model_opts *o, uint32_t *codec);
 /* --kv into pct (100,0,0 when not given); prints the error and returns 2 when malformed. */
 int cli_kv_pct(const char *cmd, const cli_model_opts *o, uint32_t pct[3]);
 /* The KV flags (--kv, checked when the model was opened, and --cpu-attention) into cp. */

@@ -54,7 +54,7 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14, 0.5.0: 15; docs/abi.md) and what each added.
+/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14, 0.5.0: 15, 0.6.0: 16; docs/abi.md) and what each added.
  * 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
@@ -67,8 +67,9 @@ extern "C" {
  * (flexdiag_submit, flexdiag_handle_*), context_params queue_images and batching, status
  * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. 13: flexdiag_builtin_arch. 14: the _init() macros and
  * flexdiag_*_init_size (params written at the caller's size). 15: context_params and request
- * draft_len (speculative Jacobi decoding). */
-#define FLEXDIAG_API_VERSION 15u
+ * draft_len (speculative Jacobi decoding). 16: runtime_params
+ * compress_disk (zstd on the disk tier). */
+#define FLEXDIAG_API_VERSION 16u
 
 /* ---- enums ---- */
 
@@ -137,6 +138,15 @@ typedef struct flexdiag_runtime_params {
     uint64_t disk_mem;       /* NVMe store bytes; 0 = what the first split model needs */
     const char *offload_dir; /* folder of the NVMe store file (created there, unlinked at once);
                                 copied; NULL = no disk tier */
+    /* since API version 16 */
+    uint32_t compress_disk;  /* 0: none; 1: zstd: the layer weights homed on disk (weights_pct
+                                D) are stored as byte planes compressed with zstd (level 1,
+                                1 MiB chunks, each checksummed), read back compressed and
+                                decompressed by `threads` host threads (0: all cores) into
+                                the pinned staging. Lossless: the same bytes reach the device.
+                                A corrupt chunk fails the step with FLEXDIAG_ERR_CHECKSUM
+                                naming the store file and the byte offset. The disk KV home
+                                (kv_pct D) is not compressed. */
 } flexdiag_runtime_params;
 
 typedef struct flexdiag_model_params {

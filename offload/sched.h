@@ -134,6 +134,7 @@ typedef struct flexdiag_sched_stats {
     uint64_t d2d_bytes;    /* device-prefix rows copied next to the streamed rows of a slot */
     uint64_t disk_bytes;   /* bytes read from the store */
     double disk_wait_s;    /* host seconds spent waiting for disk reads */
+    double decode_s;       /* host seconds decoding zstd disk parts (--compress-disk zstd) */
     double slot_wait_s;    /* host seconds spent waiting for a staging buffer to drain */
     uint64_t kv_h2d_bytes; /* KV bytes loaded from the host home (sched_kv.c) */
     uint64_t kv_d2h_bytes; /* KV bytes written back to it */

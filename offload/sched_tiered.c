@@ -14,6 +14,12 @@
  *   disk:         reads of the next layers' disk parts kept in flight into pinned staging
  *                 buffers, each reused once the event after its H2D has completed
  *
+ * Under --compress-disk zstd (weight_homes.h) a layer's disk part is read as its compressed
+ * record into the staging buffer's own host buffer, and decoded when the load takes it: the
+ * layer's chunks spread over a pool of host threads, straight into the pinned staging buffer the
+ * H2D copies from. The reads of the next layers stay in flight meanwhile, as without zstd. A
+ * corrupt chunk fails the load with the store file's name and the byte offset.
+ *
  * Under compression (weight_homes.h) a slot also holds the layer's packed streamed bytes after
  * its unpacked ones: the copy stream loads the packed bytes, and the compute stream unpacks them
  * (wq4_unpack, plain copies for the rest) right after the resident rows, once per layer per
@@ -47,6 +53,8 @@ typedef struct slot {
 
 typedef struct stage {
     char *buf;                    /* disk_stride bytes of the pinned pool */
+    char *zin;                    /* zstd: disk_stride bytes of host memory the record is read
+                                     into (4096-aligned), NULL otherwise */
     int32_t layer;                /* layer read or being read, -1 none */
     flexdiag_store_ticket ticket; /* its read batch, 0 when waited for */
     flexdiag_event *done;         /* recorded on the copy stream after the H2D out of buf */
@@ -68,6 +76,7 @@ typedef struct tiered {
     stage stages[MAX_STAGE];
     flexdiag_store_req *reqs;     /* one layer's read requests */
     int32_t n_reqs;
+    flexdiag_pz_many *zdec;       /* zstd: the decoders of the disk parts */
     size_t packed_at;             /* q4: offset of the packed bytes in a slot */
     int n_pieces;                 /* q4: the streamed bytes' pieces */
     flexdiag_wpiece pieces[FLEXDIAG_WPIECES_MAX];
@@ -88,15 +97,17 @@ static size_t packed_offset(const flexdiag_wcut *c) {
 
 /* ---- disk reads into staging ---- */
 
-/* Submit the read of layer j's disk part into stage i (whose previous H2D has completed). */
+/* Submit the read of layer j's disk part into stage i (whose previous H2D has completed): into
+ * its pinned buffer, or its record buffer under zstd. */
 static flexdiag_status read_submit(tiered *t, int32_t i, int32_t j) {
     stage *g = &t->stages[i];
     uint64_t off = flexdiag__whomes_disk_off(t->h, j);
-    size_t left = t->h->disk_stride;
+    size_t left = flexdiag__whomes_disk_read(t->h, j);
+    char *dst = g->zin ? g->zin : g->buf;
     int32_t n = 0;
     for (size_t at = 0; left > 0; n++) {
         size_t len = left < FLEXDIAG_SCHED_READ_CHUNK ? left : FLEXDIAG_SCHED_READ_CHUNK;
-        t->reqs[n] = (flexdiag_store_req){FLEXDIAG_STORE_READ, off + at, len, g->buf + at};
+        t->reqs[n] = (flexdiag_store_req){FLEXDIAG_STORE_READ, off + at, len, dst + at};
         at += len, left -= len;
     }
     FLEXDIAG_TRY(flexdiag__store_submit(t->h->store, t->reqs, n, &g->ticket));
@@ -128,7 +139,20 @@ static flexdiag_status read_ahead(tiered *t, int32_t first, int block) {
     return FLEXDIAG_OK;
 }
 
-/* The staging buffer holding layer j's disk part, its read complete. */
+/* zstd: layer j's record in g->zin decoded into g->buf. */
+static flexdiag_status decode(tiered *t, stage *g, int32_t j) {
+    char what[64];
+    snprintf(what, sizeof what, "the disk part of layer %d's weights", j);
+    double t0 = flexdiag__now();
+    flexdiag_status st = flexdiag__pz_many_decode(
+        t->zdec, g->zin, flexdiag__whomes_zoffs(t->h, j), g->buf, disk_bytes(t),
+        flexdiag__wcut_disk_elem(&t->h->cut), flexdiag__store_path(t->h->store),
+        flexdiag__whomes_disk_off(t->h, j), what);
+    t->st.decode_s += flexdiag__now() - t0;
+    return st;
+}
+
+/* The staging buffer holding layer j's disk part, its read complete (and decoded). */
 static flexdiag_status read_take(tiered *t, int32_t j, stage **out) {
     if (t->dcount == 0) FLEXDIAG_TRY(read_ahead(t, j, 1));
     stage *g = &t->stages[t->dhead];
@@ -138,9 +162,10 @@ static flexdiag_status read_take(tiered *t, int32_t j, stage **out) {
     g->ticket = 0;
     FLEXDIAG_TRY(flexdiag__store_wait(t->h->store, tk));
     t->st.disk_wait_s += flexdiag__now() - t0;
-    t->st.disk_bytes += t->h->disk_stride;
+    t->st.disk_bytes += flexdiag__whomes_disk_read(t->h, j);
     t->dhead = (t->dhead + 1) % t->n_stage;
     t->dcount--;
+    if (g->zin) FLEXDIAG_TRY(decode(t, g, j));
     *out = g;
     return FLEXDIAG_OK;
 }
@@ -312,7 +337,9 @@ static void tiered_destroy(flexdiag_sched *s) {
     for (int32_t i = 0; i < MAX_STAGE; i++) {
         t->k->event_destroy(t->stages[i].done);
         if (t->stages[i].buf) flexdiag__host_pool_free(t->pool, t->stages[i].buf, t->h->disk_stride);
+        free(t->stages[i].zin);
     }
+    flexdiag__pz_many_destroy(t->zdec);
     free(t->reqs);
     free(t);
 }
@@ -355,7 +382,15 @@ static flexdiag_status tiered_open(tiered *t, const flexdiag_sched_tiered_params
                                                "a disk staging buffer of the weight scheduler",
                                                (void **)&g->buf));
         FLEXDIAG_TRY(k->event_create(t->copy, &g->done));
+        if (t->h->cut.zstd && posix_memalign((void **)&g->zin, FLEXDIAG_STORE_ALIGN,
+                                             t->h->disk_stride) != 0) {
+            g->zin = NULL;
+            return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                                 "scheduler: no host memory for a compressed disk read");
+        }
     }
+    if (t->h->cut.zstd)
+        FLEXDIAG_TRY(flexdiag__pz_many_create(t->h->threads, FLEXDIAG_PZ_CHUNK, 0, &t->zdec));
     return FLEXDIAG_OK;
 }
 

@@ -1,7 +1,8 @@
 /*
  * weight_homes.c - the cuts of a weight placement and the homes of each layer's parts
  * (weight_homes.h): a device prefix from the arena, a host part from the pinned pool, a disk
- * part from the store, filled once at load.
+ * part from the store, filled once at load (the disk part compressed as zstd chunks under
+ * --compress-disk zstd).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +67,8 @@ int flexdiag__wcut_pieces(const flexdiag_wcut *c, flexdiag_wpiece *out) {
 }
 
 flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t layer_bytes,
-                                    const uint32_t pct[3], int q4, flexdiag_wcut *out) {
+                                    const uint32_t pct[3], int compress, flexdiag_wcut *out) {
+    int q4 = (compress & FLEXDIAG_WCOMPRESS_Q4) != 0;
     memset(out, 0, sizeof *out);
     if (n > FLEXDIAG_WSPANS_MAX)
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "weight placement: %d tensors in a layer, "
@@ -95,6 +97,7 @@ flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t l
     out->q4 = any;
     for (int k = 0; k < 3; k++)
         out->pk[k] = packed_at(out, k < 2 ? out->cut[k] : layer_bytes);
+    out->zstd = (compress & FLEXDIAG_WCOMPRESS_ZSTD) && flexdiag__wcut_bytes(out, FLEXDIAG_TIER_DISK);
     return FLEXDIAG_OK;
 }
 
@@ -107,8 +110,9 @@ size_t flexdiag__wcut_bytes(const flexdiag_wcut *c, int tier) {
 }
 
 size_t flexdiag__wcut_disk_stride(const flexdiag_wcut *c) {
-    return (size_t)flexdiag__ranges_round(flexdiag__wcut_bytes(c, FLEXDIAG_TIER_DISK),
-                                          FLEXDIAG_STORE_ALIGN);
+    size_t d = flexdiag__wcut_bytes(c, FLEXDIAG_TIER_DISK);
+    if (c->zstd) d = flexdiag__pz_many_bound(d, FLEXDIAG_PZ_CHUNK);
+    return (size_t)flexdiag__ranges_round(d, FLEXDIAG_STORE_ALIGN);
 }
 
 /* ---- homes ---- */
@@ -119,9 +123,23 @@ static flexdiag_status need(const void *home, size_t bytes, const char *what) {
     return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "the weight placement puts bytes %s", what);
 }
 
+/* zstd: the index, the encoders and the record buffer of a load. */
+static flexdiag_status zstd_open(flexdiag_weight_homes *h) {
+    size_t d = flexdiag__wcut_bytes(&h->cut, FLEXDIAG_TIER_DISK);
+    h->zchunks = flexdiag__pz_chunks(d, FLEXDIAG_PZ_CHUNK);
+    h->zoffs = calloc((size_t)h->n_layers * (h->zchunks + 1), sizeof *h->zoffs);
+    if (posix_memalign(&h->zrec, FLEXDIAG_STORE_ALIGN, h->disk_stride) != 0) h->zrec = NULL;
+    if (!h->zoffs || !h->zrec)
+        return flexdiag__err(FLEXDIAG_ERR_OOM_HOST,
+                             "weight homes: no host memory for the zstd index and record");
+    memset(h->zrec, 0, h->disk_stride);
+    return flexdiag__pz_many_create(h->threads, FLEXDIAG_PZ_CHUNK, 1, &h->zenc);
+}
+
 flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_layers,
                                         flexdiag_arena *arena, flexdiag_host_pool *pool,
-                                        flexdiag_store *store, flexdiag_weight_homes **out) {
+                                        flexdiag_store *store, int threads,
+                                        flexdiag_weight_homes **out) {
     *out = NULL;
     size_t L = (size_t)n_layers;
     size_t g = flexdiag__wcut_bytes(cut, FLEXDIAG_TIER_GPU);
@@ -135,7 +153,8 @@ flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_laye
     if (!h) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight homes: out of host memory");
     *h = (flexdiag_weight_homes){.cut = *cut, .n_layers = n_layers, .k = arena->k, .arena = arena,
                                  .pool = pool, .store = store, .stage_layer = -1,
-                                 .raw_layer = -1, .disk_stride = flexdiag__wcut_disk_stride(cut)};
+                                 .raw_layer = -1, .disk_stride = flexdiag__wcut_disk_stride(cut),
+                                 .threads = threads};
     flexdiag_status st = FLEXDIAG_OK;
     if (g) st = flexdiag__arena_alloc(arena, L * g, "the device-resident part of the layer weights",
                                       &h->dev);
@@ -149,6 +168,7 @@ flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_laye
         h->stage = NULL;
         st = flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "weight homes: no host memory to stage a layer");
     }
+    if (st == FLEXDIAG_OK && cut->zstd) st = zstd_open(h);
     if (st == FLEXDIAG_OK && cut->q4) {
         h->raw = malloc(cut->layer_bytes - cut->cut[0]);
         h->packed = malloc(cut->pk[2] - cut->pk[0]);
@@ -166,11 +186,29 @@ flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_laye
     return FLEXDIAG_OK;
 }
 
-/* Write the staged disk part of its layer to the store. */
+/* zstd: compress the staged disk part into the record buffer and index it; *rec, *bytes: what
+ * to write (the record rounded up to 4096). */
+static flexdiag_status stage_encode(flexdiag_weight_homes *h, void **rec, size_t *bytes) {
+    int32_t j = h->stage_layer;
+    uint64_t *offs = h->zoffs + (size_t)j * (h->zchunks + 1);
+    FLEXDIAG_TRY(flexdiag__pz_many_encode(h->zenc, h->stage,
+                                          flexdiag__wcut_bytes(&h->cut, FLEXDIAG_TIER_DISK),
+                                          flexdiag__wcut_disk_elem(&h->cut), h->zrec,
+                                          h->disk_stride, offs));
+    *bytes = flexdiag__whomes_disk_read(h, j);
+    memset((char *)h->zrec + offs[h->zchunks], 0, *bytes - offs[h->zchunks]);
+    *rec = h->zrec;
+    return FLEXDIAG_OK;
+}
+
+/* Write the staged disk part of its layer to the store (compressed under zstd). */
 static flexdiag_status stage_flush(flexdiag_weight_homes *h) {
     if (h->stage_layer < 0) return FLEXDIAG_OK;
+    void *src = h->stage;
+    size_t bytes = h->disk_stride;
+    if (h->cut.zstd) FLEXDIAG_TRY(stage_encode(h, &src, &bytes));
     flexdiag_store_req rq = {FLEXDIAG_STORE_WRITE, flexdiag__whomes_disk_off(h, h->stage_layer),
-                             h->disk_stride, h->stage};
+                             bytes, src};
     flexdiag_store_ticket t;
     FLEXDIAG_TRY(flexdiag__store_submit(h->store, &rq, 1, &t));
     FLEXDIAG_TRY(flexdiag__store_wait(h->store, t));
@@ -237,14 +275,22 @@ flexdiag_status flexdiag__whomes_put(flexdiag_weight_homes *h, int32_t j, size_t
     return FLEXDIAG_OK;
 }
 
-flexdiag_status flexdiag__whomes_finish(flexdiag_weight_homes *h) {
-    flexdiag_status st = pack_flush(h);
-    if (st == FLEXDIAG_OK && h->stage) st = stage_flush(h);
+/* Drop what only loading needs. */
+static void load_free(flexdiag_weight_homes *h) {
     free(h->stage);
     free(h->raw);
     free(h->packed);
-    h->stage = h->raw = NULL;
+    free(h->zrec);
+    flexdiag__pz_many_destroy(h->zenc);
+    h->stage = h->raw = h->zrec = NULL;
     h->packed = NULL;
+    h->zenc = NULL;
+}
+
+flexdiag_status flexdiag__whomes_finish(flexdiag_weight_homes *h) {
+    flexdiag_status st = pack_flush(h);
+    if (st == FLEXDIAG_OK && h->stage) st = stage_flush(h);
+    load_free(h);
     return st;
 }
 
@@ -255,8 +301,7 @@ void flexdiag__whomes_destroy(flexdiag_weight_homes *h) {
     if (h->host)
         flexdiag__host_pool_free(h->pool, h->host, L * flexdiag__wcut_bytes(&h->cut, FLEXDIAG_TIER_CPU));
     if (h->ext.span) flexdiag__store_free(h->store, &h->ext);
-    free(h->stage);
-    free(h->raw);
-    free(h->packed);
+    load_free(h);
+    free(h->zoffs);
     free(h);
 }

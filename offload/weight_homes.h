@@ -20,6 +20,12 @@
  * order. A cut falls on a row boundary, so each tier holds whole packed rows; pk[] gives the
  * packed offsets of the cuts, and the pieces (flexdiag__wcut_pieces) map packed bytes back to the
  * block. The device prefix stays unpacked.
+ *
+ * With --compress-disk zstd the disk part of every layer is stored as byte-plane zstd chunks
+ * (planes_zstd.h; elements of 2 bytes, 1 under q4) of FLEXDIAG_PZ_CHUNK raw bytes each, one
+ * record per layer at a fixed stride (the record's bound, so the store is sized before any layer
+ * is compressed); the index zoffs holds where each chunk of each layer starts. The pinned and
+ * device parts are not compressed. Lossless: the decoded bytes are the bytes put.
  */
 #ifndef FLEXDIAG_WEIGHT_HOMES_H
 #define FLEXDIAG_WEIGHT_HOMES_H
@@ -35,6 +41,7 @@
 #include "kernels/kernels.h"
 #include "offload/arena.h"
 #include "offload/host_pool.h"
+#include "offload/planes_zstd.h"
 #include "offload/store.h"
 
 #define FLEXDIAG_WSPANS_MAX 16
@@ -69,23 +76,34 @@ typedef struct flexdiag_wcut {
                             tensor boundary or in padding): a scheduler copies [split_start,
                             cut[0]) of the device prefix next to the streamed rows */
     int q4;              /* streamed bytes packed (some span packs) */
+    int zstd;            /* the disk part stored as byte-plane zstd chunks (it holds bytes) */
     size_t pk[3];        /* packed offsets of cut[0], cut[1], layer_bytes (q4) */
     int n_spans;
     flexdiag_wspan spans[FLEXDIAG_WSPANS_MAX];
 } flexdiag_wcut;
 
+/* What a placement compresses below the device (flags of wcut_make's compress). */
+enum {
+    FLEXDIAG_WCOMPRESS_Q4 = 1,   /* the streamed bytes in 4-bit groups (--compress-weights 4bit) */
+    FLEXDIAG_WCOMPRESS_ZSTD = 2, /* the disk part as zstd chunks (--compress-disk zstd) */
+};
+
 /* Cut a layer of n spans (layer_bytes in all) for pct (G, C, D summing to 100): each cut on the
- * row boundary nearest its target; q4: the streamed bytes packed (spans marked pack whose rows
- * are whole groups). INVALID_ARG naming the placement when pct does not sum to 100. */
+ * row boundary nearest its target; compress: FLEXDIAG_WCOMPRESS_* flags (Q4: spans marked pack
+ * whose rows are whole groups are packed). INVALID_ARG naming the placement when pct does not
+ * sum to 100. */
 flexdiag_status flexdiag__wcut_make(const flexdiag_wspan *spans, int n, size_t layer_bytes,
-                                    const uint32_t pct[3], int q4, flexdiag_wcut *out);
+                                    const uint32_t pct[3], int compress, flexdiag_wcut *out);
 /* The pieces of the streamed bytes [cut[0], layer_bytes) in block order (at most
  * FLEXDIAG_WPIECES_MAX); returns their count. */
 int flexdiag__wcut_pieces(const flexdiag_wcut *c, flexdiag_wpiece *out);
 /* Bytes of tier t in one layer, as stored (packed below the device under q4). */
 size_t flexdiag__wcut_bytes(const flexdiag_wcut *c, int tier);
-/* Bytes of one layer's disk part as stored: rounded up to the store's 4096 alignment. */
+/* Bytes of one layer's disk part in the store: rounded up to the store's 4096 alignment (under
+ * zstd, the bound of its chunks: every disk part fits, whatever it compresses to). */
 size_t flexdiag__wcut_disk_stride(const flexdiag_wcut *c);
+/* Bytes of the elements the disk part's byte planes split (2: bf16; 1 when packed). */
+static inline int flexdiag__wcut_disk_elem(const flexdiag_wcut *c) { return c->q4 ? 1 : 2; }
 
 typedef struct flexdiag_weight_homes {
     flexdiag_wcut cut;          /* the placement of every layer */
@@ -98,6 +116,10 @@ typedef struct flexdiag_weight_homes {
     void *host;                 /* (n_layers, cut[1] - cut[0]) pinned bytes, NULL when none */
     flexdiag_store_extent ext;  /* (n_layers, disk_stride) bytes of the store */
     size_t disk_stride;         /* flexdiag__wcut_disk_stride */
+    int threads;                /* zstd: workers that compress and decompress (0: all cores) */
+    size_t zchunks;             /* zstd: chunks of a layer's disk part */
+    uint64_t *zoffs;            /* zstd: (n_layers, zchunks + 1) chunk offsets in each record,
+                                   the last one the record's bytes */
     /* loading only: one layer's disk part assembled in aligned memory before it is written */
     void *stage;                /* disk_stride bytes, 4096-aligned; NULL after finish */
     int32_t stage_layer;        /* layer held by stage, -1 when none */
@@ -105,16 +127,20 @@ typedef struct flexdiag_weight_homes {
     void *raw;                  /* layer_bytes - cut[0] bytes; NULL after finish */
     uint8_t *packed;            /* pk[2] - pk[0] bytes */
     int32_t raw_layer;          /* layer held by raw, -1 when none */
+    /* loading under zstd: the encoders and one layer's record */
+    flexdiag_pz_many *zenc;     /* NULL after finish */
+    void *zrec;                 /* disk_stride bytes, 4096-aligned; NULL after finish */
 } flexdiag_weight_homes;
 
 /* Carve the homes of n_layers layers cut by *cut: the device prefix from arena, the host part
  * from pool, the disk part from store (each NULL allowed when its tier holds nothing; a tier
  * that holds bytes without its home is INVALID_ARG naming the flag that provides it). Over a
- * budget the status is the tier's own (OOM_DEVICE, OOM_PINNED, NO_SPACE). *out owned by the
- * caller (destroy). */
+ * budget the status is the tier's own (OOM_DEVICE, OOM_PINNED, NO_SPACE). threads: the zstd
+ * workers (0: all cores; unused without zstd). *out owned by the caller (destroy). */
 flexdiag_status flexdiag__whomes_create(const flexdiag_wcut *cut, int32_t n_layers,
                                         flexdiag_arena *arena, flexdiag_host_pool *pool,
-                                        flexdiag_store *store, flexdiag_weight_homes **out);
+                                        flexdiag_store *store, int threads,
+                                        flexdiag_weight_homes **out);
 /* Store bytes [off, off + bytes) of layer j's block from host memory src (copies done when it
  * returns; device parts go through stream s). Layers are written in order: a disk part is
  * assembled until a put for another layer (or finish) writes it out. */
@@ -134,6 +160,17 @@ static inline const char *flexdiag__whomes_host(const flexdiag_weight_homes *h, 
 }
 static inline uint64_t flexdiag__whomes_disk_off(const flexdiag_weight_homes *h, int32_t j) {
     return h->ext.off + (uint64_t)j * h->disk_stride;
+}
+/* zstd: the chunk offsets of layer j's record (zchunks + 1 entries). */
+static inline const uint64_t *flexdiag__whomes_zoffs(const flexdiag_weight_homes *h, int32_t j) {
+    return h->zoffs + (size_t)j * (h->zchunks + 1);
+}
+/* Bytes of layer j's disk part in the store as read: the record rounded up to 4096 under zstd,
+ * the stride otherwise. */
+static inline size_t flexdiag__whomes_disk_read(const flexdiag_weight_homes *h, int32_t j) {
+    if (!h->cut.zstd) return h->disk_stride;
+    return (flexdiag__whomes_zoffs(h, j)[h->zchunks] + FLEXDIAG_STORE_ALIGN - 1) &
+           ~(size_t)(FLEXDIAG_STORE_ALIGN - 1);
 }
 
 #endif /* FLEXDIAG_WEIGHT_HOMES_H */

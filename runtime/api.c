@@ -172,6 +172,12 @@ flexdiag_status flexdiag_runtime_create(const flexdiag_runtime_params *p, flexdi
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "runtime: no memory");
     }
     rt->p.offload_dir = rt->offload_dir;
+    if (rt->p.compress_disk > 1) {
+        uint32_t v = rt->p.compress_disk;
+        flexdiag_runtime_destroy(rt);
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "runtime_params.compress_disk is %u: 0 (none) or 1 (zstd)", v);
+    }
     flexdiag_status st = pick_backend(rt);
     if (st == FLEXDIAG_OK) st = budget_init(rt);
     if (st != FLEXDIAG_OK) {
@@ -254,7 +260,11 @@ static flexdiag_status place_for(flexdiag_model *m, const flexdiag_model_params 
                              "model_params.compress_weights is %u: 0 (none) or 4 (4-bit "
                              "groups)",
                              mp->compress_weights);
-    *out = (flexdiag_weights_place){{pct[0], pct[1], pct[2]}, NULL, NULL, mp->compress_weights == 4};
+    *out = (flexdiag_weights_place){
+        .pct = {pct[0], pct[1], pct[2]},
+        .compress = (mp->compress_weights == 4 ? FLEXDIAG_WCOMPRESS_Q4 : 0) |
+                    (m->rt->p.compress_disk == 1 ? FLEXDIAG_WCOMPRESS_ZSTD : 0),
+        .threads = m->rt->p.threads};
     uint64_t need[3];
     flexdiag_wcut cut;
     FLEXDIAG_TRY(flexdiag__weights_plan(&m->cfg, pct, out->compress, need, &cut));

@@ -29,7 +29,7 @@ DONE_FN = c.CFUNCTYPE(None, c.c_void_p, c.c_int, c.c_void_p)
 class RuntimeParams(c.Structure):
     _fields_ = [("struct_size", u32), ("device", c.c_int), ("gpu_mem", u64),
                 ("threads", c.c_int), ("cpu_mem", u64), ("disk_mem", u64),
-                ("offload_dir", c.c_char_p)]
+                ("offload_dir", c.c_char_p), ("compress_disk", u32)]
 
 
 class ModelParams(c.Structure):

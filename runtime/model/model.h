@@ -183,7 +183,9 @@ typedef struct flexdiag_weights_place {
     uint32_t pct[3];            /* GPU, CPU, disk percent of every layer */
     flexdiag_host_pool *pool;   /* home of the host part (borrowed), NULL when pct[1] == 0 */
     flexdiag_store *store;      /* home of the disk part (borrowed), NULL when pct[2] == 0 */
-    int compress;               /* the host and disk parts in 4-bit groups (weight_homes.h) */
+    int compress;               /* FLEXDIAG_WCOMPRESS_* (weight_homes.h): the host and disk parts
+                                   in 4-bit groups, the disk part as zstd chunks */
+    int threads;                /* host threads that compress and decompress (0: all cores) */
 } flexdiag_weights_place;
 
 /* What the config leaves to the checkpoint: the rows of Chameleon's QK-norm tables ([1, d_h]
@@ -193,7 +195,8 @@ flexdiag_status flexdiag__weights_adapt(flexdiag_model_config *cfg,
                                         const flexdiag_safetensors *st);
 /* Bytes each tier needs for cfg under placement pct, [GPU (all weights but the streamed parts),
  * CPU, disk (4096-aligned per layer)], and the cut itself (either out may be NULL); compress:
- * the CPU and disk parts in 4-bit groups. */
+ * FLEXDIAG_WCOMPRESS_* flags (the CPU and disk parts in 4-bit groups, the disk part as zstd
+ * chunks, sized by their bound). */
 flexdiag_status flexdiag__weights_plan(const flexdiag_model_config *cfg, const uint32_t pct[3],
                                        int compress, uint64_t bytes[3], flexdiag_wcut *cut);
 /* Load weights from an open checkpoint into memory of arena a's backend, placed by pl. Before

@@ -319,7 +319,8 @@ static flexdiag_status allocate(flexdiag_arena *a, const flexdiag_model_config *
     if (!all_device(pl)) {
         flexdiag_wcut cut;
         FLEXDIAG_TRY(cut_of(c, o, pl->pct, pl->compress, &cut));
-        FLEXDIAG_TRY(flexdiag__whomes_create(&cut, c->lm.layers, a, pl->pool, pl->store, &w->homes));
+        FLEXDIAG_TRY(flexdiag__whomes_create(&cut, c->lm.layers, a, pl->pool, pl->store, pl->threads,
+                                             &w->homes));
         bytes -= layers_region(c, o);
     }
     FLEXDIAG_TRY(flexdiag__arena_alloc(a, bytes, "model weights", &w->block));

@@ -16,6 +16,7 @@
 #include "engine/offload_runs.h"
 #include "flexdiag.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "offload/planes_zstd.h"
 #include "offload/weight_homes.h"
 #include "runtime/engine/engine.h"
 
@@ -140,6 +141,9 @@ static void run_context(flexdiag_model *m, int32_t batch, int32_t micro, int can
     run_context_kv(m, batch, micro, cancel, &device, out);
 }
 
+/* compress: model_params.compress_weights, plus 1 << 8 for runtime_params.compress_disk zstd */
+#define ZSTD_DISK (1u << 8)
+
 static void open_model_q(int device, const char *arch, const uint32_t pct[3], const char *dir,
                          uint64_t cpu_mem, uint32_t compress, flexdiag_runtime **rt,
                          flexdiag_model **m) {
@@ -149,6 +153,8 @@ static void open_model_q(int device, const char *arch, const uint32_t pct[3], co
     rp.cpu_mem = cpu_mem;
     rp.threads = device < 0 ? 2 : 0;
     rp.offload_dir = dir;
+    rp.compress_disk = (compress & ZSTD_DISK) != 0;
+    compress &= ~ZSTD_DISK;
     ok(flexdiag_runtime_create(&rp, rt));
     flexdiag_model_params mp;
     flexdiag_model_params_init(&mp);
@@ -415,4 +421,107 @@ void to_run_cpu_attention(int device, const char *arch, int32_t batch, double to
         flexdiag_model_destroy(m);
         flexdiag_runtime_destroy(rt);
     }
+}
+
+void to_run_zstd_disk(int device, const char *arch, int32_t batch, int32_t micro,
+                      const char *dir) {
+    /* placements with disk bytes; the last streams 4-bit groups, so its disk planes are bytes */
+    static const uint32_t places[][3] = {{0, 0, 100}, {30, 40, 30}, {73, 0, 27}, {20, 0, 80}};
+    static const uint32_t q4[] = {0, 0, 0, 4};
+    static const uint32_t all[3] = {100, 0, 0};
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    run ref = {0};
+    open_model(device, arch, all, dir, 0, &rt, &m);
+    run_context(m, batch, micro, 0, &ref);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+    for (int i = 0; i < (int)(sizeof places / sizeof places[0]); i++) {
+        const uint32_t *p = places[i];
+        char what[64];
+        snprintf(what, sizeof what, "%u,%u,%u%s, zstd on disk", p[0], p[1], p[2],
+                 q4[i] ? " 4-bit" : "");
+        run raw = {0}, z = {0}, z2 = {0};
+        open_model_q(device, arch, p, dir, 0, q4[i], &rt, &m);
+        run_context(m, batch, micro, 0, &raw);
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+        open_model_q(device, arch, p, dir, 0, q4[i] | ZSTD_DISK, &rt, &m);
+        run_context(m, batch, micro, i == 1, &z); /* a cancelled run on the zstd tier */
+        run_context(m, batch > 1 ? batch / 2 : 1, 0, 0, &z2); /* a second context */
+        flexdiag_model_destroy(m);
+        flexdiag_runtime_destroy(rt);
+        /* the same bytes reach the device: the raw disk tier's tokens and logits */
+        same(&raw, &z, what);
+        assert_memory_equal(raw.logits, z2.logits, (size_t)raw.per_img * raw.vocab * 4);
+        if (!q4[i]) same(&ref, &z, what);
+        assert_memory_equal(raw.weights_bytes, z.weights_bytes, sizeof raw.weights_bytes);
+        if (i != 1) /* the cancelled run loaded some layers more */
+            assert_true(raw.loads == z.loads && raw.h2d_bytes == z.h2d_bytes);
+        /* fewer bytes read: bf16 layers store 0.7 of their bytes (4-bit groups barely shrink) */
+        if (!(z.disk_read_bytes > 0 && z.disk_read_bytes <= raw.disk_read_bytes))
+            fail_msg("%s: %llu bytes read, raw %llu", what, (unsigned long long)z.disk_read_bytes,
+                     (unsigned long long)raw.disk_read_bytes);
+        if (!q4[i] && !(z.disk_read_bytes * 100 < raw.disk_read_bytes * 85))
+            fail_msg("%s: %llu bytes read, raw %llu", what, (unsigned long long)z.disk_read_bytes,
+                     (unsigned long long)raw.disk_read_bytes);
+        run_free(&raw);
+        run_free(&z);
+        run_free(&z2);
+    }
+    run_free(&ref);
+}
+
+/* Flip one byte of the first chunk of layer j's record through the store (a page read, changed
+ * and written back); *at = the record's byte offset in the store file. */
+static void corrupt_record(flexdiag_model *m, int32_t j, uint64_t *at) {
+    const flexdiag_weight_homes *h = m->w.homes;
+    flexdiag_store *st = m->rt->store;
+    char *page = aligned_alloc(FLEXDIAG_STORE_ALIGN, FLEXDIAG_STORE_ALIGN);
+    *at = flexdiag__whomes_disk_off(h, j);
+    flexdiag_store_ticket t;
+    flexdiag_store_req rq = {FLEXDIAG_STORE_READ, *at, FLEXDIAG_STORE_ALIGN, page};
+    ok(flexdiag__store_submit(st, &rq, 1, &t));
+    ok(flexdiag__store_wait(st, t));
+    page[FLEXDIAG_PZ_HDR_BYTES + 100] ^= 0x20; /* in the first plane's bytes */
+    rq.op = FLEXDIAG_STORE_WRITE;
+    ok(flexdiag__store_submit(st, &rq, 1, &t));
+    ok(flexdiag__store_wait(st, t));
+    free(page);
+}
+
+void to_run_zstd_corrupt(int device, const char *arch, const char *dir) {
+    static const uint32_t disk[3] = {0, 0, 100};
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_model_q(device, arch, disk, dir, 0, ZSTD_DISK, &rt, &m);
+    assert_true(m->w.homes && m->w.homes->cut.zstd);
+    uint64_t at;
+    corrupt_record(m, 1, &at);
+    flexdiag_context_params cp;
+    flexdiag_context_params_init(&cp);
+    cp.max_images = 2;
+    cp.max_prompt_len = 32;
+    flexdiag_context *c = NULL;
+    ok(flexdiag_context_create(m, &cp, &c));
+    flexdiag_request rq;
+    request(&rq);
+    rq.n_prompts = 1;
+    rq.images_per_prompt = 1;
+    flexdiag_output o = {0};
+    ok(flexdiag_generate(c, &rq, &o)); /* the sizes */
+    o.tokens = malloc((size_t)o.n_images * (size_t)o.tokens_per_image * 4);
+    flexdiag_status st = flexdiag_generate(c, &rq, &o);
+    free(o.tokens);
+    const char *msg = flexdiag_last_error(NULL);
+    char want[160];
+    /* the checksum field of the record's first chunk, in the file */
+    snprintf(want, sizeof want, "the disk part of layer 1's weights: corrupt zstd chunk at byte %llu "
+             "of the file: checksum mismatch", (unsigned long long)(at + 48));
+    if (st != FLEXDIAG_ERR_CHECKSUM || !strstr(msg, want) ||
+        !strstr(msg, flexdiag__store_path(m->rt->store)))
+        fail_msg("status %d, message '%s' (wanted '%s' and the store file)", st, msg, want);
+    flexdiag_context_destroy(c);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
 }

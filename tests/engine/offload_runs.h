@@ -21,6 +21,15 @@ void to_run_placements(int device, const char *arch, int32_t batch, int32_t micr
  * than the placement holds unpacked. */
 void to_run_compressed(int device, const char *arch, int32_t batch, int32_t micro,
                        const char *dir);
+/* Disk-homed weights compressed (runtime_params.compress_disk zstd): placements with a disk
+ * part, one streaming 4-bit groups, give the raw disk tier's tokens and logits bit for bit
+ * (and so the resident run's, without 4-bit), also after a cancelled run and in a second
+ * context, with the same bytes per tier and over the link and fewer bytes read from disk. */
+void to_run_zstd_disk(int device, const char *arch, int32_t batch, int32_t micro,
+                      const char *dir);
+/* A byte of a layer's first zstd chunk flipped in the store file: generation fails with
+ * FLEXDIAG_ERR_CHECKSUM naming the file, the layer and the chunk's byte offset. */
+void to_run_zstd_corrupt(int device, const char *arch, const char *dir);
 /* KV homes: for every policy, the block's KV all on the device, then half the micro-batches and
  * all of them in pinned host memory, all on disk (the store in dir), one micro-batch in each
  * home (cancelled runs among them), and the KV on the host with the weights split: the same

@@ -6,7 +6,9 @@
  * dependency shows up as wrong tokens) and on the thread-pool disk backend; budgets too small
  * are refused naming the flag and the bytes. Compressed weights (--compress-weights 4bit) give the
  * tokens and logits of the resident model whose streamed matrices were packed and unpacked in
- * place by the plain C reference. KV homes: test_kv_homes.c.
+ * place by the plain C reference. The disk part as zstd chunks (--compress-disk zstd) gives the
+ * raw disk tier's tokens and logits, and a corrupt chunk fails naming the file and byte offset.
+ * KV homes: test_kv_homes.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -50,6 +52,15 @@ static void test_compressed(void **state) {
     (void)state;
     to_run_compressed(-1, "micro-janus", 6, 2, g_dir);
     to_run_compressed(-1, "micro-opt", 6, 2, g_dir);
+}
+
+/* The disk part as zstd chunks (--compress-disk zstd): the raw disk tier's and the resident
+ * run's tokens and logits; a corrupt chunk named with its file and byte offset. */
+static void test_zstd_disk(void **state) {
+    (void)state;
+    to_run_zstd_disk(-1, "micro-janus", 6, 2, g_dir);
+    to_run_zstd_disk(-1, "micro-opt", 6, 2, g_dir);
+    to_run_zstd_corrupt(-1, "micro-janus", g_dir);
 }
 
 static void test_placements_delayed_copies(void **state) {
@@ -111,6 +122,7 @@ int main(void) {
         cmocka_unit_test(test_placements_chameleon),
         cmocka_unit_test(test_placements_delayed_copies),
         cmocka_unit_test(test_compressed),
+        cmocka_unit_test(test_zstd_disk),
         cmocka_unit_test(test_budgets_refused),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

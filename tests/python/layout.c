@@ -22,6 +22,7 @@ static void params(void) {
     FIELD(flexdiag_runtime_params, device); FIELD(flexdiag_runtime_params, gpu_mem);
     FIELD(flexdiag_runtime_params, threads); FIELD(flexdiag_runtime_params, cpu_mem);
     FIELD(flexdiag_runtime_params, disk_mem); FIELD(flexdiag_runtime_params, offload_dir);
+    FIELD(flexdiag_runtime_params, compress_disk);
     END();
     BEGIN("ModelParams", flexdiag_model_params);
     FIELD(flexdiag_model_params, arch); FIELD(flexdiag_model_params, random_weights);
