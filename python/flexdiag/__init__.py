@@ -19,7 +19,7 @@ from ._lib import (MIN_API_VERSION, ClosedError, Error, LibraryError, Status, ap
 from ._objects import Model, Runtime
 from ._queue import Handle, ImageResult, TextResult
 
-__version__ = "0.4.0"
+__version__ = "0.6.0"
 
 __all__ = ["Runtime", "Model", "Context", "Handle", "ImageResult", "TextResult", "Scores",
            "RawImage", "save_png", "Error", "LibraryError", "ClosedError", "Status",

@@ -142,8 +142,8 @@ class Context(Native):
     # ---- requests ----
 
     def submit(self, prompts, *, images_per_prompt=None, cfg_weight=None, temperature=None,
-               top_k=None, top_p=None, seed=None, first_image=None, on_image=None,
-               on_token=None, on_done=None, wait_for_room=True):
+               top_k=None, top_p=None, seed=None, first_image=None, draft_len=None,
+               on_image=None, on_token=None, on_done=None, wait_for_room=True):
         """Queue images for prompts (a text, a list of texts, or a list of prompt id lists);
         returns a Handle at once. Sampling arguments left None take the library's defaults
         (flexdiag_request_init: cfg_weight 5, temperature 1, top_k 0, top_p 1, seed 0).
@@ -151,10 +151,11 @@ class Context(Native):
         image (tokens: a flat list), on_token(handle, index, step, id) per token,
         on_done(handle, status) at the end; an exception in one cancels the request, the
         request's later callbacks are skipped and result() raises it. wait_for_room False:
-        Error BUSY when the queue is full."""
+        Error BUSY when the queue is full. draft_len: the speculative Jacobi decoding window
+        of these images (None: the context's draft_len, 1: sequential)."""
         req = Q.CRequest(prompts, images_per_prompt=images_per_prompt, cfg_weight=cfg_weight,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         first_image=first_image)
+                         first_image=first_image, draft_len=draft_len)
         return self._submit("image", req, on_image, on_token, on_done, wait_for_room)
 
     def submit_text(self, prompts, *, max_new_tokens=None, stop_at_eos=True,

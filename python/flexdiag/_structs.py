@@ -47,7 +47,8 @@ class ContextParams(c.Structure):
                 ("max_prompt_len", i32), ("policy", PolicyParams), ("max_new_tokens", i32),
                 ("progress", PROGRESS_FN), ("progress_user", c.c_void_p), ("text", c.c_bool),
                 ("kv_pct", u32 * 3), ("cpu_attention", c.c_bool), ("images_per_prompt", i32),
-                ("cpu_attention_pct", u32), ("queue_images", i32), ("batching", i32)]
+                ("cpu_attention_pct", u32), ("queue_images", i32), ("batching", i32),
+                ("draft_len", i32)]
 
 
 class Request(c.Structure):
@@ -55,7 +56,7 @@ class Request(c.Structure):
                 ("prompt_ids", c.POINTER(c.POINTER(i32))), ("prompt_lens", c.POINTER(i32)),
                 ("images_per_prompt", i32), ("cfg_weight", c.c_float),
                 ("temperature", c.c_float), ("top_k", i32), ("top_p", c.c_float),
-                ("seed", u64), ("first_image", i64)]
+                ("seed", u64), ("first_image", i64), ("draft_len", i32)]
 
 
 class Output(c.Structure):

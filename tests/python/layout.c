@@ -42,6 +42,7 @@ static void params(void) {
     FIELD(flexdiag_context_params, images_per_prompt);
     FIELD(flexdiag_context_params, cpu_attention_pct);
     FIELD(flexdiag_context_params, queue_images); FIELD(flexdiag_context_params, batching);
+    FIELD(flexdiag_context_params, draft_len);
     END();
     BEGIN("Request", flexdiag_request);
     FIELD(flexdiag_request, n_prompts); FIELD(flexdiag_request, prompts);
@@ -50,6 +51,7 @@ static void params(void) {
     FIELD(flexdiag_request, temperature); FIELD(flexdiag_request, top_k);
     FIELD(flexdiag_request, top_p); FIELD(flexdiag_request, seed);
     FIELD(flexdiag_request, first_image);
+    FIELD(flexdiag_request, draft_len);
     END();
     BEGIN("SubmitParams", flexdiag_submit_params);
     FIELD(flexdiag_submit_params, on_image); FIELD(flexdiag_submit_params, on_token);
