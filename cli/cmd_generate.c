@@ -48,15 +48,18 @@
 
 #define CMD "generate"
 #define DEFAULT_PROMPT "a red apple on a wooden table"
+#define DEFAULT_DRAFT 8 /* --draft-len: bench/RESULTS.md "Speculative Jacobi decoding" */
+#define DEFAULT_DRAFT_S "8"
 
 typedef struct gen_opts {
     cli_model_opts mo;
     cli_policy_opts po;
-    const char *prompt, *prompts_file, *out, *layout_name, *batch, *batching;
+    const char *prompt, *prompts_file, *out, *layout_name, *batch, *batching, *decode;
     const char *prompt_ids, *prompt_ids_file; /* prompts as token ids (no tokenizer needed) */
     int blocks;            /* --batching blocks */
     cli_layout layout;
     int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed, max_new_tokens;
+    int64_t draft_len;     /* --draft-len: the SJD window with --decode sjd, else 1 */
     double cfg, temperature, top_p;
     int quiet, resume;
 } gen_opts;
@@ -141,6 +144,7 @@ typedef struct gen_run {
     int threads;           /* its PNG threads: --threads, or this process's cores */
     int64_t made;          /* images this process generated */
     double t0, end_s;      /* when the job's first block started; when its files were written */
+    uint64_t passes;       /* decode passes of the finished images, summed (continuous runs) */
     int64_t total;         /* images in the job */
     int64_t per;           /* images per prompt: --images-per-prompt, or 4 (1 for text) */
     int text;              /* the model continues text: one row a sequence, no CFG, no PNG */
@@ -301,7 +305,8 @@ static int run_continuous(gen_run *r, int64_t first, int64_t n) {
         rc = rc ? rc : flush_done(r, &ci, first, n, &next, &t_last);
         if (rc) flexdiag_handle_cancel(h); /* a signal, or the writer failed: stop */
     }
-    if (h) flexdiag_handle_status(h, &st, NULL);
+    flexdiag_handle_stats hs = {.struct_size = sizeof hs};
+    if (h && flexdiag_handle_status(h, &st, &hs) == FLEXDIAG_OK) r->passes += hs.passes;
     if (h) snprintf(msg, sizeof msg, "%s", flexdiag_handle_error(h));
     flexdiag_handle_release(h);
     free(texts), free(ids), free(lens), free(ci.tokens), free(ci.done);
@@ -368,6 +373,8 @@ static int common_fields(gen_out *w, const gen_opts *o, const flexdiag_context *
                           "n_r", (int)pi.n_r, "sparsity", pi.sparsity,
                           "cfg_weight", o->cfg, "temperature", o->temperature,
                           "top_k", (json_int_t)o->top_k, "top_p", o->top_p);
+    if (w->common && o->draft_len > 1) /* SJD: lossless, but another draw of each image */
+        json_object_set_new(w->common, "draft_len", json_integer((json_int_t)o->draft_len));
     return w->common ? 0 : fail(1, "out of host memory");
 }
 
@@ -383,6 +390,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->text = r->o->max_new_tokens > 0; /* Lumina-mGPT continues text instead of drawing */
     cp->images_per_prompt = (int32_t)r->per; /* one copy of each prompt's KV rows */
     cp->batching = r->o->blocks;
+    cp->draft_len = (int32_t)r->o->draft_len;
     cli_kv_homes(CMD, &r->o->mo, cp);
 }
 
@@ -504,6 +512,12 @@ static void summary(const gen_run *r) {
             json_string_value(json_object_get(r->w.common, "policy")),
             (double)s->peak_device_bytes / (1 << 30), (long long)r->w.pngs, r->o->out, wall,
             wall > 0 ? (double)r->w.images_done / wall : 0.0);
+    if (r->o->draft_len > 1 && r->passes && r->w.images_done)
+        fprintf(stderr, "sjd: %.1f decode passes per image (%d tokens; window %lld), %.2f "
+                        "tokens a pass\n",
+                (double)r->passes / (double)r->w.images_done, r->w.per_image,
+                (long long)r->o->draft_len,
+                (double)r->w.images_done * (r->w.per_image - 1) / (double)r->passes);
 }
 
 /* ---- the job's processes ---- */
@@ -789,13 +803,17 @@ static int check_opts(gen_opts *o) {
     if (strcmp(o->batching, "continuous") && strcmp(o->batching, "blocks"))
         return fail(2, "--batching: unknown mode '%s' (valid: continuous, blocks)", o->batching);
     o->blocks = !strcmp(o->batching, "blocks");
+    if (strcmp(o->decode, "sequential") && strcmp(o->decode, "sjd"))
+        return fail(2, "--decode: unknown mode '%s' (valid: sequential, sjd)", o->decode);
+    if (!strcmp(o->decode, "sequential")) o->draft_len = 1;
     return cli_check_model(CMD, &o->mo);
 }
 
 int flexdiag_cmd_generate(int argc, char **argv) {
     gen_opts o = {.mo.seed = 1, .po = CLI_POLICY_OPTS_INIT, .batch = NULL,
                   .max_prompt_len = 128, .cfg = 5.0, .temperature = 1.0, .top_p = 1.0,
-                  .layout_name = "plain", .batching = "continuous"};
+                  .layout_name = "plain", .batching = "continuous", .decode = "sequential",
+                  .draft_len = DEFAULT_DRAFT};
     const cli_opt opts[] = {
         CLI_MODEL_FLAGS(&o.mo),
         CLI_POLICY_FLAGS(&o.po),
@@ -819,6 +837,14 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         {.name = "--batching", CLI_STR, &o.batching,
          "continuous (default): a finished image's slot takes the next image at the next step; "
          "blocks: --batch images at a time in lock step, blocks evened over the job"},
+        {.name = "--decode", CLI_STR, &o.decode,
+         "sequential (default): one token a pass; sjd: speculative Jacobi decoding, up to "
+         "--draft-len tokens a pass, lossless (the same distribution of images, other draws; "
+         "greedy --top-k 1 gives sequential's tokens). Dense policy, KV on the device "
+         "(docs/decoding.md)"},
+        {.name = "--draft-len", CLI_INT, &o.draft_len,
+         "with --decode sjd: tokens a sequence runs per pass, its last and the drafts "
+         "(default " DEFAULT_DRAFT_S ")", CLI_INTS(2, 64, NULL)},
         {.name = "--micro-batch", CLI_INT, &o.micro_batch,
          "images per micro-batch (default: batch)",
          CLI_INTS(0, INT32_MAX, "0 = the whole block")},

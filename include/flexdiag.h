@@ -243,7 +243,7 @@ typedef struct flexdiag_context_params {
                                       prefix plus one; the context sizes its buffers for it
                                       and it is the default of its requests. 0 or 1:
                                       sequential decoding (one token a pass). Needs the dense
-                                      policy, every KV on the device, no shared prompt KV;
+                                      policy and every KV on the device;
                                       FLEXDIAG_ERR_UNSUPPORTED otherwise (docs/decoding.md) */
 } flexdiag_context_params;
 
@@ -569,6 +569,10 @@ typedef struct flexdiag_handle_stats {
     double first_token_s;  /* until its first token (-1: not yet) */
     double first_image_s;  /* until its first finished image (-1: not yet) */
     double total_s;        /* until it ended (-1: not yet) */
+    /* since API version 15 */
+    uint64_t passes;       /* decode passes its finished images took, summed (the prefill
+                              pass not counted): passes per image = passes / done_images,
+                              fewer than its tokens with context_params draft_len > 1 */
 } flexdiag_handle_stats;
 
 /* Fill defaults and struct_size. */

@@ -46,6 +46,7 @@ struct flexdiag_handle {
     int32_t queued;              /* jobs handed to the engine so far (under the queue's mutex) */
     int32_t ended;               /* images ended */
     uint64_t tokens;             /* tokens made */
+    uint64_t passes;             /* decode passes of its finished images, summed */
     flexdiag_status st;          /* BUSY while it runs, then its status */
     flexdiag_status fail;        /* the first failure of its images */
     char msg[256];               /* its message */
@@ -164,6 +165,7 @@ static void job_ended(const flexdiag_job *job, int32_t n, flexdiag_status st, co
     flexdiag_handle *h = job->tag;
     int32_t i = job->idx;
     h->made[i] = n;
+    if (st == FLEXDIAG_OK) h->passes += (uint64_t)job->passes;
     if (st == FLEXDIAG_OK) {
         if (h->t_img < 0) h->t_img = secs_since(h->t0);
         image_tokens(h, i, h->grid);
@@ -493,18 +495,20 @@ flexdiag_status flexdiag_handle_cancel(flexdiag_handle *h) {
 flexdiag_status flexdiag_handle_status(const flexdiag_handle *h, flexdiag_status *st,
                                        flexdiag_handle_stats *stats) {
     if (!h || !st) return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "handle_status: NULL argument");
+    uint32_t size = stats ? stats->struct_size : 0; /* a caller of API 12..14 lacks passes */
     if (stats)
-        FLEXDIAG_TRY(flexdiag__check_output(stats->struct_size, sizeof *stats, sizeof *stats,
-                                            "flexdiag_handle_stats"));
+        FLEXDIAG_TRY(flexdiag__check_output(size, FLEXDIAG_FIRST_SIZE(flexdiag_handle_stats, total_s),
+                                            sizeof *stats, "flexdiag_handle_stats"));
     flexdiag_handle *w = (flexdiag_handle *)h;
     pthread_mutex_lock(&w->mu);
     *st = h->st;
-    if (stats)
-        *stats = (flexdiag_handle_stats){.struct_size = sizeof *stats, .n_images = h->n_img,
-                                         .done_images = h->ended, .tokens = h->tokens,
-                                         .queue_s = h->t_admit, .first_token_s = h->t_tok,
-                                         .first_image_s = h->t_img, .total_s = h->t_end};
+    flexdiag_handle_stats hs = {.struct_size = size, .n_images = h->n_img,
+                                .done_images = h->ended, .tokens = h->tokens,
+                                .queue_s = h->t_admit, .first_token_s = h->t_tok,
+                                .first_image_s = h->t_img, .total_s = h->t_end,
+                                .passes = h->passes};
     pthread_mutex_unlock(&w->mu);
+    if (stats) memcpy(stats, &hs, size);
     return FLEXDIAG_OK;
 }
 

@@ -238,19 +238,18 @@ static flexdiag_status ctx_check_bytes(const flexdiag_context *c) {
 /* Speculative Jacobi decoding (draft_len >= 2; geo.win rows a sequence in a decode pass): the
  * window pass (window.c) writes its rows where sequential decoding would and attends lists
  * planned position by position, which this version does for the dense policy with every KV on
- * the device and each sequence's own prompt rows. */
+ * the device. */
 static flexdiag_status ctx_window_allowed(const flexdiag_context *c) {
     const char *why = c->geo.win < 2                       ? NULL
                       : c->p.policy.kind != FLEXDIAG_POLICY_DENSE ? "a policy other than dense"
                       : c->homes.s_host < c->geo.n_seq      ? "KV homed below the device (kv_pct)"
-                      : c->geo.n_pre                        ? "shared prompt KV (images_per_prompt)"
                                                             : NULL;
     if (!why) return FLEXDIAG_OK;
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "context_params.draft_len %d (speculative Jacobi decoding) with %s: "
-                         "this version runs it with the dense policy, every KV on the device and "
-                         "no shared prompt KV (docs/decoding.md); give draft_len 0 or change "
-                         "the other setting", c->p.draft_len, why);
+                         "this version runs it with the dense policy and every KV on the device "
+                         "(docs/decoding.md); give draft_len 0 or change the other setting",
+                         c->p.draft_len, why);
 }
 
 static flexdiag_status ctx_geometry(flexdiag_context *c) {

@@ -261,6 +261,7 @@ typedef struct flexdiag_job {
     const int32_t *forced;     /* (n_steps) teacher-forced ids, or NULL to sample */
     int32_t draft_len;         /* SJD window (window.c), <= the context's geo.win; 0 or 1:
                                   sequential */
+    int32_t passes;            /* out: decode passes it took part in (serve.c) */
     int32_t *tokens;           /* out (n_steps) */
     float *logits;             /* optional out (n_steps, vocab_out): the distribution each token
                                   was drawn from (CFG-combined for images); tests, fidelity */

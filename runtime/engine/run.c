@@ -108,6 +108,8 @@ static flexdiag_status io_acquire(const run_state *r, const flexdiag_visit *v, i
         io->a.slots = c->b.win_slots + q0 * (size_t)c->pd.max_slots;
         io->a.n_slots = c->b.win_nslots + q0;
         io->rows = c->b.win_rows + q0 * (size_t)l->kv_heads;
+        if (c->geo.n_pre) shared_args(c, j, s0, &io->a);
+        io->a.n_casc_tiles = 0; /* no cascade with several rows a sequence (kernels.h win) */
     } else {
         io->a.pos = rope ? c->b.pos + s0 : NULL;
         io->a.p_cap = c->geo.blk_p;

@@ -468,6 +468,7 @@ static flexdiag_status decode(run_state *r, int32_t granule) {
     pass_width(r, granule);
     r->split = b->split && r->t[0] >= b->split_from ? b->split : NULL;
     r->win = flexdiag__window_rows(r);
+    for (int32_t i = 0; i < r->n_img; i++) r->slot[i].job.passes += r->slot[i].live;
     double t0 = flexdiag__now();
     FLEXDIAG_TRY(r->win > 1 ? flexdiag__pass_window(r) : flexdiag__pass_decode(r));
     r->win = 1;

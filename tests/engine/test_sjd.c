@@ -1,7 +1,7 @@
 /*
  * test_sjd.c - speculative Jacobi decoding (runtime/engine/window.c, sjd.c) on the CPU backend:
  *   - greedy (top_k 1) SJD is Jacobi iteration: every window gives sequential decoding's tokens
- *     and logits bit for bit, with CFG pairs (micro-janus) and text (micro-opt), and
+ *     and logits bit for bit, with CFG pairs (micro-janus), shared prompt KV, text (micro-opt) and
  *     with the weights offloaded; it takes fewer passes than tokens;
  *   - a sequential job (draft_len 1) in a window context draws what a sequential context draws;
  *   - sampled SJD is exact: over a fixed list of 3000 seeds, the joint distribution of an
@@ -55,7 +55,7 @@ static bool t_pass(int phase, uint64_t done, uint64_t total, void *user) {
 typedef struct tconf {
     const char *arch;
     uint32_t weights[3];
-    int32_t slots, draft;
+    int32_t slots, draft, ipp;
 } tconf;
 
 static void open_model(const tconf *tc, flexdiag_runtime **rt, flexdiag_model **m) {
@@ -72,6 +72,8 @@ static void open_model(const tconf *tc, flexdiag_runtime **rt, flexdiag_model **
     assert_int_equal(flexdiag_model_load(*rt, NULL, &mp, m), FLEXDIAG_OK);
 }
 
+static int32_t g_ipp; /* images_per_prompt of the contexts open_context makes */
+
 static flexdiag_context *open_context(flexdiag_model *m, int32_t slots, int32_t draft,
                                       tfeed *clock) {
     flexdiag_context_params cp;
@@ -80,6 +82,7 @@ static flexdiag_context *open_context(flexdiag_model *m, int32_t slots, int32_t 
     cp.max_prompt_len = 16;
     cp.max_new_tokens = MAX_STEPS;
     cp.draft_len = draft;
+    cp.images_per_prompt = slots > 1 ? g_ipp : 0;
     cp.progress = t_pass;
     cp.progress_user = clock;
     flexdiag_context *c = NULL;
@@ -121,6 +124,7 @@ static int32_t run_jobs(flexdiag_context *c, tfeed *f, flexdiag_job *jobs, int32
 #define N_JOBS 5
 
 static void greedy_conf(const tconf *tc) {
+    g_ipp = tc->ipp;
     flexdiag_runtime *rt;
     flexdiag_model *m;
     open_model(tc, &rt, &m);
@@ -152,6 +156,7 @@ static void greedy_conf(const tconf *tc) {
     free(lg);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
+    g_ipp = 0;
 }
 
 static void test_greedy_images(void **state) {
@@ -171,6 +176,13 @@ static void test_greedy_text(void **state) {
 static void test_greedy_offloaded(void **state) {
     (void)state;
     tconf tc = {.arch = "micro-janus", .weights = {50, 50, 0}, .slots = 3, .draft = 4};
+    greedy_conf(&tc);
+}
+
+/* Shared prompt KV: four slots, two images a prompt row (the jobs cycle over 3 prompts). */
+static void test_greedy_shared_prompts(void **state) {
+    (void)state;
+    tconf tc = {.arch = "micro-janus", .slots = 4, .draft = 4, .ipp = 2};
     greedy_conf(&tc);
 }
 
@@ -341,6 +353,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verify_rule),     cmocka_unit_test(test_greedy_images),
         cmocka_unit_test(test_greedy_text),     cmocka_unit_test(test_greedy_offloaded),
+        cmocka_unit_test(test_greedy_shared_prompts),
         cmocka_unit_test(test_sequential_jobs), cmocka_unit_test(test_sampling_exact),
         cmocka_unit_test(test_refused),
     };
