@@ -5,9 +5,9 @@
  * One runtime, model and context, made from the same model, policy, budget and offload flags
  * as `flexdiag generate`; every HTTP request is a flexdiag_submit on the context, so concurrent
  * requests share its --batch slots (continuous batching) and --max-queue bounds what waits
- * (a 429 past it). Prints "listening on http://HOST:PORT" once requests are taken. A signal
- * drains: /health says "draining", new API requests get 503, the ones in flight finish, and
- * the command exits 0.
+ * (a 429 past it); the server's counters serve /metrics. Prints "listening on http://HOST:PORT" once requests are taken. A signal drains:
+ * /health says "draining", new API requests get 503, the ones in flight finish, and the
+ * command exits 0.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -72,8 +72,9 @@ static void context_params(const serve_opts *o, const flexdiag_policy_params *pp
 }
 
 /* What the API needs to know of the model: text or images, tokens per result, image size,
- * end id. 0, or an exit code after a message. */
-static int describe(serve_engine *e) {
+ * end id; *rows the sequences of one result (2: an image with CFG). 0, or an exit code after a
+ * message. */
+static int describe(serve_engine *e, int32_t *rows) {
     const char *empty[1] = {""};
     flexdiag_request rq;
     flexdiag_request_init(&rq);
@@ -90,6 +91,7 @@ static int describe(serve_engine *e) {
     if (st != FLEXDIAG_OK) return cli_fail(CMD, st);
     e->per_image = q.tokens_per_image;
     e->text = so.rows == 1;
+    *rows = so.rows;
     return 0;
 }
 
@@ -100,6 +102,19 @@ static const char *model_id(const cli_model_opts *mo) {
         return s && s[1] ? s + 1 : mo->model;
     }
     return mo->arch ? mo->arch : flexdiag_builtin_arch(0);
+}
+
+/* The server's counters; 0, or an exit code after a message. */
+static int serve_extras(serve_engine *e, const serve_opts *o, int32_t rows, serve_metrics **m) {
+    int32_t cap = o->max_queue > 0 ? (int32_t)o->max_queue
+                  : 4 * o->batch > 64 ? (int32_t)(4 * o->batch) : 64; /* the library's default */
+    flexdiag_offload_info oi = {.struct_size = sizeof oi};
+    flexdiag_status st = flexdiag_context_offload(e->c, &oi);
+    if (st != FLEXDIAG_OK) return cli_fail(CMD, st);
+    if (!(*m = serve_metrics_new((int32_t)o->batch, rows, cap, oi.kv_bytes)))
+        return fail(1, "out of memory");
+    e->metrics = *m;
+    return 0;
 }
 
 /* Serve e until a signal, then drain. */
@@ -164,12 +179,15 @@ int flexdiag_cmd_serve(int argc, char **argv) {
     serve_engine e = {.model_id = model_id(&o.mo), .max_n = (int32_t)o.max_n,
                       .timeout_s = o.timeout};
     flexdiag_runtime *rt = NULL;
+    serve_metrics *metrics = NULL;
+    int32_t rows = 0;
     rc = cli_open_model(CMD, &o.mo, &rt, &e.m);
     flexdiag_context_params cp;
     if (!rc) context_params(&o, &pp, &cp);
     flexdiag_status st = rc ? FLEXDIAG_OK : flexdiag_context_create(e.m, &cp, &e.c);
     if (!rc && st != FLEXDIAG_OK) rc = cli_fail(CMD, st);
-    if (!rc) rc = describe(&e);
+    if (!rc) rc = describe(&e, &rows);
+    if (!rc) rc = serve_extras(&e, &o, rows, &metrics);
     if (!rc) {
         signals_install();
         rc = serve_until_signal(&e, &o);
@@ -177,5 +195,6 @@ int flexdiag_cmd_serve(int argc, char **argv) {
     flexdiag_context_destroy(e.c);
     flexdiag_model_destroy(e.m);
     flexdiag_runtime_destroy(rt);
+    serve_metrics_free(metrics);
     return rc;
 }

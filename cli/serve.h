@@ -1,20 +1,64 @@
 /*
  * serve.h - `flexdiag serve`: the OpenAI-shaped HTTP API on one context's request queue.
  *
- * Three parts: serve_api.c turns a request (method, path, body) into a reply (status, JSON)
- * and knows nothing of HTTP transport, so the request parser can be tested and fuzzed alone;
- * serve_http.c is the libmicrohttpd server (a thread per connection, bodies bounded, bearer
- * key, draining); cmd_serve.c reads the flags, opens the model and context as generate does and
- * runs until SIGTERM. Every request goes through flexdiag_submit, so concurrent requests share
- * the context's continuous batch.
+ * serve_api.c turns a request (method, path, body) into a reply (status, JSON, or a stream of
+ * server-sent events) and knows nothing of HTTP transport, so the request parser can be tested
+ * and fuzzed alone; serve_job.c runs a checked request on the engine (its callbacks, the
+ * wait that a client's hang-up or the timeout cancels); serve_stream.c formats a running
+ * request's events; serve_metrics.c counts for GET /metrics; serve_http.c is the libmicrohttpd server (a thread
+ * per connection, bodies bounded, bearer key, draining); cmd_serve.c reads the flags, opens
+ * the model and context as generate does and runs until SIGTERM. Every request goes through
+ * flexdiag_submit, so concurrent requests share the context's continuous batch.
  */
 #ifndef FLEXDIAG_SERVE_H
 #define FLEXDIAG_SERVE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "flexdiag.h"
+
+/* ---- metrics (serve_metrics.c) ---- */
+
+typedef struct serve_metrics serve_metrics;
+
+/* The routes that run requests (labels of the request latency histogram). */
+typedef enum serve_route { ROUTE_IMAGES, ROUTE_COMPLETIONS, N_ROUTES } serve_route;
+
+/* Why a request did not finish: the outcomes /metrics counts. */
+typedef enum serve_end {
+    END_FINISHED,
+    END_FAILED,
+    END_CANCELLED_GONE,    /* the client hung up */
+    END_CANCELLED_TIMEOUT, /* past --timeout */
+} serve_end;
+
+/* Counters of a server whose context has `slots` slots of `rows` sequences each (2 for an
+ * image with CFG), a queue of queue_cap images and kv_bytes of KV cache on the GPU, in host
+ * memory and on disk (flexdiag_context_offload); NULL when out of memory. */
+serve_metrics *serve_metrics_new(int32_t slots, int32_t rows, int32_t queue_cap,
+                                 const uint64_t kv_bytes[3]);
+void serve_metrics_free(serve_metrics *m);
+/* The calls below take NULL (nothing counted: the fuzz target). */
+void serve_metrics_response(serve_metrics *m, int status);  /* an HTTP reply was sent */
+void serve_metrics_rejected(serve_metrics *m, int draining); /* 429 (queue full) or 503 */
+void serve_metrics_submitted(serve_metrics *m, int32_t n);  /* a request of n was queued */
+void serve_metrics_token(serve_metrics *m, int first);      /* one token made (first: its
+                                                               image's, which took a slot) */
+void serve_metrics_result(serve_metrics *m, int image);     /* an image (sequence) finished */
+/* A request ended on the engine: waiting of its images never took a slot, live ones held one
+ * until now; st its timings (queue wait, first token). */
+void serve_metrics_ended(serve_metrics *m, int32_t waiting, int32_t live,
+                         const flexdiag_handle_stats *st);
+/* The request's outcome as its client saw it, and for a finished one its latency (seconds
+ * from its arrival to its last byte ready). */
+void serve_metrics_outcome(serve_metrics *m, serve_route r, serve_end end, double seconds);
+/* The Prometheus text exposition (version 0.0.4) of everything counted; malloc'ed, NULL when
+ * out of memory. */
+char *serve_metrics_text(serve_metrics *m);
+
+/* ---- the API ---- */
 
 /* What the API serves: one model and its context, fixed after start. */
 typedef struct serve_engine {
@@ -28,32 +72,52 @@ typedef struct serve_engine {
     int32_t eos;              /* text models' end id (-1: none) */
     int32_t max_n;            /* most images or sequences one request may ask for */
     double timeout_s;         /* a request's limit (0: none) */
+    serve_metrics *metrics;   /* NULL: nothing counted */
 } serve_engine;
 
-/* One HTTP answer: status, JSON body (malloc'ed, caller frees) and, for 429, Retry-After. */
+typedef struct serve_stream serve_stream;
+
+/* Status of a reply to a client that hung up (nginx's "client closed request"): nothing is
+ * sent, the connection is closed. */
+#define SERVE_CLIENT_GONE 499
+
+/* One HTTP answer: a status with a body (malloc'ed, caller frees; JSON unless content_type
+ * says otherwise) and, for 429, Retry-After; or a 200 whose body is a stream of server-sent
+ * events (body NULL, stream set: the caller reads it with serve_stream_read and frees it). */
 typedef struct serve_reply {
     int status;
     char *body;
-    int retry_after; /* seconds; 0 = no header */
+    int retry_after;          /* seconds; 0 = no header */
+    const char *content_type; /* static; NULL = application/json */
+    serve_stream *stream;
 } serve_reply;
 
-/* Answer method path with body (len bytes, not NUL-terminated) on e; never fails (an internal
- * failure is a 500 reply). */
+/* Answer method path with body (len bytes, not NUL-terminated) on e. client is the socket of
+ * the request's connection (-1: none): a hang-up seen there while the request runs cancels it
+ * (status SERVE_CLIENT_GONE). Never fails (an internal failure is a 500 reply). */
 void serve_api_handle(const serve_engine *e, const char *method, const char *path,
-                      const char *body, size_t len, serve_reply *out);
+                      const char *body, size_t len, int client, serve_reply *out);
 
 /* An OpenAI error reply: {"error": {"message", "type", "param", "code": null}}; param may be
  * NULL. */
 void serve_api_error(serve_reply *out, int status, const char *type, const char *param,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* The HTTP server. */
+/* Up to cap bytes of s's next events into buf, waiting for them: the count (> 0), 0 once the
+ * stream has ended (after "data: [DONE]", or an error event), -1 when the client hung up (the
+ * request is cancelled). */
+ssize_t serve_stream_read(serve_stream *s, char *buf, size_t cap);
+/* Free s, cancelling its request if it still runs (and waiting for its end); NULL is a no-op. */
+void serve_stream_free(serve_stream *s);
+
+/* ---- the HTTP server (serve_http.c) ---- */
+
 typedef struct serve_http serve_http;
 
 typedef struct serve_http_params {
     const char *host;      /* IPv4 address to bind */
     int port;              /* 0: a free one */
-    const char *api_key;   /* bearer key of /v1/ (NULL: none) */
+    const char *api_key;   /* bearer key of /v1/ and /metrics (NULL: none) */
     uint64_t max_body;     /* bytes of a request body; more: 413 */
 } serve_http_params;
 

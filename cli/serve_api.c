@@ -1,15 +1,16 @@
 /*
- * serve_api.c - the routes of `flexdiag serve` (serve.h): GET /health and /v1/models,
+ * serve_api.c - the routes of `flexdiag serve` (serve.h): GET /v1/models and /metrics,
  * POST /v1/images/generations and /v1/completions, as OpenAI shapes them.
  *
  * A POST body is a JSON object checked field by field against the route's table: an unknown
  * field, a wrong type or a value out of range is a 400 whose error names the field (param).
- * The checked request goes through flexdiag_submit (no waiting for room: a full queue is a 429)
- * and flexdiag_handle_wait up to the server's timeout (then it is cancelled: 504). Images are
- * decoded and encoded as the PNG bytes `flexdiag generate` writes, base64 in b64_json; image i
- * of a request is image index i of its seed, as generate's image i of one prompt.
+ * The checked request runs as a job (serve_job.c: flexdiag_submit without waiting for room, so
+ * a full queue is a 429; past the server's timeout it is cancelled: 504; a client that hangs
+ * up cancels it). With "stream": true the reply is a stream of server-sent events
+ * (serve_stream.c). Images are decoded and encoded as the PNG bytes `flexdiag generate` writes,
+ * base64 in b64_json; image i of a request is image index i of its seed, as generate's image i
+ * of one prompt.
  */
-#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,32 +18,30 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli/image_out.h"
-#include "cli/serve.h"
+#include "cli/serve_run.h"
 
-#define TYPE_REQ "invalid_request_error"
-
-/* ---- replies ---- */
-
-/* Take j (a new reference) as the body of a status reply. */
-static void reply_json(serve_reply *out, int status, json_t *j) {
-    out->status = status;
-    out->body = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    if (!out->body) {
-        out->status = 500;
-        out->body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                           "\"param\":null,\"code\":null}}");
-    }
+/* Bytes of the valid UTF-8 sequence at s (RFC 3629: no overlong forms, surrogates or code
+ * points past U+10FFFF), 0 when it is not one. */
+static int utf8_len(const unsigned char *s) {
+    unsigned char c = s[0];
+    int n = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+            : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    for (int k = 1; k < n; k++)
+        if (s[k] < (k == 1 ? lo : 0x80) || s[k] > (k == 1 ? hi : 0xBF)) return 0;
+    return n;
 }
 
-/* A message cut by snprintf ends inside a UTF-8 sequence maybe (the client's field names and
- * values are quoted): drop its last character, whole or not, so that it stays UTF-8. */
-static void utf8_cut(char *msg) {
-    size_t n = strlen(msg);
-    while (n && ((unsigned char)msg[n - 1] & 0xC0) == 0x80) n--;
-    if (n && ((unsigned char)msg[n - 1] & 0x80)) n--;
-    msg[n] = 0;
+/* A message quotes the client's field names and values, and the JSON parser's excerpts of the
+ * body, which may be cut inside a character (by snprintf, or by the parser): every byte of a
+ * sequence that is not UTF-8 becomes '?', so the message can be a JSON string. */
+static void utf8_clean(char *msg) {
+    for (unsigned char *s = (unsigned char *)msg; *s;) {
+        int n = utf8_len(s);
+        if (n) s += n;
+        else *s++ = '?';
+    }
 }
 
 void serve_api_error(serve_reply *out, int status, const char *type, const char *param,
@@ -50,12 +49,12 @@ void serve_api_error(serve_reply *out, int status, const char *type, const char 
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    size_t n = (size_t)vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (n >= sizeof msg) utf8_cut(msg);
+    utf8_clean(msg);
     json_t *e = json_pack("{s:{s:s, s:s, s:o, s:n}}", "error", "message", msg, "type", type,
                           "param", param ? json_string(param) : json_null(), "code");
-    reply_json(out, status, e);
+    serve_reply_json(out, status, e);
 }
 
 /* ---- request fields ---- */
@@ -185,78 +184,15 @@ static int parse_body(const char *body, size_t len, const field *fs, int n, json
     return 0;
 }
 
-/* ---- running a request ---- */
-
-/* The tokens of a request's images or sequences as they finish (engine thread). */
-typedef struct job {
-    int32_t *tokens; /* (n, per) */
-    int32_t *lens;   /* (n) tokens made */
-    int32_t per;
-} job;
-
-static void on_image(flexdiag_handle *h, int32_t i, const int32_t *tokens, int32_t n,
-                     void *user) {
-    job *j = user;
-    (void)h;
-    memcpy(j->tokens + (size_t)i * (size_t)j->per, tokens, (size_t)n * sizeof *tokens);
-    j->lens[i] = n;
-}
-
-/* Submit rq (with sp's text fields) and wait for it, up to the timeout; 0 with j filled, or -1
- * after an error reply (429 full queue, 504 timeout, 400 refused, 500 failed). */
-static int run_job(const serve_engine *e, const flexdiag_request *rq,
-                   flexdiag_submit_params *sp, job *j, serve_reply *out) {
-    if (!e->c) { /* parse only (serve.h): the request passed every check */
-        reply_json(out, 200, json_object());
-        return -1;
-    }
-    sp->on_image = on_image;
-    sp->user = j;
-    flexdiag_handle *h = NULL;
-    flexdiag_status st = flexdiag_submit(e->c, rq, sp, &h);
-    if (st == FLEXDIAG_ERR_BUSY) {
-        serve_api_error(out, 429, "rate_limit_error", NULL, "the request queue is full; retry "
-                        "later");
-        out->retry_after = 1;
-        return -1;
-    }
-    if (st != FLEXDIAG_OK) {
-        serve_api_error(out, st == FLEXDIAG_ERR_INVALID_ARG ? 400 : 500,
-                        st == FLEXDIAG_ERR_INVALID_ARG ? TYPE_REQ : "server_error", "prompt",
-                        "%s", flexdiag_last_error(NULL));
-        return -1;
-    }
-    int timed_out = flexdiag_handle_wait(h, e->timeout_s > 0 ? e->timeout_s : -1) != FLEXDIAG_OK;
-    if (timed_out) {
-        flexdiag_handle_cancel(h);
-        flexdiag_handle_wait(h, -1);
-    }
-    flexdiag_handle_status(h, &st, NULL);
-    if (timed_out)
-        serve_api_error(out, 504, "timeout_error", NULL, "the request ran past the server's "
-                        "--timeout of %g s and was cancelled", e->timeout_s);
-    else if (st != FLEXDIAG_OK)
-        serve_api_error(out, st == FLEXDIAG_ERR_INVALID_ARG ? 400 : 500,
-                        st == FLEXDIAG_ERR_INVALID_ARG ? TYPE_REQ : "server_error", NULL, "%s",
-                        flexdiag_handle_error(h));
-    flexdiag_handle_release(h);
-    return timed_out || st != FLEXDIAG_OK ? -1 : 0;
-}
-
-/* A request's buffers for n results of per tokens; 0, or -1 after a 500. */
-static int job_alloc(job *j, int32_t n, int32_t per, serve_reply *out) {
-    j->per = per;
-    j->tokens = calloc((size_t)n * (size_t)per, sizeof *j->tokens);
-    j->lens = calloc((size_t)n, sizeof *j->lens);
-    if (j->tokens && j->lens) return 0;
-    serve_api_error(out, 500, "server_error", NULL, "out of memory");
+/* 400 naming "model" when the body names another model than the one served; 0 otherwise. */
+static int check_model(const serve_engine *e, const char *model, serve_reply *out) {
+    if (!model || !strcmp(model, e->model_id)) return 0;
+    serve_api_error(out, 400, TYPE_REQ, "model", "model: '%s' is not served here (this server "
+                    "runs '%s')", model, e->model_id);
     return -1;
 }
 
-static void job_free(job *j) {
-    free(j->tokens);
-    free(j->lens);
-}
+/* ---- running a request ---- */
 
 /* The request's prompt on rq (one prompt). */
 static void set_prompt(flexdiag_request *rq, const prompt *p, const char **text,
@@ -269,7 +205,7 @@ static void set_prompt(flexdiag_request *rq, const prompt *p, const char **text,
     rq->prompt_lens = p->text ? NULL : &p->n_ids;
 }
 
-/* The request's count and sampling settings on rq (both endpoints take the same ones). */
+/* The request's count and sampling settings on rq (every endpoint takes the same ones). */
 static void set_sampling(flexdiag_request *rq, int64_t n, int64_t seed, int64_t top_k,
                          double temperature, double top_p) {
     rq->images_per_prompt = (int32_t)n;
@@ -279,68 +215,34 @@ static void set_sampling(flexdiag_request *rq, int64_t n, int64_t seed, int64_t 
     rq->seed = (uint64_t)seed;
 }
 
+/* Out becomes the 200 of stream s (a 500 when it could not be made). */
+static void stream_reply(serve_reply *out, serve_stream *s) {
+    if (!s) {
+        serve_api_error(out, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    out->status = 200;
+    out->body = NULL;
+    out->stream = s;
+}
+
 /* ---- images ---- */
 
-static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/* Base64 of n bytes as a new JSON string (NULL: out of memory). */
-static json_t *base64_json(const uint8_t *s, size_t n) {
-    char *o = malloc((n + 2) / 3 * 4 + 1), *p = o;
-    if (!o) return NULL;
-    for (size_t i = 0; i < n; i += 3) {
-        uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) |
-                     (i + 2 < n ? s[i + 2] : 0);
-        *p++ = b64[v >> 18 & 63];
-        *p++ = b64[v >> 12 & 63];
-        *p++ = i + 1 < n ? b64[v >> 6 & 63] : '=';
-        *p++ = i + 2 < n ? b64[v & 63] : '=';
-    }
-    json_t *j = json_stringn(o, (size_t)(p - o));
-    free(o);
-    return j;
-}
-
-/* Image i's PNG (as generate writes it) in base64; NULL on failure. */
-static json_t *image_png(const serve_engine *e, const int32_t *tokens, float *px, uint8_t *rgb) {
-    int64_t n = (int64_t)e->img_h * e->img_w * 3;
-    if (flexdiag_decode_images(e->m, tokens, 1, px) != FLEXDIAG_OK) return NULL;
-    flexdiag__pixels_to_u8(px, n, rgb);
-    uint8_t *png = NULL;
-    size_t len = 0;
-    if (flexdiag__png_encode(rgb, e->img_w, e->img_h, &png, &len) != FLEXDIAG_OK) return NULL;
-    json_t *j = base64_json(png, len);
-    free(png);
-    return j;
-}
-
-/* The array of a request's tokens. */
-static json_t *ids_json(const int32_t *ids, int32_t n) {
-    json_t *a = json_array();
-    for (int32_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
-    return a;
-}
-
-/* The "data" items of n images: b64_json (PNG) when the model decodes images, tokens when
+/* The "data" items of j's images: b64_json (PNG) when the model decodes images, tokens when
  * asked (or when it does not). NULL on failure. */
-static json_t *images_data(const serve_engine *e, const job *j, int32_t n, int tokens) {
-    size_t px = (size_t)e->img_h * (size_t)e->img_w * 3;
-    float *f = malloc(px ? px * sizeof *f : 1);
-    uint8_t *rgb = malloc(px ? px : 1);
-    json_t *data = f && rgb ? json_array() : NULL;
-    for (int32_t i = 0; data && i < n; i++) {
+static json_t *images_data(const serve_engine *e, const serve_job *j, int tokens) {
+    json_t *data = json_array();
+    for (int32_t i = 0; data && i < j->n; i++) {
         const int32_t *t = j->tokens + (size_t)i * (size_t)j->per;
-        json_t *item = json_object(), *png = px ? image_png(e, t, f, rgb) : NULL;
-        if (!item || (px && !png)) {
+        json_t *item = json_object(), *png = e->img_h ? serve_png_b64(e, t) : NULL;
+        if (!item || (e->img_h && !png)) {
             json_decref(item), json_decref(png), json_decref(data);
-            data = NULL;
-            break;
+            return NULL;
         }
         if (png) json_object_set_new(item, "b64_json", png);
-        if (tokens || !px) json_object_set_new(item, "tokens", ids_json(t, j->per));
+        if (tokens || !e->img_h) json_object_set_new(item, "tokens", serve_ids_json(t, j->per));
         json_array_append_new(data, item);
     }
-    free(f);
-    free(rgb);
     return data;
 }
 
@@ -349,7 +251,7 @@ typedef struct image_req {
     const char *model, *format, *size;
     int64_t n, seed, top_k;
     double cfg, temperature, top_p;
-    int tokens;
+    int tokens, stream;
 } image_req;
 
 /* Checks across fields and against the model; 0, or -1 after a 400. */
@@ -358,9 +260,8 @@ static int check_image_req(const serve_engine *e, const image_req *r, serve_repl
     snprintf(size, sizeof size, "%dx%d", e->img_w, e->img_h);
     if (!r->p.text && !r->p.ids)
         serve_api_error(out, 400, TYPE_REQ, "prompt", "prompt: required");
-    else if (r->model && strcmp(r->model, e->model_id))
-        serve_api_error(out, 400, TYPE_REQ, "model", "model: '%s' is not served here (this "
-                        "server runs '%s')", r->model, e->model_id);
+    else if (check_model(e, r->model, out))
+        return -1;
     else if (strcmp(r->format, "b64_json"))
         serve_api_error(out, 400, TYPE_REQ, "response_format", "response_format: '%s' is not "
                         "supported (b64_json only)", r->format);
@@ -371,7 +272,41 @@ static int check_image_req(const serve_engine *e, const image_req *r, serve_repl
     return -1;
 }
 
-static void images_route(const serve_engine *e, const char *body, size_t len,
+/* Run the checked request r and answer it. */
+static void images_run(const serve_engine *e, const image_req *r, int client, serve_reply *out) {
+    if (!e->c) { /* parse only (serve.h): the request passed every check */
+        serve_reply_json(out, 200, json_object());
+        return;
+    }
+    flexdiag_request rq;
+    flexdiag_request_init(&rq);
+    const char *text;
+    const int32_t *ids;
+    set_prompt(&rq, &r->p, &text, &ids);
+    set_sampling(&rq, r->n, r->seed, r->top_k, r->temperature, r->top_p);
+    rq.cfg_weight = (float)r->cfg;
+    flexdiag_submit_params sp;
+    flexdiag_submit_params_init(&sp);
+    serve_job *j;
+    if (serve_job_start(e, ROUTE_IMAGES, &rq, &sp, client, r->stream, &j, out)) return;
+    if (r->stream) {
+        stream_reply(out, serve_stream_new(j, STREAM_IMAGES, r->tokens));
+        return;
+    }
+    if (!serve_job_end(j, out)) {
+        json_t *data = images_data(e, j, r->tokens);
+        if (data) {
+            serve_reply_json(out, 200, json_pack("{s:I, s:o}", "created",
+                                                 (json_int_t)time(NULL), "data", data));
+        } else {
+            serve_api_error(out, 500, "server_error", NULL, "image decoding failed");
+            j->why = END_FAILED;
+        }
+    }
+    serve_job_free(j);
+}
+
+static void images_route(const serve_engine *e, const char *body, size_t len, int client,
                          serve_reply *out) {
     image_req r = {.format = "b64_json", .n = 1, .cfg = 5.0, .temperature = 1.0, .top_p = 1.0};
     const field fs[] = {
@@ -386,31 +321,15 @@ static void images_route(const serve_engine *e, const char *body, size_t len,
         {"top_k", F_INT, &r.top_k, 0, INT32_MAX, 0},
         {"top_p", F_NUM, &r.top_p, 0, 1, 1},
         {"tokens", F_BOOL, &r.tokens, 0, 0, 0},
+        {"stream", F_BOOL, &r.stream, 0, 0, 0},
     };
     json_t *root = NULL;
-    job j = {0};
-    if (e->text) {
+    if (e->text)
         serve_api_error(out, 400, TYPE_REQ, "model", "model '%s' generates text: use "
                         "/v1/completions", e->model_id);
-    } else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
-               !check_image_req(e, &r, out) && !job_alloc(&j, (int32_t)r.n, e->per_image, out)) {
-        flexdiag_request rq;
-        flexdiag_request_init(&rq);
-        const char *text;
-        const int32_t *ids;
-        set_prompt(&rq, &r.p, &text, &ids);
-        set_sampling(&rq, r.n, r.seed, r.top_k, r.temperature, r.top_p);
-        rq.cfg_weight = (float)r.cfg;
-        flexdiag_submit_params sp;
-        flexdiag_submit_params_init(&sp);
-        if (!run_job(e, &rq, &sp, &j, out)) {
-            json_t *data = images_data(e, &j, (int32_t)r.n, r.tokens);
-            if (data) reply_json(out, 200, json_pack("{s:I, s:o}", "created",
-                                                      (json_int_t)time(NULL), "data", data));
-            else serve_api_error(out, 500, "server_error", NULL, "image decoding failed");
-        }
-    }
-    job_free(&j);
+    else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
+             !check_image_req(e, &r, out))
+        images_run(e, &r, client, out);
     free(r.p.ids);
     json_decref(root);
 }
@@ -422,29 +341,24 @@ typedef struct text_req {
     const char *model;
     int64_t n, max_tokens, seed, top_k;
     double temperature, top_p;
+    int stream;
 } text_req;
 
-/* One choice: its text (when the model has a tokenizer), ids and finish reason. */
+/* One choice: its text, token ids and finish reason. */
 static json_t *choice_json(const serve_engine *e, const int32_t *ids, int32_t n, int32_t index) {
-    size_t tl = 0;
-    char *text = NULL;
-    if (flexdiag_detokenize(e->m, ids, n, true, NULL, 0, &tl) == FLEXDIAG_OK &&
-        (text = malloc(tl + 1)) && flexdiag_detokenize(e->m, ids, n, true, text, tl + 1, &tl) !=
-        FLEXDIAG_OK)
-        text[0] = 0;
-    int stop = n > 0 && e->eos >= 0 && ids[n - 1] == e->eos;
-    json_t *c = json_pack("{s:s, s:i, s:n, s:s, s:o}", "text", text ? text : "", "index", index,
-                          "logprobs", "finish_reason", stop ? "stop" : "length", "tokens",
-                          ids_json(ids, n));
+    char *text = serve_text(e, ids, n);
+    json_t *c = json_pack("{s:i, s:n, s:s, s:o, s:s}", "index", index, "logprobs",
+                          "finish_reason", serve_finish_reason(e, ids, n), "tokens",
+                          serve_ids_json(ids, n), "text", text ? text : "");
     free(text);
     return c;
 }
 
-static void completions_reply(const serve_engine *e, const text_req *r, const job *j,
-                              serve_reply *out) {
+static void text_reply(const serve_engine *e, const text_req *r, const serve_job *j,
+                       serve_reply *out) {
     json_t *choices = json_array();
     json_int_t made = 0;
-    for (int32_t i = 0; choices && i < (int32_t)r->n; i++) {
+    for (int32_t i = 0; choices && i < j->n; i++) {
         json_array_append_new(choices, choice_json(e, j->tokens + (size_t)i * (size_t)j->per,
                                                    j->lens[i], i));
         made += j->lens[i];
@@ -454,14 +368,41 @@ static void completions_reply(const serve_engine *e, const text_req *r, const jo
         json_object_set_new(usage, "prompt_tokens", json_integer(r->p.n_ids));
         json_object_set_new(usage, "total_tokens", json_integer(r->p.n_ids + made));
     }
-    char id[48];
-    snprintf(id, sizeof id, "cmpl-%lld", (long long)time(NULL));
-    reply_json(out, 200, json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
-                                   "text_completion", "created", (json_int_t)time(NULL),
-                                   "model", e->model_id, "choices", choices, "usage", usage));
+    char id[64];
+    serve_reply_id(id, sizeof id, "cmpl");
+    serve_reply_json(out, 200, json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
+                                         "text_completion", "created", (json_int_t)time(NULL),
+                                         "model", e->model_id, "choices", choices, "usage",
+                                         usage));
 }
 
-static void completions_route(const serve_engine *e, const char *body, size_t len,
+/* Run the checked request r and answer it. */
+static void text_run(const serve_engine *e, const text_req *r, int client, serve_reply *out) {
+    if (!e->c) { /* parse only (serve.h): the request passed every check */
+        serve_reply_json(out, 200, json_object());
+        return;
+    }
+    flexdiag_request rq;
+    flexdiag_request_init(&rq);
+    const char *text;
+    const int32_t *ids;
+    set_prompt(&rq, &r->p, &text, &ids);
+    set_sampling(&rq, r->n, r->seed, r->top_k, r->temperature, r->top_p);
+    flexdiag_submit_params sp;
+    flexdiag_submit_params_init(&sp);
+    sp.max_new_tokens = (int32_t)r->max_tokens;
+    sp.stop_at_eos = true;
+    serve_job *j;
+    if (serve_job_start(e, ROUTE_COMPLETIONS, &rq, &sp, client, r->stream, &j, out)) return;
+    if (r->stream) {
+        stream_reply(out, serve_stream_new(j, STREAM_COMPLETION, 0));
+        return;
+    }
+    if (!serve_job_end(j, out)) text_reply(e, r, j, out);
+    serve_job_free(j);
+}
+
+static void completions_route(const serve_engine *e, const char *body, size_t len, int client,
                               serve_reply *out) {
     text_req r = {.n = 1, .max_tokens = 16, .temperature = 1.0, .top_p = 1.0};
     if (r.max_tokens > e->per_image) r.max_tokens = e->per_image;
@@ -474,33 +415,17 @@ static void completions_route(const serve_engine *e, const char *body, size_t le
         {"temperature", F_NUM, &r.temperature, 0, 100, 1},
         {"top_k", F_INT, &r.top_k, 0, INT32_MAX, 0},
         {"top_p", F_NUM, &r.top_p, 0, 1, 1},
+        {"stream", F_BOOL, &r.stream, 0, 0, 0},
     };
     json_t *root = NULL;
-    job j = {0};
-    if (!e->text) {
+    if (!e->text)
         serve_api_error(out, 400, TYPE_REQ, "model", "model '%s' generates images: use "
                         "/v1/images/generations", e->model_id);
-    } else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out)) {
-        if (!r.p.text && !r.p.ids)
-            serve_api_error(out, 400, TYPE_REQ, "prompt", "prompt: required");
-        else if (r.model && strcmp(r.model, e->model_id))
-            serve_api_error(out, 400, TYPE_REQ, "model", "model: '%s' is not served here (this "
-                            "server runs '%s')", r.model, e->model_id);
-        else if (!job_alloc(&j, (int32_t)r.n, e->per_image, out)) {
-            flexdiag_request rq;
-            flexdiag_request_init(&rq);
-            const char *text;
-            const int32_t *ids;
-            set_prompt(&rq, &r.p, &text, &ids);
-            set_sampling(&rq, r.n, r.seed, r.top_k, r.temperature, r.top_p);
-            flexdiag_submit_params sp;
-            flexdiag_submit_params_init(&sp);
-            sp.max_new_tokens = (int32_t)r.max_tokens;
-            sp.stop_at_eos = true;
-            if (!run_job(e, &rq, &sp, &j, out)) completions_reply(e, &r, &j, out);
-        }
+    else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
+             !check_model(e, r.model, out)) {
+        if (!r.p.text && !r.p.ids) serve_api_error(out, 400, TYPE_REQ, "prompt", "prompt: required");
+        else text_run(e, &r, client, out);
     }
-    job_free(&j);
     free(r.p.ids);
     json_decref(root);
 }
@@ -508,27 +433,39 @@ static void completions_route(const serve_engine *e, const char *body, size_t le
 /* ---- routing ---- */
 
 static void models_route(const serve_engine *e, serve_reply *out) {
-    reply_json(out, 200, json_pack("{s:s, s:[{s:s, s:s, s:i, s:s}]}", "object", "list", "data",
-                                   "id", e->model_id, "object", "model", "created", 0,
-                                   "owned_by", "flexdiag"));
+    serve_reply_json(out, 200, json_pack("{s:s, s:[{s:s, s:s, s:i, s:s}]}", "object", "list",
+                                         "data", "id", e->model_id, "object", "model",
+                                         "created", 0, "owned_by", "flexdiag"));
+}
+
+static void metrics_route(const serve_engine *e, serve_reply *out) {
+    char *text = serve_metrics_text(e->metrics);
+    if (!text) {
+        serve_api_error(out, 500, "server_error", NULL, "out of memory");
+        return;
+    }
+    out->status = 200;
+    out->body = text;
+    out->content_type = "text/plain; version=0.0.4; charset=utf-8";
 }
 
 void serve_api_handle(const serve_engine *e, const char *method, const char *path,
-                      const char *body, size_t len, serve_reply *out) {
+                      const char *body, size_t len, int client, serve_reply *out) {
     static const struct {
         const char *path, *method;
-    } routes[] = {{"/v1/models", "GET"}, {"/v1/images/generations", "POST"},
+    } routes[] = {{"/v1/models", "GET"}, {"/metrics", "GET"}, {"/v1/images/generations", "POST"},
                   {"/v1/completions", "POST"}};
-    out->retry_after = 0;
+    *out = (serve_reply){0};
     int k = 0, n = (int)(sizeof routes / sizeof routes[0]);
     while (k < n && strcmp(path, routes[k].path)) k++;
     if (k == n)
-        serve_api_error(out, 404, TYPE_REQ, NULL, "no route %s (the API has /health, "
+        serve_api_error(out, 404, TYPE_REQ, NULL, "no route %s (the API has /health, /metrics, "
                         "/v1/models, /v1/images/generations, /v1/completions)", path);
     else if (strcmp(method, routes[k].method))
         serve_api_error(out, 405, TYPE_REQ, NULL, "%s takes %s, not %s", path, routes[k].method,
                         method);
     else if (k == 0) models_route(e, out);
-    else if (k == 1) images_route(e, body, len, out);
-    else completions_route(e, body, len, out);
+    else if (k == 1) metrics_route(e, out);
+    else if (k == 2) images_route(e, body, len, client, out);
+    else completions_route(e, body, len, client, out);
 }

@@ -1,17 +1,19 @@
 /*
  * serve_http.c - the HTTP side of `flexdiag serve` (serve.h) on libmicrohttpd: a thread per
- * connection (a request blocks its thread while it waits for its images), bodies gathered up
- * to --max-body (413 past it, from Content-Length or the bytes themselves), the bearer key of
- * /v1/ (401), GET /health, and draining (new API requests 503 while in-flight ones finish).
+ * connection (a request blocks its thread while it waits for its images, watching its socket
+ * for a hang-up), bodies gathered up to --max-body (413 past it, from Content-Length or the
+ * bytes themselves), the bearer key of /v1/ and /metrics (401), GET /health, streamed replies
+ * as server-sent events (a content reader that blocks until the request's next events), and
+ * draining (new API requests 503 while in-flight ones finish; /health and /metrics still
+ * answer).
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/serve.h"
 
@@ -19,8 +21,10 @@ struct serve_http {
     struct MHD_Daemon *d;
     const serve_engine *e;
     serve_http_params p;
-    atomic_int draining;
-    atomic_int in_flight; /* API requests being answered or sent */
+    pthread_mutex_t mu;
+    pthread_cond_t idle; /* in_flight fell to 0 */
+    int draining;
+    int in_flight;       /* API requests being answered or sent */
 };
 
 /* A connection's request body as it arrives. */
@@ -54,19 +58,53 @@ static void body_add(body *b, const char *data, size_t n, uint64_t max) {
     b->len += n;
 }
 
-/* Queue r (its body taken) on the connection. */
-static enum MHD_Result send_reply(struct MHD_Connection *c, serve_reply *r) {
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    ssize_t n = serve_stream_read(cls, buf, max);
+    return n > 0 ? n : n == 0 ? MHD_CONTENT_READER_END_OF_STREAM
+                              : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void stream_free(void *cls) { serve_stream_free(cls); }
+
+/* The response of r (its body or stream taken); NULL when out of memory. */
+static struct MHD_Response *response(serve_reply *r) {
+    struct MHD_Response *res;
+    if (r->stream) {
+        res = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read,
+                                                r->stream, stream_free);
+        if (!res) serve_stream_free(r->stream);
+        r->stream = NULL;
+        if (res) {
+            MHD_add_response_header(res, "Content-Type", "text/event-stream");
+            MHD_add_response_header(res, "Cache-Control", "no-cache");
+        }
+        return res;
+    }
     const char *text = r->body ? r->body : "{}";
-    struct MHD_Response *res =
-        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    res = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     free(r->body);
     r->body = NULL;
+    if (res)
+        MHD_add_response_header(res, "Content-Type",
+                                r->content_type ? r->content_type : "application/json");
+    return res;
+}
+
+/* Queue r on the connection (nothing for a client that hung up: the connection closes). */
+static enum MHD_Result send_reply(serve_http *s, struct MHD_Connection *c, serve_reply *r) {
+    serve_metrics_response(s->e->metrics, r->status);
+    if (r->status == SERVE_CLIENT_GONE) {
+        free(r->body);
+        r->body = NULL;
+        return MHD_NO;
+    }
+    struct MHD_Response *res = response(r);
     if (!res) return MHD_NO;
-    MHD_add_response_header(res, "Content-Type", "application/json");
     if (r->retry_after) {
-        char s[16];
-        snprintf(s, sizeof s, "%d", r->retry_after);
-        MHD_add_response_header(res, "Retry-After", s);
+        char v[16];
+        snprintf(v, sizeof v, "%d", r->retry_after);
+        MHD_add_response_header(res, "Retry-After", v);
     }
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)r->status, res);
     MHD_destroy_response(res);
@@ -80,13 +118,22 @@ static int authorized(const serve_http *s, struct MHD_Connection *c) {
     return h && !strncmp(h, "Bearer ", 7) && !strcmp(h + 7, s->p.api_key);
 }
 
+/* The socket of connection c (-1: unknown). */
+static int client_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? (int)ci->connect_fd : -1;
+}
+
 /* The answer to a whole request. */
 static void answer(serve_http *s, struct MHD_Connection *c, const char *url, const char *method,
                    body *b, serve_reply *r) {
     if (!strcmp(url, "/health")) {
+        pthread_mutex_lock(&s->mu);
+        int draining = s->draining;
+        pthread_mutex_unlock(&s->mu);
         r->status = 200;
-        r->body = strdup(atomic_load(&s->draining) ? "{\"status\":\"draining\"}"
-                                                   : "{\"status\":\"ready\"}");
+        r->body = strdup(draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ready\"}");
         return;
     }
     if (!authorized(s, c)) {
@@ -94,17 +141,26 @@ static void answer(serve_http *s, struct MHD_Connection *c, const char *url, con
                         "(Authorization: Bearer <key>)");
         return;
     }
+    if (!strcmp(url, "/metrics")) { /* also while draining, and not in flight */
+        serve_api_handle(s->e, method, url, NULL, 0, -1, r);
+        return;
+    }
     if (b->too_big) {
         serve_api_error(r, 413, "invalid_request_error", NULL, "the body is larger than the "
                         "server's --max-body of %llu bytes", (unsigned long long)s->p.max_body);
         return;
     }
-    atomic_fetch_add(&s->in_flight, 1); /* until on_completed: the reply is sent too */
+    pthread_mutex_lock(&s->mu);
+    int draining = s->draining;
+    s->in_flight++; /* until on_completed: the reply is sent too */
+    pthread_mutex_unlock(&s->mu);
     b->in_flight = 1;
-    if (atomic_load(&s->draining))
+    if (draining) {
+        serve_metrics_rejected(s->e->metrics, 1);
         serve_api_error(r, 503, "server_error", NULL, "the server is shutting down");
-    else
-        serve_api_handle(s->e, method, url, b->buf, b->len, r);
+    } else {
+        serve_api_handle(s->e, method, url, b->buf, b->len, client_fd(c), r);
+    }
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -127,7 +183,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     serve_reply r = {0};
     answer(s, c, url, method, b, &r);
-    return send_reply(c, &r);
+    return send_reply(s, c, &r);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **state,
@@ -135,7 +191,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **state,
     serve_http *s = cls;
     (void)c, (void)why;
     body *b = *state;
-    if (b && b->in_flight) atomic_fetch_sub(&s->in_flight, 1);
+    if (b && b->in_flight) {
+        pthread_mutex_lock(&s->mu);
+        if (--s->in_flight == 0) pthread_cond_broadcast(&s->idle);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (b) free(b->buf);
     free(b);
     *state = NULL;
@@ -153,6 +213,8 @@ int serve_http_start(const serve_engine *e, const serve_http_params *p, serve_ht
     if (!s) return 1;
     s->e = e;
     s->p = *p;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &a,
@@ -161,6 +223,8 @@ int serve_http_start(const serve_engine *e, const serve_http_params *p, serve_ht
     if (!s->d) {
         fprintf(stderr, "flexdiag serve: cannot listen on %s:%d (in use, or not an address of "
                         "this host)\n", p->host, p->port);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->idle);
         free(s);
         return 1;
     }
@@ -171,13 +235,16 @@ int serve_http_start(const serve_engine *e, const serve_http_params *p, serve_ht
 }
 
 void serve_http_drain(serve_http *s) {
-    atomic_store(&s->draining, 1);
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    while (atomic_load(&s->in_flight)) nanosleep(&ts, NULL);
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    while (s->in_flight) pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void serve_http_stop(serve_http *s) {
     if (!s) return;
     MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->idle);
     free(s);
 }

@@ -21,8 +21,9 @@ stay. Standard library only. Per target:
                cli/score_input.c;
   prompts      plain, GenEval and DPG prompt sets (lines and the harness's folder form: parts
                "<id>\n<prompt>" separated by 0x1e) with the malformed lines prompts.c refuses;
-  serve_request  a route byte and a `flexdiag serve` body: valid image and text requests and
-               one per refusal of cli/serve_api.c (bad JSON, unknown field, type, range, route).
+  serve_request  a route byte and a `flexdiag serve` body: valid image and text requests
+               (streamed or not), /metrics, and one per refusal of cli/serve_api.c (bad JSON,
+               unknown field, type, range, route).
   planes_zstd  the target's 7-byte prefix (element size, position, expected raw size) and a
                chunk of offload/planes_zstd.c: planes kept as they are, planes of one repeated
                byte as zstd RLE frames, and one chunk per refusal (magic, version, element and
@@ -419,36 +420,46 @@ def prompts_seeds():
 
 # ---- serve_request: a route byte, then a `flexdiag serve` request body ----
 
+IMAGES, COMPLETIONS, MODELS, NOWHERE, CHAT, METRICS = range(6)   # the route bits' values
+
+
 def serve_request_seeds():
     def req(image, route, body, get=False):
-        head = bytes([(1 if image else 0) | route << 1 | (8 if get else 0)])
+        head = bytes([(1 if image else 0) | route << 1 | (16 if get else 0)])
         return head + (body if isinstance(body, bytes) else compact(body))
     return {
-        "valid_image.json": req(1, 0, {"prompt": "a red apple", "n": 2, "seed": 7, "cfg": 3.5,
-                                       "temperature": 0.9, "top_k": 50, "top_p": 0.9,
-                                       "size": "32x32", "model": "micro-janus",
-                                       "response_format": "b64_json", "tokens": True}),
-        "valid_text_ids.json": req(0, 1, {"prompt": [1, 5, 9], "max_tokens": 16, "n": 3,
-                                          "top_k": 1, "seed": 0, "temperature": 0.5,
-                                          "top_p": 1, "model": "micro-opt"}),
-        "valid_text_string.json": req(0, 1, {"prompt": "hello"}),
-        "valid_models.json": req(1, 2, b"", get=True),
-        "bad_json.json": req(1, 0, b"{not json"),
-        "bad_array.json": req(1, 0, b"[1, 2]"),
-        "bad_unknown_field.json": req(1, 0, {"prompt": "x", "colour": "red"}),
-        "bad_duplicate.json": req(1, 0, b'{"prompt": "x", "prompt": "y"}'),
-        "bad_n_type.json": req(1, 0, {"prompt": "x", "n": "2"}),
-        "bad_n_range.json": req(1, 0, {"prompt": "x", "n": 17}),
-        "bad_temperature.json": req(1, 0, {"prompt": "x", "temperature": 0}),
-        "bad_size.json": req(1, 0, {"prompt": "x", "size": "1024x1024"}),
-        "bad_no_prompt.json": req(1, 0, {}),
-        "bad_ids.json": req(0, 1, {"prompt": [1, -5]}),
-        "bad_max_tokens.json": req(0, 1, {"prompt": [1], "max_tokens": 17}),
-        "bad_route_model.json": req(0, 0, {"prompt": "x"}),
-        "bad_method.json": req(1, 0, b"", get=True),
-        "bad_path.json": req(1, 3, {"prompt": "x"}),
+        "valid_image.json": req(1, IMAGES, {"prompt": "a red apple", "n": 2, "seed": 7,
+                                            "cfg": 3.5, "temperature": 0.9, "top_k": 50,
+                                            "top_p": 0.9, "size": "32x32", "model": "micro-janus",
+                                            "response_format": "b64_json", "tokens": True}),
+        "valid_image_stream.json": req(1, IMAGES, {"prompt": "x", "n": 3, "stream": True}),
+        "valid_text_ids.json": req(0, COMPLETIONS, {"prompt": [1, 5, 9], "max_tokens": 16,
+                                                    "n": 3, "top_k": 1, "seed": 0,
+                                                    "temperature": 0.5, "top_p": 1,
+                                                    "model": "micro-opt", "stream": False}),
+        "valid_text_string.json": req(0, COMPLETIONS, {"prompt": "hello", "stream": True}),
+        "valid_models.json": req(1, MODELS, b"", get=True),
+        "valid_metrics.json": req(1, METRICS, b"", get=True),
+        "bad_json.json": req(1, IMAGES, b"{not json"),
+        "bad_array.json": req(1, IMAGES, b"[1, 2]"),
+        "bad_unknown_field.json": req(1, IMAGES, {"prompt": "x", "colour": "red"}),
+        "bad_duplicate.json": req(1, IMAGES, b'{"prompt": "x", "prompt": "y"}'),
+        "bad_n_type.json": req(1, IMAGES, {"prompt": "x", "n": "2"}),
+        "bad_n_range.json": req(1, IMAGES, {"prompt": "x", "n": 17}),
+        "bad_temperature.json": req(1, IMAGES, {"prompt": "x", "temperature": 0}),
+        "bad_size.json": req(1, IMAGES, {"prompt": "x", "size": "1024x1024"}),
+        "bad_stream.json": req(1, IMAGES, {"prompt": "x", "stream": 1}),
+        "bad_no_prompt.json": req(1, IMAGES, {}),
+        "bad_ids.json": req(0, COMPLETIONS, {"prompt": [1, -5]}),
+        "bad_max_tokens.json": req(0, COMPLETIONS, {"prompt": [1], "max_tokens": 17}),
+        "bad_route_model.json": req(0, IMAGES, {"prompt": "x"}),
+        "bad_method.json": req(1, IMAGES, b"", get=True),
+        "bad_metrics_method.json": req(1, METRICS, b""),
+        "bad_path.json": req(1, NOWHERE, {"prompt": "x"}),
         # a 400 message cut inside a UTF-8 character must stay UTF-8 (JSON)
-        "bad_long_utf8_key.json": req(1, 0, ('{"' + "\u00e9" * 600 + '": 1}').encode()),
+        "bad_long_utf8_key.json": req(1, IMAGES, ('{"' + "\u00e9" * 600 + '": 1}').encode()),
+        # so must jansson's excerpt of a bad escape before a two-byte character (was a 500)
+        "bad_json_escape_utf8.json": req(0, COMPLETIONS, '{"prompt": "\\\u00e9l"}'.encode()),
     }
 
 
