@@ -5,7 +5,9 @@
  * One runtime, model and context, made from the same model, policy, budget and offload flags
  * as `flexdiag generate`; every HTTP request is a flexdiag_submit on the context, so concurrent
  * requests share its --batch slots (continuous batching) and --max-queue bounds what waits
- * (a 429 past it); the server's counters serve /metrics. Prints "listening on http://HOST:PORT" once requests are taken. A signal drains:
+ * (a 429 past it). A model folder's chat template (tokenizer_config.json) serves
+ * /v1/chat/completions when it is one serve_chat.c renders; the server's counters serve
+ * /metrics. Prints "listening on http://HOST:PORT" once requests are taken. A signal drains:
  * /health says "draining", new API requests get 503, the ones in flight finish, and the
  * command exits 0.
  */
@@ -104,8 +106,10 @@ static const char *model_id(const cli_model_opts *mo) {
     return mo->arch ? mo->arch : flexdiag_builtin_arch(0);
 }
 
-/* The server's counters; 0, or an exit code after a message. */
-static int serve_extras(serve_engine *e, const serve_opts *o, int32_t rows, serve_metrics **m) {
+/* The server's counters and, for a text model, its chat template (said on stderr); 0, or an
+ * exit code after a message. */
+static int serve_extras(serve_engine *e, const serve_opts *o, int32_t rows, serve_chat *chat,
+                        serve_metrics **m) {
     int32_t cap = o->max_queue > 0 ? (int32_t)o->max_queue
                   : 4 * o->batch > 64 ? (int32_t)(4 * o->batch) : 64; /* the library's default */
     flexdiag_offload_info oi = {.struct_size = sizeof oi};
@@ -114,6 +118,15 @@ static int serve_extras(serve_engine *e, const serve_opts *o, int32_t rows, serv
     if (!(*m = serve_metrics_new((int32_t)o->batch, rows, cap, oi.kv_bytes)))
         return fail(1, "out of memory");
     e->metrics = *m;
+    serve_chat_load(o->mo.model, chat);
+    e->chat = chat;
+    if (e->text && chat->kind == CHAT_UNKNOWN)
+        fprintf(stderr, "flexdiag " CMD ": the model's chat template (%s) is not one this "
+                        "server renders (chatml, zephyr, llama-2, llama-3): "
+                        "/v1/chat/completions answers 400\n", chat->note);
+    else if (e->text && chat->kind != CHAT_NONE)
+        fprintf(stderr, "flexdiag " CMD ": chat template %s (%s)\n",
+                serve_chat_name(chat->kind), chat->note);
     return 0;
 }
 
@@ -179,6 +192,7 @@ int flexdiag_cmd_serve(int argc, char **argv) {
     serve_engine e = {.model_id = model_id(&o.mo), .max_n = (int32_t)o.max_n,
                       .timeout_s = o.timeout};
     flexdiag_runtime *rt = NULL;
+    serve_chat chat = {0};
     serve_metrics *metrics = NULL;
     int32_t rows = 0;
     rc = cli_open_model(CMD, &o.mo, &rt, &e.m);
@@ -187,7 +201,7 @@ int flexdiag_cmd_serve(int argc, char **argv) {
     flexdiag_status st = rc ? FLEXDIAG_OK : flexdiag_context_create(e.m, &cp, &e.c);
     if (!rc && st != FLEXDIAG_OK) rc = cli_fail(CMD, st);
     if (!rc) rc = describe(&e, &rows);
-    if (!rc) rc = serve_extras(&e, &o, rows, &metrics);
+    if (!rc) rc = serve_extras(&e, &o, rows, &chat, &metrics);
     if (!rc) {
         signals_install();
         rc = serve_until_signal(&e, &o);
@@ -195,6 +209,7 @@ int flexdiag_cmd_serve(int argc, char **argv) {
     flexdiag_context_destroy(e.c);
     flexdiag_model_destroy(e.m);
     flexdiag_runtime_destroy(rt);
+    serve_chat_free(&chat);
     serve_metrics_free(metrics);
     return rc;
 }

@@ -5,7 +5,8 @@
  * server-sent events) and knows nothing of HTTP transport, so the request parser can be tested
  * and fuzzed alone; serve_job.c runs a checked request on the engine (its callbacks, the
  * wait that a client's hang-up or the timeout cancels); serve_stream.c formats a running
- * request's events; serve_metrics.c counts for GET /metrics; serve_http.c is the libmicrohttpd server (a thread
+ * request's events; serve_chat.c renders chat messages through the model's chat template;
+ * serve_metrics.c counts for GET /metrics; serve_http.c is the libmicrohttpd server (a thread
  * per connection, bodies bounded, bearer key, draining); cmd_serve.c reads the flags, opens
  * the model and context as generate does and runs until SIGTERM. Every request goes through
  * flexdiag_submit, so concurrent requests share the context's continuous batch.
@@ -19,12 +20,53 @@
 
 #include "flexdiag.h"
 
+/* ---- chat templates (serve_chat.c) ---- */
+
+/* The chat templates this server renders (docs: README "HTTP server"); a model folder's
+ * template is recognised by its text, never guessed. */
+typedef enum serve_chat_kind {
+    CHAT_NONE = 0,    /* the folder has no chat template */
+    CHAT_UNKNOWN,     /* it has one this server does not render */
+    CHAT_CHATML,
+    CHAT_ZEPHYR,
+    CHAT_LLAMA2,
+    CHAT_LLAMA3,
+} serve_chat_kind;
+
+typedef struct serve_chat {
+    serve_chat_kind kind;
+    char *bos, *eos;  /* tokenizer_config.json's bos_token and eos_token ("" when none) */
+    char note[256];   /* where the template came from, or why it is not rendered */
+} serve_chat;
+
+/* The chat template of model folder dir (NULL: a builtin, none): tokenizer_config.json's
+ * "chat_template" (a string, or the list entry named "default"), else chat_template.jinja.
+ * Never fails: an unreadable file or an unknown template is a kind with its note. */
+void serve_chat_load(const char *dir, serve_chat *out);
+/* The kind of template text t (its canonical form against the ones this server renders). */
+serve_chat_kind serve_chat_recognise(const char *t);
+/* Name of a kind ("chatml", "llama-3"); "none" / "unknown" for the other two. */
+const char *serve_chat_name(serve_chat_kind k);
+void serve_chat_free(serve_chat *c);
+
+/* One chat message (role "system", "user" or "assistant"; UTF-8 content). */
+typedef struct serve_chat_msg {
+    const char *role, *content;
+} serve_chat_msg;
+
+/* The n messages through c's template with the generation prompt, as its Jinja text renders
+ * them (bos_token and eos_token included where it puts them) into *text (malloc'ed): 0, or -1
+ * with the reason in err (cap bytes): the template refuses the conversation (llama-2's
+ * alternation), it is not one this server renders, or out of memory. */
+int serve_chat_render(const serve_chat *c, const serve_chat_msg *m, int n, char **text,
+                      char *err, size_t cap);
+
 /* ---- metrics (serve_metrics.c) ---- */
 
 typedef struct serve_metrics serve_metrics;
 
 /* The routes that run requests (labels of the request latency histogram). */
-typedef enum serve_route { ROUTE_IMAGES, ROUTE_COMPLETIONS, N_ROUTES } serve_route;
+typedef enum serve_route { ROUTE_IMAGES, ROUTE_COMPLETIONS, ROUTE_CHAT, N_ROUTES } serve_route;
 
 /* Why a request did not finish: the outcomes /metrics counts. */
 typedef enum serve_end {
@@ -72,6 +114,7 @@ typedef struct serve_engine {
     int32_t eos;              /* text models' end id (-1: none) */
     int32_t max_n;            /* most images or sequences one request may ask for */
     double timeout_s;         /* a request's limit (0: none) */
+    const serve_chat *chat;   /* the chat template (NULL: none) */
     serve_metrics *metrics;   /* NULL: nothing counted */
 } serve_engine;
 

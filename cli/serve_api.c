@@ -1,6 +1,6 @@
 /*
  * serve_api.c - the routes of `flexdiag serve` (serve.h): GET /v1/models and /metrics,
- * POST /v1/images/generations and /v1/completions, as OpenAI shapes them.
+ * POST /v1/images/generations, /v1/completions and /v1/chat/completions, as OpenAI shapes them.
  *
  * A POST body is a JSON object checked field by field against the route's table: an unknown
  * field, a wrong type or a value out of range is a 400 whose error names the field (param).
@@ -9,7 +9,8 @@
  * up cancels it). With "stream": true the reply is a stream of server-sent events
  * (serve_stream.c). Images are decoded and encoded as the PNG bytes `flexdiag generate` writes,
  * base64 in b64_json; image i of a request is image index i of its seed, as generate's image i
- * of one prompt.
+ * of one prompt. Chat messages become a completion's text prompt through the model's chat
+ * template (serve_chat.c).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -59,13 +60,13 @@ void serve_api_error(serve_reply *out, int status, const char *type, const char 
 
 /* ---- request fields ---- */
 
-typedef enum field_type { F_STR, F_INT, F_NUM, F_BOOL, F_PROMPT } field_type;
+typedef enum field_type { F_STR, F_INT, F_NUM, F_BOOL, F_PROMPT, F_JSON } field_type;
 
 /* A field of a POST body: its type, where it goes, and for numbers the accepted range. */
 typedef struct field {
     const char *name;
     field_type type;
-    void *dst;       /* const char *, int64_t, double, int, or (F_PROMPT) a prompt */
+    void *dst;       /* const char *, int64_t, double, int, a prompt, or (F_JSON) json_t * */
     double lo, hi;   /* numbers: inclusive bounds (lo excluded when lo_open) */
     int lo_open;
 } field;
@@ -135,6 +136,7 @@ static int take_field(const field *f, json_t *v, serve_reply *out) {
     switch (f->type) {
     case F_INT:
     case F_NUM: return take_number(f, v, out);
+    case F_JSON: *(json_t **)f->dst = v; return 0;
     case F_BOOL:
         if (!json_is_boolean(v)) break;
         *(int *)f->dst = json_is_true(v);
@@ -326,7 +328,7 @@ static void images_route(const serve_engine *e, const char *body, size_t len, in
     json_t *root = NULL;
     if (e->text)
         serve_api_error(out, 400, TYPE_REQ, "model", "model '%s' generates text: use "
-                        "/v1/completions", e->model_id);
+                        "/v1/completions or /v1/chat/completions", e->model_id);
     else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
              !check_image_req(e, &r, out))
         images_run(e, &r, client, out);
@@ -334,33 +336,39 @@ static void images_route(const serve_engine *e, const char *body, size_t len, in
     json_decref(root);
 }
 
-/* ---- completions ---- */
+/* ---- completions and chat ---- */
 
 typedef struct text_req {
     prompt p;
     const char *model;
-    int64_t n, max_tokens, seed, top_k;
+    json_t *messages;
+    int64_t n, max_tokens, max_completion_tokens, seed, top_k;
     double temperature, top_p;
     int stream;
 } text_req;
 
-/* One choice: its text, token ids and finish reason. */
-static json_t *choice_json(const serve_engine *e, const int32_t *ids, int32_t n, int32_t index) {
+/* One choice: its text, token ids and finish reason; a chat choice's text is its message. */
+static json_t *choice_json(const serve_engine *e, const int32_t *ids, int32_t n, int32_t index,
+                           int chat) {
     char *text = serve_text(e, ids, n);
-    json_t *c = json_pack("{s:i, s:n, s:s, s:o, s:s}", "index", index, "logprobs",
-                          "finish_reason", serve_finish_reason(e, ids, n), "tokens",
-                          serve_ids_json(ids, n), "text", text ? text : "");
+    json_t *c = json_pack("{s:i, s:n, s:s, s:o}", "index", index, "logprobs", "finish_reason",
+                          serve_finish_reason(e, ids, n), "tokens", serve_ids_json(ids, n));
+    if (c && chat)
+        json_object_set_new(c, "message", json_pack("{s:s, s:s}", "role", "assistant",
+                                                    "content", text ? text : ""));
+    else if (c)
+        json_object_set_new(c, "text", json_string(text ? text : ""));
     free(text);
     return c;
 }
 
-static void text_reply(const serve_engine *e, const text_req *r, const serve_job *j,
+static void text_reply(const serve_engine *e, const text_req *r, const serve_job *j, int chat,
                        serve_reply *out) {
     json_t *choices = json_array();
     json_int_t made = 0;
     for (int32_t i = 0; choices && i < j->n; i++) {
         json_array_append_new(choices, choice_json(e, j->tokens + (size_t)i * (size_t)j->per,
-                                                   j->lens[i], i));
+                                                   j->lens[i], i, chat));
         made += j->lens[i];
     }
     json_t *usage = json_pack("{s:I}", "completion_tokens", made);
@@ -369,19 +377,21 @@ static void text_reply(const serve_engine *e, const text_req *r, const serve_job
         json_object_set_new(usage, "total_tokens", json_integer(r->p.n_ids + made));
     }
     char id[64];
-    serve_reply_id(id, sizeof id, "cmpl");
+    serve_reply_id(id, sizeof id, chat ? "chatcmpl" : "cmpl");
     serve_reply_json(out, 200, json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
-                                         "text_completion", "created", (json_int_t)time(NULL),
-                                         "model", e->model_id, "choices", choices, "usage",
-                                         usage));
+                                         chat ? "chat.completion" : "text_completion", "created",
+                                         (json_int_t)time(NULL), "model", e->model_id,
+                                         "choices", choices, "usage", usage));
 }
 
-/* Run the checked request r and answer it. */
-static void text_run(const serve_engine *e, const text_req *r, int client, serve_reply *out) {
+/* Run the checked request r (its prompt set) of route and answer it. */
+static void text_run(const serve_engine *e, serve_route route, const text_req *r, int client,
+                     serve_reply *out) {
     if (!e->c) { /* parse only (serve.h): the request passed every check */
         serve_reply_json(out, 200, json_object());
         return;
     }
+    int chat = route == ROUTE_CHAT;
     flexdiag_request rq;
     flexdiag_request_init(&rq);
     const char *text;
@@ -393,12 +403,12 @@ static void text_run(const serve_engine *e, const text_req *r, int client, serve
     sp.max_new_tokens = (int32_t)r->max_tokens;
     sp.stop_at_eos = true;
     serve_job *j;
-    if (serve_job_start(e, ROUTE_COMPLETIONS, &rq, &sp, client, r->stream, &j, out)) return;
+    if (serve_job_start(e, route, &rq, &sp, client, r->stream, &j, out)) return;
     if (r->stream) {
-        stream_reply(out, serve_stream_new(j, STREAM_COMPLETION, 0));
+        stream_reply(out, serve_stream_new(j, chat ? STREAM_CHAT : STREAM_COMPLETION, 0));
         return;
     }
-    if (!serve_job_end(j, out)) text_reply(e, r, j, out);
+    if (!serve_job_end(j, out)) text_reply(e, r, j, chat, out);
     serve_job_free(j);
 }
 
@@ -423,10 +433,121 @@ static void completions_route(const serve_engine *e, const char *body, size_t le
                         "/v1/images/generations", e->model_id);
     else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
              !check_model(e, r.model, out)) {
-        if (!r.p.text && !r.p.ids) serve_api_error(out, 400, TYPE_REQ, "prompt", "prompt: required");
-        else text_run(e, &r, client, out);
+        if (!r.p.text && !r.p.ids)
+            serve_api_error(out, 400, TYPE_REQ, "prompt", "prompt: required");
+        else
+            text_run(e, ROUTE_COMPLETIONS, &r, client, out);
     }
     free(r.p.ids);
+    json_decref(root);
+}
+
+/* Message i of the chat body into m; 0, or -1 after a 400 naming "messages". */
+static int take_message(json_t *v, size_t i, serve_chat_msg *m, serve_reply *out) {
+    const char *key;
+    json_t *x;
+    if (!json_is_object(v)) {
+        serve_api_error(out, 400, TYPE_REQ, "messages", "messages[%zu]: expected an object "
+                        "with role and content", i);
+        return -1;
+    }
+    json_object_foreach(v, key, x) {
+        if (strcmp(key, "role") && strcmp(key, "content")) {
+            serve_api_error(out, 400, TYPE_REQ, "messages", "messages[%zu].%s: unknown field "
+                            "(a message has role and content)", i, key);
+            return -1;
+        }
+    }
+    x = json_object_get(v, "role");
+    m->role = json_string_value(x);
+    if (!m->role || (strcmp(m->role, "system") && strcmp(m->role, "user") &&
+                     strcmp(m->role, "assistant"))) {
+        serve_api_error(out, 400, TYPE_REQ, "messages", "messages[%zu].role: expected "
+                        "\"system\", \"user\" or \"assistant\"", i);
+        return -1;
+    }
+    m->content = json_string_value(json_object_get(v, "content"));
+    if (!m->content) {
+        serve_api_error(out, 400, TYPE_REQ, "messages", "messages[%zu].content: expected a "
+                        "string (content parts and null content are not supported)", i);
+        return -1;
+    }
+    return 0;
+}
+
+/* The chat body's messages through the model's template as r's text prompt (*text, caller
+ * frees; a leading bos_token dropped: the prompt's tokenization puts the model's BOS first, as
+ * for /v1/completions); 0, or -1 after a 400 naming "messages". */
+static int chat_prompt(const serve_engine *e, text_req *r, char **text, serve_reply *out) {
+    const serve_chat *c = e->chat;
+    size_t n = json_array_size(r->messages);
+    if (!c || c->kind == CHAT_NONE || c->kind == CHAT_UNKNOWN) {
+        serve_api_error(out, 400, TYPE_REQ, "messages", "messages: model '%s' has %s (%s): use "
+                        "/v1/completions with the prompt as the model expects it (this server "
+                        "renders the chatml, zephyr, llama-2 and llama-3 templates)", e->model_id,
+                        c && c->kind == CHAT_UNKNOWN ? "a chat template this server does not "
+                        "render" : "no chat template", c ? c->note : "none loaded");
+        return -1;
+    }
+    if (!json_is_array(r->messages) || n == 0) {
+        serve_api_error(out, 400, TYPE_REQ, "messages", "messages: %s", r->messages ?
+                        "expected a non-empty array of {\"role\", \"content\"}" : "required");
+        return -1;
+    }
+    serve_chat_msg *m = calloc(n, sizeof *m);
+    int rc = m ? 0 : -1;
+    if (!m) serve_api_error(out, 500, "server_error", NULL, "out of memory");
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = take_message(json_array_get(r->messages, i), i, &m[i], out);
+    char err[512];
+    if (!rc && serve_chat_render(c, m, (int)n, text, err, sizeof err)) {
+        serve_api_error(out, 400, TYPE_REQ, "messages", "messages: %s", err);
+        rc = -1;
+    }
+    free(m);
+    if (!rc && !(*text)[0]) {
+        serve_api_error(out, 400, TYPE_REQ, "messages", "messages: the model's %s chat template "
+                        "renders nothing for them", serve_chat_name(c->kind));
+        rc = -1;
+    }
+    size_t bl = strlen(c->bos);
+    if (!rc) r->p.text = *text + (bl && !strncmp(*text, c->bos, bl) ? bl : 0);
+    return rc;
+}
+
+static void chat_route(const serve_engine *e, const char *body, size_t len, int client,
+                       serve_reply *out) {
+    text_req r = {.n = 1, .max_tokens = -1, .max_completion_tokens = -1, .temperature = 1.0,
+                  .top_p = 1.0};
+    const field fs[] = {
+        {"messages", F_JSON, &r.messages, 0, 0, 0},
+        {"model", F_STR, &r.model, 0, 0, 0},
+        {"n", F_INT, &r.n, 1, e->max_n, 0},
+        {"max_tokens", F_INT, &r.max_tokens, 1, e->per_image, 0},
+        {"max_completion_tokens", F_INT, &r.max_completion_tokens, 1, e->per_image, 0},
+        {"seed", F_INT, &r.seed, 0, 9.2e18, 0},
+        {"temperature", F_NUM, &r.temperature, 0, 100, 1},
+        {"top_k", F_INT, &r.top_k, 0, INT32_MAX, 0},
+        {"top_p", F_NUM, &r.top_p, 0, 1, 1},
+        {"stream", F_BOOL, &r.stream, 0, 0, 0},
+    };
+    json_t *root = NULL;
+    char *text = NULL;
+    if (!e->text)
+        serve_api_error(out, 400, TYPE_REQ, "model", "model '%s' generates images: use "
+                        "/v1/images/generations", e->model_id);
+    else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
+             !check_model(e, r.model, out)) {
+        if (r.max_tokens > 0 && r.max_completion_tokens > 0)
+            serve_api_error(out, 400, TYPE_REQ, "max_tokens", "max_tokens: give it or "
+                            "max_completion_tokens, not both");
+        else if (!chat_prompt(e, &r, &text, out)) {
+            if (r.max_completion_tokens > 0) r.max_tokens = r.max_completion_tokens;
+            if (r.max_tokens < 0) r.max_tokens = e->per_image; /* until the end id or the cap */
+            text_run(e, ROUTE_CHAT, &r, client, out);
+        }
+    }
+    free(text);
     json_decref(root);
 }
 
@@ -454,18 +575,20 @@ void serve_api_handle(const serve_engine *e, const char *method, const char *pat
     static const struct {
         const char *path, *method;
     } routes[] = {{"/v1/models", "GET"}, {"/metrics", "GET"}, {"/v1/images/generations", "POST"},
-                  {"/v1/completions", "POST"}};
+                  {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
     *out = (serve_reply){0};
     int k = 0, n = (int)(sizeof routes / sizeof routes[0]);
     while (k < n && strcmp(path, routes[k].path)) k++;
     if (k == n)
         serve_api_error(out, 404, TYPE_REQ, NULL, "no route %s (the API has /health, /metrics, "
-                        "/v1/models, /v1/images/generations, /v1/completions)", path);
+                        "/v1/models, /v1/images/generations, /v1/completions, "
+                        "/v1/chat/completions)", path);
     else if (strcmp(method, routes[k].method))
         serve_api_error(out, 405, TYPE_REQ, NULL, "%s takes %s, not %s", path, routes[k].method,
                         method);
     else if (k == 0) models_route(e, out);
     else if (k == 1) metrics_route(e, out);
     else if (k == 2) images_route(e, body, len, client, out);
-    else completions_route(e, body, len, client, out);
+    else if (k == 3) completions_route(e, body, len, client, out);
+    else chat_route(e, body, len, client, out);
 }

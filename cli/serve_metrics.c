@@ -195,15 +195,21 @@ static void print_load(FILE *f, const serve_metrics *m) {
     double live = gauge(m->started, m->results + m->dropped_live);
     family(f, "flexdiag_queue_depth", "gauge", "Images (text: sequences) waiting for a slot.");
     sample(f, "flexdiag_queue_depth", NULL, waiting);
-    family(f, "flexdiag_queue_capacity", "gauge", "Images (sequences) the queue holds (--max-queue).");
+    family(f, "flexdiag_queue_capacity", "gauge",
+           "Images (sequences) the queue holds (--max-queue).");
     sample(f, "flexdiag_queue_capacity", NULL, m->queue_cap);
-    family(f, "flexdiag_kv_slots", "gauge", "Slots of the context (--batch): one image's CFG rows or one text sequence each.");
+    family(f, "flexdiag_kv_slots", "gauge",
+           "Slots of the context (--batch): one image's CFG rows or one text sequence each.");
     sample(f, "flexdiag_kv_slots", NULL, m->slots);
-    family(f, "flexdiag_kv_slots_in_use", "gauge", "Slots holding an image or sequence being made (from its first token).");
+    family(f, "flexdiag_kv_slots_in_use", "gauge",
+           "Slots holding an image or sequence being made (from its first token).");
     sample(f, "flexdiag_kv_slots_in_use", NULL, live);
-    family(f, "flexdiag_live_sequences", "gauge", "KV sequences of the slots in use (2 per image with CFG, 1 per text sequence).");
+    family(f, "flexdiag_live_sequences", "gauge",
+           "KV sequences of the slots in use (2 per image with CFG, 1 per text sequence).");
     sample(f, "flexdiag_live_sequences", NULL, live * m->rows);
-    family(f, "flexdiag_kv_cache_bytes", "gauge", "KV cache of the context's slots by home (--kv): the device (the CPU engine: its memory), pinned host memory, disk.");
+    family(f, "flexdiag_kv_cache_bytes", "gauge",
+           "KV cache of the context's slots by home (--kv): the device (the CPU engine: its "
+           "memory), pinned host memory, disk.");
     sample(f, "flexdiag_kv_cache_bytes", "home=\"device\"", (double)m->kv_bytes[0]);
     sample(f, "flexdiag_kv_cache_bytes", "home=\"host\"", (double)m->kv_bytes[1]);
     sample(f, "flexdiag_kv_cache_bytes", "home=\"disk\"", (double)m->kv_bytes[2]);
@@ -211,7 +217,8 @@ static void print_load(FILE *f, const serve_metrics *m) {
     rates(m, &tps, &ips);
     family(f, "flexdiag_tokens_per_second", "gauge", "Tokens made per second over the last 10 s.");
     sample(f, "flexdiag_tokens_per_second", NULL, tps);
-    family(f, "flexdiag_images_per_second", "gauge", "Images finished per second over the last 10 s.");
+    family(f, "flexdiag_images_per_second", "gauge",
+           "Images finished per second over the last 10 s.");
     sample(f, "flexdiag_images_per_second", NULL, ips);
 }
 
@@ -222,21 +229,25 @@ static void print_counts(FILE *f, const serve_metrics *m) {
     sample(f, "flexdiag_requests_finished_total", NULL, (double)m->ends[END_FINISHED]);
     family(f, "flexdiag_requests_failed_total", "counter", "Requests the engine failed.");
     sample(f, "flexdiag_requests_failed_total", NULL, (double)m->ends[END_FAILED]);
-    family(f, "flexdiag_requests_cancelled_total", "counter", "Requests cancelled: the client hung up, or past --timeout.");
+    family(f, "flexdiag_requests_cancelled_total", "counter",
+           "Requests cancelled: the client hung up, or past --timeout.");
     sample(f, "flexdiag_requests_cancelled_total", "reason=\"client_gone\"",
            (double)m->ends[END_CANCELLED_GONE]);
     sample(f, "flexdiag_requests_cancelled_total", "reason=\"timeout\"",
            (double)m->ends[END_CANCELLED_TIMEOUT]);
-    family(f, "flexdiag_requests_rejected_total", "counter", "Requests refused before the queue: 429 full queue, 503 draining.");
+    family(f, "flexdiag_requests_rejected_total", "counter",
+           "Requests refused before the queue: 429 full queue, 503 draining.");
     sample(f, "flexdiag_requests_rejected_total", "reason=\"queue_full\"", (double)m->rejected[0]);
     sample(f, "flexdiag_requests_rejected_total", "reason=\"draining\"", (double)m->rejected[1]);
-    family(f, "flexdiag_sequences_admitted_total", "counter", "Images (sequences) that took a slot.");
+    family(f, "flexdiag_sequences_admitted_total", "counter",
+           "Images (sequences) that took a slot.");
     sample(f, "flexdiag_sequences_admitted_total", NULL, (double)m->started);
     family(f, "flexdiag_sequences_finished_total", "counter", "Images (sequences) finished.");
     sample(f, "flexdiag_sequences_finished_total", NULL, (double)m->results);
     family(f, "flexdiag_images_total", "counter", "Images finished.");
     sample(f, "flexdiag_images_total", NULL, (double)m->images);
-    family(f, "flexdiag_tokens_total", "counter", "Tokens made (an image's codes, a sequence's ids).");
+    family(f, "flexdiag_tokens_total", "counter",
+           "Tokens made (an image's codes, a sequence's ids).");
     sample(f, "flexdiag_tokens_total", NULL, (double)m->tokens);
     family(f, "flexdiag_http_responses_total", "counter", "HTTP replies by status.");
     for (int s = 0; s < 600; s++)
@@ -248,13 +259,17 @@ static void print_counts(FILE *f, const serve_metrics *m) {
 }
 
 static void print_latency(FILE *f, const serve_metrics *m) {
-    static const char *const route[N_ROUTES] = {"route=\"images\"", "route=\"completions\""};
-    family(f, "flexdiag_request_duration_seconds", "histogram", "Seconds from a finished request's arrival to its last byte ready.");
+    static const char *const route[N_ROUTES] = {"route=\"images\"", "route=\"completions\"",
+                                                "route=\"chat\""};
+    family(f, "flexdiag_request_duration_seconds", "histogram",
+           "Seconds from a finished request's arrival to its last byte ready.");
     for (int r = 0; r < N_ROUTES; r++)
         hist_print(f, "flexdiag_request_duration_seconds", route[r], &m->latency[r]);
-    family(f, "flexdiag_queue_wait_seconds", "histogram", "Seconds from a request's submit until its first image took a slot.");
+    family(f, "flexdiag_queue_wait_seconds", "histogram",
+           "Seconds from a request's submit until its first image took a slot.");
     hist_print(f, "flexdiag_queue_wait_seconds", NULL, &m->queue_wait);
-    family(f, "flexdiag_time_to_first_token_seconds", "histogram", "Seconds from a request's submit to its first token.");
+    family(f, "flexdiag_time_to_first_token_seconds", "histogram",
+           "Seconds from a request's submit to its first token.");
     hist_print(f, "flexdiag_time_to_first_token_seconds", NULL, &m->first_token);
 }
 

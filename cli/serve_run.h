@@ -66,10 +66,10 @@ void serve_job_free(serve_job *j);
 
 /* ---- streams (serve_stream.c) ---- */
 
-typedef enum stream_kind { STREAM_IMAGES, STREAM_COMPLETION } stream_kind;
+typedef enum stream_kind { STREAM_IMAGES, STREAM_COMPLETION, STREAM_CHAT } stream_kind;
 
-/* A stream of j's events (taking j): images (with their code grids when tokens) or completion
- * chunks; NULL when out of memory (j is then freed). */
+/* A stream of j's events (taking j): images (with their code grids when tokens), completion
+ * chunks or chat chunks; NULL when out of memory (j is then freed). */
 serve_stream *serve_stream_new(serve_job *j, stream_kind kind, int tokens);
 
 /* ---- reply pieces (serve_out.c) ---- */

@@ -7,6 +7,7 @@
  *   completions  one chunk per token in OpenAI's completion-chunk shape ("text" the piece of
  *                text the token completes, "tokens" [its id]), then a last chunk per choice
  *                with its finish_reason;
+ *   chat         the same in chat-chunk shape, after a first chunk per choice with the role;
  * then "data: [DONE]". A request that fails or runs past the timeout ends with an error event
  * ({"error": ...}) instead; a client that hangs up cancels it (serve_job.c).
  */
@@ -101,7 +102,8 @@ static void image_event(serve_stream *s, int32_t i) {
         }
         json_object_set_new(ev, "b64_json", png);
     }
-    if (ev && (s->tokens || !e->img_h)) json_object_set_new(ev, "tokens", serve_ids_json(t, s->j->per));
+    if (ev && (s->tokens || !e->img_h))
+        json_object_set_new(ev, "tokens", serve_ids_json(t, s->j->per));
     put_event(s, "image_generation.completed", ev);
 }
 
@@ -134,18 +136,29 @@ static void image_events(serve_stream *s) {
 /* ---- text ---- */
 
 /* A chunk of choice i: its text piece (taken; NULL is out of memory), the token it came from
- * (id < 0: none), the finish reason of a last chunk (NULL: not last). */
-static void text_chunk(serve_stream *s, int32_t i, char *piece, int32_t id, const char *reason) {
+ * (id < 0: none), the finish reason of a last chunk (NULL: not last). Chat's delta is
+ * {"role"} for role, {"content"} for a piece, {} for a last chunk without one. */
+static void text_chunk(serve_stream *s, int32_t i, char *piece, int32_t id, const char *reason,
+                       int role) {
     const serve_engine *e = s->j->e;
-    json_t *c = piece ? json_pack("{s:i, s:n, s:o, s:s}", "index", i, "logprobs",
-                                  "finish_reason", reason ? json_string(reason) : json_null(),
-                                  "text", piece)
+    int chat = s->kind == STREAM_CHAT;
+    json_t *c = piece ? json_pack("{s:i, s:n, s:o}", "index", i, "logprobs", "finish_reason",
+                                  reason ? json_string(reason) : json_null())
                       : NULL;
+    if (c && chat) {
+        json_t *d = role ? json_pack("{s:s, s:s}", "role", "assistant", "content", "")
+                         : json_object();
+        if (d && !role && (!reason || piece[0]))
+            json_object_set_new(d, "content", json_string(piece));
+        json_object_set_new(c, "delta", d);
+    } else if (c) {
+        json_object_set_new(c, "text", json_string(piece));
+    }
     if (c && id >= 0) json_object_set_new(c, "tokens", serve_ids_json(&id, 1));
     free(piece);
     put_event(s, NULL, c ? json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", s->id, "object",
-                                     "text_completion", "created", s->created, "model",
-                                     e->model_id, "choices", c)
+                                     chat ? "chat.completion.chunk" : "text_completion",
+                                     "created", s->created, "model", e->model_id, "choices", c)
                          : NULL);
 }
 
@@ -156,11 +169,11 @@ static void text_events(serve_stream *s) {
         int32_t upto = s->fin[i] ? s->lens[i] : s->made[i];
         for (; s->sent[i] < upto; s->sent[i]++) {
             int32_t k = s->sent[i];
-            text_chunk(s, i, serve_text_delta(j->e, ids, k + 1, &s->cur[i], 0), ids[k], NULL);
+            text_chunk(s, i, serve_text_delta(j->e, ids, k + 1, &s->cur[i], 0), ids[k], NULL, 0);
         }
         if (s->fin[i] && !s->closed[i]) {
             text_chunk(s, i, serve_text_delta(j->e, ids, s->lens[i], &s->cur[i], 1), -1,
-                       serve_finish_reason(j->e, ids, s->lens[i]));
+                       serve_finish_reason(j->e, ids, s->lens[i]), 0);
             s->closed[i] = 1;
         }
     }
@@ -262,6 +275,8 @@ serve_stream *serve_stream_new(serve_job *j, stream_kind kind, int tokens) {
         serve_stream_free(s);
         return NULL;
     }
-    serve_reply_id(s->id, sizeof s->id, "cmpl");
+    serve_reply_id(s->id, sizeof s->id, kind == STREAM_CHAT ? "chatcmpl" : "cmpl");
+    for (int32_t i = 0; kind == STREAM_CHAT && i < j->n; i++)
+        text_chunk(s, i, strdup(""), -1, NULL, 1);
     return s;
 }

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""test_serve.py - `flexdiag serve` end to end over loopback ($FLEXDIAG_BIN, CPU builtin models).
+"""test_serve.py - `flexdiag serve` end to end over loopback ($FLEXDIAG_BIN, CPU builtin models
+and the golden OPT model folder of tests/golden/data/opt, copied with a chat template).
 
 Every endpoint; images equal (PNG bytes and token grids) to `flexdiag generate`'s for the same
 prompt, seed and settings, streamed (server-sent events) or not; a text model's greedy completion
-equal to generate's; streamed completions whose chunks add up to the non-streamed reply
-(tokens, finish reason) and end in [DONE]; /metrics parsed as
+equal to generate's; streamed completions and chat whose chunks add up to the non-streamed reply
+(tokens, text, finish reason) and end in [DONE]; chat through the chatml and llama-3 templates
+equal to a completion of the rendered prompt, 400s naming messages for a folder without a
+template, one not rendered, llama-2's alternation and bad messages; /metrics parsed as
 Prometheus text (families, histograms, counters agreeing with the requests made); a client that
 hangs up mid-request (streamed or not) cancels it and frees its slots; 100 concurrent
 requests of mixed sizes whose images each equal generate's; 12 concurrent requests equal to the
@@ -19,6 +22,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +32,8 @@ import threading
 import time
 
 BIN = os.environ.get("FLEXDIAG_BIN", "build/flexdiag")
+DATA = os.environ.get("FLEXDIAG_TEST_DATA",
+                      os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 failures = []
 
 
@@ -43,6 +49,7 @@ class Server:
     def __init__(self, *args, key=None):
         cmd = [BIN, "serve", "--cpu", "--threads", "2", "--port", "0"] + list(args)
         self.key = key
+        self.scrapes = 0  # GET /metrics made (each a 200 the next one counts)
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.p.stdout.readline()
         if not line.startswith("listening on http://127.0.0.1:"):
@@ -91,6 +98,7 @@ class Server:
 
     def metrics(self):
         st, text, h = self.request("GET", "/metrics")
+        self.scrapes += 1
         check(st == 200 and h.get("Content-Type", "").startswith("text/plain; version=0.0.4"),
               "metrics: 200 text/plain 0.0.4 (%d %r)" % (st, h.get("Content-Type")))
         return parse_metrics(text)
@@ -254,6 +262,8 @@ def test_images(tmp):
     bad(srv, G, {"prompt": "x", "response_format": "url"}, 400, "response_format")
     bad(srv, G, {"prompt": "x", "model": "dall-e-3"}, 400, "model")
     bad(srv, "/v1/completions", {"prompt": "x"}, 400, "model")
+    bad(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, 400,
+        "model")
     bad(srv, G, {"prompt": "x" * 5000}, 413, None)
     st, _, _ = srv.request("GET", "/v1/nothing")
     check(st == 404, "unknown path: 404 (got %d)" % st)
@@ -267,7 +277,7 @@ def test_images(tmp):
 # ---- text ----
 
 def chunk_tokens(events, n):
-    """The tokens, text and finish reason of each of n choices from completion chunks."""
+    """The tokens, text and finish reason of each of n choices from completion or chat chunks."""
     toks, text, reason = [[] for _ in range(n)], [""] * n, [None] * n
     for _, d in events:
         if d == "[DONE]":
@@ -276,7 +286,8 @@ def chunk_tokens(events, n):
             i = c["index"]
             check(reason[i] is None, "choice %d: no chunk after its finish_reason" % i)
             toks[i] += c.get("tokens", [])
-            text[i] += c["text"]
+            piece = c["delta"].get("content", "") if "delta" in c else c["text"]
+            text[i] += piece
             reason[i] = c["finish_reason"]
     return toks, text, reason
 
@@ -288,18 +299,26 @@ def check_stream(srv, path, body, n, what):
     check(st == 200 and st2 == 200 and ctype == "text/event-stream" and events and
           events[-1][1] == "[DONE]", "%s: 200s and a stream ending in [DONE] (%d %d %r)" %
           (what, st, st2, ctype))
-    check(all(d["object"] == "text_completion" and d["id"] == events[0][1]["id"]
-              for _, d in events[:-1]), "%s: every chunk a text_completion of one id" % what)
+    chat = path.endswith("chat/completions")
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    check(all(d["object"] == obj and d["id"] == events[0][1]["id"] for _, d in events[:-1]),
+          "%s: every chunk a %s of one id" % (what, obj))
     toks, text, reason = chunk_tokens(events, n)
     for i, c in enumerate(j["choices"]):
-        check(toks[i] == c["tokens"] and text[i] == c["text"] and reason[i] == c["finish_reason"],
+        want = c["message"]["content"] if chat else c["text"]
+        check(toks[i] == c["tokens"] and text[i] == want and reason[i] == c["finish_reason"],
               "%s choice %d: chunks add up to the reply (%r %r %r vs %r %r %r)" % (
-                  what, i, toks[i], text[i], reason[i], c["tokens"], c["text"],
-                  c["finish_reason"]))
+                  what, i, toks[i], text[i], reason[i], c["tokens"], want, c["finish_reason"]))
     per_token = [d for _, d in events[:-1] if d["choices"][0].get("tokens")]
     check(all(len(d["choices"]) == 1 and len(d["choices"][0]["tokens"]) == 1 for d in per_token)
           and len(per_token) == sum(len(c["tokens"]) for c in j["choices"]),
           "%s: one chunk per token" % what)
+    if chat:
+        firsts = {}
+        for _, d in events[:-1]:
+            firsts.setdefault(d["choices"][0]["index"], d["choices"][0]["delta"])
+        check(all(f.get("role") == "assistant" for f in firsts.values()) and len(firsts) == n,
+              "%s: each choice's first chunk says the role: %r" % (what, firsts))
     return j
 
 
@@ -327,7 +346,114 @@ def test_text(tmp):
     bad(srv, "/v1/completions", {"prompt": [1, -5]}, 400, "prompt")
     bad(srv, "/v1/completions", {"prompt": [1], "stream": 1}, 400, "stream")
     bad(srv, "/v1/images/generations", {"prompt": "x"}, 400, "model")
+    bad(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, 400,
+        "messages", says="no chat template")
     srv.stop()
+
+
+# ---- chat ----
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\n' }}{% endif %}")
+LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set "
+          "system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+          "{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if "
+          "(message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('"
+          "Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+          "{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + "
+          "system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content ="
+          " message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + "
+          "'[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+          "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+          "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] "
+          "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content "
+          "%}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+          "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi there "}]
+# the golden OPT model's tokenizer has 320 ids: a rendered prompt is about one token a byte
+TEXT_FLAGS = ["--max-new-tokens", "16", "--max-prompt-len", "224"]
+
+
+def opt_folder(tmp, name, template):
+    """The golden OPT model (tokenizer.json; bos and eos "</s>") with chat_template template."""
+    d = os.path.join(tmp, name)
+    shutil.copytree(os.path.join(DATA, "golden", "data", "opt"), d)
+    path = os.path.join(d, "tokenizer_config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    if template is not None:
+        cfg["chat_template"] = template
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return d
+
+
+def chat_equals_completion(srv, rendered, what):
+    """Chat of MESSAGES equals a completion of the prompt its template renders (sampled: the
+    same draws for the same prompt and seed), streamed too."""
+    body = {"max_tokens": 12, "n": 2, "seed": 11, "temperature": 1.0}
+    st, c, _ = srv.request("POST", "/v1/chat/completions", dict(body, messages=MESSAGES))
+    st2, p, _ = srv.request("POST", "/v1/completions", dict(body, prompt=rendered))
+    check(st == 200 and st2 == 200 and c["object"] == "chat.completion" and
+          [x["tokens"] for x in c["choices"]] == [x["tokens"] for x in p["choices"]] and
+          [x["message"]["content"] for x in c["choices"]] == [x["text"] for x in p["choices"]],
+          "%s: chat equals the completion of %r (%d %d %r %r)" % (what, rendered, st, st2, c, p))
+    check_stream(srv, "/v1/chat/completions", dict(body, messages=MESSAGES), 2,
+                 what + " chat stream")
+    check_stream(srv, "/v1/completions", dict(body, prompt=rendered), 2,
+                 what + " completion stream (text)")
+
+
+def test_chat(tmp):
+    C = "/v1/chat/completions"
+    srv = Server("--model", opt_folder(tmp, "chatml", CHATML), *TEXT_FLAGS)
+    chat_equals_completion(srv, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                           " Hi there <|im_end|>\n<|im_start|>assistant\n", "chatml")
+    st, j, _ = srv.request("POST", C, {"messages": MESSAGES, "max_completion_tokens": 3})
+    check(st == 200 and all(len(x["tokens"]) <= 3 for x in j["choices"]),
+          "max_completion_tokens 3: %r" % j)
+    bad(srv, C, {"messages": MESSAGES, "max_tokens": 3, "max_completion_tokens": 3}, 400,
+        "max_tokens")
+    bad(srv, C, {"max_tokens": 3}, 400, "messages", says="required")
+    bad(srv, C, {"messages": []}, 400, "messages")
+    bad(srv, C, {"messages": "hi"}, 400, "messages")
+    bad(srv, C, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages",
+        says="messages[0].role")
+    bad(srv, C, {"messages": [MESSAGES[0], {"role": "user", "content": [
+        {"type": "text", "text": "x"}]}]}, 400, "messages", says="messages[1].content")
+    bad(srv, C, {"messages": [{"role": "user", "content": "x", "name": "me"}]}, 400, "messages",
+        says="messages[0].name")
+    bad(srv, C, {"messages": MESSAGES, "stop": ["\n"]}, 400, "stop")
+    bad(srv, C, {"messages": MESSAGES, "model": "gpt-4o"}, 400, "model")
+    srv.stop()
+
+    # llama-3: its leading bos_token is the BOS the prompt's tokenization puts first
+    srv = Server("--model", opt_folder(tmp, "llama3", LLAMA3), *TEXT_FLAGS)
+    chat_equals_completion(srv, "<|start_header_id|>system<|end_header_id|>\n\nBe brief."
+                           "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi there"
+                           "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+                           "llama-3")
+    srv.stop()
+
+    srv = Server("--model", opt_folder(tmp, "llama2", LLAMA2), *TEXT_FLAGS)
+    st, j, _ = srv.request("POST", C, {"messages": MESSAGES, "max_tokens": 2})
+    check(st == 200, "llama-2 chat: %d %r" % (st, j))
+    bad(srv, C, {"messages": [MESSAGES[1], MESSAGES[1]]}, 400, "messages",
+        says="roles must alternate")
+    bad(srv, C, {"messages": MESSAGES[:1]}, 400, "messages", says="renders nothing")
+    srv.stop()
+
+    for name, template, says in [("none", None, "no chat template"),
+                                 ("other", "{{ messages }}", "does not render")]:
+        srv = Server("--model", opt_folder(tmp, name, template), *TEXT_FLAGS)
+        bad(srv, C, {"messages": MESSAGES}, 400, "messages", says=says)
+        st, j, _ = srv.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        check(st == 200, "%s: completions still served (%d)" % (name, st))
+        err = srv.stop()
+        check(name != "other" or "is not one this server renders" in err,
+              "serve says at start that the chat template is not rendered: %r" % err)
 
 
 # ---- metrics ----
@@ -345,6 +471,9 @@ def test_metrics():
         check(st == 200, "metrics request %d: %d" % (k, st))
     srv.stream("/v1/images/generations", {"prompt": "streamed", "n": 2})
     bad(srv, "/v1/images/generations", {"prompt": "x", "n": 99}, 400, "n")
+    # a stream's end is counted once its last byte left, maybe just after its client read it
+    until("the stream counted finished",
+          lambda: srv.metrics()["flexdiag_requests_finished_total"] == 4)
     m = srv.metrics()
     images = sum(ns) + 2
     want = {"flexdiag_requests_admitted_total": 4, "flexdiag_requests_finished_total": 4,
@@ -355,7 +484,7 @@ def test_metrics():
             "flexdiag_sequences_finished_total": images, "flexdiag_images_total": images,
             "flexdiag_tokens_total": images * 64, "flexdiag_queue_depth": 0,
             "flexdiag_kv_slots_in_use": 0, "flexdiag_live_sequences": 0,
-            'flexdiag_http_responses_total{code="200"}': 5,
+            'flexdiag_http_responses_total{code="200"}': 4 + srv.scrapes - 1,
             'flexdiag_http_responses_total{code="400"}': 1,
             'flexdiag_request_duration_seconds_count{route="images"}': 4,
             'flexdiag_request_duration_seconds_count{route="completions"}': 0,
@@ -424,8 +553,9 @@ def test_disconnect():
 # ---- 100 concurrent requests ----
 
 def test_concurrent(tmp):
-    """100 concurrent requests over 5 (prompt, seed) pairs with n 1 or 2, a quarter streamed:
-    image i of each equals image i of generate's run of its pair."""
+    """100 concurrent requests over 5 (prompt, seed) pairs, one in 7 with n 2 (the image decoding
+    dominates: 115 images take about 7 s, 90 s under the sanitizers), a quarter streamed: image i
+    of each equals image i of generate's run of its pair."""
     pairs = [("shape %d" % k, 100 + k) for k in range(5)]
     refs = []
     for k, (prompt, seed) in enumerate(pairs):
@@ -434,7 +564,7 @@ def test_concurrent(tmp):
                  "--sample-seed", str(seed))
         refs.append([png(out, 0, i) for i in range(2)])
     srv = Server("--arch", "micro-janus", "--batch", "8", "--max-queue", "400", "--max-n", "2")
-    reqs = [(k % 5, 1 + (k // 5) % 2, k % 4 == 0) for k in range(100)]
+    reqs = [(k % 5, 2 if k % 7 == 0 else 1, k % 4 == 0) for k in range(100)]
 
     def run(r):
         pair, n, streamed = r
@@ -458,9 +588,10 @@ def test_concurrent(tmp):
               all(imgs[i] == refs[pair][i] for i in range(n)),
               "concurrent request %d (pair %d, n %d%s): images equal generate's" %
               (k, pair, n, ", streamed" if streamed else ""))
-    m = srv.metrics()
-    check(m["flexdiag_requests_finished_total"] == 100 and m["flexdiag_images_total"] == images,
-          "metrics after 100 requests: %r" % m)
+    # a stream's end is counted once its last byte left, maybe just after its client read it
+    until("the 100 requests counted finished",
+          lambda: srv.metrics()["flexdiag_requests_finished_total"] == 100)
+    check(srv.metrics()["flexdiag_images_total"] == images, "metrics: %d images" % images)
     srv.stop()
 
 
@@ -497,10 +628,10 @@ def test_queue_timeout_key():
     check(events and "error" in events[-1][1] and
           "timeout" in events[-1][1]["error"]["message"],
           "a streamed request past --timeout ends with an error event: %r" % events[-1:])
-    m = srv.metrics()
-    check(m['flexdiag_requests_cancelled_total{reason="timeout"}'] == 4 and
-          m['flexdiag_requests_rejected_total{reason="queue_full"}'] == 1,
-          "metrics: 4 timeouts, 1 full queue: %r" % m)
+    until("4 timeouts counted (a stream's once its last byte left)",
+          lambda: srv.metrics()['flexdiag_requests_cancelled_total{reason="timeout"}'] == 4)
+    check(srv.metrics()['flexdiag_requests_rejected_total{reason="queue_full"}'] == 1,
+          "metrics: 1 full queue")
     for path in ("/v1/models", "/metrics"):
         c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         c.request("GET", path)
@@ -535,7 +666,7 @@ def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for name, fn in [("images", lambda: test_images(tmp)), ("text", lambda: test_text(tmp)),
-                         ("metrics", test_metrics),
+                         ("chat", lambda: test_chat(tmp)), ("metrics", test_metrics),
                          ("disconnect", test_disconnect),
                          ("concurrent", lambda: test_concurrent(tmp)),
                          ("queue", test_queue_timeout_key), ("drain", test_drain)]:

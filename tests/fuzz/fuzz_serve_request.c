@@ -1,18 +1,21 @@
 /*
  * fuzz_serve_request.c - libFuzzer target for the request parser of `flexdiag serve`
- * (cli/serve_api.c serve_api_handle, with the metrics of cli/serve_metrics.c compiled in) on
- * an engine without a context (parse only: a request that passes every check is answered 200
- * with {}). The first byte picks the model (bit 0: an image model, 32x32 images of 64 tokens;
- * a text model of 16 new tokens), the route (bits 1-3: images, completions, models, an unknown
- * path, /v1/chat/completions (not served), metrics, /v1/chat/completions, completions) and the
- * method (bit 4: GET instead of POST); the rest is the body.
+ * (cli/serve_api.c serve_api_handle, with the chat templates of cli/serve_chat.c and the
+ * metrics of cli/serve_metrics.c compiled in) on an engine without a context (parse only: a
+ * request that passes every check, its chat messages rendered, is answered 200 with {}). The
+ * first byte picks the model (bit 0: an image model, 32x32 images of 64 tokens; a text model
+ * of 16 new tokens), the route (bits 1-3: images, completions, models, an unknown path, chat,
+ * metrics, chat, completions), the method (bit 4: GET instead of POST) and the text model's
+ * chat template (bits 5-7: none, one not rendered, chatml, zephyr, llama-2, llama-3, llama-3,
+ * llama-3); the rest is the body.
  *
  * Properties checked beyond "no crash, no sanitizer report":
  *   - the status is 200, 400, 404 or 405 (never 500);
  *   - the reply body is a JSON object, except GET /metrics: Prometheus text whose lines are
  *     "# HELP", "# TYPE" or "name{labels} value";
  *   - a 400 names its field: param is null (the body is not a JSON object) or a string that is
- *     a key of the body's object, or "prompt" / "model" (a missing prompt, the other route);
+ *     a key of the body's object, or "prompt" / "model" / "messages" (a missing prompt or
+ *     messages, the other route);
  *   - a 200 on a POST route came from a body that jansson reads as an object, with no
  *     duplicate keys; its reply is {}.
  *
@@ -33,12 +36,15 @@ static const char *const paths[] = {"/v1/images/generations", "/v1/completions",
                                     "/v2/nothing", "/v1/chat/completions", "/metrics",
                                     "/v1/chat/completions", "/v1/completions"};
 
+static const serve_chat_kind kinds[] = {CHAT_NONE,   CHAT_UNKNOWN, CHAT_CHATML, CHAT_ZEPHYR,
+                                        CHAT_LLAMA2, CHAT_LLAMA3,  CHAT_LLAMA3, CHAT_LLAMA3};
+
 /* Whether a 400's param is a field the request named, or one it must have named. */
 static int param_named(const json_t *req, const json_t *param) {
     if (json_is_null(param)) return 1;
     if (!json_is_string(param)) return 0;
     const char *p = json_string_value(param);
-    return !strcmp(p, "prompt") || !strcmp(p, "model") ||
+    return !strcmp(p, "prompt") || !strcmp(p, "model") || !strcmp(p, "messages") ||
            (json_is_object(req) && json_object_get(req, p) != NULL);
 }
 
@@ -86,10 +92,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!metrics) metrics = serve_metrics_new(8, 2, 64, kv);
     if (size < 1) return 0;
     int image = data[0] & 1, route = data[0] >> 1 & 7, get = data[0] >> 4 & 1;
+    serve_chat chat = {.kind = kinds[data[0] >> 5], .bos = "<s>", .eos = "</s>",
+                       .note = "fuzz"};
     serve_engine e = {.model_id = image ? "micro-janus" : "micro-opt", .text = !image,
                       .per_image = image ? 64 : 16, .img_h = image ? 32 : 0,
                       .img_w = image ? 32 : 0, .eos = image ? -1 : 2, .max_n = 16,
-                      .metrics = metrics};
+                      .chat = &chat, .metrics = metrics};
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     serve_reply r = {0};

@@ -21,9 +21,9 @@ stay. Standard library only. Per target:
                cli/score_input.c;
   prompts      plain, GenEval and DPG prompt sets (lines and the harness's folder form: parts
                "<id>\n<prompt>" separated by 0x1e) with the malformed lines prompts.c refuses;
-  serve_request  a route byte and a `flexdiag serve` body: valid image and text requests
-               (streamed or not), /metrics, and one per refusal of cli/serve_api.c (bad JSON,
-               unknown field, type, range, route).
+  serve_request  a route byte and a `flexdiag serve` body: valid image, text and chat requests
+               (each chat template, streamed or not), /metrics, and one per refusal of
+               cli/serve_api.c (bad JSON, unknown field, type, range, route, chat messages).
   planes_zstd  the target's 7-byte prefix (element size, position, expected raw size) and a
                chunk of offload/planes_zstd.c: planes kept as they are, planes of one repeated
                byte as zstd RLE frames, and one chunk per refusal (magic, version, element and
@@ -421,12 +421,15 @@ def prompts_seeds():
 # ---- serve_request: a route byte, then a `flexdiag serve` request body ----
 
 IMAGES, COMPLETIONS, MODELS, NOWHERE, CHAT, METRICS = range(6)   # the route bits' values
+NO_TEMPLATE, OTHER_TEMPLATE, CHATML, ZEPHYR, LLAMA2, LLAMA3 = range(6)  # the template bits'
 
 
 def serve_request_seeds():
-    def req(image, route, body, get=False):
-        head = bytes([(1 if image else 0) | route << 1 | (16 if get else 0)])
+    def req(image, route, body, get=False, template=NO_TEMPLATE):
+        head = bytes([(1 if image else 0) | route << 1 | (16 if get else 0) | template << 5])
         return head + (body if isinstance(body, bytes) else compact(body))
+    chat = [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "\u00e9t\u00e9"}]
     return {
         "valid_image.json": req(1, IMAGES, {"prompt": "a red apple", "n": 2, "seed": 7,
                                             "cfg": 3.5, "temperature": 0.9, "top_k": 50,
@@ -440,6 +443,14 @@ def serve_request_seeds():
         "valid_text_string.json": req(0, COMPLETIONS, {"prompt": "hello", "stream": True}),
         "valid_models.json": req(1, MODELS, b"", get=True),
         "valid_metrics.json": req(1, METRICS, b"", get=True),
+        "valid_chat_chatml.json": req(0, CHAT, {"messages": chat, "model": "micro-opt",
+                                                "max_tokens": 8, "n": 2, "seed": 3,
+                                                "temperature": 0.7, "top_p": 0.9, "top_k": 5,
+                                                "stream": True}, template=CHATML),
+        "valid_chat_zephyr.json": req(0, CHAT, {"messages": chat,
+                                                "max_completion_tokens": 4}, template=ZEPHYR),
+        "valid_chat_llama2.json": req(0, CHAT, {"messages": chat}, template=LLAMA2),
+        "valid_chat_llama3.json": req(0, CHAT, {"messages": chat[1:]}, template=LLAMA3),
         "bad_json.json": req(1, IMAGES, b"{not json"),
         "bad_array.json": req(1, IMAGES, b"[1, 2]"),
         "bad_unknown_field.json": req(1, IMAGES, {"prompt": "x", "colour": "red"}),
@@ -456,6 +467,23 @@ def serve_request_seeds():
         "bad_method.json": req(1, IMAGES, b"", get=True),
         "bad_metrics_method.json": req(1, METRICS, b""),
         "bad_path.json": req(1, NOWHERE, {"prompt": "x"}),
+        "bad_chat_no_template.json": req(0, CHAT, {"messages": chat}),
+        "bad_chat_other_template.json": req(0, CHAT, {"messages": chat},
+                                            template=OTHER_TEMPLATE),
+        "bad_chat_no_messages.json": req(0, CHAT, {"max_tokens": 4}, template=CHATML),
+        "bad_chat_empty.json": req(0, CHAT, {"messages": []}, template=CHATML),
+        "bad_chat_role.json": req(0, CHAT, {"messages": [{"role": "tool", "content": "x"}]},
+                                  template=CHATML),
+        "bad_chat_parts.json": req(0, CHAT, {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "x"}]}]}, template=CHATML),
+        "bad_chat_name.json": req(0, CHAT, {"messages": [{"role": "user", "content": "x",
+                                                          "name": "me"}]}, template=CHATML),
+        "bad_chat_alternate.json": req(0, CHAT, {"messages": [chat[1], chat[1]]},
+                                       template=LLAMA2),
+        "bad_chat_renders_nothing.json": req(0, CHAT, {"messages": chat[:1]}, template=LLAMA2),
+        "bad_chat_both_max.json": req(0, CHAT, {"messages": chat, "max_tokens": 2,
+                                                "max_completion_tokens": 2}, template=CHATML),
+        "bad_chat_image_model.json": req(1, CHAT, {"messages": chat}, template=CHATML),
         # a 400 message cut inside a UTF-8 character must stay UTF-8 (JSON)
         "bad_long_utf8_key.json": req(1, IMAGES, ('{"' + "\u00e9" * 600 + '": 1}').encode()),
         # so must jansson's excerpt of a bad escape before a two-byte character (was a 500)
