@@ -177,6 +177,7 @@ static const struct {
     {"n_r", "--n-r"},               {"sparsity", "--sparsity / --n-att"},
     {"cfg_weight", "--cfg"},        {"temperature", "--temperature"},
     {"top_k", "--top-k"},           {"top_p", "--top-p"},
+    {"draft_len", "--decode sjd / --draft-len"}, /* absent for sequential decoding */
 };
 
 /* Image index of record r (where: its line or record number in file f): 0 with *g set, or 2
@@ -220,7 +221,7 @@ static int check_result(const merge *m, int f, int64_t line, const json_t *r, in
     for (size_t i = 0; !rc && i < sizeof common_flags / sizeof common_flags[0]; i++) {
         const char *k = common_flags[i].field;
         json_t *want = json_object_get(m->w->common, k);
-        if (want && !same_json(json_object_get(r, k), want))
+        if (!same_json(json_object_get(r, k), want)) /* a field one side lacks differs too */
             rc = differs(m, f, line, g, k, json_object_get(r, k), want, common_flags[i].flag);
     }
     return rc;

@@ -339,6 +339,42 @@ static void test_batching(void **state) {
     free(tmp);
 }
 
+/* --decode sjd with greedy sampling (--top-k 1) is Jacobi decoding: the PNGs and token grids of
+ * sequential decoding, each record saying its window; other flags are refused by name. */
+static void test_decode_sjd(void **state) {
+    (void)state;
+    char *tmp = tu_tempdir("cli-sjd");
+    write_text(tmp, "p.txt", "a red apple\nblue car\n");
+    assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 3 --top-k 1 --out s"), 0);
+    assert_int_equal(gen(tmp, "--prompts p.txt --images-per-prompt 3 --top-k 1 --decode sjd "
+                              "--draft-len 4 --out j"), 0);
+    char a[4200], c[4200];
+    snprintf(a, sizeof a, "%s/s", tmp);
+    snprintf(c, sizeof c, "%s/j", tmp);
+    json_t *ref = read_results(a), *res = read_results(c);
+    assert_int_equal(json_array_size(res), 6);
+    for (size_t i = 0; i < 6; i++) {
+        assert_string_equal(rec_str(res, i, "tokens_fnv1a64"), rec_str(ref, i, "tokens_fnv1a64"));
+        assert_int_equal(rec_int(res, i, "draft_len"), 4);
+        char pa[4300], pc[4300];
+        snprintf(pa, sizeof pa, "%s/%s", a, rec_str(ref, i, "file"));
+        snprintf(pc, sizeof pc, "%s/%s", c, rec_str(res, i, "file"));
+        size_t na = 0, nc = 0;
+        char *da = tu_read_file(pa, &na), *dc = tu_read_file(pc, &nc);
+        assert_true(da && dc && na == nc && !memcmp(da, dc, na));
+        free(da);
+        free(dc);
+    }
+    json_decref(ref);
+    json_decref(res);
+    assert_int_equal(gen(tmp, "--decode fast --out x"), 2);
+    assert_err_has(tmp, "--decode", "fast", "sequential, sjd", NULL);
+    assert_int_equal(gen(tmp, "--decode sjd --policy window --sparsity 0.5 --out y"), 1);
+    assert_err_has(tmp, "draft_len", NULL);
+    tu_rmtree(tmp);
+    free(tmp);
+}
+
 static void test_geneval(void **state) {
     (void)state;
     char *tmp = tu_tempdir("cli-geneval");
@@ -564,6 +600,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain),        cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_batching),
+        cmocka_unit_test(test_decode_sjd),
         cmocka_unit_test(test_geneval),      cmocka_unit_test(test_dpg),
         cmocka_unit_test(test_sigint_plain), cmocka_unit_test(test_sigterm_dpg),
         cmocka_unit_test(test_errors),
