@@ -106,7 +106,7 @@ class SubmitParams(c.Structure):
 class HandleStats(c.Structure):
     _fields_ = [("struct_size", u32), ("n_images", i32), ("done_images", i32),
                 ("tokens", u64), ("queue_s", f64), ("first_token_s", f64),
-                ("first_image_s", f64), ("total_s", f64)]
+                ("first_image_s", f64), ("total_s", f64), ("passes", u64)]
 
 
 # the library's function that fills each params struct's defaults (_lib.init)

@@ -89,7 +89,7 @@ static void outputs(void) {
     FIELD(flexdiag_handle_stats, n_images); FIELD(flexdiag_handle_stats, done_images);
     FIELD(flexdiag_handle_stats, tokens); FIELD(flexdiag_handle_stats, queue_s);
     FIELD(flexdiag_handle_stats, first_token_s); FIELD(flexdiag_handle_stats, first_image_s);
-    FIELD(flexdiag_handle_stats, total_s);
+    FIELD(flexdiag_handle_stats, total_s); FIELD(flexdiag_handle_stats, passes);
     END();
 }
 
