@@ -79,6 +79,7 @@ typedef struct run_state {
     flexdiag_visit *mbv;     /* (n_mb) a decode pass's rows of each micro-batch */
     int32_t win;             /* rows a sequence runs in the current decode pass: 1, or the
                                 window of a window pass (window.c) */
+    int after_window;        /* the last decode pass was a window pass (b.ids holds rows) */
     struct flexdiag_window *w; /* a window pass's host state (contexts with geo.win > 1) */
 } run_state;
 

@@ -461,6 +461,16 @@ static flexdiag_status boundary(run_state *r, int32_t granule) {
     return after_pass(r, 1);
 }
 
+/* A sequential pass after a window pass: b.ids back to one id an image (the window pass left
+ * one a row there), each live slot's last token. */
+static flexdiag_status restore_ids(run_state *r) {
+    flexdiag_context *c = r->c;
+    for (int32_t i = 0; i < r->n_img; i++)
+        c->up.ids[i] = r->slot[i].live ? r->slot[i].job.tokens[r->slot[i].made - 1] : 0;
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.ids, c->up.ids, (size_t)r->n_img * 4, r->s));
+    return r->k->stream_sync(r->s); /* the host writes up.ids again before the pass ends */
+}
+
 /* One decode pass over the live slots, then their retirement. */
 static flexdiag_status decode(run_state *r, int32_t granule) {
     flexdiag_context *c = r->c;
@@ -468,6 +478,8 @@ static flexdiag_status decode(run_state *r, int32_t granule) {
     pass_width(r, granule);
     r->split = b->split && r->t[0] >= b->split_from ? b->split : NULL;
     r->win = flexdiag__window_rows(r);
+    if (r->win == 1 && r->after_window) FLEXDIAG_TRY(restore_ids(r));
+    r->after_window = r->win > 1;
     for (int32_t i = 0; i < r->n_img; i++) r->slot[i].job.passes += r->slot[i].live;
     double t0 = flexdiag__now();
     FLEXDIAG_TRY(r->win > 1 ? flexdiag__pass_window(r) : flexdiag__pass_decode(r));
