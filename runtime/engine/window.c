@@ -31,18 +31,41 @@ typedef struct flexdiag_window {
     int32_t *n_draft;  /* (n_img) drafts each slot holds */
     int32_t *draft;    /* (n_img, W - 1) their ids */
     float *q;          /* (n_img, W - 1, V) the distribution each was drawn from */
-    float *p;          /* (W, V) the rows' distributions of the slot being verified */
-    float *g;          /* (V) a row's guided logits */
-    float *res;        /* (V) residual scratch */
-    void *cand;        /* (V, 8 bytes) sampler scratch */
     float *logits;     /* (n_seq·W, V) the pass's logits on the host */
     int32_t *ids, *pos, *rows, *slots, *nslots; /* uploads: (n_seq·W), ·h_kv, ·max_slots */
-    int32_t *forced, *out; /* (W) a slot's forced columns and committed columns */
+    int32_t *live;     /* (n_img) the slots a verification visits */
+    flexdiag_pool *pool; /* host workers of the verification, one task a slot */
 } flexdiag_window;
+
+/* A verification task's scratch (one a worker, carved by scratch_of): the distribution of each
+ * row (W, V), a row's guided logits, the residual, the sampler's candidates (V·8 bytes), a
+ * slot's forced and committed columns (W each). */
+typedef struct verify_scratch {
+    float *p, *g, *res;
+    void *cand;
+    int32_t *forced, *out;
+} verify_scratch;
+
+static size_t scratch_bytes(const flexdiag_context *c) {
+    size_t W = (size_t)c->geo.win, V = (size_t)c->geo.vocab_out;
+    return (W * V + 2 * V) * sizeof(float) + V * 8 + 2 * W * sizeof(int32_t);
+}
+
+static verify_scratch scratch_of(const flexdiag_context *c, void *buf) {
+    size_t W = (size_t)c->geo.win, V = (size_t)c->geo.vocab_out;
+    verify_scratch v = {.p = buf};
+    v.g = v.p + W * V;
+    v.res = v.g + V;
+    v.cand = v.res + V;
+    v.forced = (int32_t *)((char *)v.cand + V * 8);
+    v.out = v.forced + W;
+    return v;
+}
 
 void flexdiag__window_free(run_state *r) {
     flexdiag_window *w = r->w;
     if (!w) return;
+    flexdiag__pool_destroy(w->pool);
     free(w->n_draft);
     free(w->q);
     free(w->logits);
@@ -59,8 +82,8 @@ flexdiag_status flexdiag__window_alloc(run_state *r) {
     flexdiag_window *w = calloc(1, sizeof *w);
     r->w = w;
     if (!w) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "window passes: no host memory");
-    w->n_draft = calloc(I + I * (W - 1) + 2 * W, 4);
-    w->q = malloc(((I * (W - 1) + W + 2) * V) * sizeof(float) + V * 8);
+    w->n_draft = calloc(I + I * (W - 1) + I, 4);
+    w->q = malloc(I * (W - 1) * V * sizeof(float));
     w->logits = malloc(SW * V * sizeof(float));
     w->ids = malloc(SW * (3 + hkv + ms) * 4);
     if (!w->n_draft || !w->q || !w->logits || !w->ids) {
@@ -68,13 +91,10 @@ flexdiag_status flexdiag__window_alloc(run_state *r) {
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "window passes of %zu rows: no host memory "
                              "for %zu slots' drafts", W, I);
     }
+    if (c->m->rt->p.threads != 1) /* 1: the caller alone (the runtime's thread count) */
+        FLEXDIAG_TRY(flexdiag__pool_create(c->m->rt->p.threads, &w->pool));
     w->draft = w->n_draft + I;
-    w->forced = w->draft + I * (W - 1);
-    w->out = w->forced + W;
-    w->p = w->q + I * (W - 1) * V;
-    w->g = w->p + W * V;
-    w->res = w->g + V;
-    w->cand = w->res + V;
+    w->live = w->draft + I * (W - 1);
     w->pos = w->ids + SW;
     w->nslots = w->pos + SW;
     w->rows = w->nslots + SW;
@@ -147,34 +167,35 @@ static flexdiag_status plan_window(run_state *r) {
 
 /* ---- verification ---- */
 
-/* Row k's distribution of slot i into w->p + k·V: CFG-guided logits (u + w·(c - u), as
+/* Row k's distribution of slot i into v->p + k·V: CFG-guided logits (u + w·(c - u), as
  * cfg_combine), then the job's sampling settings; the guided (or plain) logits go to *dist. */
-static flexdiag_status row_dist(run_state *r, int32_t i, int32_t k, const float **dist) {
+static flexdiag_status row_dist(const run_state *r, const verify_scratch *v, int32_t i, int32_t k,
+                                const float **dist) {
     const flexdiag_context *c = r->c;
-    flexdiag_window *w = r->w;
+    const flexdiag_window *w = r->w;
     const run_slot *sl = &r->slot[i];
     size_t V = (size_t)c->geo.vocab_out, W = (size_t)r->win;
     size_t s = (size_t)i * (size_t)c->geo.rows_per_img;
     const float *l = w->logits + (s * W + (size_t)k) * V;
     if (c->geo.rows_per_img == 2) {
         const float *u = w->logits + ((s + 1) * W + (size_t)k) * V;
-        for (size_t j = 0; j < V; j++) w->g[j] = u[j] + sl->job.cfg_weight * (l[j] - u[j]);
-        l = w->g;
+        for (size_t j = 0; j < V; j++) v->g[j] = u[j] + sl->job.cfg_weight * (l[j] - u[j]);
+        l = v->g;
     }
     *dist = l;
     const flexdiag_sample_params *sp = &sl->job.sp;
     flexdiag_sample_row row = {.seed = sp->seed, .req = sl->job.img, .step = sl->made + k,
                                .temperature = sp->temperature, .top_k = sp->top_k,
                                .top_p = sp->top_p};
-    return flexdiag__sample_probs(w->p + (size_t)k * V, l, (int64_t)V, &row, w->cand);
+    return flexdiag__sample_probs(v->p + (size_t)k * V, l, (int64_t)V, &row, v->cand);
 }
 
 /* Slot i's next drafts (tokens made.. after its commit of n), each from this pass's
  * distribution of the row that predicted it, else from its last row's. */
-static void redraft(run_state *r, int32_t i, int32_t n, int32_t nv) {
+static void redraft(const run_state *r, const verify_scratch *v, int32_t i, int32_t n, int32_t nv) {
     const flexdiag_context *c = r->c;
     flexdiag_window *w = r->w;
-    run_slot *sl = &r->slot[i];
+    const run_slot *sl = &r->slot[i];
     size_t V = (size_t)c->geo.vocab_out, D = (size_t)(c->geo.win - 1);
     flexdiag_sjd_key key = {sl->job.sp.seed, sl->job.img};
     int32_t want = job_window(sl) - 1, left = sl->job.n_steps - sl->made - 1;
@@ -182,7 +203,7 @@ static void redraft(run_state *r, int32_t i, int32_t n, int32_t nv) {
     for (int32_t j = 0; j < w->n_draft[i]; j++) {
         int32_t k = n + j < nv ? n + j : nv - 1, col, id;
         float *q = w->q + ((size_t)i * D + (size_t)j) * V;
-        memcpy(q, w->p + (size_t)k * V, V * sizeof *q);
+        memcpy(q, v->p + (size_t)k * V, V * sizeof *q);
         if (flexdiag__forced_at(r, sl, sl->made + j, &id)) col = id - c->geo.id0;
         else col = flexdiag__sjd_draw_draft(&key, sl->made + j, q, (int64_t)V);
         w->draft[(size_t)i * D + (size_t)j] = c->geo.id0 + col;
@@ -191,16 +212,16 @@ static void redraft(run_state *r, int32_t i, int32_t n, int32_t nv) {
 
 /* Slot i: its rows' distributions, the verification, the committed tokens (and logits) into its
  * job, its next drafts. A row without finite logits fails the slot (made -1). */
-static void verify_slot(run_state *r, int32_t i) {
+static void verify_slot(const run_state *r, const verify_scratch *v, int32_t i) {
     const flexdiag_context *c = r->c;
-    flexdiag_window *w = r->w;
-    run_slot *sl = &r->slot[i];
+    const flexdiag_window *w = r->w;
+    run_slot *sl = &r->slot[i]; /* this task's own slot */
     size_t V = (size_t)c->geo.vocab_out, D = (size_t)(c->geo.win - 1);
     int32_t nv = valid_rows(r, i), drafts[FLEXDIAG_MAX_DRAFT];
     for (int32_t k = 0; k < nv; k++) {
         const float *dist;
         int32_t id;
-        if (row_dist(r, i, k, &dist) != FLEXDIAG_OK) {
+        if (row_dist(r, v, i, k, &dist) != FLEXDIAG_OK) {
             snprintf(sl->msg, sizeof sl->msg, "step %d: image %lld: %s", sl->made + k,
                      (long long)sl->job.img, flexdiag__err_msg());
             flexdiag__err_clear();
@@ -208,15 +229,22 @@ static void verify_slot(run_state *r, int32_t i) {
             return;
         }
         if (sl->job.logits) memcpy(sl->job.logits + (size_t)(sl->made + k) * V, dist, V * 4);
-        w->forced[k] = flexdiag__forced_at(r, sl, sl->made + k, &id) ? id - c->geo.id0 : -1;
+        v->forced[k] = flexdiag__forced_at(r, sl, sl->made + k, &id) ? id - c->geo.id0 : -1;
         if (k + 1 < nv) drafts[k] = w->draft[(size_t)i * D + (size_t)k] - c->geo.id0;
     }
     flexdiag_sjd_key key = {sl->job.sp.seed, sl->job.img};
-    int32_t n = flexdiag__sjd_verify(&key, sl->made, w->p, nv, drafts, w->q + (size_t)i * D * V,
-                                     w->forced, (int64_t)V, w->out, w->res);
-    for (int32_t k = 0; k < n; k++) sl->job.tokens[sl->made + k] = c->geo.id0 + w->out[k];
+    int32_t n = flexdiag__sjd_verify(&key, sl->made, v->p, nv, drafts, w->q + (size_t)i * D * V,
+                                     v->forced, (int64_t)V, v->out, v->res);
+    for (int32_t k = 0; k < n; k++) sl->job.tokens[sl->made + k] = c->geo.id0 + v->out[k];
     sl->made += n;
-    redraft(r, i, n, nv);
+    redraft(r, v, i, n, nv);
+}
+
+/* Pool task t: the t-th live slot's verification on the worker's scratch. */
+static void verify_task(void *ctx, int64_t t, void *scratch) {
+    const run_state *r = ctx;
+    verify_scratch v = scratch_of(r->c, scratch);
+    verify_slot(r, &v, r->w->live[t]);
 }
 
 /* The pass's logits to the host, then every live slot's verification. */
@@ -225,9 +253,10 @@ static flexdiag_status verify(run_state *r) {
     size_t rows = (size_t)r->n_seq * (size_t)r->win;
     FLEXDIAG_TRY(r->k->copy_d2h(r->w->logits, c->b.logits, rows * (size_t)c->geo.vocab_out * 4, r->s));
     FLEXDIAG_TRY(r->k->stream_sync(r->s));
+    int32_t n = 0;
     for (int32_t i = 0; i < r->n_img; i++)
-        if (r->slot[i].live && r->slot[i].made >= 0) verify_slot(r, i);
-    return FLEXDIAG_OK;
+        if (r->slot[i].live && r->slot[i].made >= 0) r->w->live[n++] = i;
+    return flexdiag__pool_parallel_for(r->w->pool, n, scratch_bytes(c), verify_task, r);
 }
 
 flexdiag_status flexdiag__pass_window(run_state *r) {
