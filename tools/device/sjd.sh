@@ -4,7 +4,8 @@
 # cost of a window pass on Janus-Pro-7B shapes (random weights, one image, greedy: --top-k 1):
 # `generate --decode sjd --draft-len L` for L in $LENS (1 = sequential), decode seconds over
 # the decode passes the image took = seconds a pass at L rows. $WEIGHTS, when set (e.g.
-# 0,100,0), adds the same rows with the weights streamed from pinned host memory.
+# 0,100,0), adds rows at the windows $WLENS (default 1 8) with the weights streamed from
+# pinned host memory.
 # Logs go to $OUT; a short table comes last.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
@@ -22,9 +23,9 @@ echo "build: $(($(date +%s) - t0)) s; $(nvidia-smi --query-gpu=name --format=csv
 export FLEXDIAG_GEMM_TUNE=0
 timeout 200 meson test -C build-gpu --no-rebuild test_attn_cuda test_sjd >"$OUT/test.log" 2>&1
 echo "tests: rc=$?"; grep -E '^ *[0-9]+/[0-9]+ ' "$OUT/test.log"
-row() { # $1: label, $2..: extra flags
-    local label=$1; shift
-    for L in ${LENS:-1 2 4 8 16 32}; do
+row() { # $1: label, $2: the windows, $3..: extra flags
+    local label=$1 lens=$2; shift 2
+    for L in $lens; do
         local dec="--decode sjd --draft-len $L"; [ "$L" = 1 ] && dec=""
         timeout ${ROW_S:-150} build-gpu/flexdiag generate --arch janus-pro-7b --random-weights \
             --prompt "a red apple" --images-per-prompt 1 --batch 1 --top-k 1 $dec "$@" \
@@ -36,6 +37,6 @@ row() { # $1: label, $2..: extra flags
         echo "| $label | $L | rc $rc | decode ${dec_s:-?} s | $passes passes | $(awk -v d="${dec_s:-0}" -v p="$passes" 'BEGIN{printf "%.2f ms a pass", 1000*d/p}') |"
     done
 }
-row resident
-[ -n "${WEIGHTS:-}" ] && row "weights_$WEIGHTS" --weights "$WEIGHTS"
+row resident "${LENS:-1 2 4 8 16 32}"
+[ -n "${WEIGHTS:-}" ] && row "weights_$WEIGHTS" "${WLENS:-1 8}" --weights "$WEIGHTS"
 exit 0
