@@ -1,7 +1,8 @@
 /*
  * test_sjd.c - speculative Jacobi decoding (runtime/engine/window.c, sjd.c) on the CPU backend:
  *   - greedy (top_k 1) SJD is Jacobi iteration: every window gives sequential decoding's tokens
- *     and logits bit for bit, with CFG pairs (micro-janus), shared prompt KV, text (micro-opt) and
+ *     and logits bit for bit, with CFG pairs (micro-janus), shared prompt KV, text (micro-opt, also
+ *     with an end id inside a window) and
  *     with the weights offloaded; it takes fewer passes than tokens;
  *   - a sequential job (draft_len 1) in a window context draws what a sequential context draws;
  *   - sampled SJD is exact (argument "exact", the golden suite): on the trained model, the joint
@@ -59,6 +60,7 @@ typedef struct tconf {
     const char *arch;
     uint32_t weights[3];
     int32_t slots, draft, ipp;
+    int eos; /* every job ends at the id sequential decoding made at job 0's step 9 */
 } tconf;
 
 /* tc's model (a builtin arch, or a folder under tests/ when it names one) on a CPU runtime. */
@@ -146,9 +148,14 @@ static void greedy_conf(const tconf *tc) {
     assert_true(tok && lg);
     make_jobs(jobs[0], N_JOBS, L, 1, 1, 1.0f, tok, lg, V);
     int32_t p0 = run_jobs(seq, &f, jobs[0], N_JOBS, made[0]);
-    flexdiag_context_destroy(seq);
     flexdiag_context *sjd = open_context(m, tc->slots, tc->draft, &f);
     make_jobs(jobs[1], N_JOBS, L, tc->draft, 1, 1.0f, tok + N_JOBS * MAX_STEPS, lg + nl, V);
+    if (tc->eos) { /* a window may commit tokens past the end id: they must be dropped */
+        for (int32_t i = 0; i < N_JOBS; i++) jobs[0][i].eos = jobs[1][i].eos = tok[9];
+        p0 = run_jobs(seq, &f, jobs[0], N_JOBS, made[0]);
+        assert_true(made[0][0] <= 10); /* job 0 ended at (or before) its step 9 */
+    }
+    flexdiag_context_destroy(seq);
     int32_t p1 = run_jobs(sjd, &f, jobs[1], N_JOBS, made[1]);
     for (int32_t i = 0; i < N_JOBS; i++) {
         assert_int_equal(made[0][i], made[1][i]);
@@ -178,6 +185,8 @@ static void test_greedy_images(void **state) {
 static void test_greedy_text(void **state) {
     (void)state;
     tconf tc = {.arch = "micro-opt", .slots = 2, .draft = 4};
+    greedy_conf(&tc);
+    tc.eos = 1;
     greedy_conf(&tc);
 }
 
