@@ -2,7 +2,7 @@
  * test_sjd.c - speculative Jacobi decoding (runtime/engine/window.c, sjd.c) on the CPU backend:
  *   - greedy (top_k 1) SJD is Jacobi iteration: every window gives sequential decoding's tokens
  *     and logits bit for bit, with CFG pairs (micro-janus), shared prompt KV, text (micro-opt, also
- *     with an end id inside a window) and
+ *     with an end id inside a window), Lumina-mGPT images (forced row ends; micro-lumina) and
  *     with the weights offloaded; it takes fewer passes than tokens;
  *   - a sequential job (draft_len 1) in a window context draws what a sequential context draws;
  *   - sampled SJD is exact (argument "exact", the golden suite): on the trained model, the joint
@@ -105,13 +105,29 @@ static const int32_t pr0[] = {256, 104, 101, 108, 108, 111, 261}, pr1[] = {256, 
                      pr2[] = {256, 120, 121, 122, 32, 97, 261};
 static const int32_t *const prompts[3] = {pr0, pr1, pr2};
 static const int32_t prompt_lens[3] = {7, 3, 6};
+static int32_t g_lumina[12], g_lumina_len; /* a Lumina-mGPT image prompt, when set */
+
+/* m's image prompt when it is a Chameleon model: BOS, text, end of turn, image start, size
+ * twice (what check_job asks of it). */
+static void lumina_prompt(const flexdiag_model *m) {
+    const flexdiag_model_config *c = &m->cfg;
+    g_lumina_len = 0;
+    if (c->arch != FLEXDIAG_ARCH_CHAMELEON) return;
+    g_lumina[g_lumina_len++] = c->bos_id;
+    for (int32_t i = 0; i < 4; i++) g_lumina[g_lumina_len++] = 300 + 17 * i;
+    g_lumina[g_lumina_len++] = c->eot_id;
+    g_lumina[g_lumina_len++] = c->boi_id;
+    g_lumina[g_lumina_len++] = c->size_id;
+    g_lumina[g_lumina_len++] = c->size_id;
+}
 
 /* n jobs of n_steps tokens (window draft each; top_k, temperature) writing tokens (n, MAX_STEPS)
  * and logits (n, MAX_STEPS, V) when given. */
 static void make_jobs(flexdiag_job *j, int32_t n, int32_t n_steps, int32_t draft, int32_t top_k,
                       float temp, int32_t *tokens, float *logits, int32_t V) {
     for (int32_t i = 0; i < n; i++)
-        j[i] = (flexdiag_job){.prompt = prompts[i % 3], .prompt_len = prompt_lens[i % 3],
+        j[i] = (flexdiag_job){.prompt = g_lumina_len ? g_lumina : prompts[i % 3],
+                              .prompt_len = g_lumina_len ? g_lumina_len : prompt_lens[i % 3],
                               .n_steps = n_steps, .eos = -1, .img = i,
                               .sp = {temp, top_k, 1.0f, 7 + (uint64_t)i, 0}, .cfg_weight = 3.0f,
                               .draft_len = draft, .tokens = tokens + (size_t)i * MAX_STEPS,
@@ -138,6 +154,7 @@ static void greedy_conf(const tconf *tc) {
     flexdiag_runtime *rt;
     flexdiag_model *m;
     open_model(tc, &rt, &m);
+    lumina_prompt(m);
     tfeed f;
     flexdiag_context *seq = open_context(m, tc->slots, 0, &f);
     int32_t V = seq->geo.vocab_out, L = seq->geo.l_dec < MAX_STEPS ? seq->geo.l_dec : MAX_STEPS;
@@ -171,7 +188,7 @@ static void greedy_conf(const tconf *tc) {
     free(lg);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
-    g_ipp = 0;
+    g_ipp = g_lumina_len = 0;
 }
 
 static void test_greedy_images(void **state) {
@@ -193,6 +210,14 @@ static void test_greedy_text(void **state) {
 static void test_greedy_offloaded(void **state) {
     (void)state;
     tconf tc = {.arch = "micro-janus", .weights = {50, 50, 0}, .slots = 3, .draft = 4};
+    greedy_conf(&tc);
+}
+
+/* Lumina-mGPT's images (micro-lumina): each row of codes ends with a forced row-end token,
+ * which a window commits without a draw; the ragged unconditional rows of CFG. */
+static void test_greedy_lumina(void **state) {
+    (void)state;
+    tconf tc = {.arch = "micro-lumina", .slots = 2, .draft = 4};
     greedy_conf(&tc);
 }
 
@@ -386,7 +411,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest unit[] = {
         cmocka_unit_test(test_verify_rule),     cmocka_unit_test(test_greedy_images),
         cmocka_unit_test(test_greedy_text),     cmocka_unit_test(test_greedy_offloaded),
-        cmocka_unit_test(test_greedy_shared_prompts),
+        cmocka_unit_test(test_greedy_shared_prompts), cmocka_unit_test(test_greedy_lumina),
         cmocka_unit_test(test_sequential_jobs), cmocka_unit_test(test_refused),
     };
     const struct CMUnitTest exact[] = {cmocka_unit_test(test_sampling_exact)};
