@@ -15,15 +15,8 @@ set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-eval "$(tools/deps/unpack.sh)" >/dev/null 2>&1 || { echo "dependency bundle failed"; exit 1; }
-t0=$(date +%s)
-if [ ! -f build-gpu/build.ninja ]; then
-    meson setup build-gpu -Dcuda=enabled -Dcuda-arch=90 -Dmpi=disabled >"$OUT/setup.log" 2>&1 ||
-        { tail -30 "$OUT/setup.log"; exit 1; }
-fi
-ninja -C build-gpu flexdiag flexdiag-bench tests/test_engine_cuda >"$OUT/build.log" 2>&1 ||
-    { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
-echo "build: $(($(date +%s) - t0)) s; $(nvidia-smi --query-gpu=name --format=csv,noheader); $(git log --oneline -1 2>/dev/null)"
+. tools/device/build_gpu.sh
+gpu_build flexdiag flexdiag-bench tests/test_engine_cuda
 export FLEXDIAG_GEMM_TUNE=0
 B=build-gpu
 steps=${*:-"test text arrive images"}
