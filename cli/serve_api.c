@@ -412,6 +412,25 @@ static void text_run(const serve_engine *e, serve_route route, const text_req *r
     serve_job_free(j);
 }
 
+/* The rows both text routes (completions, chat) read: choices and length, then sampling. */
+#define TEXT_COUNT_FIELDS(r, e)                                                                    \
+    {"n", F_INT, &(r).n, 1, (e)->max_n, 0},                                                       \
+    {"max_tokens", F_INT, &(r).max_tokens, 1, (e)->per_image, 0}
+#define TEXT_SAMPLING_FIELDS(r)                                                                    \
+    {"seed", F_INT, &(r).seed, 0, 9.2e18, 0},                                                     \
+    {"temperature", F_NUM, &(r).temperature, 0, 100, 1},                                          \
+    {"top_k", F_INT, &(r).top_k, 0, INT32_MAX, 0},                                                \
+    {"top_p", F_NUM, &(r).top_p, 0, 1, 1},                                                        \
+    {"stream", F_BOOL, &(r).stream, 0, 0, 0}
+
+/* Whether e continues text; else the 400 that points an image model's caller elsewhere. */
+static int text_model(const serve_engine *e, serve_reply *out) {
+    if (e->text) return 1;
+    serve_api_error(out, 400, TYPE_REQ, "model", "model '%s' generates images: use "
+                    "/v1/images/generations", e->model_id);
+    return 0;
+}
+
 static void completions_route(const serve_engine *e, const char *body, size_t len, int client,
                               serve_reply *out) {
     text_req r = {.n = 1, .max_tokens = 16, .temperature = 1.0, .top_p = 1.0};
@@ -419,20 +438,13 @@ static void completions_route(const serve_engine *e, const char *body, size_t le
     const field fs[] = {
         {"prompt", F_PROMPT, &r.p, 0, 0, 0},
         {"model", F_STR, &r.model, 0, 0, 0},
-        {"n", F_INT, &r.n, 1, e->max_n, 0},
-        {"max_tokens", F_INT, &r.max_tokens, 1, e->per_image, 0},
-        {"seed", F_INT, &r.seed, 0, 9.2e18, 0},
-        {"temperature", F_NUM, &r.temperature, 0, 100, 1},
-        {"top_k", F_INT, &r.top_k, 0, INT32_MAX, 0},
-        {"top_p", F_NUM, &r.top_p, 0, 1, 1},
-        {"stream", F_BOOL, &r.stream, 0, 0, 0},
+        TEXT_COUNT_FIELDS(r, e),
+        TEXT_SAMPLING_FIELDS(r),
     };
     json_t *root = NULL;
-    if (!e->text)
-        serve_api_error(out, 400, TYPE_REQ, "model", "model '%s' generates images: use "
-                        "/v1/images/generations", e->model_id);
-    else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
-             !check_model(e, r.model, out)) {
+    if (text_model(e, out) &&
+        !parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
+        !check_model(e, r.model, out)) {
         if (!r.p.text && !r.p.ids)
             serve_api_error(out, 400, TYPE_REQ, "prompt", "prompt: required");
         else
@@ -522,22 +534,15 @@ static void chat_route(const serve_engine *e, const char *body, size_t len, int 
     const field fs[] = {
         {"messages", F_JSON, &r.messages, 0, 0, 0},
         {"model", F_STR, &r.model, 0, 0, 0},
-        {"n", F_INT, &r.n, 1, e->max_n, 0},
-        {"max_tokens", F_INT, &r.max_tokens, 1, e->per_image, 0},
+        TEXT_COUNT_FIELDS(r, e),
         {"max_completion_tokens", F_INT, &r.max_completion_tokens, 1, e->per_image, 0},
-        {"seed", F_INT, &r.seed, 0, 9.2e18, 0},
-        {"temperature", F_NUM, &r.temperature, 0, 100, 1},
-        {"top_k", F_INT, &r.top_k, 0, INT32_MAX, 0},
-        {"top_p", F_NUM, &r.top_p, 0, 1, 1},
-        {"stream", F_BOOL, &r.stream, 0, 0, 0},
+        TEXT_SAMPLING_FIELDS(r),
     };
     json_t *root = NULL;
     char *text = NULL;
-    if (!e->text)
-        serve_api_error(out, 400, TYPE_REQ, "model", "model '%s' generates images: use "
-                        "/v1/images/generations", e->model_id);
-    else if (!parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
-             !check_model(e, r.model, out)) {
+    if (text_model(e, out) &&
+        !parse_body(body, len, fs, (int)(sizeof fs / sizeof fs[0]), &root, out) &&
+        !check_model(e, r.model, out)) {
         if (r.max_tokens > 0 && r.max_completion_tokens > 0)
             serve_api_error(out, 400, TYPE_REQ, "max_tokens", "max_tokens: give it or "
                             "max_completion_tokens, not both");
