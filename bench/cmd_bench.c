@@ -159,10 +159,7 @@ static void step_cost(const flexdiag_context *c, int32_t lp, int32_t steps, tp_r
     double att = 0; /* mean attended decode rows */
     for (int32_t t = 0; t < steps; t++) {
         int32_t a = t + 1;
-        if (row->pol.kind != FLEXDIAG_POLICY_DENSE && row->pol.kind != FLEXDIAG_POLICY_ALISA &&
-            a > row->pol.n_att)
-            a = row->pol.n_att;
-        if (row->pol.kind == FLEXDIAG_POLICY_ALISA && a > row->pol.n_att) a = row->pol.n_att;
+        if (row->pol.kind != FLEXDIAG_POLICY_DENSE && a > row->pol.n_att) a = row->pol.n_att;
         att += a;
     }
     att /= steps > 0 ? steps : 1;

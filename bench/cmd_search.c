@@ -129,10 +129,8 @@ static void place(cm_config *c, int kv, int64_t g, int d) {
 /* Whether the host may attend c's host-homed micro-batches (runtime/engine/cpu_attn.c): a KV
  * home in host memory, a position-only policy, and a measured host read rate. */
 static int cpu_attention_ok(const search *s, const cm_config *c) {
-    flexdiag_policy_kind k = c->policy.kind;
     return c->kvpct[1] > 0 && s->prof.host_read > 0 &&
-           (k == FLEXDIAG_POLICY_DENSE || k == FLEXDIAG_POLICY_WINDOW ||
-            k == FLEXDIAG_POLICY_STREAMING);
+           flexdiag__kvp_traits(c->policy.kind)->device == FLEXDIAG_KVP_DEV_POSITION;
 }
 
 /* c without CPU attention and, where the host may attend, with it for all of the host-homed

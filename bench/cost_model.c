@@ -255,7 +255,7 @@ static void decode_layer(const cm_config *c, const cm_profile *p, const shape *s
     int dense = s->kp.kind == FLEXDIAG_POLICY_DENSE;
     double att = dense || t + 1 < s->kp.n_att ? t + 1 : s->kp.n_att;  /* attended decode rows */
     double res = t + 1 < s->ring ? t + 1 : s->ring;                   /* resident ring prefix */
-    int evict_any = s->kp.kind == FLEXDIAG_POLICY_H2O || s->kp.kind == FLEXDIAG_POLICY_TOVA;
+    int evict_any = flexdiag__kvp_traits(s->kp.kind)->device == FLEXDIAG_KVP_DEV_SLOT_MAP;
     double row_b = 2 * s->dkv * s->ab; /* one K + V row of a sequence */
     double mb = s->mb_seq;
     double kv_read = mb * (c->prompt_len + att) * row_b;

@@ -87,5 +87,5 @@ int bench_parse_policies(const char *cmd, const char *s, flexdiag_policy_kind *o
 }
 
 int bench_has_ring(flexdiag_policy_kind kind) {
-    return kind == FLEXDIAG_POLICY_DIAGONAL || kind == FLEXDIAG_POLICY_DIAGONAL_SINK4;
+    return flexdiag__kvp_traits(kind)->has_ring;
 }

@@ -12,6 +12,9 @@
  * The CPU engine and the CUDA path consume the same slot lists; CUDA kernels that fuse a policy
  * reproduce these rules exactly and are tested against this file.
  * Conditional and unconditional CFG rows are just different sequences.
+ * Each policy is one class (policy/kvp_internal.h flexdiag_kvp_class) in its own file; this
+ * header's functions run the protocol around the classes and answer from their traits, so
+ * callers never switch on the kind for what a policy is (flexdiag__kvp_traits).
  *
  * Ring layout (decode rows per (sequence, KV head); slot = ring row 0..R-1). The engine writes
  * token t's K/V at write_slot BEFORE attention, so the overwrite of a live row is the eviction.
@@ -137,7 +140,19 @@ int32_t flexdiag__kvp_write_slot(const flexdiag_kvp_params *p, int32_t t);
 /* Reported sparsity 1 - n_att / l_dec (0 for dense), docs/policies.md §0.2. */
 double flexdiag__kvp_reported_sparsity(const flexdiag_kvp_params *p);
 
-/* The docs/policies.md §6 reporting columns of a policy (static strings). */
+/* Where a policy's state can live on a device: the backend op family that runs it there
+ * (runtime/engine/policy_driver.c picks its mode from this), or none. */
+typedef enum flexdiag_kvp_device {
+    FLEXDIAG_KVP_DEV_POSITION, /* no state: one list per sequence from its step (plan_shared) */
+    FLEXDIAG_KVP_DEV_LAGS,     /* Diagonal lag lists: diag_slots + the update fused into
+                                  attention */
+    FLEXDIAG_KVP_DEV_SLOT_MAP, /* H2O / TOVA slot maps: evict_plan / evict_update */
+    FLEXDIAG_KVP_DEV_RECORDS,  /* ALISA records: alisa_plan / alisa_update */
+    FLEXDIAG_KVP_DEV_NONE,     /* the host state machine only */
+} flexdiag_kvp_device;
+
+/* What a policy is: the docs/policies.md §6 reporting columns (static strings) and the facts
+ * the engine and the tools act on, so nothing outside policy/ switches on the kind. */
 typedef struct flexdiag_kvp_traits {
     const char *score_source;  /* "position", "accumulated p", "current p", "windowed p",
                                   "logits", "-" */
@@ -147,13 +162,57 @@ typedef struct flexdiag_kvp_traits {
     const char *resident_kv;   /* "N_att", "N_r", "4+N_r", "full" */
     const char *extra_work;    /* per-step selection work */
     int needs_probabilities;   /* 1 when update() reads p = exp(logit - lse) */
+    flexdiag_kvp_device device; /* where its state can live on a device */
+    int32_t sinks;             /* decode tokens kept as sinks (the budget must exceed them) */
+    int has_ring;              /* 1 when it takes a ring N_r (policy params n_r) */
+    int per_kv_head;           /* 1 when its state (and slot map) is per KV head */
 } flexdiag_kvp_traits;
-/* Traits of kind (an all-"-" entry for an unknown kind); never NULL. */
+/* Traits of kind (an all-"-" entry, device NONE, for an unknown kind); never NULL. */
 const flexdiag_kvp_traits *flexdiag__kvp_traits(flexdiag_policy_kind kind);
 
-/* ---- ALISA per list, shared by the host state machine and the CPU backend's alisa_plan op
- * (policy_alisa.c). One list's records: rec_pos / rec_p (w, n_att), rec_n (w), w = k_l =
- * n_att - n_att / 2. ---- */
+/* ---- The per-list rules, shared by the host state machines (the classes) and the CPU
+ * backend's policy ops (kernels/cpu/ref_policy.c), so each rule is written once on the host;
+ * the CUDA kernels restate them and are tested against these. ---- */
+
+/* Scores of one list's query heads for an update: probs (h_q, ms) when given, else
+ * expf(logit - lse) from logits (h_q, ms) and lse (h_q) (the kernels' epilogue formula). */
+typedef struct flexdiag__kvp_scores {
+    const float *logits; /* (h_q, ms) or NULL */
+    const float *lse;    /* (h_q) or NULL */
+    const float *probs;  /* (h_q, ms) or NULL */
+    int32_t ms;          /* row stride */
+} flexdiag__kvp_scores;
+
+/* Diagonal (policy_diagonal.c): advance one list (lag (a), *cnt) to step t and write its slots
+ * (base sinks first, then list entry j at column base + cnt-1-j); returns the slot count. For
+ * t < base (sink4's first steps) the sinks 0..t, the list untouched. */
+int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t base,
+                                 int32_t n_r, int32_t t, int32_t *slots);
+/* Diagonal's build-up pick: the list entry e < n (entry e at ring column ns - 1 - e) with the
+ * lexicographically smallest (score, -lag), score = max over g query-head rows of z (row
+ * stride z_stride) at that column. */
+int32_t flexdiag__diag_list_pick(const int16_t *lag, int32_t n, int32_t ns, const float *z,
+                                 int64_t z_stride, int32_t g);
+
+/* H2O / TOVA (policy_score.c): write token t into one slot map pos (n_att) (slot t while
+ * free, else *free_slot), clearing its acc (H2O; NULL for TOVA); a list at t == 0 starts
+ * empty. Returns the slot; *evicted 1 when it held a live token. */
+int32_t flexdiag__evict_list_plan(int32_t *pos, float *acc, const int32_t *free_slot,
+                                  int32_t n_att, int32_t t, int *evicted);
+/* H2O after step t: acc += the group sum of the probabilities of query heads q0..q0+g-1 of
+ * sc; once all slots are full, *free_slot = argmin (acc, pos) over the slots outside the
+ * recent N_att - floor(N_att/2) lags. */
+void flexdiag__h2o_list_update(int32_t *free_slot, float *acc, const int32_t *pos,
+                               const flexdiag__kvp_scores *sc, int32_t q0, int32_t g,
+                               int32_t n_att, int32_t t);
+/* TOVA after step t: once all slots are full, *free_slot = argmin (mean over the h_q heads
+ * of sc, pos) over all slots. */
+void flexdiag__tova_list_update(int32_t *free_slot, const int32_t *pos,
+                                const flexdiag__kvp_scores *sc, int32_t h_q, int32_t n_att,
+                                int32_t t);
+
+/* ALISA (policy_alisa.c). One list's records: rec_pos / rec_p (w, n_att), rec_n (w), w = k_l =
+ * n_att - n_att / 2. */
 /* Unsigned key that orders like the float (NaN by bits): the selection's score order. */
 uint32_t flexdiag__alisa_key(float f);
 /* Plan step t: the attended positions into slots (top k_g older tokens by (S desc, position
@@ -162,6 +221,9 @@ uint32_t flexdiag__alisa_key(float f);
  * entries of scratch. */
 int32_t flexdiag__alisa_plan_list(int32_t *rec_pos, float *rec_p, int32_t *rec_n, int32_t n_att,
                                   int32_t t, float *score, uint64_t *keys, int32_t *slots);
+/* ALISA after step t: record r_t's probabilities, each the sum over the h_q heads of sc. */
+void flexdiag__alisa_list_update(float *rec_p, const int32_t *rec_n, const flexdiag__kvp_scores *sc,
+                                 int32_t h_q, int32_t n_att, int32_t t);
 
 #ifdef __cplusplus
 }

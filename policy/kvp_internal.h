@@ -1,13 +1,13 @@
 /*
- * kvp_internal.h - the state layout shared by the KV-policy files (kv_policy.c dispatch and
- * validation, policy_position.c dense/window/streaming, policy_diagonal.c diagonal and
- * diagonal-sink4, policy_score.c h2o/tova, policy_alisa.c alisa).
+ * kvp_internal.h - the policy interface inside policy/: the class a policy file defines
+ * (flexdiag_kvp_class: its geometry, its state and its per-step rules), the state every policy
+ * shares (struct flexdiag_kvp: resolved params, call-protocol counters, eviction counts) and the
+ * helpers the policy files use.
  *
- * All state lives in one allocation carved at create into flat arrays indexed
- * [seq][layer][head][...] (per-layer policies drop the head index). Nothing is allocated in
- * plan/update. Each family exposes three hooks per sequence: plan (writes the write slot and the
- * slot list of every KV head and counts evictions), update (post-attention rule) and slot_pos
- * (which decode position a ring slot holds now).
+ * A policy is one file: a static state header of its own (k->fam, state_size bytes), the arrays
+ * it carves from the one allocation (layout), and the hooks below. kv_policy.c holds the table
+ * kind -> class and runs the protocol; it never looks inside a policy's state. Nothing is
+ * allocated in plan/update.
  */
 #ifndef FLEXDIAG_KVP_INTERNAL_H
 #define FLEXDIAG_KVP_INTERNAL_H
@@ -23,30 +23,65 @@
 
 #include "policy/kv_policy.h"
 
+/* Bump allocator over the one allocation: a sizing pass (base NULL) then a carving pass. */
+typedef struct flexdiag__kvp_carve {
+    unsigned char *base; /* NULL in the sizing pass */
+    size_t off;          /* bytes used so far */
+    int ok;              /* 0 after an overflow */
+} flexdiag__kvp_carve;
+
+/* Reserve n elements of elem bytes, 64-byte aligned; NULL when n == 0 or sizing. */
+void *flexdiag__kvp_take(flexdiag__kvp_carve *c, uint64_t n, size_t elem);
+
+typedef struct flexdiag_kvp_class {
+    const char *name;           /* command-line name */
+    flexdiag_kvp_traits traits; /* reporting columns and the engine's hints (kv_policy.h) */
+    /* geometry of resolved params (kv_policy.h flexdiag__kvp_ring_rows etc.) */
+    int32_t (*ring_rows)(const flexdiag_kvp_params *p);
+    int32_t (*max_slots)(const flexdiag_kvp_params *p);
+    int64_t (*resident_rows)(const flexdiag_kvp_params *p, int32_t t);
+    int32_t (*write_slot)(const flexdiag_kvp_params *p, int32_t t);
+    /* state: the family header in k->fam (state_size bytes, zeroed at create), the arrays it
+     * carves (NULL: none) and the reset of one sequence in every layer (NULL: no state) */
+    size_t state_size;
+    void (*layout)(flexdiag_kvp *k, flexdiag__kvp_carve *c);
+    void (*reset_seq)(flexdiag_kvp *k, int32_t seq);
+    /* per step, for one (layer, sequence): plan writes the write slot ws (h_kv), the slot lists
+     * slots (h_kv, max_slots) and their counts ns (h_kv) and counts evictions; needs_scores
+     * says whether update() must run after step t (NULL: never; t is already checked against
+     * the last step); update applies the post-attention rule (NULL: none); slot_pos is the
+     * decode position ring slot `slot` of KV head h holds after step t (-1: empty) */
+    void (*plan)(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
+                 int32_t *slots, int32_t *ns);
+    int (*needs_scores)(const flexdiag_kvp *k, int32_t t);
+    void (*update)(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
+                   const flexdiag__kvp_scores *sc);
+    int32_t (*slot_pos)(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32_t h, int32_t t,
+                        int32_t slot);
+    /* position-only policies: the one list of step t for every (layer, sequence, KV head),
+     * its length returned, *ws its write slot, *evict 1 when the write overwrites a live row
+     * (NULL for every other policy: flexdiag__kvp_plan_shared returns 0) */
+    int32_t (*shared_list)(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws, int *evict);
+} flexdiag_kvp_class;
+
 struct flexdiag_kvp {
-    flexdiag_kvp_params p; /* resolved params (copied) */
-    int32_t g;             /* group size h_q / h_kv */
-    int32_t ring;          /* decode ring rows R per (seq, KV head) */
-    int32_t max_slots;     /* stride of slot lists and logits */
-    int32_t a;             /* diagonal list length A (sink4: A - 4); 0 for others */
-    int32_t k_l, k_g, w;   /* alisa: recent lags, global tokens, score window (= k_l) */
-    int32_t *next_t;       /* (n_seq, n_layers) next step plan() expects */
-    int32_t *scored_t;     /* (n_seq, n_layers) last step whose update ran, -1 = none */
-    uint64_t *evictions;   /* (n_seq, n_layers) overwrites of live rows, summed over heads */
-    int16_t *lag;          /* diagonal (n_seq, n_layers, h_kv, a) attended-lag list */
-    int16_t *cnt;          /* diagonal (n_seq, n_layers, h_kv) valid list entries */
-    int32_t *pos;          /* h2o (n_seq, n_layers, h_kv, n_att) / tova (n_seq, n_layers, n_att)
-                              decode position held by each slot, -1 = empty */
-    float *acc;            /* h2o (n_seq, n_layers, h_kv, n_att) accumulated probability */
-    int32_t *free_slot;    /* h2o (n_seq, n_layers, h_kv) / tova (n_seq, n_layers) victim slot
-                              that receives the next token once all slots are occupied */
-    float *score;          /* alisa (n_seq, n_layers, l_dec) S_t, recomputed each step */
-    uint64_t *keys;        /* alisa (n_seq, n_layers, l_dec) top-k sort scratch */
-    int32_t *rec_pos;      /* alisa (n_seq, n_layers, w, n_att) attended positions of step tau */
-    float *rec_p;          /* alisa (n_seq, n_layers, w, n_att) head-summed probabilities */
-    int32_t *rec_n;        /* alisa (n_seq, n_layers, w) valid entries of each record */
-    void *mem;             /* the one allocation everything above is carved from */
+    flexdiag_kvp_params p;         /* resolved params (copied) */
+    const flexdiag_kvp_class *cls; /* the policy */
+    int32_t g;                     /* group size h_q / h_kv */
+    int32_t ring;                  /* decode ring rows R per (seq, KV head) */
+    int32_t max_slots;             /* stride of slot lists and logits */
+    int32_t *next_t;               /* (n_seq, n_layers) next step plan() expects */
+    int32_t *scored_t;             /* (n_seq, n_layers) last step whose update ran, -1 = none */
+    uint64_t *evictions;           /* (n_seq, n_layers) overwrites of live rows, summed over
+                                      heads */
+    void *mem;                     /* the one allocation the arrays are carved from */
+    _Alignas(16) unsigned char fam[]; /* the policy's own state header (cls->state_size) */
 };
+
+/* The classes (one per policy file section; kv_policy.c maps kinds to them). */
+extern const flexdiag_kvp_class flexdiag__kvp_dense, flexdiag__kvp_window,
+    flexdiag__kvp_streaming, flexdiag__kvp_h2o, flexdiag__kvp_tova, flexdiag__kvp_alisa,
+    flexdiag__kvp_diagonal, flexdiag__kvp_diagonal_sink4;
 
 /* Flat index of (seq, layer) and (seq, layer, KV head). */
 static inline size_t flexdiag__kvp_li(const flexdiag_kvp *k, int32_t seq, int32_t layer) {
@@ -64,14 +99,6 @@ static inline int32_t flexdiag__kvp_ring_pos(int32_t t, int32_t r, int32_t slot)
     return t - (t - slot) % r;
 }
 
-/* One sequence's scores for update(): the kernel's probabilities (probs), or logits and lse. */
-typedef struct flexdiag__kvp_scores {
-    const float *logits; /* (h_q, ms) or NULL */
-    const float *lse;    /* (h_q) or NULL */
-    const float *probs;  /* (h_q, ms) or NULL */
-    int32_t ms;          /* row stride */
-} flexdiag__kvp_scores;
-
 /* Full-row probability of ring column j for query head hq: probs when given, else
  * expf(logit - lse) (the same formula the kernels' epilogue uses). */
 static inline float flexdiag__kvp_prob(const flexdiag__kvp_scores *sc, int32_t hq, int32_t j) {
@@ -79,33 +106,13 @@ static inline float flexdiag__kvp_prob(const flexdiag__kvp_scores *sc, int32_t h
     return sc->probs ? sc->probs[o] : expf(sc->logits[o] - sc->lse[hq]);
 }
 
-/* ---- per-family hooks: plan one sequence (ws (h_kv), slots (h_kv, max_slots), ns (h_kv)),
- * update one sequence (Diagonal: logits (h_q, max_slots); the others: its scores), slot
- * position after step t ---- */
+/* Copy head 0's list (n entries) to every other KV head of one sequence's plan and set every
+ * head's write slot and count: the policies whose heads share one list. */
+void flexdiag__kvp_fill_heads(const flexdiag_kvp *k, int32_t ws, int32_t n, int32_t *w,
+                              int32_t *slots, int32_t *ns);
 
-void flexdiag__kvp_plan_position(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                 int32_t *ws, int32_t *slots, int32_t *ns);
-int32_t flexdiag__kvp_pos_position(const flexdiag_kvp *k, int32_t t, int32_t slot);
-
-void flexdiag__kvp_plan_diagonal(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                 int32_t *ws, int32_t *slots, int32_t *ns);
-void flexdiag__kvp_update_diagonal(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                   const float *logits);
-int flexdiag__kvp_needs_diagonal(const flexdiag_kvp *k, int32_t t);
-int32_t flexdiag__kvp_pos_diagonal(const flexdiag_kvp *k, int32_t t, int32_t slot);
-
-void flexdiag__kvp_plan_h2o(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
-                            int32_t *slots, int32_t *ns);
-void flexdiag__kvp_update_h2o(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                              const flexdiag__kvp_scores *sc);
-void flexdiag__kvp_plan_tova(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                             int32_t *ws, int32_t *slots, int32_t *ns);
-void flexdiag__kvp_update_tova(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                               const flexdiag__kvp_scores *sc);
-
-void flexdiag__kvp_plan_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                              int32_t *ws, int32_t *slots, int32_t *ns);
-void flexdiag__kvp_update_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                const flexdiag__kvp_scores *sc);
+/* Diagonal's attended-lag list of (seq, layer, KV head) and its fill (tests read it). */
+const int16_t *flexdiag__kvp_diag_lag(const flexdiag_kvp *k, int32_t seq, int32_t layer,
+                                      int32_t h, int32_t *cnt);
 
 #endif /* FLEXDIAG_KVP_INTERNAL_H */

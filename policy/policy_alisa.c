@@ -97,28 +97,106 @@ int32_t flexdiag__alisa_plan_list(int32_t *rec_pos, float *rec_p, int32_t *rec_n
     return n;
 }
 
-void flexdiag__kvp_plan_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                              int32_t *ws, int32_t *slots, int32_t *ns) {
-    size_t li = flexdiag__kvp_li(k, seq, layer), na = (size_t)k->p.n_att, w = (size_t)k->w;
-    int32_t n = flexdiag__alisa_plan_list(k->rec_pos + li * w * na, k->rec_p + li * w * na,
-                                          k->rec_n + li * w, k->p.n_att, t,
-                                          k->score + li * (size_t)k->p.l_dec,
-                                          k->keys + li * (size_t)k->p.l_dec, slots);
-    for (int32_t h = 0; h < k->p.h_kv; h++) {
-        ws[h] = t;
-        ns[h] = n;
-        if (h > 0) memcpy(slots + (size_t)h * (size_t)k->max_slots, slots, (size_t)n * 4);
-    }
+/* The family's state (k->fam): per (seq, layer) the score scratch and the ring of the last w
+ * records. */
+typedef struct alisa_state {
+    float *score;     /* (n_seq, n_layers, l_dec) S_t, recomputed each step */
+    uint64_t *keys;   /* (n_seq, n_layers, l_dec) top-k sort scratch */
+    int32_t *rec_pos; /* (n_seq, n_layers, w, n_att) attended positions of step tau */
+    float *rec_p;     /* (n_seq, n_layers, w, n_att) head-summed probabilities */
+    int32_t *rec_n;   /* (n_seq, n_layers, w) valid entries of each record */
+    int32_t w, k_g;   /* score window (= recent lags k_l) and global tokens */
+} alisa_state;
+
+static alisa_state *ast(flexdiag_kvp *k) { return (alisa_state *)(void *)k->fam; }
+static const alisa_state *cast(const flexdiag_kvp *k) {
+    return (const alisa_state *)(const void *)k->fam;
 }
 
-void flexdiag__kvp_update_alisa(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                const flexdiag__kvp_scores *sc) {
-    size_t li = flexdiag__kvp_li(k, seq, layer), na = (size_t)k->p.n_att;
-    size_t r = li * (size_t)k->w + (size_t)(t % k->w);
-    float *rv = k->rec_p + r * na;
-    for (int32_t i = 0; i < k->rec_n[r]; i++) { /* sum over all h_q heads */
+static void alisa_layout(flexdiag_kvp *k, flexdiag__kvp_carve *c) {
+    alisa_state *a = ast(k);
+    uint64_t nsl = (uint64_t)k->p.n_seq * (uint64_t)k->p.n_layers, na = (uint64_t)k->p.n_att;
+    a->w = (k->p.n_att + 1) / 2;
+    a->k_g = k->p.n_att - a->w;
+    a->score = flexdiag__kvp_take(c, nsl * (uint64_t)k->p.l_dec, sizeof(float));
+    a->keys = flexdiag__kvp_take(c, nsl * (uint64_t)k->p.l_dec, sizeof(uint64_t));
+    a->rec_pos = flexdiag__kvp_take(c, nsl * (uint64_t)a->w * na, sizeof(int32_t));
+    a->rec_p = flexdiag__kvp_take(c, nsl * (uint64_t)a->w * na, sizeof(float));
+    a->rec_n = flexdiag__kvp_take(c, nsl * (uint64_t)a->w, sizeof(int32_t));
+}
+
+static void alisa_reset_seq(flexdiag_kvp *k, int32_t seq) {
+    alisa_state *a = ast(k);
+    size_t l0 = flexdiag__kvp_li(k, seq, 0);
+    memset(a->rec_n + l0 * (size_t)a->w, 0, (size_t)k->p.n_layers * (size_t)a->w * 4);
+}
+
+static void alisa_plan(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
+                       int32_t *slots, int32_t *ns) {
+    alisa_state *a = ast(k);
+    size_t li = flexdiag__kvp_li(k, seq, layer), na = (size_t)k->p.n_att, w = (size_t)a->w;
+    int32_t n = flexdiag__alisa_plan_list(a->rec_pos + li * w * na, a->rec_p + li * w * na,
+                                          a->rec_n + li * w, k->p.n_att, t,
+                                          a->score + li * (size_t)k->p.l_dec,
+                                          a->keys + li * (size_t)k->p.l_dec, slots);
+    flexdiag__kvp_fill_heads(k, t, n, ws, slots, ns);
+}
+
+static int alisa_needs(const flexdiag_kvp *k, int32_t t) {
+    return cast(k)->k_g > 0 && t + cast(k)->w >= k->p.n_att;
+}
+
+void flexdiag__alisa_list_update(float *rec_p, const int32_t *rec_n, const flexdiag__kvp_scores *sc,
+                                 int32_t h_q, int32_t n_att, int32_t t) {
+    int32_t w = n_att - n_att / 2, r = t % w;
+    float *rv = rec_p + (size_t)r * (size_t)n_att;
+    for (int32_t i = 0; i < rec_n[r]; i++) { /* sum over all h_q heads */
         float s = 0.0f;
-        for (int32_t hq = 0; hq < k->p.h_q; hq++) s += flexdiag__kvp_prob(sc, hq, i);
+        for (int32_t q = 0; q < h_q; q++) s += flexdiag__kvp_prob(sc, q, i);
         rv[i] = s;
     }
 }
+
+static void alisa_update(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
+                         const flexdiag__kvp_scores *sc) {
+    alisa_state *a = ast(k);
+    size_t li = flexdiag__kvp_li(k, seq, layer), w = (size_t)a->w, na = (size_t)k->p.n_att;
+    flexdiag__alisa_list_update(a->rec_p + li * w * na, a->rec_n + li * w, sc, k->p.h_q,
+                                k->p.n_att, t);
+}
+
+static int32_t alisa_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32_t h, int32_t t,
+                         int32_t slot) {
+    (void)k, (void)layer, (void)seq, (void)h;
+    return t >= slot ? slot : -1; /* slot = position */
+}
+
+static int32_t alisa_rows(const flexdiag_kvp_params *p) { return p->l_dec; }
+static int32_t alisa_max_slots(const flexdiag_kvp_params *p) { return p->n_att; }
+
+static int64_t alisa_resident(const flexdiag_kvp_params *p, int32_t t) {
+    (void)p;
+    return (int64_t)t + 1;
+}
+
+static int32_t alisa_write(const flexdiag_kvp_params *p, int32_t t) {
+    (void)p;
+    return t;
+}
+
+const flexdiag_kvp_class flexdiag__kvp_alisa = {
+    .name = "alisa",
+    .traits = {"windowed p", "layer", "sum", "selection only", "full",
+               "S update + top-k_g over <= t", 1, FLEXDIAG_KVP_DEV_RECORDS, 0, 0, 0},
+    .ring_rows = alisa_rows,
+    .max_slots = alisa_max_slots,
+    .resident_rows = alisa_resident,
+    .write_slot = alisa_write,
+    .state_size = sizeof(alisa_state),
+    .layout = alisa_layout,
+    .reset_seq = alisa_reset_seq,
+    .plan = alisa_plan,
+    .needs_scores = alisa_needs,
+    .update = alisa_update,
+    .slot_pos = alisa_pos,
+};

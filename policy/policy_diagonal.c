@@ -18,90 +18,189 @@
  * (no skip yet) the slots come out oldest first, the order Dense uses, so with N_att >= L_dec
  * the attention sums in the same order and Diagonal's output equals Dense's bit for bit.
  */
+#include <string.h>
+
 #include "base/core.h"
 #include "policy/kvp_internal.h"
 
-/* Sink rows in front of the ring (0 or 4). */
-static int32_t diag_base(const flexdiag_kvp *k) {
-    return k->p.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0;
+/* The family's state (k->fam): the lag lists and their fill, per (seq, layer, KV head). */
+typedef struct diag_state {
+    int16_t *lag;  /* (n_seq, n_layers, h_kv, a) attended-lag list */
+    int16_t *cnt;  /* (n_seq, n_layers, h_kv) valid list entries */
+    int32_t a;     /* list length A (sink4: A - 4) */
+    int32_t base;  /* sink rows in front of the ring (0 or 4) */
+} diag_state;
+
+static diag_state *dst(flexdiag_kvp *k) { return (diag_state *)(void *)k->fam; }
+static const diag_state *cdst(const flexdiag_kvp *k) {
+    return (const diag_state *)(const void *)k->fam;
 }
 
-/* Advance one head's list to inner step ti and write its attended slots after the sinks. */
-static int32_t diag_head_slots(const flexdiag_kvp *k, int16_t *lag, int16_t *cnt, int32_t ti,
-                               int32_t base, int32_t *s) {
-    int32_t r = k->p.n_r;
+static void diag_layout(flexdiag_kvp *k, flexdiag__kvp_carve *c) {
+    diag_state *d = dst(k);
+    uint64_t nh = (uint64_t)k->p.n_seq * (uint64_t)k->p.n_layers * (uint64_t)k->p.h_kv;
+    d->base = k->cls->traits.sinks;
+    d->a = k->max_slots - d->base;
+    d->lag = flexdiag__kvp_take(c, nh * (uint64_t)d->a, sizeof(int16_t));
+    d->cnt = flexdiag__kvp_take(c, nh, sizeof(int16_t));
+}
+
+static void diag_reset_seq(flexdiag_kvp *k, int32_t seq) {
+    diag_state *d = dst(k);
+    size_t h0 = flexdiag__kvp_hi(k, seq, 0, 0), hn = (size_t)k->p.n_layers * (size_t)k->p.h_kv;
+    memset(d->lag + h0 * (size_t)d->a, 0, hn * (size_t)d->a * sizeof(int16_t));
+    memset(d->cnt + h0, 0, hn * sizeof(int16_t));
+}
+
+const int16_t *flexdiag__kvp_diag_lag(const flexdiag_kvp *k, int32_t seq, int32_t layer,
+                                      int32_t h, int32_t *cnt) {
+    const diag_state *d = cdst(k);
+    size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
+    *cnt = d->cnt[hi];
+    return d->lag + hi * (size_t)d->a;
+}
+
+int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t base,
+                                 int32_t n_r, int32_t t, int32_t *s) {
+    int32_t ti = t - base;
+    if (ti < 0) { /* sink4, t <= 3: sink t is written, decode tokens 0..t attended */
+        for (int32_t j = 0; j <= t; j++) s[j] = j;
+        return t + 1;
+    }
     if (ti == 0) {
         lag[0] = 0;
         *cnt = 1;
-    } else if (ti <= k->a - 1) {
+    } else if (ti <= a - 1) {
         lag[(*cnt)++] = (int16_t)ti; /* phase 1: the newly available lag joins the list */
     }
-    FLEXDIAG_DASSERT(*cnt == (ti + 1 < k->a ? ti + 1 : k->a));
+    FLEXDIAG_DASSERT(*cnt == (ti + 1 < a ? ti + 1 : a));
     for (int32_t j = 0; j < base; j++) s[j] = j;
     for (int32_t j = 0; j < *cnt; j++) { /* list entry j at column base + cnt-1-j (see top) */
-        FLEXDIAG_DASSERT(lag[j] >= 0 && lag[j] <= ti && lag[j] <= r - 1);
-        s[base + *cnt - 1 - j] = base + (ti - lag[j]) % r;
+        FLEXDIAG_DASSERT(lag[j] >= 0 && lag[j] <= ti && lag[j] <= n_r - 1);
+        s[base + *cnt - 1 - j] = base + (ti - lag[j]) % n_r;
     }
     return base + *cnt;
 }
 
-void flexdiag__kvp_plan_diagonal(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                 int32_t *ws, int32_t *slots, int32_t *ns) {
-    int32_t base = diag_base(k), ti = t - base;
-    for (int32_t h = 0; h < k->p.h_kv; h++) {
-        int32_t *s = slots + (size_t)h * (size_t)k->max_slots;
-        if (ti < 0) { /* sink4, t <= 3: sink t is written, decode tokens 0..t attended */
-            for (int32_t j = 0; j <= t; j++) s[j] = j;
-            ws[h] = t;
-            ns[h] = t + 1;
-            continue;
+/* Group score of ring column c: max over the g query-head rows of z (fp32 logits). */
+static float diag_score(const float *z, int64_t z_stride, int32_t g, int32_t c) {
+    float best = z[c];
+    for (int32_t q = 1; q < g; q++)
+        if (z[q * z_stride + c] > best) best = z[q * z_stride + c];
+    return best;
+}
+
+int32_t flexdiag__diag_list_pick(const int16_t *lag, int32_t n, int32_t ns, const float *z,
+                                 int64_t z_stride, int32_t g) {
+    int32_t best = 0;
+    float best_s = diag_score(z, z_stride, g, ns - 1);
+    for (int32_t e = 1; e < n; e++) { /* lexicographic min of (score, -lag) */
+        float sc = diag_score(z, z_stride, g, ns - 1 - e);
+        if (sc < best_s || (sc == best_s && lag[e] > lag[best])) {
+            best = e;
+            best_s = sc;
         }
-        size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
-        ns[h] = diag_head_slots(k, k->lag + hi * (size_t)k->a, k->cnt + hi, ti, base, s);
-        ws[h] = base + ti % k->p.n_r;
-    }
-    if (ti >= k->p.n_r) k->evictions[flexdiag__kvp_li(k, seq, layer)] += (uint64_t)k->p.h_kv;
-}
-
-int flexdiag__kvp_needs_diagonal(const flexdiag_kvp *k, int32_t t) {
-    int32_t ti = t - diag_base(k);
-    return ti >= k->a - 1 && ti >= 0 && ti <= k->p.n_r - 2;
-}
-
-/* Group score of list entry j: max over the g query heads of KV head h (fp32 logits). */
-static float diag_score(const flexdiag_kvp *k, const float *logits, int32_t h, int32_t col) {
-    const float *row = logits + (size_t)h * (size_t)k->g * (size_t)k->max_slots + col;
-    float best = row[0];
-    for (int32_t q = 1; q < k->g; q++) {
-        float v = row[(size_t)q * (size_t)k->max_slots];
-        if (v > best) best = v;
     }
     return best;
 }
 
-void flexdiag__kvp_update_diagonal(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                   const float *logits) {
-    int32_t base = diag_base(k), ti = t - base;
+static void diag_plan(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
+                      int32_t *slots, int32_t *ns) {
+    diag_state *d = dst(k);
+    int32_t base = d->base, ti = t - base;
     for (int32_t h = 0; h < k->p.h_kv; h++) {
         size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
-        int16_t *lag = k->lag + hi * (size_t)k->a;
-        FLEXDIAG_DASSERT(k->cnt[hi] == k->a);
-        int32_t best = 0;
-        float best_s = diag_score(k, logits, h, base + k->a - 1);
-        for (int32_t j = 1; j < k->a; j++) { /* lexicographic min of (score, -lag) */
-            float s = diag_score(k, logits, h, base + k->a - 1 - j);
-            if (s < best_s || (s == best_s && lag[j] > lag[best])) {
-                best = j;
-                best_s = s;
-            }
-        }
-        lag[best] = (int16_t)(ti + 1); /* lag[best] is skipped from step t+1 on */
+        ns[h] = flexdiag__diag_list_plan(d->lag + hi * (size_t)d->a, d->cnt + hi, d->a, base,
+                                         k->p.n_r, t, slots + (size_t)h * (size_t)k->max_slots);
+        ws[h] = ti < 0 ? t : base + ti % k->p.n_r;
+    }
+    if (ti >= k->p.n_r) k->evictions[flexdiag__kvp_li(k, seq, layer)] += (uint64_t)k->p.h_kv;
+}
+
+static int diag_needs(const flexdiag_kvp *k, int32_t t) {
+    int32_t ti = t - cdst(k)->base;
+    return ti >= cdst(k)->a - 1 && ti >= 0 && ti <= k->p.n_r - 2;
+}
+
+/* The build-up step's pick per KV head: its entry is skipped from step t+1 on. */
+static void diag_update(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
+                        const flexdiag__kvp_scores *sc) {
+    diag_state *d = dst(k);
+    int32_t a = d->a, ns = d->base + a;
+    for (int32_t h = 0; h < k->p.h_kv; h++) {
+        size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
+        int16_t *lag = d->lag + hi * (size_t)a;
+        FLEXDIAG_DASSERT(d->cnt[hi] == a);
+        const float *z = sc->logits + (size_t)h * (size_t)k->g * (size_t)k->max_slots;
+        lag[flexdiag__diag_list_pick(lag, a, ns, z, k->max_slots, k->g)] =
+            (int16_t)(t - d->base + 1);
     }
 }
 
-int32_t flexdiag__kvp_pos_diagonal(const flexdiag_kvp *k, int32_t t, int32_t slot) {
-    int32_t base = diag_base(k);
+static int32_t diag_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32_t h, int32_t t,
+                        int32_t slot) {
+    (void)layer, (void)seq, (void)h;
+    int32_t base = cdst(k)->base;
     if (slot < base) return t >= slot ? slot : -1;
     int32_t p = flexdiag__kvp_ring_pos(t - base, k->p.n_r, slot - base);
     return p < 0 ? -1 : p + base;
 }
+
+/* ---- geometry: ring N_r (sink4: 4 + N_r), lists of min(N_att, N_r) ---- */
+
+static int32_t diag_max_slots(const flexdiag_kvp_params *p) {
+    return p->n_att < p->n_r ? p->n_att : p->n_r;
+}
+
+static int32_t diag_rows(const flexdiag_kvp_params *p) { return p->n_r; }
+
+static int64_t diag_resident(const flexdiag_kvp_params *p, int32_t t) {
+    return (int64_t)t + 1 < p->n_r ? (int64_t)t + 1 : p->n_r;
+}
+
+static int32_t diag_write(const flexdiag_kvp_params *p, int32_t t) { return t % p->n_r; }
+
+static int32_t sink4_rows(const flexdiag_kvp_params *p) { return 4 + p->n_r; }
+
+static int64_t sink4_resident(const flexdiag_kvp_params *p, int32_t t) {
+    int64_t n = (int64_t)t + 1;
+    return n <= 4 ? n : 4 + (n - 4 < p->n_r ? n - 4 : p->n_r);
+}
+
+static int32_t sink4_write(const flexdiag_kvp_params *p, int32_t t) {
+    return t < 4 ? t : 4 + (t - 4) % p->n_r;
+}
+
+const flexdiag_kvp_class flexdiag__kvp_diagonal = {
+    .name = "diagonal",
+    .traits = {"logits", "KV head", "max", "permanent", "N_r",
+               "argmin over A, build-up steps only", 0, FLEXDIAG_KVP_DEV_LAGS, 0, 1, 1},
+    .ring_rows = diag_rows,
+    .max_slots = diag_max_slots,
+    .resident_rows = diag_resident,
+    .write_slot = diag_write,
+    .state_size = sizeof(diag_state),
+    .layout = diag_layout,
+    .reset_seq = diag_reset_seq,
+    .plan = diag_plan,
+    .needs_scores = diag_needs,
+    .update = diag_update,
+    .slot_pos = diag_pos,
+};
+
+const flexdiag_kvp_class flexdiag__kvp_diagonal_sink4 = {
+    .name = "diagonal-sink4",
+    .traits = {"logits", "KV head", "max", "permanent", "4+N_r",
+               "argmin over A-4, build-up steps only", 0, FLEXDIAG_KVP_DEV_LAGS, 4, 1, 1},
+    .ring_rows = sink4_rows,
+    .max_slots = diag_max_slots,
+    .resident_rows = sink4_resident,
+    .write_slot = sink4_write,
+    .state_size = sizeof(diag_state),
+    .layout = diag_layout,
+    .reset_seq = diag_reset_seq,
+    .plan = diag_plan,
+    .needs_scores = diag_needs,
+    .update = diag_update,
+    .slot_pos = diag_pos,
+};

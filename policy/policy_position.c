@@ -1,86 +1,141 @@
 /*
  * policy_position.c - the position-only policies (docs/policies.md §3.1-§3.3): Dense, SlidingWindow
- * and StreamingLLM. They keep no per-head state: the write slot and the attended slots follow
- * from the step t alone, so plan() computes one list and copies it to every KV head, and the
- * slot -> position map is a closed formula (also used for ALISA, whose ring is slot = position).
+ * and StreamingLLM. They keep no state: the write slot and the attended slots follow from the
+ * step t alone, so one list serves every (layer, sequence, KV head) at that step
+ * (flexdiag__kvp_plan_shared), and the slot -> position map is a closed formula.
  *
  * StreamingLLM keeps decode tokens 0..3 as sinks in slots 0..3 and tokens p >= 4 in a ring of
  * n_att - 4 slots at 4 + (p - 4) mod (n_att - 4); keys are never re-rotated (§3.3 deviation).
  */
-#include <string.h>
-
 #include "base/core.h"
 #include "policy/kvp_internal.h"
 
-/* Slot of decode token p under streaming with n_att budget. */
-static int32_t streaming_slot(int32_t p, int32_t n_att) {
-    return p < 4 ? p : 4 + (p - 4) % (n_att - 4);
-}
-
-/* Head-0 list of the attended slots at step t; returns its length; *ws the write slot;
- * *evict 1 when the write overwrites a live row. */
-static int32_t position_list(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws,
-                             int *evict) {
-    int32_t n = 0, na = k->p.n_att;
-    *evict = 0;
-    switch (k->p.kind) {
-    case FLEXDIAG_POLICY_WINDOW:
-        *ws = t % na;
-        *evict = t >= na;
-        for (int32_t p = t - na + 1 < 0 ? 0 : t - na + 1; p <= t; p++) s[n++] = p % na;
-        return n;
-    case FLEXDIAG_POLICY_STREAMING:
-        *ws = streaming_slot(t, na);
-        *evict = t >= na;
-        if (t >= na) { /* sinks, then the recent lags 0..n_att-5 */
-            for (int32_t p = 0; p < 4; p++) s[n++] = p;
-            for (int32_t p = t - na + 5; p <= t; p++) s[n++] = streaming_slot(p, na);
-        } else {
-            for (int32_t p = 0; p <= t; p++) s[n++] = streaming_slot(p, na);
-        }
-        return n;
-    default: /* dense */
-        *ws = t;
-        for (int32_t p = 0; p <= t; p++) s[n++] = p;
-        return n;
-    }
-}
-
-void flexdiag__kvp_plan_position(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
-                                 int32_t *ws, int32_t *slots, int32_t *ns) {
+/* Plan of one (layer, sequence): the shared list copied to every KV head, evictions counted. */
+static void position_plan(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
+                          int32_t *slots, int32_t *ns) {
     int evict;
-    int32_t w, n = position_list(k, t, slots, &w, &evict);
+    int32_t w, n = k->cls->shared_list(k, t, slots, &w, &evict);
     FLEXDIAG_DASSERT(n == (t + 1 < k->max_slots ? t + 1 : k->max_slots));
-    for (int32_t h = 0; h < k->p.h_kv; h++) {
-        ws[h] = w;
-        ns[h] = n;
-        if (h > 0) memcpy(slots + (size_t)h * (size_t)k->max_slots, slots, (size_t)n * 4);
-    }
+    flexdiag__kvp_fill_heads(k, w, n, ws, slots, ns);
     if (evict) k->evictions[flexdiag__kvp_li(k, seq, layer)] += (uint64_t)k->p.h_kv;
 }
 
-int32_t flexdiag__kvp_pos_position(const flexdiag_kvp *k, int32_t t, int32_t slot) {
-    switch (k->p.kind) {
-    case FLEXDIAG_POLICY_WINDOW: return flexdiag__kvp_ring_pos(t, k->p.n_att, slot);
-    case FLEXDIAG_POLICY_STREAMING: {
-        if (slot < 4) return t >= slot ? slot : -1;
-        int32_t p = flexdiag__kvp_ring_pos(t - 4, k->p.n_att - 4, slot - 4);
-        return p < 0 ? -1 : p + 4;
-    }
-    default: return t >= slot ? slot : -1; /* dense, alisa: slot = position */
-    }
+static int64_t resident_budget(const flexdiag_kvp_params *p, int32_t t) {
+    return (int64_t)t + 1 < p->n_att ? (int64_t)t + 1 : p->n_att;
 }
 
-int flexdiag__kvp_plan_shared(flexdiag_kvp *k, int32_t t, int32_t s0, int32_t n, int32_t *ws,
-                              int32_t *slots, int32_t *ns) {
-    if (k->p.kind != FLEXDIAG_POLICY_DENSE && k->p.kind != FLEXDIAG_POLICY_WINDOW &&
-        k->p.kind != FLEXDIAG_POLICY_STREAMING)
-        return 0;
-    FLEXDIAG_ASSERT(t >= 0 && t < k->p.l_dec && s0 >= 0 && n >= 0 && s0 + n <= k->p.n_seq);
-    int evict;
-    *ns = position_list(k, t, slots, ws, &evict);
-    for (int32_t s = s0; evict && s < s0 + n; s++)
-        for (int32_t l = 0; l < k->p.n_layers; l++)
-            k->evictions[flexdiag__kvp_li(k, s, l)] += (uint64_t)k->p.h_kv;
-    return 1;
+static int32_t rows_budget(const flexdiag_kvp_params *p) { return p->n_att; }
+
+/* ---- dense: slot = position ---- */
+
+static int32_t dense_rows(const flexdiag_kvp_params *p) { return p->l_dec; }
+
+static int64_t dense_resident(const flexdiag_kvp_params *p, int32_t t) {
+    (void)p;
+    return (int64_t)t + 1;
 }
+
+static int32_t dense_write(const flexdiag_kvp_params *p, int32_t t) {
+    (void)p;
+    return t;
+}
+
+static int32_t dense_list(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws,
+                          int *evict) {
+    (void)k;
+    *ws = t;
+    *evict = 0;
+    for (int32_t p = 0; p <= t; p++) s[p] = p;
+    return t + 1;
+}
+
+static int32_t dense_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32_t h, int32_t t,
+                         int32_t slot) {
+    (void)k, (void)layer, (void)seq, (void)h;
+    return t >= slot ? slot : -1;
+}
+
+const flexdiag_kvp_class flexdiag__kvp_dense = {
+    .name = "dense",
+    .traits = {"-", "-", "n/a", "none", "full", "none", 0, FLEXDIAG_KVP_DEV_POSITION, 0, 0, 0},
+    .ring_rows = dense_rows,
+    .max_slots = dense_rows,
+    .resident_rows = dense_resident,
+    .write_slot = dense_write,
+    .plan = position_plan,
+    .slot_pos = dense_pos,
+    .shared_list = dense_list,
+};
+
+/* ---- window: the last n_att tokens, slot = position mod n_att ---- */
+
+static int32_t window_write(const flexdiag_kvp_params *p, int32_t t) { return t % p->n_att; }
+
+static int32_t window_list(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws,
+                           int *evict) {
+    int32_t n = 0, na = k->p.n_att;
+    *ws = t % na;
+    *evict = t >= na;
+    for (int32_t p = t - na + 1 < 0 ? 0 : t - na + 1; p <= t; p++) s[n++] = p % na;
+    return n;
+}
+
+static int32_t window_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32_t h,
+                          int32_t t, int32_t slot) {
+    (void)layer, (void)seq, (void)h;
+    return flexdiag__kvp_ring_pos(t, k->p.n_att, slot);
+}
+
+const flexdiag_kvp_class flexdiag__kvp_window = {
+    .name = "window",
+    .traits = {"position", "global", "n/a", "permanent", "N_att", "none", 0,
+               FLEXDIAG_KVP_DEV_POSITION, 0, 0, 0},
+    .ring_rows = rows_budget,
+    .max_slots = rows_budget,
+    .resident_rows = resident_budget,
+    .write_slot = window_write,
+    .plan = position_plan,
+    .slot_pos = window_pos,
+    .shared_list = window_list,
+};
+
+/* ---- streaming: 4 sinks, then a ring of n_att - 4 ---- */
+
+static int32_t streaming_write(const flexdiag_kvp_params *p, int32_t t) {
+    return t < 4 ? t : 4 + (t - 4) % (p->n_att - 4);
+}
+
+static int32_t streaming_list(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws,
+                              int *evict) {
+    int32_t n = 0, na = k->p.n_att;
+    *ws = streaming_write(&k->p, t);
+    *evict = t >= na;
+    if (t >= na) { /* sinks, then the recent lags 0..n_att-5 */
+        for (int32_t p = 0; p < 4; p++) s[n++] = p;
+        for (int32_t p = t - na + 5; p <= t; p++) s[n++] = streaming_write(&k->p, p);
+    } else {
+        for (int32_t p = 0; p <= t; p++) s[n++] = streaming_write(&k->p, p);
+    }
+    return n;
+}
+
+static int32_t streaming_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32_t h,
+                             int32_t t, int32_t slot) {
+    (void)layer, (void)seq, (void)h;
+    if (slot < 4) return t >= slot ? slot : -1;
+    int32_t p = flexdiag__kvp_ring_pos(t - 4, k->p.n_att - 4, slot - 4);
+    return p < 0 ? -1 : p + 4;
+}
+
+const flexdiag_kvp_class flexdiag__kvp_streaming = {
+    .name = "streaming",
+    .traits = {"position", "global", "n/a", "permanent", "N_att", "none", 0,
+               FLEXDIAG_KVP_DEV_POSITION, 4, 0, 0},
+    .ring_rows = rows_budget,
+    .max_slots = rows_budget,
+    .resident_rows = resident_budget,
+    .write_slot = streaming_write,
+    .plan = position_plan,
+    .slot_pos = streaming_pos,
+    .shared_list = streaming_list,
+};

@@ -44,25 +44,10 @@ flexdiag_status flexdiag__cpu_diag_slots(int32_t *slots, int32_t *n_slots, int16
     (void)s;
     FLEXDIAG_TRY(check_steps("diag_slots", &steps, n_lists));
     for (int64_t i = 0; i < n_lists; i++) {
-        int32_t t = flexdiag__list_step(&steps, i), ti = t - base;
+        int32_t t = flexdiag__list_step(&steps, i);
         if (t < 0) continue; /* a free slot */
-        int32_t *sl = slots + i * max_slots;
-        int16_t *lg = lag + i * a;
-        if (ti < 0) { /* sink4, t <= 3: decode tokens 0..t are the sinks written so far */
-            for (int32_t j = 0; j <= t; j++) sl[j] = j;
-            n_slots[i] = t + 1;
-            continue;
-        }
-        if (ti == 0) {
-            lg[0] = 0;
-            cnt[i] = 1;
-        } else if (ti <= a - 1) {
-            lg[cnt[i]++] = (int16_t)ti;
-        }
-        for (int32_t j = 0; j < base; j++) sl[j] = j;
-        for (int32_t j = 0; j < cnt[i]; j++) /* entry j at column base + cnt-1-j */
-            sl[base + cnt[i] - 1 - j] = base + (ti - lg[j]) % n_r;
-        n_slots[i] = base + cnt[i];
+        n_slots[i] = flexdiag__diag_list_plan(lag + i * a, cnt + i, a, base, n_r, t,
+                                              slots + i * max_slots);
     }
     return FLEXDIAG_OK;
 }
@@ -79,55 +64,12 @@ flexdiag_status flexdiag__cpu_evict_plan(int32_t *rows, int32_t *pos, float *acc
     for (int64_t i = 0; i < n_lists; i++) {
         int32_t t = flexdiag__list_step(&steps, i);
         if (t < 0) continue;
-        int32_t *ps = pos + i * n_att;
-        float *ac = acc ? acc + i * n_att : NULL;
-        for (int32_t j = 0; t == 0 && j < n_att; j++) { /* a new run: empty slots */
-            ps[j] = -1;
-            if (ac) ac[j] = 0.0f;
-        }
-        int32_t f = t < n_att ? t : free_slot[i];
-        ps[f] = t;
-        if (ac) ac[f] = 0.0f;
+        int evicted;
+        int32_t f = flexdiag__evict_list_plan(pos + i * n_att, acc ? acc + i * n_att : NULL,
+                                              free_slot + i, n_att, t, &evicted);
         for (int32_t r = 0; r < rows_per_list; r++) rows[i * rows_per_list + r] = p_cap + f;
     }
     return FLEXDIAG_OK;
-}
-
-/* H2O: accumulate the group's probabilities, then the victim among the H + 1 oldest-scored
- * candidates (pos <= t - R + 1), lowest (acc, pos). */
-static void h2o_update_list(int32_t *free_slot, float *acc, const int32_t *pos, const float *p,
-                            int32_t g, int32_t ms, int32_t n_att, int32_t t) {
-    int32_t n = t + 1 < n_att ? t + 1 : n_att, recent = n_att - n_att / 2, victim = -1;
-    for (int32_t j = 0; j < n; j++) {
-        float gs = 0.0f;
-        for (int32_t q = 0; q < g; q++) gs += p[(int64_t)q * ms + j];
-        acc[j] += gs;
-    }
-    if (n < n_att) return;
-    for (int32_t j = 0; j < n_att; j++) {
-        if (pos[j] > t - recent + 1) continue; /* protected recent lags */
-        if (victim < 0 || acc[j] < acc[victim] || (acc[j] == acc[victim] && pos[j] < pos[victim]))
-            victim = j;
-    }
-    *free_slot = victim;
-}
-
-/* TOVA: the victim over all slots, lowest (head-mean probability, pos). */
-static void tova_update_list(int32_t *free_slot, const int32_t *pos, const float *p, int32_t hq,
-                             int32_t ms, int32_t n_att, int32_t t) {
-    if (t + 1 < n_att) return; /* a free slot remains */
-    int32_t victim = -1;
-    float best = 0.0f;
-    for (int32_t j = 0; j < n_att; j++) {
-        float sc = 0.0f;
-        for (int32_t q = 0; q < hq; q++) sc += p[(int64_t)q * ms + j];
-        sc /= (float)hq;
-        if (victim < 0 || sc < best || (sc == best && pos[j] < pos[victim])) {
-            victim = j;
-            best = sc;
-        }
-    }
-    *free_slot = victim;
 }
 
 flexdiag_status flexdiag__cpu_evict_update(int32_t *free_slot, float *acc, const int32_t *pos,
@@ -139,12 +81,12 @@ flexdiag_status flexdiag__cpu_evict_update(int32_t *free_slot, float *acc, const
     for (int64_t i = 0; i < n_lists; i++) {
         int32_t t = flexdiag__list_step(&steps, i);
         if (t < 0) continue;
-        const float *p = probs + i * heads * max_slots;
+        flexdiag__kvp_scores sc = {NULL, NULL, probs + i * heads * max_slots, max_slots};
         if (acc)
-            h2o_update_list(free_slot + i, acc + i * n_att, pos + i * n_att, p, heads, max_slots,
-                            n_att, t);
+            flexdiag__h2o_list_update(free_slot + i, acc + i * n_att, pos + i * n_att, &sc, 0,
+                                      heads, n_att, t);
         else
-            tova_update_list(free_slot + i, pos + i * n_att, p, heads, max_slots, n_att, t);
+            flexdiag__tova_list_update(free_slot + i, pos + i * n_att, &sc, heads, n_att, t);
     }
     return FLEXDIAG_OK;
 }
@@ -180,18 +122,13 @@ flexdiag_status flexdiag__cpu_alisa_update(float *rec_p, const int32_t *rec_n, c
                                            flexdiag_stream *s) {
     (void)s;
     FLEXDIAG_TRY(check_steps("alisa_update", &steps, n_lists));
-    int32_t w = n_att - n_att / 2;
+    size_t w = (size_t)(n_att - n_att / 2);
     for (int64_t i = 0; i < n_lists; i++) {
         int32_t t = flexdiag__list_step(&steps, i);
         if (t < 0) continue;
-        int32_t r = t % w;
-        float *rv = rec_p + ((size_t)i * (size_t)w + (size_t)r) * (size_t)n_att;
-        const float *p = probs + i * heads * max_slots;
-        for (int32_t j = 0; j < rec_n[i * w + r]; j++) { /* sum over all h_q heads */
-            float sc = 0.0f;
-            for (int32_t q = 0; q < heads; q++) sc += p[(int64_t)q * max_slots + j];
-            rv[j] = sc;
-        }
+        flexdiag__kvp_scores sc = {NULL, NULL, probs + i * heads * max_slots, max_slots};
+        flexdiag__alisa_list_update(rec_p + (size_t)i * w * (size_t)n_att, rec_n + (size_t)i * w,
+                                    &sc, heads, n_att, t);
     }
     return FLEXDIAG_OK;
 }
@@ -210,31 +147,15 @@ static void decode_probs(const flexdiag_attn_args *a, int64_t hq0, int32_t g, in
     }
 }
 
-/* Group score of ring column c: max over the g query-head rows of z. */
-static float diag_score(const float *z, int64_t z_stride, int32_t g, int32_t c) {
-    float best = z[c];
-    for (int32_t q = 1; q < g; q++)
-        if (z[q * z_stride + c] > best) best = z[q * z_stride + c];
-    return best;
-}
-
-/* The fused build-up update of list li of sequence s: lexicographic argmin of (score, -lag) over
- * the list entries e < n_slots - diag_base (entry e at column n_slots - 1 - e) gets lag
- * diag_next[s]; nothing when that is negative (s is not at a build-up step). */
+/* The fused build-up update of list li of sequence s: the entry policy/ picks
+ * (flexdiag__diag_list_pick over the entries e < n_slots - diag_base) gets lag diag_next[s];
+ * nothing when that is negative (s is not at a build-up step). */
 static void diag_update(const flexdiag_attn_args *a, int64_t s, int64_t li, int32_t g,
                         const float *z, int64_t z_stride) {
-    int32_t next = a->diag_next[s], ns = a->n_slots[li], n = ns - a->diag_base, best = 0;
+    int32_t next = a->diag_next[s], ns = a->n_slots[li], n = ns - a->diag_base;
     if (next < 0 || n <= 0) return; /* no build-up step, or no candidate (only sinks) */
     int16_t *lag = a->diag_lag + li * a->diag_a;
-    float best_s = diag_score(z, z_stride, g, ns - 1);
-    for (int32_t e = 1; e < n; e++) {
-        float sc = diag_score(z, z_stride, g, ns - 1 - e);
-        if (sc < best_s || (sc == best_s && lag[e] > lag[best])) {
-            best = e;
-            best_s = sc;
-        }
-    }
-    lag[best] = (int16_t)next;
+    lag[flexdiag__diag_list_pick(lag, n, ns, z, z_stride, g)] = (int16_t)next;
 }
 
 void flexdiag__cpu_decode_scores(const flexdiag_attn_args *a, int64_t s, int32_t h, const float *z,

@@ -37,20 +37,19 @@ struct pd_mode {
 
 /* ---- geometry helpers ---- */
 
-static int is_diagonal(flexdiag_policy_kind k) {
-    return k == FLEXDIAG_POLICY_DIAGONAL || k == FLEXDIAG_POLICY_DIAGONAL_SINK4;
+static const flexdiag_kvp_traits *traits(const flexdiag_policy_driver *pd) {
+    return flexdiag__kvp_traits(pd->kp.kind);
 }
 
-static int is_h2o(const flexdiag_policy_driver *pd) { return pd->kp.kind == FLEXDIAG_POLICY_H2O; }
+/* H2O keeps a slot map per KV head, TOVA one per layer (kv_policy.h per_kv_head). */
+static int is_h2o(const flexdiag_policy_driver *pd) { return traits(pd)->per_kv_head; }
 
-/* Lag-list length a (min(N_att, N_r); sink4 keeps 4 of the slots for the sinks) and the sink
- * rows ahead of the ring (docs/policies.md §2.2, §2.8). */
+/* Lag-list length a (min(N_att, N_r) less the sinks) and the sink rows ahead of the ring
+ * (docs/policies.md §2.2, §2.8). */
+static int32_t diag_base(const flexdiag_policy_driver *pd) { return traits(pd)->sinks; }
+
 static int32_t diag_len(const flexdiag_policy_driver *pd) {
-    return pd->max_slots - (pd->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0);
-}
-
-static int32_t diag_base(const flexdiag_policy_driver *pd) {
-    return pd->kp.kind == FLEXDIAG_POLICY_DIAGONAL_SINK4 ? 4 : 0;
+    return pd->max_slots - diag_base(pd);
 }
 
 /* Eviction lists of the device H2O / TOVA state: one per (layer, sequence, KV head) for H2O,
@@ -356,19 +355,19 @@ static const pd_mode mode_alisa = {"alisa", 1, 0, alisa_plan, alisa_update};
 
 /* The mode for the policy on backend k. */
 static const pd_mode *pick_mode(const flexdiag_policy_driver *pd, int force_host) {
-    flexdiag_policy_kind kind = pd->kp.kind;
     const flexdiag_kernels *k = pd->k;
-    if (kind == FLEXDIAG_POLICY_DENSE || kind == FLEXDIAG_POLICY_WINDOW ||
-        kind == FLEXDIAG_POLICY_STREAMING)
-        return &mode_shared;
-    if (force_host) return &mode_host;
-    if (is_diagonal(kind) && k->diag_slots && pd->kp.h_q / pd->kp.h_kv <= k->diag_max_group)
-        return &mode_diag;
-    if ((kind == FLEXDIAG_POLICY_H2O || kind == FLEXDIAG_POLICY_TOVA) && k->evict_plan &&
-        k->evict_update)
-        return &mode_evict;
-    if (kind == FLEXDIAG_POLICY_ALISA && k->alisa_plan && k->alisa_update) return &mode_alisa;
-    return &mode_host;
+    switch (traits(pd)->device) {
+    case FLEXDIAG_KVP_DEV_POSITION: return &mode_shared;
+    case FLEXDIAG_KVP_DEV_LAGS:
+        if (!force_host && k->diag_slots && pd->kp.h_q / pd->kp.h_kv <= k->diag_max_group)
+            return &mode_diag;
+        return &mode_host;
+    case FLEXDIAG_KVP_DEV_SLOT_MAP:
+        return !force_host && k->evict_plan && k->evict_update ? &mode_evict : &mode_host;
+    case FLEXDIAG_KVP_DEV_RECORDS:
+        return !force_host && k->alisa_plan && k->alisa_update ? &mode_alisa : &mode_host;
+    default: return &mode_host;
+    }
 }
 
 flexdiag_status flexdiag__pd_setup(flexdiag_policy_driver *pd, const flexdiag_policy_params *pub,
@@ -388,7 +387,7 @@ flexdiag_status flexdiag__pd_setup(flexdiag_policy_driver *pd, const flexdiag_po
     pd->max_slots = flexdiag__kvp_max_slots(&pd->kp);
     pd->mode = pick_mode(pd, force_host);
     pd->scored = pd->mode != &mode_shared;
-    pd->score_probs = flexdiag__kvp_traits(pd->kp.kind)->needs_probabilities;
+    pd->score_probs = traits(pd)->needs_probabilities;
     pd->shared_rows = pd->mode == &mode_shared || pd->mode == &mode_diag ||
                       pd->mode == &mode_alisa;
     pd->shared_slots = pd->mode == &mode_shared || pd->mode == &mode_evict;

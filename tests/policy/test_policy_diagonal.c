@@ -101,8 +101,11 @@ static void test_worked_example(void **state) {
         /* lag list of this step, attended positions from the ring */
         int32_t att[4];
         float logits[4], lse = 5.0f;
+        int32_t cnt;
+        const int16_t *lag = flexdiag__kvp_diag_lag(k, 0, 0, 0, &cnt);
+        assert_int_equal(cnt, ns);
         for (int32_t j = 0; j < ns; j++) { /* list entry j sits at column ns-1-j */
-            assert_int_equal(k->lag[j], e->lag[j]);
+            assert_int_equal(lag[j], e->lag[j]);
             att[j] = flexdiag__kvp_slot_pos(k, 0, 0, 0, slots[ns - 1 - j]);
             assert_int_equal(att[j], t - e->lag[j]);
             logits[ns - 1 - j] = g[t - att[j]];
