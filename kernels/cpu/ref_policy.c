@@ -6,13 +6,14 @@
  * update of kernels.h), which the reference and the fast decode both call once per (sequence,
  * KV head) group with that group's ring logits.
  *
- * They restate policy/policy_diagonal.c and policy/policy_score.c in the op-table form the
- * CUDA backend implements, so the engine's device-policy path runs (and is tested) on the CPU
- * too; the host state machine stays the reference both are checked against. Each list runs at
+ * They are the op-table form the CUDA backend implements, built from the per-list rules that
+ * policy/ writes once (kv_policy.h: flexdiag__diag_list_plan / _pick, flexdiag__evict_list_plan,
+ * flexdiag__h2o_list_update, flexdiag__tova_list_update, flexdiag__alisa_plan_list /
+ * _list_update), so the engine's device-policy path runs (and is tested) on the CPU with the
+ * host state machine's own code; the CUDA kernels are checked against them. Each list runs at
  * its own sequence's step (kernels.h flexdiag_list_steps): the per-list code is the host's for
  * that step, and a list whose step is negative (or, for ALISA's plan, past the decode length)
- * is skipped whole. The update scans list entries in index order with the host's comparisons
- * (strict <, then == with the larger lag), so it picks the same entry, NaN scores included.
+ * is skipped whole.
  * Keeping the epilogue in one function (rather than one copy per decode) makes the two CPU
  * decodes agree whenever their logits agree.
  */
