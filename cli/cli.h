@@ -169,7 +169,7 @@ const char *cli_arch_help(void);
 
 #define CLI_POLICY_FLAGS(o)                                                                        \
     {.name = "--policy", CLI_STR, &(o)->policy,                                                    \
-     "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4 (default dense)"},             \
+     "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4|line-ar (default dense)"},     \
     {.name = "--sparsity", CLI_F64, &(o)->sparsity,                                                \
      "S: N_att = round((1-S) L_dec); or give --n-att (a sparse policy needs one)",                 \
      CLI_NUMS(0, 1, 0, NULL)},                                                                     \

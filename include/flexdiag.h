@@ -110,6 +110,7 @@ typedef enum flexdiag_policy_kind {
     FLEXDIAG_POLICY_ALISA = 5,
     FLEXDIAG_POLICY_DIAGONAL = 6,
     FLEXDIAG_POLICY_DIAGONAL_SINK4 = 7,
+    FLEXDIAG_POLICY_LINE_AR = 8, /* LineAR: line-wise selection of the middle tokens (API 17) */
 } flexdiag_policy_kind;
 
 /* ---- handles ---- */

@@ -31,6 +31,7 @@ static const flexdiag_kvp_class *const kvp_classes[] = {
     [FLEXDIAG_POLICY_ALISA] = &flexdiag__kvp_alisa,
     [FLEXDIAG_POLICY_DIAGONAL] = &flexdiag__kvp_diagonal,
     [FLEXDIAG_POLICY_DIAGONAL_SINK4] = &flexdiag__kvp_diagonal_sink4,
+    [FLEXDIAG_POLICY_LINE_AR] = &flexdiag__kvp_line_ar,
 };
 #define KVP_N_KINDS ((int)(sizeof kvp_classes / sizeof kvp_classes[0]))
 
@@ -241,7 +242,9 @@ static flexdiag_status validate_params(const flexdiag_kvp_params *p) {
                              (int)p->n_r, KVP_MAX_NR);
     /* no validate_ring: the state machine clamps N_att > N_r (the tests drive that clamp);
      * flexdiag__kvp_resolve refuses it for every caller of the API and the tools */
-    return validate_sinks(p->kind, p->n_att, has_ring(p->kind) ? p->n_r : 0);
+    FLEXDIAG_TRY(validate_sinks(p->kind, p->n_att, has_ring(p->kind) ? p->n_r : 0));
+    const flexdiag_kvp_class *cls = class_of(p->kind);
+    return cls->check ? cls->check(p) : FLEXDIAG_OK;
 }
 
 flexdiag_status flexdiag__kvp_create(const flexdiag_kvp_params *p, flexdiag_kvp **out) {

@@ -64,6 +64,8 @@ typedef struct flexdiag_kvp_params {
     int32_t n_seq;             /* sequences (CFG rows counted) */
     int32_t n_layers;          /* layers */
     int32_t h_q, h_kv;         /* query and KV heads */
+    int32_t w_s;               /* decode tokens per image line (the grid's row stride, a row
+                                  end included; 0 = no grid: text); the grid policies need it */
 } flexdiag_kvp_params;
 
 typedef struct flexdiag_kvp flexdiag_kvp;

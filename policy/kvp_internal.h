@@ -44,6 +44,8 @@ typedef struct flexdiag_kvp_class {
     /* state: the family header in k->fam (state_size bytes, zeroed at create), the arrays it
      * carves (NULL: none) and the reset of one sequence in every layer (NULL: no state) */
     size_t state_size;
+    flexdiag_status (*check)(const flexdiag_kvp_params *p); /* what create refuses (NULL: none
+                                                                 beyond kv_policy.c's) */
     void (*layout)(flexdiag_kvp *k, flexdiag__kvp_carve *c);
     void (*reset_seq)(flexdiag_kvp *k, int32_t seq);
     /* per step, for one (layer, sequence): plan writes the write slot ws (h_kv), the slot lists
@@ -81,7 +83,7 @@ struct flexdiag_kvp {
 /* The classes (one per policy file section; kv_policy.c maps kinds to them). */
 extern const flexdiag_kvp_class flexdiag__kvp_dense, flexdiag__kvp_window,
     flexdiag__kvp_streaming, flexdiag__kvp_h2o, flexdiag__kvp_tova, flexdiag__kvp_alisa,
-    flexdiag__kvp_diagonal, flexdiag__kvp_diagonal_sink4;
+    flexdiag__kvp_diagonal, flexdiag__kvp_diagonal_sink4, flexdiag__kvp_line_ar;
 
 /* Flat index of (seq, layer) and (seq, layer, KV head). */
 static inline size_t flexdiag__kvp_li(const flexdiag_kvp *k, int32_t seq, int32_t layer) {

@@ -274,8 +274,10 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     FLEXDIAG_TRY(ctx_kv_homes(c));
     while (c->homes.s_host < c->geo.n_seq && c->geo.mb_seq % c->geo.pf_seq) c->geo.pf_seq--; /* no chunk straddles */
     ctx_shared_prompts(c);
+    int32_t w_s = c->geo.rows_per_img == 2 ? (c->geo.row_len ? c->geo.row_len : c->m->cfg.grid) : 0;
     FLEXDIAG_TRY(flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
-                                    l->kv_heads, c->geo.n_seq, c->geo.blk_p, c->geo.l_dec, c->host_policy));
+                                    l->kv_heads, c->geo.n_seq, c->geo.blk_p, c->geo.l_dec, w_s,
+                                    c->host_policy));
     size_t row = (size_t)l->kv_heads * (size_t)l->head_dim * (size_t)c->m->rt->k->act_bytes;
     c->geo.seq_bytes = row * (size_t)(c->geo.blk_p + c->pd.ring);
     c->geo.pre_bytes = row * (size_t)c->geo.p_cap;

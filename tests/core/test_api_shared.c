@@ -105,8 +105,9 @@ static void test_policy_names(void **state) {
                          FLEXDIAG_OK);
         assert_int_equal(back, k);
     }
-    assert_int_equal(k, FLEXDIAG_POLICY_DIAGONAL_SINK4 + 1);
+    assert_int_equal(k, FLEXDIAG_POLICY_LINE_AR + 1);
     assert_string_equal(flexdiag_policy_name(FLEXDIAG_POLICY_DIAGONAL_SINK4), "diagonal-sink4");
+    assert_string_equal(flexdiag_policy_name(FLEXDIAG_POLICY_LINE_AR), "line-ar");
     assert_null(flexdiag_policy_name((flexdiag_policy_kind)-1));
     flexdiag_policy_kind kind;
     assert_int_equal(flexdiag_policy_from_name("nope", &kind), FLEXDIAG_ERR_INVALID_ARG);

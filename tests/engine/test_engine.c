@@ -420,7 +420,7 @@ static void test_sparsity0_is_dense(void **state) {
     int32_t prompt[6] = {256, 259, 'h', 'i', 260, 261}, ids[64];
     for (int i = 0; i < 64; i++) ids[i] = (i * 53 + 7) % 256;
     float *ref = NULL;
-    for (int k = FLEXDIAG_POLICY_DENSE; k <= FLEXDIAG_POLICY_DIAGONAL_SINK4; k++) {
+    for (int k = FLEXDIAG_POLICY_DENSE; k <= FLEXDIAG_POLICY_LINE_AR; k++) {
         flexdiag_context_params cp;
         flexdiag_context_params_init(&cp);
         cp.max_images = 1;
