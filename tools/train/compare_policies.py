@@ -20,7 +20,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts  # noqa: E402
 
-POLICIES = "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4"
+POLICIES = "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4"  # line-ar: --policies
 
 
 def fidelity_rows(args, prompt):
@@ -28,7 +28,7 @@ def fidelity_rows(args, prompt):
         path = f.name
     try:
         cmd = [args.flexdiag, "bench", "fidelity", "--model", args.model, "--prompt", prompt,
-               "--policies", POLICIES, "--sparsities", args.sparsities, "--seed", str(args.seed),
+               "--policies", args.policies, "--sparsities", args.sparsities, "--seed", str(args.seed),
                "--json", path]
         if args.cpu:
             cmd.append("--cpu")
@@ -46,6 +46,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--flexdiag", default="build/flexdiag")
     ap.add_argument("--sparsities", default="0.9,0.95,0.97")
+    ap.add_argument("--policies", default=POLICIES,
+                    help="comma list; line-ar needs N_att >= 4 + 2 lines (Janus: sparsity <= 0.90)")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1, help="the dense images' sampling seed")
     ap.add_argument("--cpu", action="store_true")
