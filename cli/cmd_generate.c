@@ -50,6 +50,8 @@
 #define DEFAULT_PROMPT "a red apple on a wooden table"
 #define DEFAULT_DRAFT 8 /* --draft-len: bench/RESULTS.md "Speculative Jacobi decoding" */
 #define DEFAULT_DRAFT_S "8"
+#define DEFAULT_GROUP 7 /* --group: the official GSD code's window, 7 ranks either side */
+#define DEFAULT_GROUP_S "7"
 
 typedef struct gen_opts {
     cli_model_opts mo;
@@ -59,7 +61,8 @@ typedef struct gen_opts {
     int blocks;            /* --batching blocks */
     cli_layout layout;
     int64_t per_prompt, micro_batch, max_prompt_len, top_k, sample_seed, max_new_tokens;
-    int64_t draft_len;     /* --draft-len: the SJD window with --decode sjd, else 1 */
+    int64_t draft_len;     /* --draft-len: the SJD window with --decode sjd or gsd, else 1 */
+    int64_t group;         /* --group: grouped acceptance with --decode gsd (lossy), else 0 */
     double cfg, temperature, top_p;
     int quiet, resume;
 } gen_opts;
@@ -145,6 +148,7 @@ typedef struct gen_run {
     int64_t made;          /* images this process generated */
     double t0, end_s;      /* when the job's first block started; when its files were written */
     uint64_t passes;       /* decode passes of the finished images, summed (continuous runs) */
+    uint64_t accepted[FLEXDIAG_MAX_DRAFT_LEN - 1]; /* their drafts kept by window row, summed */
     int64_t total;         /* images in the job */
     int64_t per;           /* images per prompt: --images-per-prompt, or 4 (1 for text) */
     int text;              /* the model continues text: one row a sequence, no CFG, no PNG */
@@ -306,7 +310,10 @@ static int run_continuous(gen_run *r, int64_t first, int64_t n) {
         if (rc) flexdiag_handle_cancel(h); /* a signal, or the writer failed: stop */
     }
     flexdiag_handle_stats hs = {.struct_size = sizeof hs};
-    if (h && flexdiag_handle_status(h, &st, &hs) == FLEXDIAG_OK) r->passes += hs.passes;
+    if (h && flexdiag_handle_status(h, &st, &hs) == FLEXDIAG_OK) {
+        r->passes += hs.passes;
+        for (int k = 0; k < FLEXDIAG_MAX_DRAFT_LEN - 1; k++) r->accepted[k] += hs.accepted[k];
+    }
     if (h) snprintf(msg, sizeof msg, "%s", flexdiag_handle_error(h));
     flexdiag_handle_release(h);
     free(texts), free(ids), free(lens), free(ci.tokens), free(ci.done);
@@ -375,6 +382,8 @@ static int common_fields(gen_out *w, const gen_opts *o, const flexdiag_context *
                           "top_k", (json_int_t)o->top_k, "top_p", o->top_p);
     if (w->common && o->draft_len > 1) /* SJD: lossless, but another draw of each image */
         json_object_set_new(w->common, "draft_len", json_integer((json_int_t)o->draft_len));
+    if (w->common && o->group > 0) /* GSD: lossy, another distribution of images */
+        json_object_set_new(w->common, "sjd_group", json_integer((json_int_t)o->group));
     return w->common ? 0 : fail(1, "out of host memory");
 }
 
@@ -391,6 +400,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
     cp->images_per_prompt = (int32_t)r->per; /* one copy of each prompt's KV rows */
     cp->batching = r->o->blocks;
     cp->draft_len = (int32_t)r->o->draft_len;
+    cp->sjd_group = (int32_t)r->o->group;
     cli_kv_homes(CMD, &r->o->mo, cp);
 }
 
@@ -492,6 +502,23 @@ static void summary_text(const gen_run *r) {
             wall > 0 ? toks / wall : 0.0);
 }
 
+/* SJD's line: decode passes per image, tokens a pass, and for each draft row the share of passes
+ * that kept its draft (and every one before it). */
+static void summary_sjd(const gen_run *r) {
+    char group[48] = "", rows[FLEXDIAG_MAX_DRAFT_LEN * 8] = "";
+    if (r->o->group > 0)
+        snprintf(group, sizeof group, ", group %lld: lossy", (long long)r->o->group);
+    size_t at = 0;
+    for (int64_t k = 0; k + 1 < r->o->draft_len && at + 8 < sizeof rows; k++)
+        at += (size_t)snprintf(rows + at, sizeof rows - at, " %.2f",
+                               (double)r->accepted[k] / (double)r->passes);
+    fprintf(stderr, "sjd: %.1f decode passes per image (%d tokens; window %lld%s), %.2f tokens "
+                    "a pass; drafts kept by row:%s\n",
+            (double)r->passes / (double)r->w.images_done, r->w.per_image,
+            (long long)r->o->draft_len, group,
+            (double)r->w.images_done * (r->w.per_image - 1) / (double)r->passes, rows);
+}
+
 /* The job's two rates: generation alone (prefill + decode steps) and end to end (from the first
  * block's start until the last file is written, image decoding and PNGs included). */
 static void summary(const gen_run *r) {
@@ -513,11 +540,7 @@ static void summary(const gen_run *r) {
             (double)s->peak_device_bytes / (1 << 30), (long long)r->w.pngs, r->o->out, wall,
             wall > 0 ? (double)r->w.images_done / wall : 0.0);
     if (r->o->draft_len > 1 && r->passes && r->w.images_done)
-        fprintf(stderr, "sjd: %.1f decode passes per image (%d tokens; window %lld), %.2f "
-                        "tokens a pass\n",
-                (double)r->passes / (double)r->w.images_done, r->w.per_image,
-                (long long)r->o->draft_len,
-                (double)r->w.images_done * (r->w.per_image - 1) / (double)r->passes);
+        summary_sjd(r);
 }
 
 /* ---- the job's processes ---- */
@@ -803,8 +826,13 @@ static int check_opts(gen_opts *o) {
     if (strcmp(o->batching, "continuous") && strcmp(o->batching, "blocks"))
         return fail(2, "--batching: unknown mode '%s' (valid: continuous, blocks)", o->batching);
     o->blocks = !strcmp(o->batching, "blocks");
-    if (strcmp(o->decode, "sequential") && strcmp(o->decode, "sjd"))
-        return fail(2, "--decode: unknown mode '%s' (valid: sequential, sjd)", o->decode);
+    if (strcmp(o->decode, "sequential") && strcmp(o->decode, "sjd") && strcmp(o->decode, "gsd"))
+        return fail(2, "--decode: unknown mode '%s' (valid: sequential, sjd, gsd)", o->decode);
+    int gsd = !strcmp(o->decode, "gsd");
+    if (o->group && !gsd)
+        return fail(2, "--group %lld: grouped acceptance is --decode gsd's (lossy); --decode %s "
+                       "takes no --group", (long long)o->group, o->decode);
+    if (gsd && !o->group) o->group = DEFAULT_GROUP;
     if (!strcmp(o->decode, "sequential")) o->draft_len = 1;
     return cli_check_model(CMD, &o->mo);
 }
@@ -840,11 +868,17 @@ int flexdiag_cmd_generate(int argc, char **argv) {
         {.name = "--decode", CLI_STR, &o.decode,
          "sequential (default): one token a pass; sjd: speculative Jacobi decoding, up to "
          "--draft-len tokens a pass, lossless (the same distribution of images, other draws; "
-         "greedy --top-k 1 gives sequential's tokens). Dense policy, KV on the device "
-         "(docs/decoding.md)"},
+         "greedy --top-k 1 gives sequential's tokens); gsd: SJD with grouped acceptance "
+         "(--group; LOSSY: another distribution of images, fewer passes; never a default). "
+         "Dense policy, KV on the device (docs/decoding.md)"},
         {.name = "--draft-len", CLI_INT, &o.draft_len,
-         "with --decode sjd: tokens a sequence runs per pass, its last and the drafts "
+         "with --decode sjd or gsd: tokens a sequence runs per pass, its last and the drafts "
          "(default " DEFAULT_DRAFT_S ")", CLI_INTS(2, 64, NULL)},
+        {.name = "--group", CLI_INT, &o.group,
+         "with --decode gsd (lossy): a draft is accepted against the probability of itself and "
+         "its look-alikes (close VQ codebook vectors) among the codes the target ranks up to G "
+         "places either side of it (default " DEFAULT_GROUP_S "; image models with a decoder)",
+         CLI_INTS(1, 64, NULL)},
         {.name = "--micro-batch", CLI_INT, &o.micro_batch,
          "images per micro-batch (default: batch)",
          CLI_INTS(0, INT32_MAX, "0 = the whole block")},

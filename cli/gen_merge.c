@@ -178,6 +178,7 @@ static const struct {
     {"cfg_weight", "--cfg"},        {"temperature", "--temperature"},
     {"top_k", "--top-k"},           {"top_p", "--top-p"},
     {"draft_len", "--decode sjd / --draft-len"}, /* absent for sequential decoding */
+    {"sjd_group", "--decode gsd / --group"},     /* absent unless grouped (lossy) */
 };
 
 /* Image index of record r (where: its line or record number in file f): 0 with *g set, or 2

@@ -54,7 +54,7 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14, 0.5.0: 15, 0.6.0: 16; docs/abi.md) and what each added.
+/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14, 0.5.0: 15, 0.6.0: 16, 0.7.0: 17; docs/abi.md) and what each added.
  * 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
@@ -68,8 +68,13 @@ extern "C" {
  * FLEXDIAG_ERR_TIMEOUT; flexdiag_generate runs through the queue. 13: flexdiag_builtin_arch. 14: the _init() macros and
  * flexdiag_*_init_size (params written at the caller's size). 15: context_params and request
  * draft_len (speculative Jacobi decoding). 16: runtime_params
- * compress_disk (zstd on the disk tier). */
-#define FLEXDIAG_API_VERSION 16u
+ * compress_disk (zstd on the disk tier). 17: context_params and request sjd_group (grouped
+ * acceptance, lossy), handle_stats accepted (SJD drafts accepted by window row). */
+#define FLEXDIAG_API_VERSION 17u
+
+/* The longest SJD window (context_params draft_len); handle_stats accepted has a count for each
+ * of its draft rows. */
+#define FLEXDIAG_MAX_DRAFT_LEN 64
 
 /* ---- enums ---- */
 
@@ -246,6 +251,17 @@ typedef struct flexdiag_context_params {
                                       sequential decoding (one token a pass). Needs the dense
                                       policy and every KV on the device;
                                       FLEXDIAG_ERR_UNSUPPORTED otherwise (docs/decoding.md) */
+    /* since API version 17 */
+    int32_t sjd_group;             /* with draft_len >= 2: 0 = exact SJD (lossless); G in
+                                      1 .. 64 = grouped acceptance (GSD; LOSSY: another
+                                      distribution of images, never a default): a draft is
+                                      accepted against the summed probabilities of itself and
+                                      those of the codes the target ranks up to G places either
+                                      side of it whose VQ codebook vectors lie close to its own
+                                      (docs/decoding.md §7); 2G + 1 at most the codebook. Image
+                                      models with an image decoder (its codebook) only: a text
+                                      context, or a model without one, is refused
+                                      (FLEXDIAG_ERR_UNSUPPORTED) */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {
@@ -267,6 +283,10 @@ typedef struct flexdiag_request {
     int32_t draft_len;           /* SJD window of this request's images (context_params
                                     draft_len): 0 = the context's, 1 = sequential, else at
                                     most the context's */
+    /* since API version 17 */
+    int32_t sjd_group;           /* grouped acceptance of this request's images
+                                    (context_params sjd_group): 0 = the context's, -1 = exact
+                                    SJD, 1 .. 64 (lossy) in a context made with sjd_group > 0 */
 } flexdiag_request;
 
 typedef struct flexdiag_output {
@@ -574,6 +594,11 @@ typedef struct flexdiag_handle_stats {
     uint64_t passes;       /* decode passes its finished images took, summed (the prefill
                               pass not counted): passes per image = passes / done_images,
                               fewer than its tokens with context_params draft_len > 1 */
+    /* since API version 17 */
+    uint64_t accepted[FLEXDIAG_MAX_DRAFT_LEN - 1]; /* SJD: [k] drafts accepted in window row
+                              k + 1 (its k-th draft) over the passes of its finished images;
+                              accepted[k] / passes is the share of passes that kept k + 1
+                              drafts or more, tokens a pass 1 + their sum / passes */
 } flexdiag_handle_stats;
 
 /* Fill defaults and struct_size. */

@@ -20,6 +20,7 @@
 #include "runtime/api_check.h"
 #include "runtime/api_queue.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/sjd.h"
 #include "runtime/model/vocab_map.h"
 #include "runtime/text/prompt.h"
 
@@ -47,6 +48,7 @@ struct flexdiag_handle {
     int32_t ended;               /* images ended */
     uint64_t tokens;             /* tokens made */
     uint64_t passes;             /* decode passes of its finished images, summed */
+    uint64_t accepted[FLEXDIAG_MAX_DRAFT - 1]; /* their drafts accepted by window row, summed */
     flexdiag_status st;          /* BUSY while it runs, then its status */
     flexdiag_status fail;        /* the first failure of its images */
     char msg[256];               /* its message */
@@ -166,6 +168,8 @@ static void job_ended(const flexdiag_job *job, int32_t n, flexdiag_status st, co
     int32_t i = job->idx;
     h->made[i] = n;
     if (st == FLEXDIAG_OK) h->passes += (uint64_t)job->passes;
+    for (int32_t k = 0; st == FLEXDIAG_OK && k < FLEXDIAG_MAX_DRAFT - 1; k++)
+        h->accepted[k] += (uint64_t)job->accepted[k];
     if (st == FLEXDIAG_OK) {
         if (h->t_img < 0) h->t_img = secs_since(h->t0);
         image_tokens(h, i, h->grid);
@@ -390,6 +394,12 @@ static flexdiag_status handle_make(flexdiag_context *c, const flexdiag_request *
                              "request.draft_len %d: give 0 (the context's), 1 (sequential) or up "
                              "to context_params.draft_len (%d)", r->draft_len, c->geo.win);
     int32_t draft = r->draft_len ? r->draft_len : c->geo.win;
+    if (r->sjd_group < -1 || r->sjd_group > FLEXDIAG_MAX_GROUP || (r->sjd_group > 0 && !c->groups))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "request.sjd_group %d: give 0 (the context's, %d), -1 (exact SJD) or "
+                             "1 .. 64 in a context made with context_params.sjd_group > 0",
+                             r->sjd_group, c->p.sjd_group);
+    int32_t group = r->sjd_group < 0 ? 0 : r->sjd_group ? r->sjd_group : c->p.sjd_group;
     for (int32_t i = 0; i < h->n_img; i++) {
         int32_t prompt = i / r->images_per_prompt;
         h->jobs[i] = (flexdiag_job){.prompt = h->ids[prompt], .prompt_len = h->lens[prompt],
@@ -397,6 +407,7 @@ static flexdiag_status handle_make(flexdiag_context *c, const flexdiag_request *
                                     .img = r->first_image + i,
                                     .sp = {r->temperature, top_k, r->top_p, r->seed, 0},
                                     .cfg_weight = r->cfg_weight, .draft_len = draft,
+                                    .sjd_group = group,
                                     .tokens = h->raw + (size_t)i * (size_t)h->l_tok,
                                     .cancel = &h->cancel, .tag = h, .idx = i};
     }
@@ -507,6 +518,7 @@ flexdiag_status flexdiag_handle_status(const flexdiag_handle *h, flexdiag_status
                                 .queue_s = h->t_admit, .first_token_s = h->t_tok,
                                 .first_image_s = h->t_img, .total_s = h->t_end,
                                 .passes = h->passes};
+    memcpy(hs.accepted, h->accepted, sizeof hs.accepted);
     pthread_mutex_unlock(&w->mu);
     if (stats) memcpy(stats, &hs, size);
     return FLEXDIAG_OK;

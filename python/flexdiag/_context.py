@@ -94,8 +94,9 @@ class Context(Native):
     (per step); it runs on the context's engine thread, and returning False cancels every
     request of the context. The other keyword arguments are the fields of
     flexdiag_context_params (max_images, micro_batch, max_prompt_len, max_new_tokens, text,
-    kv_pct, cpu_attention, images_per_prompt, cpu_attention_pct, queue_images), plus policy
-    ("dense", "diagonal", ...), n_att, n_r, sparsity and batching ("continuous", "blocks")."""
+    kv_pct, cpu_attention, images_per_prompt, cpu_attention_pct, queue_images, draft_len,
+    sjd_group), plus policy ("dense", "diagonal", ...), n_att, n_r, sparsity and batching
+    ("continuous", "blocks")."""
 
     def __init__(self, model, progress=None, **params):
         super().__init__(model)
@@ -143,7 +144,7 @@ class Context(Native):
 
     def submit(self, prompts, *, images_per_prompt=None, cfg_weight=None, temperature=None,
                top_k=None, top_p=None, seed=None, first_image=None, draft_len=None,
-               on_image=None, on_token=None, on_done=None, wait_for_room=True):
+               sjd_group=None, on_image=None, on_token=None, on_done=None, wait_for_room=True):
         """Queue images for prompts (a text, a list of texts, or a list of prompt id lists);
         returns a Handle at once. Sampling arguments left None take the library's defaults
         (flexdiag_request_init: cfg_weight 5, temperature 1, top_k 0, top_p 1, seed 0).
@@ -152,10 +153,11 @@ class Context(Native):
         on_done(handle, status) at the end; an exception in one cancels the request, the
         request's later callbacks are skipped and result() raises it. wait_for_room False:
         Error BUSY when the queue is full. draft_len: the speculative Jacobi decoding window
-        of these images (None: the context's draft_len, 1: sequential)."""
+        of these images (None: the context's draft_len, 1: sequential). sjd_group: their
+        grouped acceptance (lossy; None: the context's sjd_group, -1: exact SJD)."""
         req = Q.CRequest(prompts, images_per_prompt=images_per_prompt, cfg_weight=cfg_weight,
                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         first_image=first_image, draft_len=draft_len)
+                         first_image=first_image, draft_len=draft_len, sjd_group=sjd_group)
         return self._submit("image", req, on_image, on_token, on_done, wait_for_room)
 
     def submit_text(self, prompts, *, max_new_tokens=None, stop_at_eos=True,

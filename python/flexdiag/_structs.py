@@ -48,7 +48,7 @@ class ContextParams(c.Structure):
                 ("progress", PROGRESS_FN), ("progress_user", c.c_void_p), ("text", c.c_bool),
                 ("kv_pct", u32 * 3), ("cpu_attention", c.c_bool), ("images_per_prompt", i32),
                 ("cpu_attention_pct", u32), ("queue_images", i32), ("batching", i32),
-                ("draft_len", i32)]
+                ("draft_len", i32), ("sjd_group", i32)]
 
 
 class Request(c.Structure):
@@ -56,7 +56,8 @@ class Request(c.Structure):
                 ("prompt_ids", c.POINTER(c.POINTER(i32))), ("prompt_lens", c.POINTER(i32)),
                 ("images_per_prompt", i32), ("cfg_weight", c.c_float),
                 ("temperature", c.c_float), ("top_k", i32), ("top_p", c.c_float),
-                ("seed", u64), ("first_image", i64), ("draft_len", i32)]
+                ("seed", u64), ("first_image", i64), ("draft_len", i32),
+                ("sjd_group", i32)]
 
 
 class Output(c.Structure):
@@ -106,7 +107,8 @@ class SubmitParams(c.Structure):
 class HandleStats(c.Structure):
     _fields_ = [("struct_size", u32), ("n_images", i32), ("done_images", i32),
                 ("tokens", u64), ("queue_s", f64), ("first_token_s", f64),
-                ("first_image_s", f64), ("total_s", f64), ("passes", u64)]
+                ("first_image_s", f64), ("total_s", f64), ("passes", u64),
+                ("accepted", u64 * 63)]
 
 
 # the library's function that fills each params struct's defaults (_lib.init)

@@ -16,6 +16,8 @@
 #include "offload/kv_disk.h"
 #include "runtime/engine/cpu_attn.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/sjd.h"
+#include "runtime/image/vq.h"
 #include "runtime/tiers.h"
 
 #define BUF_ALIGN 256
@@ -252,6 +254,50 @@ static flexdiag_status ctx_window_allowed(const flexdiag_context *c) {
                          c->p.draft_len, why);
 }
 
+/* Grouped acceptance (params sjd_group > 0; sjd.h): codes grouped by their VQ codebook vectors,
+ * so an SJD image context of a model with an image decoder, 2G + 1 codes at most its codebook. */
+static flexdiag_status ctx_group_allowed(const flexdiag_context *c) {
+    int32_t g = c->p.sjd_group;
+    if (g < 0 || g > FLEXDIAG_MAX_GROUP)
+        return bad_param("sjd_group", g, "give 0 (exact SJD) or 1 .. 64 codes either side of a "
+                         "draft (grouped acceptance, lossy)");
+    if (!g) return FLEXDIAG_OK;
+    if (c->geo.rows_per_img == 1)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "context_params.sjd_group %d (grouped "
+                             "acceptance) with a text context: its tokens have no codebook to "
+                             "group them by; give sjd_group 0", g);
+    if (c->geo.win < 2)
+        return bad_param("sjd_group", g, "grouped acceptance is an SJD rule: give "
+                         "context_params.draft_len >= 2 too");
+    if (2 * (int64_t)g + 1 > c->geo.vocab_out)
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG, "context_params.sjd_group %d: a group "
+                             "spans 2G + 1 = %d codes, more than the codebook's %d", g, 2 * g + 1,
+                             c->geo.vocab_out);
+    if (!c->m->vq)
+        return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED, "context_params.sjd_group %d (grouped "
+                             "acceptance) with a model without an image decoder, whose VQ "
+                             "codebook groups the codes; give sjd_group 0", g);
+    return FLEXDIAG_OK;
+}
+
+/* The groups' codebook table (params sjd_group > 0): the decoder's codebook read once. */
+static flexdiag_status ctx_groups_open(flexdiag_context *c) {
+    if (c->p.sjd_group < 1) return FLEXDIAG_OK;
+    const flexdiag_model *m = c->m;
+    const flexdiag_vq_config *vc = flexdiag__vq_get_config(m->vq);
+    float *cb = malloc((size_t)vc->codebook_size * (size_t)vc->embed_dim * sizeof *cb);
+    if (!cb) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "sjd_group: no host memory for the "
+                                  "codebook (%d x %d)", vc->codebook_size, vc->embed_dim);
+    pthread_mutex_lock(&m->rt->s_mu); /* image decodes share the decoder's stream */
+    flexdiag_status st = flexdiag__vq_codebook(m->vq, m->vq_s, cb);
+    pthread_mutex_unlock(&m->rt->s_mu);
+    if (st == FLEXDIAG_OK)
+        st = flexdiag__sjd_groups_make(cb, vc->codebook_size, vc->embed_dim, m->img_codes,
+                                       c->geo.vocab_out, &c->groups);
+    free(cb);
+    return st;
+}
+
 static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
@@ -283,6 +329,7 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     c->geo.pre_bytes = row * (size_t)c->geo.p_cap;
     FLEXDIAG_TRY(ctx_check_bytes(c));
     FLEXDIAG_TRY(ctx_window_allowed(c));
+    FLEXDIAG_TRY(ctx_group_allowed(c));
     return flexdiag__cpu_attn_allowed(c);
 }
 
@@ -496,6 +543,7 @@ flexdiag_status flexdiag__context_alloc(flexdiag_context *c) {
     if (c->homes.kv_host)
         FLEXDIAG_TRY(flexdiag__cpu_attn_open(
             c, (char *)c->homes.kv_host + ctx_home_bytes(c) + ctx_disk_stage_bytes(c)));
+    FLEXDIAG_TRY(ctx_groups_open(c));
     return flexdiag__context_pf_tables(c, c->geo.p_cap);
 }
 
@@ -512,6 +560,7 @@ void flexdiag__context_free(flexdiag_context *c) {
     flexdiag__arena_charge(&rt->arena, -(int64_t)c->stream_charge, "a context's stream");
     flexdiag__arena_free(&rt->arena, c->block, c->block_bytes);
     flexdiag__pd_fini(&c->pd);
+    flexdiag__sjd_groups_free(c->groups);
     if (k->host_free) k->host_free(c->up.block);
     else free(c->up.block);
 }

@@ -41,6 +41,7 @@
 
 struct flexdiag_tokenizer;
 struct flexdiag_queue;
+struct flexdiag_sjd_groups;
 
 struct flexdiag_runtime {
     flexdiag_runtime_params p;   /* copy of the creation params */
@@ -209,13 +210,15 @@ struct flexdiag_context {
     atomic_int cancel;               /* cancel of a lock-step run (scoring) requested */
     struct flexdiag_queue *queue;    /* the request queue and its engine thread (api_queue.c) */
     flexdiag_stats stats;            /* counters of the last call */
+    struct flexdiag_sjd_groups *groups; /* grouped SJD acceptance's codebook table (params
+                                        sjd_group > 0; sjd.h), NULL otherwise */
 };
 
 /* Lumina-mGPT's top-k inside the image (its README), used when a request leaves top_k at 0. */
 #define FLEXDIAG_LUMINA_TOP_K 2000
 
 /* The longest SJD window a context takes (params draft_len). */
-#define FLEXDIAG_MAX_DRAFT 64
+#define FLEXDIAG_MAX_DRAFT FLEXDIAG_MAX_DRAFT_LEN
 
 /* One run: n_img images generated (or scored) together. Host pointers. */
 typedef struct flexdiag_block {
@@ -261,7 +264,11 @@ typedef struct flexdiag_job {
     const int32_t *forced;     /* (n_steps) teacher-forced ids, or NULL to sample */
     int32_t draft_len;         /* SJD window (window.c), <= the context's geo.win; 0 or 1:
                                   sequential */
+    int32_t sjd_group;         /* grouped acceptance over codes either side of a draft (sjd.h;
+                                  needs the context's groups); 0: exact */
     int32_t passes;            /* out: decode passes it took part in (serve.c) */
+    int32_t accepted[FLEXDIAG_MAX_DRAFT - 1]; /* out: [k] drafts accepted in window row k + 1
+                                  (window.c) */
     int32_t *tokens;           /* out (n_steps) */
     float *logits;             /* optional out (n_steps, vocab_out): the distribution each token
                                   was drawn from (CFG-combined for images); tests, fidelity */

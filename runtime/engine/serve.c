@@ -25,6 +25,7 @@
 
 #include "base/core.h"
 #include "runtime/engine/run_state.h"
+#include "runtime/engine/sjd.h"
 
 static const flexdiag_block no_block; /* a run without captures, progress or profiling */
 
@@ -123,6 +124,10 @@ static flexdiag_status check_job(const flexdiag_context *c, const flexdiag_job *
         return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
                              "image %lld: draft_len %d: the context's window is %d tokens a pass "
                              "(context_params.draft_len)", img, j->draft_len, c->geo.win);
+    if (j->sjd_group < 0 || j->sjd_group > FLEXDIAG_MAX_GROUP || (j->sjd_group && !c->groups))
+        return flexdiag__err(FLEXDIAG_ERR_INVALID_ARG,
+                             "image %lld: sjd_group %d: give 0 (exact) or 1 .. 64 in a context "
+                             "made with context_params.sjd_group > 0", img, j->sjd_group);
     const flexdiag_sample_params *sp = &j->sp;
     if (!j->forced && (!(sp->temperature > 0) || !isfinite(sp->temperature) || sp->top_k < 0 ||
                        !(sp->top_p > 0) || !isfinite(j->cfg_weight)))

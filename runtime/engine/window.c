@@ -233,9 +233,11 @@ static void verify_slot(const run_state *r, const verify_scratch *v, int32_t i) 
         if (k + 1 < nv) drafts[k] = w->draft[(size_t)i * D + (size_t)k] - c->geo.id0;
     }
     flexdiag_sjd_key key = {sl->job.sp.seed, sl->job.img};
+    flexdiag_sjd_accept acc = {c->groups, sl->job.sjd_group};
     int32_t n = flexdiag__sjd_verify(&key, sl->made, v->p, nv, drafts, w->q + (size_t)i * D * V,
-                                     v->forced, (int64_t)V, v->out, v->res);
+                                     v->forced, (int64_t)V, &acc, v->out, v->res);
     for (int32_t k = 0; k < n; k++) sl->job.tokens[sl->made + k] = c->geo.id0 + v->out[k];
+    for (int32_t k = 0; k + 1 < n; k++) sl->job.accepted[k]++; /* drafts 0..n-2 were kept */
     sl->made += n;
     redraft(r, v, i, n, nv);
 }

@@ -641,6 +641,12 @@ flexdiag_status flexdiag__vq_open_vqgan(const flexdiag_kernels *k, flexdiag_stre
     return r;
 }
 
+flexdiag_status flexdiag__vq_codebook(const flexdiag_vq *vq, flexdiag_stream *s, float *out) {
+    size_t bytes = (size_t)vq->cfg.codebook_size * (size_t)vq->cfg.embed_dim * sizeof *out;
+    FLEXDIAG_TRY(vq->k->copy_d2h(out, vq->codebook, bytes, s));
+    return vq->k->stream_sync(s);
+}
+
 const flexdiag_vq_config *flexdiag__vq_get_config(const flexdiag_vq *vq) { return &vq->cfg; }
 
 void flexdiag__vq_bytes(const flexdiag_vq *vq, size_t *weight_bytes, size_t *scratch_bytes) {

@@ -163,6 +163,9 @@ flexdiag_status flexdiag__vq_open_vqgan(const flexdiag_kernels *k, flexdiag_stre
  * returns after the pixels are on the host. */
 flexdiag_status flexdiag__vq_decode(flexdiag_vq *vq, flexdiag_stream *s, const int32_t *ids,
                                     int64_t n, float *pixels_out);
+/* The decoder's codebook (codebook_size, embed_dim) f32 into host out, as the decoder looks its
+ * rows up (L2-normalised when cfg.l2_codebook); returns after the copy (stream s). */
+flexdiag_status flexdiag__vq_codebook(const flexdiag_vq *vq, flexdiag_stream *s, float *out);
 /* The config the decoder was built with (borrowed, lives as long as vq). */
 const flexdiag_vq_config *flexdiag__vq_get_config(const flexdiag_vq *vq);
 /* Dry run: backend bytes flexdiag__vq_create would allocate for cfg on any backend (weights

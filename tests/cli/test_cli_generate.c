@@ -375,6 +375,44 @@ static void test_decode_sjd(void **state) {
     free(tmp);
 }
 
+/* --decode gsd (grouped acceptance, lossy): images and records saying the window and the group,
+ * the sjd line with the group and the drafts kept by row; --resume refuses another group (or
+ * exact SJD) by the flag; --group without gsd, a group out of range and gsd on a text model are
+ * refused by name. */
+static void test_decode_gsd(void **state) {
+    (void)state;
+    char *tmp = tu_tempdir("cli-gsd");
+    assert_int_equal(gen(tmp, "--prompt 'a red apple' --images-per-prompt 3 --decode gsd "
+                              "--draft-len 4 --group 5 --out g"), 0);
+    assert_err_has(tmp, "sjd: ", "window 4, group 5: lossy", "drafts kept by row: ", NULL);
+    char out[4200];
+    snprintf(out, sizeof out, "%s/g", tmp);
+    json_t *res = read_results(out);
+    assert_int_equal(json_array_size(res), 3);
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(rec_int(res, i, "draft_len"), 4);
+        assert_int_equal(rec_int(res, i, "sjd_group"), 5);
+        assert_png(out, rec_str(res, i, "file"), SIDE, SIDE);
+    }
+    json_decref(res);
+    assert_int_equal(gen(tmp, "--prompt 'a red apple' --images-per-prompt 3 --decode gsd "
+                              "--draft-len 4 --group 6 --resume --out g"), 2);
+    assert_err_has(tmp, "sjd_group", "--decode gsd / --group", NULL);
+    assert_int_equal(gen(tmp, "--prompt 'a red apple' --images-per-prompt 3 --decode sjd "
+                              "--draft-len 4 --resume --out g"), 2);
+    assert_err_has(tmp, "sjd_group", NULL);
+    assert_int_equal(gen(tmp, "--decode sjd --group 3 --out x"), 2);
+    assert_err_has(tmp, "--group", "--decode gsd", NULL);
+    assert_int_equal(gen(tmp, "--decode gsd --group 65 --out x"), 2);
+    assert_err_has(tmp, "--group", NULL);
+    assert_int_equal(tu_system("cd '%s' && '%s' generate --cpu --arch micro-opt --quiet "
+                               "--max-new-tokens 8 --decode gsd --out t 2>err.txt", tmp, g_bin),
+                     1);
+    assert_err_has(tmp, "sjd_group", "text", NULL);
+    tu_rmtree(tmp);
+    free(tmp);
+}
+
 static void test_geneval(void **state) {
     (void)state;
     char *tmp = tu_tempdir("cli-geneval");
@@ -600,7 +638,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain),        cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_batching),
-        cmocka_unit_test(test_decode_sjd),
+        cmocka_unit_test(test_decode_sjd),   cmocka_unit_test(test_decode_gsd),
         cmocka_unit_test(test_geneval),      cmocka_unit_test(test_dpg),
         cmocka_unit_test(test_sigint_plain), cmocka_unit_test(test_sigterm_dpg),
         cmocka_unit_test(test_errors),

@@ -42,7 +42,7 @@ static void params(void) {
     FIELD(flexdiag_context_params, images_per_prompt);
     FIELD(flexdiag_context_params, cpu_attention_pct);
     FIELD(flexdiag_context_params, queue_images); FIELD(flexdiag_context_params, batching);
-    FIELD(flexdiag_context_params, draft_len);
+    FIELD(flexdiag_context_params, draft_len); FIELD(flexdiag_context_params, sjd_group);
     END();
     BEGIN("Request", flexdiag_request);
     FIELD(flexdiag_request, n_prompts); FIELD(flexdiag_request, prompts);
@@ -51,7 +51,7 @@ static void params(void) {
     FIELD(flexdiag_request, temperature); FIELD(flexdiag_request, top_k);
     FIELD(flexdiag_request, top_p); FIELD(flexdiag_request, seed);
     FIELD(flexdiag_request, first_image);
-    FIELD(flexdiag_request, draft_len);
+    FIELD(flexdiag_request, draft_len); FIELD(flexdiag_request, sjd_group);
     END();
     BEGIN("SubmitParams", flexdiag_submit_params);
     FIELD(flexdiag_submit_params, on_image); FIELD(flexdiag_submit_params, on_token);
@@ -90,6 +90,7 @@ static void outputs(void) {
     FIELD(flexdiag_handle_stats, tokens); FIELD(flexdiag_handle_stats, queue_s);
     FIELD(flexdiag_handle_stats, first_token_s); FIELD(flexdiag_handle_stats, first_image_s);
     FIELD(flexdiag_handle_stats, total_s); FIELD(flexdiag_handle_stats, passes);
+    FIELD(flexdiag_handle_stats, accepted);
     END();
 }
 
