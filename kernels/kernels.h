@@ -487,6 +487,8 @@ static inline int32_t flexdiag__list_step(const flexdiag_list_steps *st, int64_t
 /* (optional) Plan each list at its step t: when 0 <= ti <= a-1 first append lag ti
  * (ti == 0 resets the list to {0}); then slots[i] = sinks 0..base-1 followed by list
  * entry j at column base + cnt-1-j: base + (ti - lag[j]) mod n_r; n_slots[i] = base + cnt.
+ * n_r is the ring rows behind the sinks: N_r, plus the window passes' slack when a context
+ * runs SJD (policy/kv_policy.h flexdiag_kvp_params slack); lags stay below N_r.
  * For ti < 0 (sink4, t <= 3): slots 0..t. slots (n_lists, max_slots), n_slots (n_lists). */
 typedef flexdiag_status flexdiag_op_diag_slots(int32_t *slots, int32_t *n_slots, int16_t *lag,
                                                int16_t *cnt, int64_t n_lists, int32_t max_slots,

@@ -346,6 +346,22 @@ int flexdiag__kvp_plan_shared(flexdiag_kvp *k, int32_t t, int32_t s0, int32_t n,
     return 1;
 }
 
+int flexdiag__kvp_window_ok(const flexdiag_kvp *kvp, int32_t t, int32_t n) {
+    if (!kvp->cls->plan_ahead) return n <= 1;
+    for (int32_t s = t; s < t + n; s++)
+        if (flexdiag__kvp_needs_scores(kvp, s)) return 0;
+    return 1;
+}
+
+void flexdiag__kvp_plan_ahead(const flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t i,
+                              int32_t seq, int32_t *write_slot, int32_t *slots,
+                              int32_t *n_slots) {
+    FLEXDIAG_ASSERT(layer >= 0 && layer < kvp->p.n_layers && seq >= 0 && seq < kvp->p.n_seq);
+    FLEXDIAG_ASSERT(kvp->next_t[flexdiag__kvp_li(kvp, seq, layer)] == t && i >= 0);
+    FLEXDIAG_ASSERT(t + i < kvp->p.l_dec && flexdiag__kvp_window_ok(kvp, t, i + 1));
+    kvp->cls->plan_ahead(kvp, layer, t + i, seq, write_slot, slots, n_slots);
+}
+
 void flexdiag__kvp_update(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,
                           const float *logits, const float *lse, const float *probs) {
     const flexdiag_kvp_params *p = &kvp->p;

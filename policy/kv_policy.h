@@ -66,6 +66,10 @@ typedef struct flexdiag_kvp_params {
     int32_t h_q, h_kv;         /* query and KV heads */
     int32_t w_s;               /* decode tokens per image line (the grid's row stride, a row
                                   end included; 0 = no grid: text); the grid policies need it */
+    int32_t slack;             /* extra ring rows for window passes of up to slack + 1 rows
+                                  (draft_len - 1; 0 = sequential): the ring policies (window,
+                                  streaming, the Diagonals) keep their attended tokens while a
+                                  pass writes the rows ahead (flexdiag__kvp_plan_ahead) */
 } flexdiag_kvp_params;
 
 typedef struct flexdiag_kvp flexdiag_kvp;
@@ -108,6 +112,16 @@ void flexdiag__kvp_plan(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0,
  * returns 0 (and does nothing) for every other policy. */
 int flexdiag__kvp_plan_shared(flexdiag_kvp *kvp, int32_t t, int32_t s0, int32_t n,
                               int32_t *write_slot, int32_t *slots, int32_t *n_slots);
+/* Window passes (speculative Jacobi decoding): whether a sequence whose next step is t may run
+ * steps t .. t+n-1 in one pass exactly: its policy plans ahead and no update is needed after
+ * any of those steps (Diagonal: past its build-up; position-only policies: always). */
+int flexdiag__kvp_window_ok(const flexdiag_kvp *kvp, int32_t t, int32_t n);
+/* The plan step t + i of (layer, seq) will make, next step t, changing nothing: write_slot
+ * (h_kv), slots (h_kv, max_slots), n_slots (h_kv), as flexdiag__kvp_plan gives them at t + i
+ * when window_ok(t, i + 1). The ring holds what steps t .. t+i attend while the pass writes
+ * them when i <= params slack. */
+void flexdiag__kvp_plan_ahead(const flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t i,
+                              int32_t seq, int32_t *write_slot, int32_t *slots, int32_t *n_slots);
 /* After attention of the same (layer, t, s0, n): logits (n, h_q, max_slots) fp32 scaled logits
  * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row;
  * probs (n, h_q, max_slots) the kernels' probability epilogue expf(logit - lse) (kernels.h
@@ -186,10 +200,11 @@ typedef struct flexdiag__kvp_scores {
 } flexdiag__kvp_scores;
 
 /* Diagonal (policy_diagonal.c): advance one list (lag (a), *cnt) to step t and write its slots
- * (base sinks first, then list entry j at column base + cnt-1-j); returns the slot count. For
- * t < base (sink4's first steps) the sinks 0..t, the list untouched. */
-int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t base,
-                                 int32_t n_r, int32_t t, int32_t *slots);
+ * (base sinks first, then list entry j at column base + cnt-1-j, ring slot base + (t - base -
+ * lag) mod m, m the rows behind the sinks: N_r + slack); returns the slot count. For t < base
+ * (sink4's first steps) the sinks 0..t, the list untouched. */
+int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t base, int32_t m,
+                                 int32_t t, int32_t *slots);
 /* Diagonal's build-up pick: the list entry e < n (entry e at ring column ns - 1 - e) with the
  * lexicographically smallest (score, -lag), score = max over g query-head rows of z (row
  * stride z_stride) at that column. */

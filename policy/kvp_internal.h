@@ -64,6 +64,11 @@ typedef struct flexdiag_kvp_class {
      * its length returned, *ws its write slot, *evict 1 when the write overwrites a live row
      * (NULL for every other policy: flexdiag__kvp_plan_shared returns 0) */
     int32_t (*shared_list)(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws, int *evict);
+    /* the plan of a later step t of one (layer, sequence) from its state now, no state changed
+     * (kv_policy.h flexdiag__kvp_plan_ahead); NULL: the policy cannot plan ahead (its lists
+     * depend on scores of the steps between) */
+    void (*plan_ahead)(const flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
+                       int32_t *slots, int32_t *ns);
 } flexdiag_kvp_class;
 
 struct flexdiag_kvp {

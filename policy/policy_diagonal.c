@@ -61,7 +61,7 @@ const int16_t *flexdiag__kvp_diag_lag(const flexdiag_kvp *k, int32_t seq, int32_
 }
 
 int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t base,
-                                 int32_t n_r, int32_t t, int32_t *s) {
+                                 int32_t m, int32_t t, int32_t *s) {
     int32_t ti = t - base;
     if (ti < 0) { /* sink4, t <= 3: sink t is written, decode tokens 0..t attended */
         for (int32_t j = 0; j <= t; j++) s[j] = j;
@@ -76,8 +76,8 @@ int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t 
     FLEXDIAG_DASSERT(*cnt == (ti + 1 < a ? ti + 1 : a));
     for (int32_t j = 0; j < base; j++) s[j] = j;
     for (int32_t j = 0; j < *cnt; j++) { /* list entry j at column base + cnt-1-j (see top) */
-        FLEXDIAG_DASSERT(lag[j] >= 0 && lag[j] <= ti && lag[j] <= n_r - 1);
-        s[base + *cnt - 1 - j] = base + (ti - lag[j]) % n_r;
+        FLEXDIAG_DASSERT(lag[j] >= 0 && lag[j] <= ti && lag[j] <= m - 1);
+        s[base + *cnt - 1 - j] = base + (ti - lag[j]) % m;
     }
     return base + *cnt;
 }
@@ -111,10 +111,38 @@ static void diag_plan(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, in
     for (int32_t h = 0; h < k->p.h_kv; h++) {
         size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
         ns[h] = flexdiag__diag_list_plan(d->lag + hi * (size_t)d->a, d->cnt + hi, d->a, base,
-                                         k->p.n_r, t, slots + (size_t)h * (size_t)k->max_slots);
-        ws[h] = ti < 0 ? t : base + ti % k->p.n_r;
+                                         k->ring - base, t,
+                                         slots + (size_t)h * (size_t)k->max_slots);
+        ws[h] = ti < 0 ? t : base + ti % (k->ring - base);
     }
-    if (ti >= k->p.n_r) k->evictions[flexdiag__kvp_li(k, seq, layer)] += (uint64_t)k->p.h_kv;
+    if (ti >= k->ring - base) k->evictions[flexdiag__kvp_li(k, seq, layer)] += (uint64_t)k->p.h_kv;
+}
+
+/* Plan ahead: the list of step t from the list now, with the lags the steps between append
+ * (phase 1: inner step j appends lag j); no argmin can fall between (window_ok). */
+static void diag_ahead(const flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
+                       int32_t *slots, int32_t *ns) {
+    const diag_state *d = cdst(k);
+    int32_t base = d->base, ti = t - base, m = k->ring - base;
+    for (int32_t h = 0; h < k->p.h_kv; h++) {
+        int32_t *s = slots + (size_t)h * (size_t)k->max_slots;
+        if (ti < 0) { /* sink4, t <= 3 */
+            for (int32_t j = 0; j <= t; j++) s[j] = j;
+            ws[h] = t;
+            ns[h] = t + 1;
+            continue;
+        }
+        size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
+        const int16_t *lag = d->lag + hi * (size_t)d->a;
+        int32_t now = d->cnt[hi], cnt = ti + 1 < d->a ? ti + 1 : d->a;
+        for (int32_t j = 0; j < base; j++) s[j] = j;
+        for (int32_t j = 0; j < cnt; j++) {
+            int32_t l = j < now ? lag[j] : j;
+            s[base + cnt - 1 - j] = base + (ti - l) % m;
+        }
+        ns[h] = base + cnt;
+        ws[h] = base + ti % m;
+    }
 }
 
 static int diag_needs(const flexdiag_kvp *k, int32_t t) {
@@ -142,7 +170,7 @@ static int32_t diag_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32
     (void)layer, (void)seq, (void)h;
     int32_t base = cdst(k)->base;
     if (slot < base) return t >= slot ? slot : -1;
-    int32_t p = flexdiag__kvp_ring_pos(t - base, k->p.n_r, slot - base);
+    int32_t p = flexdiag__kvp_ring_pos(t - base, k->ring - base, slot - base);
     return p < 0 ? -1 : p + base;
 }
 
@@ -152,23 +180,26 @@ static int32_t diag_max_slots(const flexdiag_kvp_params *p) {
     return p->n_att < p->n_r ? p->n_att : p->n_r;
 }
 
-static int32_t diag_rows(const flexdiag_kvp_params *p) { return p->n_r; }
+/* The ring behind the sinks: N_r rows plus the window passes' slack. */
+static int32_t diag_mod(const flexdiag_kvp_params *p) { return p->n_r + p->slack; }
+
+static int32_t diag_rows(const flexdiag_kvp_params *p) { return diag_mod(p); }
 
 static int64_t diag_resident(const flexdiag_kvp_params *p, int32_t t) {
-    return (int64_t)t + 1 < p->n_r ? (int64_t)t + 1 : p->n_r;
+    return (int64_t)t + 1 < diag_mod(p) ? (int64_t)t + 1 : diag_mod(p);
 }
 
-static int32_t diag_write(const flexdiag_kvp_params *p, int32_t t) { return t % p->n_r; }
+static int32_t diag_write(const flexdiag_kvp_params *p, int32_t t) { return t % diag_mod(p); }
 
-static int32_t sink4_rows(const flexdiag_kvp_params *p) { return 4 + p->n_r; }
+static int32_t sink4_rows(const flexdiag_kvp_params *p) { return 4 + diag_mod(p); }
 
 static int64_t sink4_resident(const flexdiag_kvp_params *p, int32_t t) {
     int64_t n = (int64_t)t + 1;
-    return n <= 4 ? n : 4 + (n - 4 < p->n_r ? n - 4 : p->n_r);
+    return n <= 4 ? n : 4 + (n - 4 < diag_mod(p) ? n - 4 : diag_mod(p));
 }
 
 static int32_t sink4_write(const flexdiag_kvp_params *p, int32_t t) {
-    return t < 4 ? t : 4 + (t - 4) % p->n_r;
+    return t < 4 ? t : 4 + (t - 4) % diag_mod(p);
 }
 
 const flexdiag_kvp_class flexdiag__kvp_diagonal = {
@@ -183,6 +214,7 @@ const flexdiag_kvp_class flexdiag__kvp_diagonal = {
     .layout = diag_layout,
     .reset_seq = diag_reset_seq,
     .plan = diag_plan,
+    .plan_ahead = diag_ahead,
     .needs_scores = diag_needs,
     .update = diag_update,
     .slot_pos = diag_pos,
@@ -200,6 +232,7 @@ const flexdiag_kvp_class flexdiag__kvp_diagonal_sink4 = {
     .layout = diag_layout,
     .reset_seq = diag_reset_seq,
     .plan = diag_plan,
+    .plan_ahead = diag_ahead,
     .needs_scores = diag_needs,
     .update = diag_update,
     .slot_pos = diag_pos,

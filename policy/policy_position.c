@@ -20,11 +20,23 @@ static void position_plan(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq
     if (evict) k->evictions[flexdiag__kvp_li(k, seq, layer)] += (uint64_t)k->p.h_kv;
 }
 
-static int64_t resident_budget(const flexdiag_kvp_params *p, int32_t t) {
-    return (int64_t)t + 1 < p->n_att ? (int64_t)t + 1 : p->n_att;
+/* Ring rows of window and streaming: the budget plus the window passes' slack. */
+static int32_t rows_budget(const flexdiag_kvp_params *p) { return p->n_att + p->slack; }
+
+/* Plan ahead: the step's shared list on every head (nothing is counted). */
+static void position_ahead(const flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq,
+                           int32_t *ws, int32_t *slots, int32_t *ns) {
+    (void)layer, (void)seq;
+    int evict;
+    int32_t w, n = k->cls->shared_list(k, t, slots, &w, &evict);
+    flexdiag__kvp_fill_heads(k, w, n, ws, slots, ns);
 }
 
-static int32_t rows_budget(const flexdiag_kvp_params *p) { return p->n_att; }
+static int64_t resident_budget(const flexdiag_kvp_params *p, int32_t t) {
+    return (int64_t)t + 1 < rows_budget(p) ? (int64_t)t + 1 : rows_budget(p);
+}
+
+static int32_t budget_slots(const flexdiag_kvp_params *p) { return p->n_att; }
 
 /* ---- dense: slot = position ---- */
 
@@ -63,27 +75,30 @@ const flexdiag_kvp_class flexdiag__kvp_dense = {
     .resident_rows = dense_resident,
     .write_slot = dense_write,
     .plan = position_plan,
+    .plan_ahead = position_ahead,
     .slot_pos = dense_pos,
     .shared_list = dense_list,
 };
 
-/* ---- window: the last n_att tokens, slot = position mod n_att ---- */
+/* ---- window: the last n_att tokens, slot = position mod R (R = n_att + slack) ---- */
 
-static int32_t window_write(const flexdiag_kvp_params *p, int32_t t) { return t % p->n_att; }
+static int32_t window_write(const flexdiag_kvp_params *p, int32_t t) {
+    return t % rows_budget(p);
+}
 
 static int32_t window_list(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws,
                            int *evict) {
-    int32_t n = 0, na = k->p.n_att;
-    *ws = t % na;
-    *evict = t >= na;
-    for (int32_t p = t - na + 1 < 0 ? 0 : t - na + 1; p <= t; p++) s[n++] = p % na;
+    int32_t n = 0, na = k->p.n_att, r = k->ring;
+    *ws = t % r;
+    *evict = t >= r;
+    for (int32_t p = t - na + 1 < 0 ? 0 : t - na + 1; p <= t; p++) s[n++] = p % r;
     return n;
 }
 
 static int32_t window_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, int32_t h,
                           int32_t t, int32_t slot) {
     (void)layer, (void)seq, (void)h;
-    return flexdiag__kvp_ring_pos(t, k->p.n_att, slot);
+    return flexdiag__kvp_ring_pos(t, k->ring, slot);
 }
 
 const flexdiag_kvp_class flexdiag__kvp_window = {
@@ -91,25 +106,26 @@ const flexdiag_kvp_class flexdiag__kvp_window = {
     .traits = {"position", "global", "n/a", "permanent", "N_att", "none", 0,
                FLEXDIAG_KVP_DEV_POSITION, 0, 0, 0},
     .ring_rows = rows_budget,
-    .max_slots = rows_budget,
+    .max_slots = budget_slots,
     .resident_rows = resident_budget,
     .write_slot = window_write,
     .plan = position_plan,
+    .plan_ahead = position_ahead,
     .slot_pos = window_pos,
     .shared_list = window_list,
 };
 
-/* ---- streaming: 4 sinks, then a ring of n_att - 4 ---- */
+/* ---- streaming: 4 sinks, then a ring of n_att - 4 (+ slack) ---- */
 
 static int32_t streaming_write(const flexdiag_kvp_params *p, int32_t t) {
-    return t < 4 ? t : 4 + (t - 4) % (p->n_att - 4);
+    return t < 4 ? t : 4 + (t - 4) % (rows_budget(p) - 4);
 }
 
 static int32_t streaming_list(const flexdiag_kvp *k, int32_t t, int32_t *s, int32_t *ws,
                               int *evict) {
     int32_t n = 0, na = k->p.n_att;
     *ws = streaming_write(&k->p, t);
-    *evict = t >= na;
+    *evict = t >= k->ring;
     if (t >= na) { /* sinks, then the recent lags 0..n_att-5 */
         for (int32_t p = 0; p < 4; p++) s[n++] = p;
         for (int32_t p = t - na + 5; p <= t; p++) s[n++] = streaming_write(&k->p, p);
@@ -123,7 +139,7 @@ static int32_t streaming_pos(const flexdiag_kvp *k, int32_t layer, int32_t seq, 
                              int32_t t, int32_t slot) {
     (void)layer, (void)seq, (void)h;
     if (slot < 4) return t >= slot ? slot : -1;
-    int32_t p = flexdiag__kvp_ring_pos(t - 4, k->p.n_att - 4, slot - 4);
+    int32_t p = flexdiag__kvp_ring_pos(t - 4, k->ring - 4, slot - 4);
     return p < 0 ? -1 : p + 4;
 }
 
@@ -132,10 +148,11 @@ const flexdiag_kvp_class flexdiag__kvp_streaming = {
     .traits = {"position", "global", "n/a", "permanent", "N_att", "none", 0,
                FLEXDIAG_KVP_DEV_POSITION, 4, 0, 0},
     .ring_rows = rows_budget,
-    .max_slots = rows_budget,
+    .max_slots = budget_slots,
     .resident_rows = resident_budget,
     .write_slot = streaming_write,
     .plan = position_plan,
+    .plan_ahead = position_ahead,
     .slot_pos = streaming_pos,
     .shared_list = streaming_list,
 };

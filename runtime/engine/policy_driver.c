@@ -257,8 +257,7 @@ static const pd_mode mode_host = {"host", 0, 0, host_plan, host_update};
 
 /* The ring slot Diagonal writes at step t (sinks first for sink4). */
 static int32_t diag_write_slot(const flexdiag_policy_driver *pd, int32_t t) {
-    int32_t base = diag_base(pd), ti = t - base;
-    return ti < 0 ? t : base + ti % pd->kp.n_r;
+    return flexdiag__kvp_write_slot(&pd->kp, t);
 }
 
 /* Shared write rows, lag lists planned by diag_slots for every list at its sequence's step;
@@ -267,12 +266,12 @@ static int32_t diag_write_slot(const flexdiag_policy_driver *pd, int32_t t) {
 static flexdiag_status diag_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
                                  flexdiag_stream *s) {
     int32_t base = diag_base(pd);
-    count_evictions(pd, run, base + pd->kp.n_r); /* every list overwrites its oldest row */
+    count_evictions(pd, run, pd->ring); /* every list overwrites its oldest row */
     FLEXDIAG_TRY(upload_steps(pd, run, s));
     FLEXDIAG_TRY(upload_shared_rows(pd, run, diag_write_slot, s));
     FLEXDIAG_TRY(pd->k->diag_slots(pd->b.slots, pd->b.nslots, pd->b.lag, pd->b.cnt,
                                    (int64_t)all_lists(pd), pd->max_slots, diag_len(pd),
-                                   list_steps(pd, pd->kp.h_kv), pd->kp.n_r, base, s));
+                                   list_steps(pd, pd->kp.h_kv), pd->ring - base, base, s));
     for (int32_t q = 0; q < pd->kp.n_seq; q++) {
         int32_t t = seq_step(run, q);
         pd->h_dnext[q] = t >= 0 && flexdiag__kvp_needs_scores(pd->kvp, t) ? t - base + 1 : -1;
