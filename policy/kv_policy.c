@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/core.h"
+#include "policy/kvp_calib.h"
 #include "policy/kvp_internal.h"
 
 /* ---- the classes ---- */
@@ -32,12 +33,21 @@ static const flexdiag_kvp_class *const kvp_classes[] = {
     [FLEXDIAG_POLICY_DIAGONAL] = &flexdiag__kvp_diagonal,
     [FLEXDIAG_POLICY_DIAGONAL_SINK4] = &flexdiag__kvp_diagonal_sink4,
     [FLEXDIAG_POLICY_LINE_AR] = &flexdiag__kvp_line_ar,
+    [FLEXDIAG_POLICY_SSD] = &flexdiag__kvp_ssd,
+    [FLEXDIAG_POLICY_HACK] = &flexdiag__kvp_hack,
 };
 #define KVP_N_KINDS ((int)(sizeof kvp_classes / sizeof kvp_classes[0]))
 
-/* The class of kind, NULL when unknown. */
+/* The class of kind, NULL when unknown; the calibration collector has an internal kind, outside
+ * the table (no name to parse, not listed). */
 static const flexdiag_kvp_class *class_of(flexdiag_policy_kind kind) {
+    if (kind == FLEXDIAG__POLICY_CALIBRATE) return &flexdiag__kvp_calibrate;
     return (int)kind < 0 || (int)kind >= KVP_N_KINDS ? NULL : kvp_classes[kind];
+}
+
+int flexdiag__kvp_needs_calib(flexdiag_policy_kind kind) {
+    const flexdiag_kvp_class *c = class_of(kind);
+    return c && c->calibrated;
 }
 
 const char *flexdiag__kvp_name(flexdiag_policy_kind kind) {
@@ -274,6 +284,7 @@ flexdiag_status flexdiag__kvp_create(const flexdiag_kvp_params *p, flexdiag_kvp 
     }
     c = (flexdiag__kvp_carve){k->mem, 0, 1};
     kvp_layout(k, &c);
+    if (cls->init) cls->init(k);
     flexdiag__kvp_reset(k);
     *out = k;
     return FLEXDIAG_OK;
@@ -360,6 +371,25 @@ void flexdiag__kvp_plan_ahead(const flexdiag_kvp *kvp, int32_t layer, int32_t t,
     FLEXDIAG_ASSERT(kvp->next_t[flexdiag__kvp_li(kvp, seq, layer)] == t && i >= 0);
     FLEXDIAG_ASSERT(t + i < kvp->p.l_dec && flexdiag__kvp_window_ok(kvp, t, i + 1));
     kvp->cls->plan_ahead(kvp, layer, t + i, seq, write_slot, slots, n_slots);
+}
+
+int32_t flexdiag__kvp_list_at(const flexdiag_kvp *kvp, int32_t t, int32_t *write_slot,
+                              int32_t *slots) {
+    int evict;
+    if (!kvp->cls->shared_list) return -1;
+    FLEXDIAG_ASSERT(t >= 0);
+    return kvp->cls->shared_list(kvp, t, slots, write_slot, &evict);
+}
+
+void flexdiag__kvp_count_steps(flexdiag_kvp *kvp, int32_t seq, int32_t t, int32_t n) {
+    FLEXDIAG_ASSERT(kvp->cls->shared_list && seq >= 0 && seq < kvp->p.n_seq);
+    for (int32_t s = t; s < t + n; s++) {
+        if (s < 1 || flexdiag__kvp_resident_rows(&kvp->p, s) !=
+                         flexdiag__kvp_resident_rows(&kvp->p, s - 1))
+            continue;
+        for (int32_t l = 0; l < kvp->p.n_layers; l++)
+            kvp->evictions[flexdiag__kvp_li(kvp, seq, l)] += (uint64_t)kvp->p.h_kv;
+    }
 }
 
 void flexdiag__kvp_update(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s0, int32_t n,

@@ -70,6 +70,9 @@ typedef struct flexdiag_kvp_params {
                                   (draft_len - 1; 0 = sequential): the ring policies (window,
                                   streaming, the Diagonals) keep their attended tokens while a
                                   pass writes the rows ahead (flexdiag__kvp_plan_ahead) */
+    const struct flexdiag_kvp_heads *heads; /* ssd, hack: the per-(layer, KV head) plan made
+                                  from a calibration table for this budget (kvp_calib.h),
+                                  shared and read-only; NULL for the other policies */
 } flexdiag_kvp_params;
 
 typedef struct flexdiag_kvp flexdiag_kvp;
@@ -122,6 +125,15 @@ int flexdiag__kvp_window_ok(const flexdiag_kvp *kvp, int32_t t, int32_t n);
  * them when i <= params slack. */
 void flexdiag__kvp_plan_ahead(const flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t i,
                               int32_t seq, int32_t *write_slot, int32_t *slots, int32_t *n_slots);
+/* Position-only policies (dense, window, streaming): the list of step t (any t >= 0, past the
+ * decode length too: the ring arithmetic of a window pass's padding rows) into slots and its
+ * write slot into *write_slot, nothing counted; returns its length, or -1 for the other
+ * policies. */
+int32_t flexdiag__kvp_list_at(const flexdiag_kvp *kvp, int32_t t, int32_t *write_slot,
+                              int32_t *slots);
+/* Count the evictions of steps t .. t+n-1 of sequence seq in every layer, as plan_shared does
+ * (position-only policies: a step evicts when the ring no longer grows). */
+void flexdiag__kvp_count_steps(flexdiag_kvp *kvp, int32_t seq, int32_t t, int32_t n);
 /* After attention of the same (layer, t, s0, n): logits (n, h_q, max_slots) fp32 scaled logits
  * of the planned slots in plan order; lse (n, h_q) log-sum-exp of the full attended row;
  * probs (n, h_q, max_slots) the kernels' probability epilogue expf(logit - lse) (kernels.h
@@ -133,6 +145,9 @@ void flexdiag__kvp_update(flexdiag_kvp *kvp, int32_t layer, int32_t t, int32_t s
                           const float *logits, const float *lse, const float *probs);
 /* Whether update() needs logits/lse at step t (false lets the engine skip the readback). */
 int flexdiag__kvp_needs_scores(const flexdiag_kvp *kvp, int32_t t);
+/* Whether kind types its heads from a calibration table (ssd, hack: params heads, made by
+ * flexdiag__kvp_heads_make, kvp_calib.h). */
+int flexdiag__kvp_needs_calib(flexdiag_policy_kind kind);
 /* Decode rows evicted so far (overwrites of a live row), summed over all heads. */
 uint64_t flexdiag__kvp_evictions(const flexdiag_kvp *kvp);
 /* Decode position held in ring slot `slot` of (layer, seq, KV head), -1 if empty. */
@@ -222,6 +237,12 @@ int32_t flexdiag__evict_list_plan(int32_t *pos, float *acc, const int32_t *free_
 void flexdiag__h2o_list_update(int32_t *free_slot, float *acc, const int32_t *pos,
                                const flexdiag__kvp_scores *sc, int32_t q0, int32_t g,
                                int32_t n_att, int32_t t);
+/* The same rule with the recent window as a parameter: the candidates are the slots with pos
+ * <= t - recent + 1 (H2O: recent = N_att - floor(N_att/2); the semantic lists of SSD and HACK:
+ * 2, every token but the newest). */
+void flexdiag__hh_list_update(int32_t *free_slot, float *acc, const int32_t *pos,
+                              const flexdiag__kvp_scores *sc, int32_t q0, int32_t g,
+                              int32_t n_att, int32_t recent, int32_t t);
 /* TOVA after step t: once all slots are full, *free_slot = argmin (mean over the h_q heads
  * of sc, pos) over all slots. */
 void flexdiag__tova_list_update(int32_t *free_slot, const int32_t *pos,

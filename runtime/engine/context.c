@@ -239,19 +239,22 @@ static flexdiag_status ctx_check_bytes(const flexdiag_context *c) {
 /* Fill the geometry fields of c from its params (no allocation). */
 /* Speculative Jacobi decoding (draft_len >= 2; geo.win rows a sequence in a decode pass): the
  * window pass (window.c) writes its rows where sequential decoding would and attends lists
- * planned position by position, which this version does for the dense policy with every KV on
- * the device. */
+ * planned position by position (kv_policy.h flexdiag__kvp_list_at; the ring policies keep
+ * draft_len - 1 rows of slack, params slack), which this version does for the position-only
+ * policies (dense, window, streaming) with every KV on the device. */
 static flexdiag_status ctx_window_allowed(const flexdiag_context *c) {
-    const char *why = c->geo.win < 2                       ? NULL
-                      : c->p.policy.kind != FLEXDIAG_POLICY_DENSE ? "a policy other than dense"
-                      : c->homes.s_host < c->geo.n_seq      ? "KV homed below the device (kv_pct)"
-                                                            : NULL;
+    int position = flexdiag__kvp_traits(c->p.policy.kind)->device == FLEXDIAG_KVP_DEV_POSITION;
+    const char *why = c->geo.win < 2 ? NULL
+                      : !position ? "a policy whose lists depend on attention scores or state"
+                      : c->homes.s_host < c->geo.n_seq ? "KV homed below the device (kv_pct)"
+                                                       : NULL;
     if (!why) return FLEXDIAG_OK;
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
-                         "context_params.draft_len %d (speculative Jacobi decoding) with %s: "
-                         "this version runs it with the dense policy and every KV on the device "
+                         "context_params.draft_len %d (speculative Jacobi decoding) with %s "
+                         "(policy %s): this version runs it with the position-only policies "
+                         "(dense, window, streaming) and every KV on the device "
                          "(docs/decoding.md); give draft_len 0 or change the other setting",
-                         c->p.draft_len, why);
+                         c->p.draft_len, why, flexdiag__kvp_name(c->p.policy.kind));
 }
 
 /* Grouped acceptance (params sjd_group > 0; sjd.h): codes grouped by their VQ codebook vectors,
@@ -298,6 +301,12 @@ static flexdiag_status ctx_groups_open(flexdiag_context *c) {
     return st;
 }
 
+/* Ring rows a window pass writes ahead (kv_policy.h params slack): draft_len - 1 for the ring
+ * policies; dense's ring holds every position already. */
+static int32_t ctx_slack(const flexdiag_context *c) {
+    return c->p.policy.kind == FLEXDIAG_POLICY_DENSE ? 0 : c->geo.win - 1;
+}
+
 static flexdiag_status ctx_geometry(flexdiag_context *c) {
     const flexdiag_model_config *m = &c->m->cfg;
     const flexdiag_lm_config *l = &m->lm;
@@ -323,7 +332,7 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     int32_t w_s = c->geo.rows_per_img == 2 ? (c->geo.row_len ? c->geo.row_len : c->m->cfg.grid) : 0;
     FLEXDIAG_TRY(flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
                                     l->kv_heads, c->geo.n_seq, c->geo.blk_p, c->geo.l_dec, w_s,
-                                    c->host_policy));
+                                    ctx_slack(c), c->host_policy));
     size_t row = (size_t)l->kv_heads * (size_t)l->head_dim * (size_t)c->m->rt->k->act_bytes;
     c->geo.seq_bytes = row * (size_t)(c->geo.blk_p + c->pd.ring);
     c->geo.pre_bytes = row * (size_t)c->geo.p_cap;

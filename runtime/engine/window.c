@@ -6,10 +6,14 @@
  *           padding rows (a job's shorter window, its last tokens) that nothing reads;
  *   plan:   row i of a sequence at step t is position lp + t + i, writes its K/V where
  *           sequential decoding writes step t + i and attends what step t + i attends (the
- *           dense policy: ring rows 0..t+i, ascending), so row i computes exactly the logits
- *           sequential decoding computes at step t + i whenever rows 0..i hold its tokens;
- *           padding rows write the ring's last row, which no step attends before it is
- *           written for real;
+ *           position-only policies' list of that step, kv_policy.h flexdiag__kvp_list_at;
+ *           dense: ring rows 0..t+i), so row i computes exactly the logits sequential
+ *           decoding computes at step t + i whenever rows 0..i hold its tokens. The ring
+ *           policies (window, streaming) keep draft_len - 1 rows of slack, so no row's write
+ *           lands on a row an earlier row attends. Dense's padding rows write the ring's last
+ *           row, which no step attends before it is written for real; a ring policy's padding
+ *           row k plans step t + k as a real row would (inside the slack: nothing it
+ *           overwrites is read before step t + k rewrites it);
  *   body:   run.c's step body over the rows (kernels.h attn_args win);
  *   verify: the heads' logits to the host, CFG and the request's sampling settings give
  *           each row's distribution (the sampler's own definition, kernels.h
@@ -138,14 +142,17 @@ static void plan_row(run_state *r, int32_t s, int32_t k, int32_t nv) {
     size_t q = (size_t)s * (size_t)r->win + (size_t)k, ms = (size_t)c->pd.max_slots;
     const run_slot *sl = &r->slot[i];
     int32_t t = r->t[s] < 0 ? 0 : r->t[s], real = r->t[s] >= 0 && k < nv;
-    int32_t step = real ? t + k : t, row = c->geo.blk_p + (real ? t + k : c->pd.ring - 1);
+    int32_t ahead = r->t[s] >= 0 && (real || c->pd.kp.slack > 0); /* plans step t + k */
+    int32_t step = ahead ? t + k : t, ws = c->pd.ring - 1;
     w->ids[q] = r->t[s] < 0       ? 0
                 : k == 0 || !real ? sl->job.tokens[sl->made - 1]
                                   : w->draft[(size_t)i * (size_t)(c->geo.win - 1) + (size_t)k - 1];
-    w->pos[q] = r->lp[s] + step;
-    for (int32_t h = 0; h < hkv; h++) w->rows[q * (size_t)hkv + (size_t)h] = row;
-    w->nslots[q] = r->t[s] < 0 ? 0 : step + 1; /* dense: ring rows 0..step */
-    for (int32_t j = 0; j < w->nslots[q]; j++) w->slots[q * ms + (size_t)j] = j;
+    w->pos[q] = r->lp[s] + (real ? step : t);
+    w->nslots[q] = 0;
+    if (ahead) w->nslots[q] = flexdiag__kvp_list_at(c->pd.kvp, step, &ws, w->slots + q * ms);
+    else if (r->t[s] >= 0) /* dense padding: attend rows 0..t, write the ring's last row */
+        w->nslots[q] = flexdiag__kvp_list_at(c->pd.kvp, t, &(int32_t){0}, w->slots + q * ms);
+    for (int32_t h = 0; h < hkv; h++) w->rows[q * (size_t)hkv + (size_t)h] = c->geo.blk_p + ws;
 }
 
 /* Every row of the pass, then their uploads. */
@@ -237,6 +244,8 @@ static void verify_slot(const run_state *r, const verify_scratch *v, int32_t i) 
     int32_t n = flexdiag__sjd_verify(&key, sl->made, v->p, nv, drafts, w->q + (size_t)i * D * V,
                                      v->forced, (int64_t)V, &acc, v->out, v->res);
     for (int32_t k = 0; k < n; k++) sl->job.tokens[sl->made + k] = c->geo.id0 + v->out[k];
+    for (int32_t s = i * c->geo.rows_per_img; s < (i + 1) * c->geo.rows_per_img; s++)
+        flexdiag__kvp_count_steps(c->pd.kvp, s, r->t[s], n); /* the steps whose rows stay */
     for (int32_t k = 0; k + 1 < n; k++) sl->job.accepted[k]++; /* drafts 0..n-2 were kept */
     sl->made += n;
     redraft(r, v, i, n, nv);

@@ -68,6 +68,7 @@ typedef struct tconf {
     uint32_t weights[3];
     int32_t slots, draft, ipp;
     int eos; /* every job ends at the id sequential decoding made at job 0's step 9 */
+    flexdiag_policy_kind kind; /* the contexts' policy (dense by default) */
 } tconf;
 
 /* tc's model (a builtin arch, or a folder under tests/ when it names one) on a CPU runtime. */
@@ -90,6 +91,7 @@ static void open_model(const tconf *tc, flexdiag_runtime **rt, flexdiag_model **
 }
 
 static int32_t g_ipp; /* images_per_prompt of the contexts open_context makes */
+static flexdiag_policy_kind g_kind; /* and their policy: a ring one keeps a quarter */
 
 static flexdiag_context *open_context(flexdiag_model *m, int32_t slots, int32_t draft,
                                       tfeed *clock) {
@@ -100,6 +102,8 @@ static flexdiag_context *open_context(flexdiag_model *m, int32_t slots, int32_t 
     cp.max_new_tokens = MAX_STEPS;
     cp.draft_len = draft;
     cp.images_per_prompt = slots > 1 ? g_ipp : 0;
+    cp.policy.kind = g_kind;
+    cp.policy.sparsity = g_kind == FLEXDIAG_POLICY_DENSE ? 0.0 : 0.75;
     cp.progress = t_pass;
     cp.progress_user = clock;
     flexdiag_context *c = NULL;
@@ -158,6 +162,7 @@ static int32_t run_jobs(flexdiag_context *c, tfeed *f, flexdiag_job *jobs, int32
 
 static void greedy_conf(const tconf *tc) {
     g_ipp = tc->ipp;
+    g_kind = tc->kind;
     flexdiag_runtime *rt;
     flexdiag_model *m;
     open_model(tc, &rt, &m);
@@ -185,17 +190,19 @@ static void greedy_conf(const tconf *tc) {
         assert_int_equal(made[0][i], made[1][i]);
         if (memcmp(jobs[0][i].tokens, jobs[1][i].tokens, (size_t)made[0][i] * 4) ||
             memcmp(jobs[0][i].logits, jobs[1][i].logits, (size_t)made[0][i] * (size_t)V * 4))
-            fail_msg("%s, window %d: job %d differs from sequential decoding", tc->arch,
-                     tc->draft, i);
+            fail_msg("%s, %s, window %d: job %d differs from sequential decoding", tc->arch,
+                     flexdiag_policy_name(tc->kind), tc->draft, i);
     }
     if (p1 > p0) fail_msg("%s, window %d: %d passes, sequential %d", tc->arch, tc->draft, p1, p0);
-    print_message("%s window %d: %d decode passes, sequential %d\n", tc->arch, tc->draft, p1, p0);
+    print_message("%s, %s, window %d: %d decode passes, sequential %d\n", tc->arch,
+                  flexdiag_policy_name(tc->kind), tc->draft, p1, p0);
     flexdiag_context_destroy(sjd);
     free(tok);
     free(lg);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
     g_ipp = g_lumina_len = 0;
+    g_kind = FLEXDIAG_POLICY_DENSE;
 }
 
 static void test_greedy_images(void **state) {
@@ -233,6 +240,25 @@ static void test_greedy_shared_prompts(void **state) {
     (void)state;
     tconf tc = {.arch = "micro-janus", .slots = 4, .draft = 4, .ipp = 2};
     greedy_conf(&tc);
+}
+
+/* The ring policies (window, StreamingLLM: a quarter of the decode tokens, their rings grown by
+ * the window's slack): images, Lumina's row ends, text, shared prompt KV. */
+static void test_greedy_ring_policies(void **state) {
+    (void)state;
+    const flexdiag_policy_kind kinds[2] = {FLEXDIAG_POLICY_WINDOW, FLEXDIAG_POLICY_STREAMING};
+    for (int k = 0; k < 2; k++) {
+        for (int32_t d = 2; d <= 8; d *= 4) {
+            tconf tc = {.arch = "micro-janus", .slots = 3, .draft = d, .kind = kinds[k]};
+            greedy_conf(&tc);
+        }
+        tconf lu = {.arch = "micro-lumina", .slots = 2, .draft = 4, .kind = kinds[k]};
+        greedy_conf(&lu);
+        tconf tx = {.arch = "micro-opt", .slots = 2, .draft = 4, .kind = kinds[k], .eos = 1};
+        greedy_conf(&tx);
+        tconf sh = {.arch = "micro-janus", .slots = 4, .draft = 4, .ipp = 2, .kind = kinds[k]};
+        greedy_conf(&sh);
+    }
 }
 
 /* ---- sequential jobs in a window context ---- */
@@ -647,11 +673,16 @@ static void test_refused(void **state) {
     flexdiag_context_params_init(&cp);
     cp.max_images = 2;
     cp.draft_len = 4;
-    cp.policy.kind = FLEXDIAG_POLICY_DIAGONAL;
     cp.policy.sparsity = 0.5;
     flexdiag_context *c = NULL;
-    assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_UNSUPPORTED);
-    assert_non_null(strstr(flexdiag_last_error(NULL), "draft_len"));
+    const flexdiag_policy_kind scored[4] = {FLEXDIAG_POLICY_DIAGONAL, FLEXDIAG_POLICY_H2O,
+                                            FLEXDIAG_POLICY_ALISA, FLEXDIAG_POLICY_LINE_AR};
+    for (int k = 0; k < 4; k++) {
+        cp.policy.kind = scored[k];
+        assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_UNSUPPORTED);
+        assert_non_null(strstr(flexdiag_last_error(NULL), "draft_len"));
+        assert_non_null(strstr(flexdiag_last_error(NULL), flexdiag_policy_name(scored[k])));
+    }
     cp.policy.kind = FLEXDIAG_POLICY_DENSE;
     cp.draft_len = 65;
     assert_int_equal(flexdiag_context_create(m, &cp, &c), FLEXDIAG_ERR_INVALID_ARG);
@@ -667,6 +698,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_greedy_text),     cmocka_unit_test(test_greedy_offloaded),
         cmocka_unit_test(test_greedy_shared_prompts), cmocka_unit_test(test_greedy_lumina),
         cmocka_unit_test(test_sequential_jobs), cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_greedy_ring_policies),
         cmocka_unit_test(test_group_rule),      cmocka_unit_test(test_group_zero_exact),
         cmocka_unit_test(test_group_fewer_passes), cmocka_unit_test(test_group_request_stats),
         cmocka_unit_test(test_group_refused),
