@@ -54,7 +54,7 @@ extern "C" {
 #define FLEXDIAG_API
 #endif
 
-/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14, 0.5.0: 15, 0.6.0: 16, 0.7.0: 17; docs/abi.md) and what each added.
+/* API versions (library 0.1.0: 3 to 11, 0.2.0: 12, 0.3.0: 13, 0.4.0: 14, 0.5.0: 15, 0.6.0: 16, 0.7.0: 17, 0.8.0: 18; docs/abi.md) and what each added.
  * 2: flexdiag_context_max_images. 3: flexdiag_version, flexdiag_policy_name,
  * flexdiag_policy_from_name, flexdiag_context_policy, flexdiag_score, flexdiag_decoder_*.
  * 4: offloading: runtime_params cpu_mem, disk_mem, offload_dir; model_params weights_pct;
@@ -69,8 +69,10 @@ extern "C" {
  * flexdiag_*_init_size (params written at the caller's size). 15: context_params and request
  * draft_len (speculative Jacobi decoding). 16: runtime_params
  * compress_disk (zstd on the disk tier). 17: context_params and request sjd_group (grouped
- * acceptance, lossy), handle_stats accepted (SJD drafts accepted by window row). */
-#define FLEXDIAG_API_VERSION 17u
+ * acceptance, lossy), handle_stats accepted (SJD drafts accepted by window row). 18: policies
+ * FLEXDIAG_POLICY_SSD and FLEXDIAG_POLICY_HACK, context_params policy_calib and ssd_tau (their
+ * calibration table). */
+#define FLEXDIAG_API_VERSION 18u
 
 /* The longest SJD window (context_params draft_len); handle_stats accepted has a count for each
  * of its draft rows. */
@@ -116,6 +118,10 @@ typedef enum flexdiag_policy_kind {
     FLEXDIAG_POLICY_DIAGONAL = 6,
     FLEXDIAG_POLICY_DIAGONAL_SINK4 = 7,
     FLEXDIAG_POLICY_LINE_AR = 8, /* LineAR: line-wise selection of the middle tokens (API 17) */
+    FLEXDIAG_POLICY_SSD = 9,     /* SSD: spatial heads a window, semantic heads H2O; needs a
+                                    calibration table, context_params policy_calib (API 18) */
+    FLEXDIAG_POLICY_HACK = 10,   /* HACK: structural heads static lag lists, contextual heads
+                                    H2O; needs a calibration table (API 18) */
 } flexdiag_policy_kind;
 
 /* ---- handles ---- */
@@ -262,6 +268,17 @@ typedef struct flexdiag_context_params {
                                       models with an image decoder (its codebook) only: a text
                                       context, or a model without one, is refused
                                       (FLEXDIAG_ERR_UNSUPPORTED) */
+    /* since API version 18 */
+    const char *policy_calib;      /* policies ssd and hack (docs/policies.md §7.2): the file of
+                                      this model's calibration table (flexdiag-bench calibrate),
+                                      read at context creation and refused when its model config
+                                      hash, W_s, decode length, layers or heads are not this
+                                      model's; those two policies need it (INVALID_ARG without),
+                                      the others ignore it. NULL = none */
+    double ssd_tau;                /* ssd: a KV head is spatial (a window) iff its calibrated
+                                      local mass lambda(N_att) >= tau, else semantic (H2O);
+                                      0 = the default 0.5; negative = tau 0 (lambda >= 0: every
+                                      head spatial) */
 } flexdiag_context_params;
 
 typedef struct flexdiag_request {

@@ -48,6 +48,10 @@ typedef struct flexdiag_kvp_class {
                                                                  beyond kv_policy.c's) */
     void (*layout)(flexdiag_kvp *k, flexdiag__kvp_carve *c);
     void (*reset_seq)(flexdiag_kvp *k, int32_t seq);
+    /* once after carving, before the first reset: what lasts the instance's life, never reset
+     * (the calibration collector's sums; NULL: nothing) */
+    void (*init)(flexdiag_kvp *k);
+    int calibrated; /* 1: types its heads from a calibration table (params heads; ssd, hack) */
     /* per step, for one (layer, sequence): plan writes the write slot ws (h_kv), the slot lists
      * slots (h_kv, max_slots) and their counts ns (h_kv) and counts evictions; needs_scores
      * says whether update() must run after step t (NULL: never; t is already checked against
@@ -88,7 +92,9 @@ struct flexdiag_kvp {
 /* The classes (one per policy file section; kv_policy.c maps kinds to them). */
 extern const flexdiag_kvp_class flexdiag__kvp_dense, flexdiag__kvp_window,
     flexdiag__kvp_streaming, flexdiag__kvp_h2o, flexdiag__kvp_tova, flexdiag__kvp_alisa,
-    flexdiag__kvp_diagonal, flexdiag__kvp_diagonal_sink4, flexdiag__kvp_line_ar;
+    flexdiag__kvp_diagonal, flexdiag__kvp_diagonal_sink4, flexdiag__kvp_line_ar,
+    flexdiag__kvp_ssd, flexdiag__kvp_hack,
+    flexdiag__kvp_calibrate; /* the internal kind FLEXDIAG__POLICY_CALIBRATE (kvp_calib.h) */
 
 /* Flat index of (seq, layer) and (seq, layer, KV head). */
 static inline size_t flexdiag__kvp_li(const flexdiag_kvp *k, int32_t seq, int32_t layer) {

@@ -96,10 +96,10 @@ int32_t flexdiag__evict_list_plan(int32_t *pos, float *acc, const int32_t *free_
     return f;
 }
 
-void flexdiag__h2o_list_update(int32_t *free_slot, float *acc, const int32_t *pos,
-                               const flexdiag__kvp_scores *sc, int32_t q0, int32_t g,
-                               int32_t n_att, int32_t t) {
-    int32_t n = t + 1 < n_att ? t + 1 : n_att, recent = n_att - n_att / 2, victim = -1;
+void flexdiag__hh_list_update(int32_t *free_slot, float *acc, const int32_t *pos,
+                              const flexdiag__kvp_scores *sc, int32_t q0, int32_t g,
+                              int32_t n_att, int32_t recent, int32_t t) {
+    int32_t n = t + 1 < n_att ? t + 1 : n_att, victim = -1;
     for (int32_t j = 0; j < n; j++) { /* group sum of full-row probabilities */
         float gs = 0.0f;
         for (int32_t q = 0; q < g; q++) gs += flexdiag__kvp_prob(sc, q0 + q, j);
@@ -112,6 +112,12 @@ void flexdiag__h2o_list_update(int32_t *free_slot, float *acc, const int32_t *po
             victim = j;
     }
     *free_slot = victim;
+}
+
+void flexdiag__h2o_list_update(int32_t *free_slot, float *acc, const int32_t *pos,
+                               const flexdiag__kvp_scores *sc, int32_t q0, int32_t g,
+                               int32_t n_att, int32_t t) {
+    flexdiag__hh_list_update(free_slot, acc, pos, sc, q0, g, n_att, n_att - n_att / 2, t);
 }
 
 void flexdiag__tova_list_update(int32_t *free_slot, const int32_t *pos,

@@ -95,7 +95,7 @@ class Context(Native):
     request of the context. The other keyword arguments are the fields of
     flexdiag_context_params (max_images, micro_batch, max_prompt_len, max_new_tokens, text,
     kv_pct, cpu_attention, images_per_prompt, cpu_attention_pct, queue_images, draft_len,
-    sjd_group), plus policy ("dense", "diagonal", ...), n_att, n_r, sparsity and batching
+    sjd_group, policy_calib, ssd_tau), plus policy ("dense", "diagonal", ...), n_att, n_r, sparsity and batching
     ("continuous", "blocks")."""
 
     def __init__(self, model, progress=None, **params):

@@ -48,7 +48,8 @@ class ContextParams(c.Structure):
                 ("progress", PROGRESS_FN), ("progress_user", c.c_void_p), ("text", c.c_bool),
                 ("kv_pct", u32 * 3), ("cpu_attention", c.c_bool), ("images_per_prompt", i32),
                 ("cpu_attention_pct", u32), ("queue_images", i32), ("batching", i32),
-                ("draft_len", i32), ("sjd_group", i32)]
+                ("draft_len", i32), ("sjd_group", i32), ("policy_calib", c.c_char_p),
+                ("ssd_tau", f64)]
 
 
 class Request(c.Structure):

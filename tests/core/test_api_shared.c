@@ -105,10 +105,13 @@ static void test_policy_names(void **state) {
                          FLEXDIAG_OK);
         assert_int_equal(back, k);
     }
-    assert_int_equal(k, FLEXDIAG_POLICY_LINE_AR + 1);
+    assert_int_equal(k, FLEXDIAG_POLICY_HACK + 1);
     assert_string_equal(flexdiag_policy_name(FLEXDIAG_POLICY_DIAGONAL_SINK4), "diagonal-sink4");
     assert_string_equal(flexdiag_policy_name(FLEXDIAG_POLICY_LINE_AR), "line-ar");
+    assert_string_equal(flexdiag_policy_name(FLEXDIAG_POLICY_SSD), "ssd");
+    assert_string_equal(flexdiag_policy_name(FLEXDIAG_POLICY_HACK), "hack");
     assert_null(flexdiag_policy_name((flexdiag_policy_kind)-1));
+    assert_null(flexdiag_policy_name((flexdiag_policy_kind)0x100)); /* the internal collector */
     flexdiag_policy_kind kind;
     assert_int_equal(flexdiag_policy_from_name("nope", &kind), FLEXDIAG_ERR_INVALID_ARG);
     assert_non_null(strstr(flexdiag_last_error(NULL), "'nope'"));

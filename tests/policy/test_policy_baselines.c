@@ -276,7 +276,7 @@ static void test_alisa(void **state) {
  * read probabilities (an update skipped there would change later selections). */
 static void test_needs_scores(void **state) {
     (void)state;
-    flexdiag_kvp_params p = {FLEXDIAG_POLICY_WINDOW, 6, 0, 20, 1, 1, 2, 1, 0, 0};
+    flexdiag_kvp_params p = {FLEXDIAG_POLICY_WINDOW, 6, 0, 20, 1, 1, 2, 1, 0, 0, NULL};
     flexdiag_kvp *k = NULL;
     for (int kind = FLEXDIAG_POLICY_DENSE; kind <= FLEXDIAG_POLICY_ALISA; kind++) {
         p.kind = (flexdiag_policy_kind)kind;

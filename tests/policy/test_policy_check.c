@@ -92,7 +92,7 @@ static void test_ring(void **state) {
     k = expect_resolved(pol(FLEXDIAG_POLICY_WINDOW, 8, 2, NAN), 64);
     assert_int_equal(k.n_r, 0);
     /* the state machine keeps its clamp for direct callers (test_policy_diagonal drives it) */
-    flexdiag_kvp_params direct = {FLEXDIAG_POLICY_DIAGONAL, 8, 2, 64, 1, 1, 1, 1, 0, 0};
+    flexdiag_kvp_params direct = {FLEXDIAG_POLICY_DIAGONAL, 8, 2, 64, 1, 1, 1, 1, 0, 0, NULL};
     flexdiag_kvp *kvp = NULL;
     assert_int_equal(flexdiag__kvp_create(&direct, &kvp), FLEXDIAG_OK);
     assert_int_equal(flexdiag__kvp_max_slots(&direct), 2);

@@ -89,7 +89,7 @@ static const ex_row ex_table[11] = {
 static void test_worked_example(void **state) {
     (void)state;
     static const float g[7] = {3.0f, 2.5f, 0.1f, 0.5f, 0.5f, 0.2f, 0.8f}; /* logit by lag */
-    flexdiag_kvp_params p = {FLEXDIAG_POLICY_DIAGONAL, 4, 7, 11, 1, 1, 1, 1, 0, 0};
+    flexdiag_kvp_params p = {FLEXDIAG_POLICY_DIAGONAL, 4, 7, 11, 1, 1, 1, 1, 0, 0, NULL};
     flexdiag_kvp *k = NULL;
     assert_int_equal(flexdiag__kvp_create(&p, &k), FLEXDIAG_OK);
     int32_t ws, slots[4], ns, before[7], nb = 0;
@@ -281,7 +281,7 @@ static void test_exhaustive_grid(void **state) {
         for (int32_t n_att = 1; n_att <= 19; n_att++) {
             diag_cfg c;
             memset(&c, 0, sizeof c);
-            c.p = (flexdiag_kvp_params){FLEXDIAG_POLICY_DIAGONAL, n_att, n_r, 33, 1, 1, 2, 1, 0, 0};
+            c.p = (flexdiag_kvp_params){FLEXDIAG_POLICY_DIAGONAL, n_att, n_r, 33, 1, 1, 2, 1, 0, 0, NULL};
             c.lg = (ph_logits){(uint64_t)(n_r * 100 + n_att), 3, 1.0f, 0};
             run_config(&c);
         }
@@ -302,7 +302,7 @@ static void test_edge_cases(void **state) {
     (void)state;
     diag_cfg c;
     memset(&c, 0, sizeof c);
-    c.p = (flexdiag_kvp_params){FLEXDIAG_POLICY_DIAGONAL, 1, 6, 20, 1, 1, 1, 1, 0, 0};
+    c.p = (flexdiag_kvp_params){FLEXDIAG_POLICY_DIAGONAL, 1, 6, 20, 1, 1, 1, 1, 0, 0, NULL};
     c.lg = (ph_logits){9, 2, 1.0f, 0};
     ph_state st;
     assert_int_equal(ph_init(&st, &c.p, &c.lg), 0);
@@ -314,7 +314,7 @@ static void test_edge_cases(void **state) {
         assert_int_equal(att[0], t < 6 ? 0 : t - 5);
     }
     ph_free(&st);
-    c.p = (flexdiag_kvp_params){FLEXDIAG_POLICY_DIAGONAL, 9, 5, 20, 1, 1, 1, 1, 0, 0};
+    c.p = (flexdiag_kvp_params){FLEXDIAG_POLICY_DIAGONAL, 9, 5, 20, 1, 1, 1, 1, 0, 0, NULL};
     assert_int_equal(ph_init(&st, &c.p, &c.lg), 0);
     for (int32_t t = 0; t < 20; t++) {
         assert_false(flexdiag__kvp_needs_scores(st.kvp, t));

@@ -123,14 +123,14 @@ static void test_names_and_sizes(void **state) {
         assert_int_equal(kind, k);
         assert_string_equal(flexdiag__kvp_name(kind), names[k]);
         assert_non_null(strstr(flexdiag__kvp_names(), names[k]));
-        flexdiag_kvp_params p = {kind, k == 0 ? 576 : 29, 288, 576, 1, 1, 1, 1, 0, 0};
+        flexdiag_kvp_params p = {kind, k == 0 ? 576 : 29, 288, 576, 1, 1, 1, 1, 0, 0, NULL};
         assert_int_equal(flexdiag__kvp_ring_rows(&p), ring[k]);
         assert_int_equal(flexdiag__kvp_max_slots(&p), slots[k]);
     }
     flexdiag_policy_kind kind;
     assert_int_equal(flexdiag__kvp_parse("diag", &kind), -1);
     /* resident rows: diagonal min(t+1, N_r); sink4 4 + min(t-3, N_r); window min(t+1, N_att) */
-    flexdiag_kvp_params d = {FLEXDIAG_POLICY_DIAGONAL, 29, 288, 576, 1, 1, 1, 1, 0, 0};
+    flexdiag_kvp_params d = {FLEXDIAG_POLICY_DIAGONAL, 29, 288, 576, 1, 1, 1, 1, 0, 0, NULL};
     assert_int_equal(flexdiag__kvp_resident_rows(&d, 10), 11);
     assert_int_equal(flexdiag__kvp_resident_rows(&d, 575), 288);
     d.kind = FLEXDIAG_POLICY_DIAGONAL_SINK4;
@@ -145,7 +145,7 @@ static void test_names_and_sizes(void **state) {
 static void test_create_validation(void **state) {
     (void)state;
     flexdiag_kvp *k = (flexdiag_kvp *)&k;
-    flexdiag_kvp_params p = {FLEXDIAG_POLICY_H2O, 8, 0, 32, 2, 2, 6, 4, 0, 0}; /* 6 % 4 != 0 */
+    flexdiag_kvp_params p = {FLEXDIAG_POLICY_H2O, 8, 0, 32, 2, 2, 6, 4, 0, 0, NULL}; /* 6 % 4 != 0 */
     flexdiag__err_clear();
     assert_int_equal(flexdiag__kvp_create(&p, &k), FLEXDIAG_ERR_INVALID_ARG);
     assert_null(k);
@@ -167,7 +167,7 @@ static void test_reset_replays(void **state) {
     enum { T = 24, HQ = 4, HKV = 2, MS = T };
     for (int kind = 0; kind < 8; kind++) {
         flexdiag_kvp_params p = {(flexdiag_policy_kind)kind, kind == 0 ? T : 6, 9, T, 2, 2,
-                                 HQ, HKV, 0, 0};
+                                 HQ, HKV, 0, 0, NULL};
         flexdiag_kvp *k = NULL;
         assert_int_equal(flexdiag__kvp_create(&p, &k), FLEXDIAG_OK);
         int32_t ms = flexdiag__kvp_max_slots(&p);

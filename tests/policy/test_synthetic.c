@@ -144,7 +144,7 @@ static void test_fidelity_grid8(void **state) {
         else /* one overwrite per head and step once the ring is full (sinks included in R) */
             assert_int_equal(f.evictions, (uint64_t)over * (uint64_t)sp.heads);
     }
-    flexdiag_kvp_params bad = {FLEXDIAG_POLICY_WINDOW, 4, 0, 63, 1, 1, 1, 1, 0, 0};
+    flexdiag_kvp_params bad = {FLEXDIAG_POLICY_WINDOW, 4, 0, 63, 1, 1, 1, 1, 0, 0, NULL};
     flexdiag__err_clear();
     assert_int_equal(flexdiag__synth_run(ctx, &bad, &(flexdiag_synth_fidelity){0}),
                      FLEXDIAG_ERR_INVALID_ARG);

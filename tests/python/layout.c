@@ -43,6 +43,7 @@ static void params(void) {
     FIELD(flexdiag_context_params, cpu_attention_pct);
     FIELD(flexdiag_context_params, queue_images); FIELD(flexdiag_context_params, batching);
     FIELD(flexdiag_context_params, draft_len); FIELD(flexdiag_context_params, sjd_group);
+    FIELD(flexdiag_context_params, policy_calib); FIELD(flexdiag_context_params, ssd_tau);
     END();
     BEGIN("Request", flexdiag_request);
     FIELD(flexdiag_request, n_prompts); FIELD(flexdiag_request, prompts);
