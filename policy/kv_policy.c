@@ -357,6 +357,11 @@ int flexdiag__kvp_plan_shared(flexdiag_kvp *k, int32_t t, int32_t s0, int32_t n,
     return 1;
 }
 
+int flexdiag__kvp_plans_ahead(flexdiag_policy_kind kind) {
+    const flexdiag_kvp_class *c = class_of(kind);
+    return c && c->plan_ahead;
+}
+
 int flexdiag__kvp_window_ok(const flexdiag_kvp *kvp, int32_t t, int32_t n) {
     if (!kvp->cls->plan_ahead) return n <= 1;
     for (int32_t s = t; s < t + n; s++)

@@ -119,6 +119,8 @@ int flexdiag__kvp_plan_shared(flexdiag_kvp *kvp, int32_t t, int32_t s0, int32_t 
  * steps t .. t+n-1 in one pass exactly: its policy plans ahead and no update is needed after
  * any of those steps (Diagonal: past its build-up; position-only policies: always). */
 int flexdiag__kvp_window_ok(const flexdiag_kvp *kvp, int32_t t, int32_t n);
+/* Whether policies of kind can plan ahead at all (window_ok can hold for n > 1). */
+int flexdiag__kvp_plans_ahead(flexdiag_policy_kind kind);
 /* The plan step t + i of (layer, seq) will make, next step t, changing nothing: write_slot
  * (h_kv), slots (h_kv, max_slots), n_slots (h_kv), as flexdiag__kvp_plan gives them at t + i
  * when window_ok(t, i + 1). The ring holds what steps t .. t+i attend while the pass writes

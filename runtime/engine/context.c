@@ -94,8 +94,8 @@ static size_t ctx_layout(flexdiag_context *c, size_t act, char *base) {
     TAKE(last, S * 4);
     TAKE(ids, SW * 4);
     if (W > 1) TAKE(win_rows, SW * hkv * 4);
-    if (W > 1) TAKE(win_slots, SW * (size_t)c->pd.max_slots * 4);
-    if (W > 1) TAKE(win_nslots, SW * 4);
+    if (W > 1) TAKE(win_slots, SW * (size_t)c->geo.win_lists * (size_t)c->pd.max_slots * 4);
+    if (W > 1) TAKE(win_nslots, SW * (size_t)c->geo.win_lists * 4);
     TAKE(srows, (size_t)c->geo.n_img * sizeof(flexdiag_sample_row));
 #undef TAKE
     return off + flexdiag__pd_layout(&c->pd, base ? base + off : NULL);
@@ -239,20 +239,21 @@ static flexdiag_status ctx_check_bytes(const flexdiag_context *c) {
 /* Fill the geometry fields of c from its params (no allocation). */
 /* Speculative Jacobi decoding (draft_len >= 2; geo.win rows a sequence in a decode pass): the
  * window pass (window.c) writes its rows where sequential decoding would and attends lists
- * planned position by position (kv_policy.h flexdiag__kvp_list_at; the ring policies keep
- * draft_len - 1 rows of slack, params slack), which this version does for the position-only
- * policies (dense, window, streaming) with every KV on the device. */
+ * planned position by position (kv_policy.h flexdiag__kvp_list_at / _plan_ahead; the ring
+ * policies keep draft_len - 1 rows of slack, params slack), which this version does for the
+ * policies that plan ahead (dense, window, streaming, the Diagonals past their build-up) with
+ * every KV on the device. */
 static flexdiag_status ctx_window_allowed(const flexdiag_context *c) {
-    int position = flexdiag__kvp_traits(c->p.policy.kind)->device == FLEXDIAG_KVP_DEV_POSITION;
     const char *why = c->geo.win < 2 ? NULL
-                      : !position ? "a policy whose lists depend on attention scores or state"
+                      : !flexdiag__kvp_plans_ahead(c->p.policy.kind)
+                          ? "a policy whose lists depend on every step's attention scores"
                       : c->homes.s_host < c->geo.n_seq ? "KV homed below the device (kv_pct)"
                                                        : NULL;
     if (!why) return FLEXDIAG_OK;
     return flexdiag__err(FLEXDIAG_ERR_UNSUPPORTED,
                          "context_params.draft_len %d (speculative Jacobi decoding) with %s "
-                         "(policy %s): this version runs it with the position-only policies "
-                         "(dense, window, streaming) and every KV on the device "
+                         "(policy %s): this version runs it with dense, window, streaming, "
+                         "diagonal and diagonal-sink4, every KV on the device "
                          "(docs/decoding.md); give draft_len 0 or change the other setting",
                          c->p.draft_len, why, flexdiag__kvp_name(c->p.policy.kind));
 }
@@ -330,9 +331,12 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     while (c->homes.s_host < c->geo.n_seq && c->geo.mb_seq % c->geo.pf_seq) c->geo.pf_seq--; /* no chunk straddles */
     ctx_shared_prompts(c);
     int32_t w_s = c->geo.rows_per_img == 2 ? (c->geo.row_len ? c->geo.row_len : c->m->cfg.grid) : 0;
+    int position = flexdiag__kvp_traits(c->p.policy.kind)->device == FLEXDIAG_KVP_DEV_POSITION;
+    c->geo.win_lists = c->geo.win > 1 && !position ? l->layers * l->kv_heads : 1;
+    /* a window pass plans a stateful policy ahead from its host state machine */
     FLEXDIAG_TRY(flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
                                     l->kv_heads, c->geo.n_seq, c->geo.blk_p, c->geo.l_dec, w_s,
-                                    ctx_slack(c), c->host_policy));
+                                    ctx_slack(c), c->host_policy || c->geo.win_lists > 1));
     size_t row = (size_t)l->kv_heads * (size_t)l->head_dim * (size_t)c->m->rt->k->act_bytes;
     c->geo.seq_bytes = row * (size_t)(c->geo.blk_p + c->pd.ring);
     c->geo.pre_bytes = row * (size_t)c->geo.p_cap;

@@ -111,8 +111,11 @@ typedef struct flexdiag_ctx_bufs {
                           (n_seq, win) the input id of every row */
     int32_t *win_rows; /* window passes (win > 1): (n_seq, win, h_kv) the cache row of each
                           row's K/V */
-    int32_t *win_slots; /* (n_seq, win, max_slots) the ring rows each row attends */
-    int32_t *win_nslots; /* (n_seq, win) their counts */
+    int32_t *win_slots; /* (n_seq, win, max_slots) the ring rows each row attends; a policy
+                           with per-(layer, KV head) lists (geo.win_lists > 1): (layers,
+                           n_seq, win, h_kv, max_slots) */
+    int32_t *win_nslots; /* (n_seq, win) their counts; per-head lists: (layers, n_seq, win,
+                            h_kv) */
     flexdiag_sample_row *srows; /* (n_img) each image's draw of the current step (kernels.h) */
 } flexdiag_ctx_bufs;
 
@@ -141,6 +144,9 @@ typedef struct flexdiag_ctx_geom {
                                         codes + the forced row end); 0 otherwise */
     int32_t win;                     /* rows a sequence may run in one decode pass: the SJD
                                         window (params draft_len), 1 for sequential decoding */
+    int32_t win_lists;               /* window passes: slot lists a row has: 1 (the position-
+                                        only policies: one list per row) or layers · h_kv (a
+                                        policy that plans per (layer, KV head): Diagonal) */
 } flexdiag_ctx_geom;
 
 /* Where the KV of the sequences the device does not hold lives (context.c ctx_kv_homes). */

@@ -103,10 +103,13 @@ static flexdiag_status io_acquire(const run_state *r, const flexdiag_visit *v, i
         io->a.pos = rope ? c->b.pos + q0 : NULL;
         io->a.p_cap = c->geo.blk_p;
         io->a.win = r->win;
-        io->a.shared_slots = FLEXDIAG_SLOTS_PER_SEQ;
+        size_t l0 = q0; /* list index of row q0 (one list a row, or h_kv a row a layer) */
+        if (c->geo.win_lists > 1)
+            l0 = ((size_t)j * (size_t)r->n_seq * (size_t)r->win + q0) * (size_t)l->kv_heads;
+        io->a.shared_slots = c->geo.win_lists > 1 ? FLEXDIAG_SLOTS_PER_HEAD : FLEXDIAG_SLOTS_PER_SEQ;
         io->a.max_slots = c->pd.max_slots;
-        io->a.slots = c->b.win_slots + q0 * (size_t)c->pd.max_slots;
-        io->a.n_slots = c->b.win_nslots + q0;
+        io->a.slots = c->b.win_slots + l0 * (size_t)c->pd.max_slots;
+        io->a.n_slots = c->b.win_nslots + l0;
         io->rows = c->b.win_rows + q0 * (size_t)l->kv_heads;
         if (c->geo.n_pre) shared_args(c, j, s0, &io->a);
         io->a.n_casc_tiles = 0; /* no cascade with several rows a sequence (kernels.h win) */

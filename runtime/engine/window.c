@@ -36,23 +36,27 @@ typedef struct flexdiag_window {
     int32_t *draft;    /* (n_img, W - 1) their ids */
     float *q;          /* (n_img, W - 1, V) the distribution each was drawn from */
     float *logits;     /* (n_seq·W, V) the pass's logits on the host */
-    int32_t *ids, *pos, *rows, *slots, *nslots; /* uploads: (n_seq·W), ·h_kv, ·max_slots */
+    int32_t *ids, *pos, *rows, *slots, *nslots; /* uploads: ids, pos (n_seq·W); rows
+                                                   (n_seq·W, h_kv); slots, nslots (geo.win_lists
+                                                   lists a row: engine.h win_slots) */
     int32_t *live;     /* (n_img) the slots a verification visits */
     flexdiag_pool *pool; /* host workers of the verification, one task a slot */
 } flexdiag_window;
 
 /* A verification task's scratch (one a worker, carved by scratch_of): the distribution of each
  * row (W, V), a row's guided logits, the residual, the sampler's candidates (V·8 bytes), a
- * slot's forced and committed columns (W each). */
+ * slot's forced and committed columns (W each), and one step's plan of a sequence (h_kv write
+ * slots, h_kv · max_slots slots, h_kv counts) for advancing a stateful policy. */
 typedef struct verify_scratch {
     float *p, *g, *res;
     void *cand;
-    int32_t *forced, *out;
+    int32_t *forced, *out, *plan;
 } verify_scratch;
 
 static size_t scratch_bytes(const flexdiag_context *c) {
     size_t W = (size_t)c->geo.win, V = (size_t)c->geo.vocab_out;
-    return (W * V + 2 * V) * sizeof(float) + V * 8 + 2 * W * sizeof(int32_t);
+    size_t plan = (size_t)c->m->cfg.lm.kv_heads * (2 + (size_t)c->pd.max_slots);
+    return (W * V + 2 * V) * sizeof(float) + V * 8 + (2 * W + plan) * sizeof(int32_t);
 }
 
 static verify_scratch scratch_of(const flexdiag_context *c, void *buf) {
@@ -63,6 +67,7 @@ static verify_scratch scratch_of(const flexdiag_context *c, void *buf) {
     v.cand = v.res + V;
     v.forced = (int32_t *)((char *)v.cand + V * 8);
     v.out = v.forced + W;
+    v.plan = v.out + W;
     return v;
 }
 
@@ -82,14 +87,14 @@ flexdiag_status flexdiag__window_alloc(run_state *r) {
     const flexdiag_context *c = r->c;
     size_t W = (size_t)c->geo.win, V = (size_t)c->geo.vocab_out, I = (size_t)c->geo.n_img;
     size_t SW = (size_t)c->geo.n_seq * W, hkv = (size_t)c->m->cfg.lm.kv_heads;
-    size_t ms = (size_t)c->pd.max_slots;
+    size_t ms = (size_t)c->pd.max_slots, WL = (size_t)c->geo.win_lists;
     flexdiag_window *w = calloc(1, sizeof *w);
     r->w = w;
     if (!w) return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "window passes: no host memory");
     w->n_draft = calloc(I + I * (W - 1) + I, 4);
     w->q = malloc(I * (W - 1) * V * sizeof(float));
     w->logits = malloc(SW * V * sizeof(float));
-    w->ids = malloc(SW * (3 + hkv + ms) * 4);
+    w->ids = malloc(SW * (2 + hkv + WL * (1 + ms)) * 4);
     if (!w->n_draft || !w->q || !w->logits || !w->ids) {
         flexdiag__window_free(r);
         return flexdiag__err(FLEXDIAG_ERR_OOM_HOST, "window passes of %zu rows: no host memory "
@@ -101,7 +106,7 @@ flexdiag_status flexdiag__window_alloc(run_state *r) {
     w->live = w->draft + I * (W - 1);
     w->pos = w->ids + SW;
     w->nslots = w->pos + SW;
-    w->rows = w->nslots + SW;
+    w->rows = w->nslots + SW * WL;
     w->slots = w->rows + SW * hkv;
     return FLEXDIAG_OK;
 }
@@ -116,9 +121,15 @@ static int32_t job_window(const run_slot *sl) {
 }
 
 int32_t flexdiag__window_rows(const run_state *r) {
+    const flexdiag_context *c = r->c;
     int32_t win = 1;
-    for (int32_t i = 0; r->w && i < r->c->geo.n_img; i++)
-        if (r->slot[i].live && job_window(&r->slot[i]) > win) win = job_window(&r->slot[i]);
+    for (int32_t i = 0; r->w && i < c->geo.n_img; i++) {
+        if (!r->slot[i].live) continue;
+        int32_t jw = job_window(&r->slot[i]), s = i * c->geo.rows_per_img;
+        if (r->t[s] >= 0 && !flexdiag__kvp_window_ok(c->pd.kvp, r->t[s], jw))
+            return 1; /* a policy update falls inside its window (Diagonal's build-up) */
+        if (jw > win) win = jw;
+    }
     return win;
 }
 
@@ -148,6 +159,7 @@ static void plan_row(run_state *r, int32_t s, int32_t k, int32_t nv) {
                 : k == 0 || !real ? sl->job.tokens[sl->made - 1]
                                   : w->draft[(size_t)i * (size_t)(c->geo.win - 1) + (size_t)k - 1];
     w->pos[q] = r->lp[s] + (real ? step : t);
+    if (c->geo.win_lists > 1) return; /* plan_row_heads plans its lists */
     w->nslots[q] = 0;
     if (ahead) w->nslots[q] = flexdiag__kvp_list_at(c->pd.kvp, step, &ws, w->slots + q * ms);
     else if (r->t[s] >= 0) /* dense padding: attend rows 0..t, write the ring's last row */
@@ -155,21 +167,50 @@ static void plan_row(run_state *r, int32_t s, int32_t k, int32_t nv) {
     for (int32_t h = 0; h < hkv; h++) w->rows[q * (size_t)hkv + (size_t)h] = c->geo.blk_p + ws;
 }
 
+/* Row q = s·win + k of a policy with per-(layer, KV head) lists (geo.win_lists > 1): every
+ * layer's lists of step t + k planned ahead from the host state machine (window_rows made sure
+ * no update falls between); a padding row (k >= nv) attends no ring row and writes the ring
+ * row of step t + k, inside the slack. */
+static void plan_row_heads(run_state *r, int32_t s, int32_t k, int32_t nv) {
+    flexdiag_window *w = r->w;
+    const flexdiag_context *c = r->c;
+    int32_t hkv = c->m->cfg.lm.kv_heads, L = c->m->cfg.lm.layers, t = r->t[s];
+    size_t q = (size_t)s * (size_t)r->win + (size_t)k, ms = (size_t)c->pd.max_slots;
+    size_t SW = (size_t)r->n_seq * (size_t)r->win;
+    int32_t *ws = w->rows + q * (size_t)hkv;
+    for (int32_t j = 0; j < L; j++) {
+        size_t l0 = ((size_t)j * SW + q) * (size_t)hkv;
+        if (t >= 0 && k < nv) {
+            flexdiag__kvp_plan_ahead(c->pd.kvp, j, t, k, s, ws, w->slots + l0 * ms,
+                                     w->nslots + l0);
+            continue;
+        }
+        memset(w->nslots + l0, 0, (size_t)hkv * 4);
+        for (int32_t h = 0; h < hkv; h++)
+            ws[h] = t < 0 ? c->pd.ring - 1 : flexdiag__kvp_write_slot(&c->pd.kp, t + k);
+    }
+    for (int32_t h = 0; h < hkv; h++) ws[h] += c->geo.blk_p; /* the same for every layer */
+}
+
 /* Every row of the pass, then their uploads. */
 static flexdiag_status plan_window(run_state *r) {
     flexdiag_context *c = r->c;
     size_t SW = (size_t)r->n_seq * (size_t)r->win, hkv = (size_t)c->m->cfg.lm.kv_heads;
+    size_t lists = SW * (size_t)c->geo.win_lists;
     flexdiag_window *w = r->w;
     for (int32_t s = 0; s < r->n_seq; s++) {
         int32_t i = s / c->geo.rows_per_img, nv = r->slot[i].live ? valid_rows(r, i) : 0;
-        for (int32_t k = 0; k < r->win; k++) plan_row(r, s, k, nv);
+        for (int32_t k = 0; k < r->win; k++) {
+            plan_row(r, s, k, nv); /* ids and positions; the lists of one-list policies */
+            if (c->geo.win_lists > 1) plan_row_heads(r, s, k, nv);
+        }
     }
     /* the lists' stride is max_slots; only their first nslots entries are read */
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.ids, w->ids, SW * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.pos, w->pos, SW * 4, r->s));
     FLEXDIAG_TRY(r->k->copy_h2d(c->b.win_rows, w->rows, SW * hkv * 4, r->s));
-    FLEXDIAG_TRY(r->k->copy_h2d(c->b.win_nslots, w->nslots, SW * 4, r->s));
-    return r->k->copy_h2d(c->b.win_slots, w->slots, SW * (size_t)c->pd.max_slots * 4, r->s);
+    FLEXDIAG_TRY(r->k->copy_h2d(c->b.win_nslots, w->nslots, lists * 4, r->s));
+    return r->k->copy_h2d(c->b.win_slots, w->slots, lists * (size_t)c->pd.max_slots * 4, r->s);
 }
 
 /* ---- verification ---- */
@@ -217,6 +258,21 @@ static void redraft(const run_state *r, const verify_scratch *v, int32_t i, int3
     }
 }
 
+/* Sequence s committed the rows of steps t .. t+n-1: the policy's state and eviction counts
+ * advance by those steps (a per-head policy's host state machine plans each of them; no update
+ * falls between, window_rows saw to it). */
+static void advance(const run_state *r, const verify_scratch *v, int32_t s, int32_t n) {
+    const flexdiag_context *c = r->c;
+    int32_t t = r->t[s], hkv = c->m->cfg.lm.kv_heads;
+    if (c->geo.win_lists == 1) {
+        flexdiag__kvp_count_steps(c->pd.kvp, s, t, n);
+        return;
+    }
+    int32_t *ws = v->plan, *ns = ws + hkv, *sl = ns + hkv;
+    for (int32_t j = 0; j < c->m->cfg.lm.layers; j++)
+        for (int32_t k = 0; k < n; k++) flexdiag__kvp_plan(c->pd.kvp, j, t + k, s, 1, ws, sl, ns);
+}
+
 /* Slot i: its rows' distributions, the verification, the committed tokens (and logits) into its
  * job, its next drafts. A row without finite logits fails the slot (made -1). */
 static void verify_slot(const run_state *r, const verify_scratch *v, int32_t i) {
@@ -245,7 +301,7 @@ static void verify_slot(const run_state *r, const verify_scratch *v, int32_t i) 
                                      v->forced, (int64_t)V, &acc, v->out, v->res);
     for (int32_t k = 0; k < n; k++) sl->job.tokens[sl->made + k] = c->geo.id0 + v->out[k];
     for (int32_t s = i * c->geo.rows_per_img; s < (i + 1) * c->geo.rows_per_img; s++)
-        flexdiag__kvp_count_steps(c->pd.kvp, s, r->t[s], n); /* the steps whose rows stay */
+        advance(r, v, s, n); /* the steps whose rows stay */
     for (int32_t k = 0; k + 1 < n; k++) sl->job.accepted[k]++; /* drafts 0..n-2 were kept */
     sl->made += n;
     redraft(r, v, i, n, nv);

@@ -242,12 +242,15 @@ static void test_greedy_shared_prompts(void **state) {
     greedy_conf(&tc);
 }
 
-/* The ring policies (window, StreamingLLM: a quarter of the decode tokens, their rings grown by
- * the window's slack): images, Lumina's row ends, text, shared prompt KV. */
+/* The ring policies (window, StreamingLLM, the Diagonals: a quarter of the decode tokens, their
+ * rings grown by the window's slack; the Diagonals decode their build-up one token a pass):
+ * images, Lumina's row ends, text, shared prompt KV. */
 static void test_greedy_ring_policies(void **state) {
     (void)state;
-    const flexdiag_policy_kind kinds[2] = {FLEXDIAG_POLICY_WINDOW, FLEXDIAG_POLICY_STREAMING};
-    for (int k = 0; k < 2; k++) {
+    const flexdiag_policy_kind kinds[4] = {FLEXDIAG_POLICY_WINDOW, FLEXDIAG_POLICY_STREAMING,
+                                           FLEXDIAG_POLICY_DIAGONAL,
+                                           FLEXDIAG_POLICY_DIAGONAL_SINK4};
+    for (int k = 0; k < 4; k++) {
         for (int32_t d = 2; d <= 8; d *= 4) {
             tconf tc = {.arch = "micro-janus", .slots = 3, .draft = d, .kind = kinds[k]};
             greedy_conf(&tc);
@@ -675,7 +678,7 @@ static void test_refused(void **state) {
     cp.draft_len = 4;
     cp.policy.sparsity = 0.5;
     flexdiag_context *c = NULL;
-    const flexdiag_policy_kind scored[4] = {FLEXDIAG_POLICY_DIAGONAL, FLEXDIAG_POLICY_H2O,
+    const flexdiag_policy_kind scored[4] = {FLEXDIAG_POLICY_TOVA, FLEXDIAG_POLICY_H2O,
                                             FLEXDIAG_POLICY_ALISA, FLEXDIAG_POLICY_LINE_AR};
     for (int k = 0; k < 4; k++) {
         cp.policy.kind = scored[k];
