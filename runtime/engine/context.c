@@ -15,6 +15,7 @@
 #include "base/core.h"
 #include "offload/kv_disk.h"
 #include "runtime/engine/cpu_attn.h"
+#include "runtime/engine/ctx_calib.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/sjd.h"
 #include "runtime/image/vq.h"
@@ -333,10 +334,12 @@ static flexdiag_status ctx_geometry(flexdiag_context *c) {
     int32_t w_s = c->geo.rows_per_img == 2 ? (c->geo.row_len ? c->geo.row_len : c->m->cfg.grid) : 0;
     int position = flexdiag__kvp_traits(c->p.policy.kind)->device == FLEXDIAG_KVP_DEV_POSITION;
     c->geo.win_lists = c->geo.win > 1 && !position ? l->layers * l->kv_heads : 1;
+    FLEXDIAG_TRY(flexdiag__ctx_calib_open(c, w_s)); /* ssd, hack: the head plan */
     /* a window pass plans a stateful policy ahead from its host state machine */
     FLEXDIAG_TRY(flexdiag__pd_setup(&c->pd, &c->p.policy, c->m->rt->k, l->layers, l->heads,
                                     l->kv_heads, c->geo.n_seq, c->geo.blk_p, c->geo.l_dec, w_s,
-                                    ctx_slack(c), c->host_policy || c->geo.win_lists > 1));
+                                    ctx_slack(c), c->heads,
+                                    c->host_policy || c->geo.win_lists > 1));
     size_t row = (size_t)l->kv_heads * (size_t)l->head_dim * (size_t)c->m->rt->k->act_bytes;
     c->geo.seq_bytes = row * (size_t)(c->geo.blk_p + c->pd.ring);
     c->geo.pre_bytes = row * (size_t)c->geo.p_cap;
@@ -374,11 +377,12 @@ flexdiag_status flexdiag__context_sizes(const flexdiag_model *m, const flexdiag_
     memset(&c, 0, sizeof c);
     c.m = (flexdiag_model *)m;
     c.p = *p;
-    FLEXDIAG_TRY(ctx_geometry(&c));
+    flexdiag_status st = ctx_geometry(&c);
     const flexdiag_kernels *k = m->rt->k;
-    *dev = ctx_layout(&c, (size_t)k->act_bytes, NULL) + k->stream_bytes;
-    if (host) *host = ctx_host_bytes(&c);
-    return FLEXDIAG_OK;
+    if (st == FLEXDIAG_OK) *dev = ctx_layout(&c, (size_t)k->act_bytes, NULL) + k->stream_bytes;
+    if (st == FLEXDIAG_OK && host) *host = ctx_host_bytes(&c);
+    flexdiag__ctx_calib_close(&c);
+    return st;
 }
 
 flexdiag_status flexdiag__context_disk_bytes(const flexdiag_model *m,
@@ -387,9 +391,10 @@ flexdiag_status flexdiag__context_disk_bytes(const flexdiag_model *m,
     memset(&c, 0, sizeof c);
     c.m = (flexdiag_model *)m;
     c.p = *p;
-    FLEXDIAG_TRY(ctx_geometry(&c));
-    *out = ctx_disk_bytes(&c);
-    return FLEXDIAG_OK;
+    flexdiag_status st = ctx_geometry(&c);
+    if (st == FLEXDIAG_OK) *out = ctx_disk_bytes(&c);
+    flexdiag__ctx_calib_close(&c);
+    return st;
 }
 
 flexdiag_status flexdiag__context_bytes(const flexdiag_model *m, const flexdiag_context_params *p,
@@ -573,6 +578,7 @@ void flexdiag__context_free(flexdiag_context *c) {
     flexdiag__arena_charge(&rt->arena, -(int64_t)c->stream_charge, "a context's stream");
     flexdiag__arena_free(&rt->arena, c->block, c->block_bytes);
     flexdiag__pd_fini(&c->pd);
+    flexdiag__ctx_calib_close(c);
     flexdiag__sjd_groups_free(c->groups);
     if (k->host_free) k->host_free(c->up.block);
     else free(c->up.block);

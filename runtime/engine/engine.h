@@ -218,6 +218,8 @@ struct flexdiag_context {
     flexdiag_stats stats;            /* counters of the last call */
     struct flexdiag_sjd_groups *groups; /* grouped SJD acceptance's codebook table (params
                                         sjd_group > 0; sjd.h), NULL otherwise */
+    struct flexdiag_kvp_heads *heads; /* ssd, hack: the head plan from params policy_calib
+                                        (ctx_calib.h; the policy reads it), NULL otherwise */
 };
 
 /* Lumina-mGPT's top-k inside the image (its README), used when a request leaves top_k at 0. */

@@ -372,7 +372,8 @@ static const pd_mode *pick_mode(const flexdiag_policy_driver *pd, int force_host
 flexdiag_status flexdiag__pd_setup(flexdiag_policy_driver *pd, const flexdiag_policy_params *pub,
                                    const flexdiag_kernels *k, int32_t n_layers, int32_t h_q,
                                    int32_t h_kv, int32_t n_seq, int32_t p_cap, int32_t l_dec,
-                                   int32_t w_s, int32_t slack, int force_host) {
+                                   int32_t w_s, int32_t slack,
+                                   const struct flexdiag_kvp_heads *heads, int force_host) {
     memset(pd, 0, sizeof *pd);
     FLEXDIAG_TRY(flexdiag__kvp_resolve(pub, l_dec, &pd->kp));
     pd->kp.n_seq = n_seq;
@@ -381,6 +382,7 @@ flexdiag_status flexdiag__pd_setup(flexdiag_policy_driver *pd, const flexdiag_po
     pd->kp.h_kv = h_kv;
     pd->kp.w_s = w_s;
     pd->kp.slack = slack;
+    pd->kp.heads = heads;
     pd->k = k;
     pd->p_cap = p_cap;
     pd->l_dec = l_dec;

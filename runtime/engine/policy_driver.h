@@ -109,12 +109,14 @@ typedef struct flexdiag_pd_run {
 
 /* Resolve pub for a model of n_layers layers, h_q / h_kv heads, n_seq sequences, p_cap prompt
  * rows, l_dec decode tokens, image lines of w_s tokens (0: text) and window passes of up to
- * slack + 1 rows (kv_policy.h params slack), and pick the mode on backend k (force_host: always
- * the host state machines). No allocation; pd is overwritten. */
+ * slack + 1 rows (kv_policy.h params slack), with the head plan of a calibrated policy (ssd,
+ * hack: kv_policy.h params heads, borrowed; NULL for the others), and pick the mode on backend
+ * k (force_host: always the host state machines). No allocation; pd is overwritten. */
 flexdiag_status flexdiag__pd_setup(flexdiag_policy_driver *pd, const flexdiag_policy_params *pub,
                                    const flexdiag_kernels *k, int32_t n_layers, int32_t h_q,
                                    int32_t h_kv, int32_t n_seq, int32_t p_cap, int32_t l_dec,
-                                   int32_t w_s, int32_t slack, int force_host);
+                                   int32_t w_s, int32_t slack,
+                                   const struct flexdiag_kvp_heads *heads, int force_host);
 /* Device bytes of the driver's buffers; with base non-NULL also carve pd->b from base (256-byte
  * aligned, base itself aligned). */
 size_t flexdiag__pd_layout(flexdiag_policy_driver *pd, char *base);

@@ -5,7 +5,8 @@
  * shared prompt rows are taken) run through one continuous engine; each must equal the same job
  * run alone on a one-image context, bit for bit, for every policy, with CFG pairs (micro-janus),
  * odd slot counts and micro-batches, shared prompt rows, KV homes with CPU attention, weights
- * offloaded, and text (micro-opt) with an end id.
+ * offloaded, and text (micro-opt) with an end id. ssd and hack run with a calibration table of
+ * micro-janus made once (calib_table.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 #include <cmocka.h>
 
 #include "base/core.h"
+#include "calib_table.h"
 #include "runtime/engine/engine.h"
 #include "util.h"
 
@@ -106,6 +108,18 @@ static void open_model(const tconf *tc, flexdiag_runtime **rt, flexdiag_model **
     assert_int_equal(flexdiag_model_load(*rt, NULL, &mp, m), FLEXDIAG_OK);
 }
 
+static char *calib_dir, *calib_path; /* micro-janus's table (ssd, hack), made at the first use */
+
+/* The table of m's builtin shape (every micro-janus of these tests has its config). */
+static const char *calib_of(flexdiag_model *m, flexdiag_policy_kind kind) {
+    if (!flexdiag__kvp_needs_calib(kind)) return NULL;
+    if (!calib_path) {
+        calib_dir = tu_tempdir("cont-calib");
+        calib_path = ct_calib_file(m, calib_dir, "micro-janus.calib");
+    }
+    return calib_path;
+}
+
 static flexdiag_context *open_context(flexdiag_model *m, const tconf *tc, int32_t slots,
                                       flexdiag_policy_kind kind, tfeed *clock) {
     flexdiag_context_params cp;
@@ -119,6 +133,7 @@ static flexdiag_context *open_context(flexdiag_model *m, const tconf *tc, int32_
     cp.cpu_attention = tc->cpu_attention && kind <= FLEXDIAG_POLICY_STREAMING && slots > 1;
     cp.policy.kind = kind;
     cp.policy.sparsity = kind == FLEXDIAG_POLICY_DENSE ? 0.0 : 0.6;
+    cp.policy_calib = calib_of(m, kind);
     cp.progress = clock ? t_pass : NULL;
     cp.progress_user = clock;
     flexdiag_context *c = NULL;
@@ -259,7 +274,8 @@ static int32_t run_conf(const tconf *tc, flexdiag_policy_kind kind, int text_eos
 static const flexdiag_policy_kind all_kinds[] = {
     FLEXDIAG_POLICY_DENSE, FLEXDIAG_POLICY_WINDOW,   FLEXDIAG_POLICY_STREAMING,
     FLEXDIAG_POLICY_H2O,   FLEXDIAG_POLICY_TOVA,     FLEXDIAG_POLICY_ALISA,
-    FLEXDIAG_POLICY_DIAGONAL, FLEXDIAG_POLICY_DIAGONAL_SINK4, FLEXDIAG_POLICY_LINE_AR};
+    FLEXDIAG_POLICY_DIAGONAL, FLEXDIAG_POLICY_DIAGONAL_SINK4, FLEXDIAG_POLICY_LINE_AR,
+    FLEXDIAG_POLICY_SSD,   FLEXDIAG_POLICY_HACK};
 #define N_KINDS (int)(sizeof all_kinds / sizeof all_kinds[0])
 
 /* Three slots (CFG pairs), micro-batches of two: the last one odd. */
@@ -330,8 +346,8 @@ static void test_weights_offloaded(void **state) {
 static void test_text(void **state) {
     (void)state;
     tconf tc = {.arch = "micro-opt", .slots = 3, .micro = 2};
-    for (int k = 0; k < N_KINDS; k++)
-        if (all_kinds[k] != FLEXDIAG_POLICY_LINE_AR) run_conf(&tc, all_kinds[k], 1); /* no grid */
+    for (int k = 0; k < N_KINDS; k++) /* the grid policies need a grid */
+        if (all_kinds[k] < FLEXDIAG_POLICY_LINE_AR) run_conf(&tc, all_kinds[k], 1);
 }
 
 /* Admissions gathered (FLEXDIAG_ADMIT_IDLE, serve.c admit_due): fewer prefill passes, every
@@ -347,6 +363,14 @@ static void test_admissions_gather(void **state) {
     assert_true(gathered < every);
 }
 
+static int teardown(void **state) {
+    (void)state;
+    if (calib_dir) tu_rmtree(calib_dir);
+    free(calib_dir);
+    free(calib_path);
+    return 0;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_images),
@@ -358,5 +382,5 @@ int main(void) {
         cmocka_unit_test(test_text),
         cmocka_unit_test(test_admissions_gather),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, teardown);
 }
