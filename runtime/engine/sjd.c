@@ -43,9 +43,9 @@ flexdiag_status flexdiag__sjd_groups_make(const float *codebook, int32_t n_codes
     }
     for (int64_t j = 0; j < V; j++) {
         int32_t code = col_code ? col_code[j] : (int32_t)j;
-        const float *x = codebook + (int64_t)code * dim;
+        const float *x = code >= 0 && code < n_codes ? codebook + (int64_t)code * dim : NULL;
         double norm = 0.0;
-        for (int32_t k = 0; code >= 0 && code < n_codes && k < dim; k++) norm += (double)x[k] * x[k];
+        for (int32_t k = 0; x && k < dim; k++) norm += (double)x[k] * x[k];
         double s = norm > 0.0 ? 1.0 / sqrt(norm) : 0.0; /* 0: no code, or a zero row */
         for (int32_t k = 0; k < dim; k++) unit[j * dim + k] = s > 0.0 ? (float)(x[k] * s) : 0.0f;
     }

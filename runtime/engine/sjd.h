@@ -58,7 +58,7 @@ typedef struct flexdiag_sjd_groups {
  * side of each draft. */
 typedef struct flexdiag_sjd_accept {
     const flexdiag_sjd_groups *groups;
-    int32_t group;
+    int32_t group; /* 0 .. FLEXDIAG_MAX_GROUP */
 } flexdiag_sjd_accept;
 
 /* The groups of V columns: column j is codebook row col_code[j] (col_code NULL: row j) of the
@@ -70,7 +70,8 @@ flexdiag_status flexdiag__sjd_groups_make(const float *codebook, int32_t n_codes
 /* Free; NULL is a no-op. */
 void flexdiag__sjd_groups_free(flexdiag_sjd_groups *g);
 
-/* The group of draft d under p (V columns) summed: *pc = p(C), *qc = q(C) (doubles). */
+/* The group of draft d under p (V columns; a->group >= 1) summed: *pc = p(C), *qc = q(C)
+ * (doubles). */
 void flexdiag__sjd_group_mass(const flexdiag_sjd_accept *a, const float *p, const float *q,
                               int64_t V, int32_t d, double *pc, double *qc);
 
