@@ -453,20 +453,23 @@ static void test_group_rule(void **state) {
     flexdiag_sjd_accept a = {m, 3};
     flexdiag__sjd_group_mass(&a, g_p, g_q, 6, 0, &pc, &qc); /* column 0 has no code: alone */
     assert_float_equal(pc, 0.30, 1e-6);
-    /* draft 0 under p row 0: exact acceptance p/q = 0.6, grouped 0.55 / 0.60 */
+    /* draft 0 under p row 0: exact acceptance p/q = 0.6, grouped 0.55 / 0.60; row 1 (drawn
+     * when the draft is kept) has the same distribution */
     const int32_t forced[2] = {-1, -1};
     int32_t out[2], d = 0, n_exact = 0, n_group = 0;
-    float res[6];
+    float res[6], p2[12];
+    memcpy(p2, g_p, sizeof g_p);
+    memcpy(p2 + 6, g_p, sizeof g_p);
     const int N = 20000;
     for (int i = 0; i < N; i++) {
         flexdiag_sjd_key key = {3, i};
         flexdiag_sjd_accept zero = {g, 0}, grouped = {g, 2};
-        int32_t k0 = flexdiag__sjd_verify(&key, 0, g_p, 2, &d, g_q, forced, 6, NULL, out, res);
+        int32_t k0 = flexdiag__sjd_verify(&key, 0, p2, 2, &d, g_q, forced, 6, NULL, out, res);
         int32_t o0 = out[0];
-        assert_int_equal(flexdiag__sjd_verify(&key, 0, g_p, 2, &d, g_q, forced, 6, &zero, out, res), k0);
+        assert_int_equal(flexdiag__sjd_verify(&key, 0, p2, 2, &d, g_q, forced, 6, &zero, out, res), k0);
         assert_int_equal(out[0], o0); /* group 0: the exact rule, draw for draw */
         n_exact += k0 == 2;
-        n_group += flexdiag__sjd_verify(&key, 0, g_p, 2, &d, g_q, forced, 6, &grouped, out, res) == 2;
+        n_group += flexdiag__sjd_verify(&key, 0, p2, 2, &d, g_q, forced, 6, &grouped, out, res) == 2;
     }
     double se = 0.5 / sqrt(N);
     assert_true(fabs((double)n_exact / N - 0.6) < 4 * se);
