@@ -26,6 +26,8 @@ int flexdiag_cmd_search(int argc, char **argv);
 /* `requests`: a mix of requests through a context's request queue, per batching mode
  * (cmd_requests.c). */
 int flexdiag_cmd_requests(int argc, char **argv);
+/* `calibrate`: a model's calibration table for ssd and hack (cmd_calibrate.c). */
+int flexdiag_cmd_calibrate(int argc, char **argv);
 /* Synthetic prompt g of len ids for context c's model (malloc'ed; NULL when out of memory):
  * BOS, random ids (stream g), then <begin_of_image> (Janus), or the end of turn, the image start
  * and the size token twice (Lumina-mGPT images). */

@@ -399,6 +399,7 @@ static int bench_row(const tp_opts *o, flexdiag_model *m, const roofline *rf,
     cp.images_per_prompt = (int32_t)o->per_prompt;
     cli_kv_homes("bench", &o->mo, &cp);
     if (cli_policy_params("bench", po, &cp.policy)) return 2;
+    cli_policy_calib(po, &cp);
     int32_t batch = cli_batch("bench", o->batch, m, &cp);
     if (batch < 1) return 2;
     cp.max_images = batch;

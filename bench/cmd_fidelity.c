@@ -111,6 +111,7 @@ typedef struct fid_opts {
     cli_model_opts mo;  /* model-backed mode (no --synthetic); mo.seed seeds everything */
     const char *prompt; /* its prompt text */
     const char *prompts; /* or a file of prompts, one a line: rows are means over them */
+    cli_policy_opts po;  /* --calib, --ssd-tau (ssd, hack; model mode) */
 } fid_opts;
 
 /* One (policy, sparsity) row; returns 0, 1 on a library error, -1 when skipped. */
@@ -125,6 +126,11 @@ static int synth_row(const flexdiag_synth_ctx *ctx, const flexdiag_synth_params 
     pub.n_r = ring;
     flexdiag_kvp_params kp;
     flexdiag__err_clear();
+    if (flexdiag__kvp_needs_calib(kind)) {
+        fprintf(stderr, "flexdiag " FID_CMD ": skipping %s: the synthetic model has no "
+                "calibration table (run it with --model and --calib)\n", flexdiag__kvp_name(kind));
+        return -1;
+    }
     if (flexdiag__kvp_resolve(&pub, sp->steps, &kp) != FLEXDIAG_OK) {
         fprintf(stderr, "flexdiag " FID_CMD ": skipping %s at sparsity %g, ring %d: %s\n",
                 flexdiag__kvp_name(kind), s, (int)ring, cli_last_error());
@@ -211,6 +217,13 @@ static int synth_main(const fid_opts *o, const flexdiag_policy_kind *kinds, int 
 static int check_flags(const fid_opts *o, const flexdiag_policy_kind *kinds, int nk,
                        const double *sps, int ns) {
     if (cli_check_model(FID_CMD, &o->mo)) return 2;
+    for (int i = 0; i < nk && !o->synthetic; i++)
+        if (flexdiag__kvp_needs_calib(kinds[i]) && !o->po.calib) {
+            fprintf(stderr, "flexdiag " FID_CMD ": --policies %s needs --calib FILE, the "
+                    "model's calibration table (flexdiag-bench calibrate)\n",
+                    flexdiag__kvp_name(kinds[i]));
+            return 2;
+        }
     for (int i = 0; i < nk; i++)
         for (int r = 0; r < ns * o->n_rings; r++) {
             flexdiag_policy_params pub;
@@ -237,7 +250,7 @@ static int model_main(const fid_opts *o, const flexdiag_policy_kind *kinds, int 
     FILE *json = NULL;
     if (rc == 0 && o->json && !(json = fid_json_open(&fj, o->json))) rc = 1;
     if (rc == 0) {
-        rc = flexdiag_fidelity_model(&o->mo, texts, ps.n, kinds, nk, sps, ns, o->rings,
+        rc = flexdiag_fidelity_model(&o->mo, &o->po, texts, ps.n, kinds, nk, sps, ns, o->rings,
                                      o->n_rings, (uint64_t)o->mo.seed, json);
         rc = fid_json_close(json, &fj, rc);
     }
@@ -250,7 +263,8 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
     fid_opts o = {.policies = "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4",
                   .sparsities = "0.8,0.9,0.925,0.95,0.96", .n_rs = "0", .prompt_len = 50,
                   .heads = 8, .d_head = 64, .alpha = 0.5, .sigma = 0.5, .prompt_logit = 0.0,
-                  .mo = {.seed = 1}, .prompt = "a red apple on a wooden table"};
+                  .mo = {.seed = 1}, .prompt = "a red apple on a wooden table",
+                  .po = CLI_POLICY_OPTS_INIT};
     const cli_opt opts[] = {
         {.name = "--synthetic", CLI_STR, &o.synthetic,
          "grid:W, W <= 64: synthetic 2-D locality model"},
@@ -275,6 +289,11 @@ int flexdiag_cmd_bench_fidelity(int argc, char **argv) {
         {.name = "--sigma", CLI_F64, &o.sigma, "logit noise std, >= 0 (default 0.5)"},
         {.name = "--prompt-logit", CLI_F64, &o.prompt_logit, "logit of prompt keys (default 0)"},
         {.name = "--json", CLI_STR, &o.json, "append one JSON object per row to FILE"},
+        {.name = "--calib", CLI_STR, &o.po.calib,
+         "FILE: the model's calibration table, for ssd and hack (flexdiag-bench calibrate)"},
+        {.name = "--ssd-tau", CLI_F64, &o.po.ssd_tau,
+         "T: ssd's typing threshold (default 0.5; 0: every head spatial)",
+         CLI_NUMS(0, 1e9, 0, NULL)},
     };
     int rc = cli_parse(FID_CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
     if (rc) return rc == 1 ? 0 : rc;

@@ -224,6 +224,12 @@ static int check_flags(const trace_opts *o, flexdiag_policy_params *pub) {
         return 2;
     }
     if (cli_policy_params(TRACE_CMD, &o->po, pub)) return 2;
+    if (o->po.calib || !isnan(o->po.ssd_tau) || flexdiag__kvp_needs_calib(pub->kind)) {
+        fprintf(stderr, "flexdiag " TRACE_CMD ": ssd and hack (--calib, --ssd-tau) type their heads "
+                "from a model's calibration table, which a replay of logits has not; run them "
+                "with generate, bench or bench fidelity\n");
+        return 2;
+    }
     flexdiag__err_clear();
     flexdiag_status st = flexdiag__kvp_check(pub);
     return st == FLEXDIAG_OK ? 0 : cli_fail(TRACE_CMD, st);

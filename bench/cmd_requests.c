@@ -237,6 +237,7 @@ static int open_context(const rq_opts *o, flexdiag_model *m, int blocks, int32_t
     cp.queue_images = (int32_t)o->n_requests + 1;
     cli_kv_homes(CMD, &o->mo, &cp);
     if (cli_policy_params(CMD, &o->po, &cp.policy)) return 2;
+    cli_policy_calib(&o->po, &cp);
     uint64_t budget = 0; /* without --batch: auto where there is a budget, else 16 (generate's) */
     const char *batch = o->batch ? o->batch
                         : flexdiag_runtime_budget(m->rt, &budget) == FLEXDIAG_OK && budget ? "auto"

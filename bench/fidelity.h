@@ -62,7 +62,10 @@ int flexdiag_fidelity_rows_of(flexdiag_policy_kind kind, int ns, int n_rings);
  * prompts (a dense reference image each); rows to stdout and json (may be NULL). A (sparsity,
  * ring) whose N_att exceeds the ring is skipped with a message. */
 struct cli_model_opts;
-int flexdiag_fidelity_model(const struct cli_model_opts *mo, const char *const *prompts,
+struct cli_policy_opts;
+/* po: --calib and --ssd-tau, given to every context (ssd, hack read them). */
+int flexdiag_fidelity_model(const struct cli_model_opts *mo, const struct cli_policy_opts *po,
+                            const char *const *prompts,
                             int n_prompts, const flexdiag_policy_kind *kinds, int nk,
                             const double *sps, int ns,
                             const int32_t *rings, int n_rings, uint64_t seed, FILE *json);

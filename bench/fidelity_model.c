@@ -21,6 +21,7 @@
 #include "bench/fidelity.h"
 #include "cli/cli.h"
 #include "policy/kv_policy.h"
+#include "policy/kvp_calib.h"
 #include "runtime/engine/engine.h"
 #include "runtime/text/prompt.h"
 
@@ -64,12 +65,13 @@ static double rel_err(const float *got, const float *ref, int64_t n) {
 }
 
 static flexdiag_context *fid_context(flexdiag_model *m, const flexdiag_policy_params *pol,
-                                     int32_t np) {
+                                     const cli_policy_opts *po, int32_t np) {
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
     cp.max_images = 1;
     cp.max_prompt_len = np;
     cp.policy = *pol;
+    cli_policy_calib(po, &cp);
     flexdiag_context *c = NULL;
     flexdiag_status st = flexdiag_context_create(m, &cp, &c);
     if (st != FLEXDIAG_OK) cli_fail("bench fidelity", st);
@@ -94,7 +96,8 @@ static int dense_reference(flexdiag_model *m, const char *prompt, uint64_t seed,
     ref->np = (int32_t)np;
     flexdiag_policy_params dense;
     flexdiag_policy_params_init(&dense);
-    flexdiag_context *c = fid_context(m, &dense, ref->np);
+    const cli_policy_opts none = CLI_POLICY_OPTS_INIT;
+    flexdiag_context *c = fid_context(m, &dense, &none, ref->np);
     if (!c) return 1;
     const flexdiag_lm_config *l = &m->cfg.lm;
     ref->n = c->geo.l_dec;
@@ -109,10 +112,21 @@ static int dense_reference(flexdiag_model *m, const char *prompt, uint64_t seed,
     return st == FLEXDIAG_OK ? 0 : cli_fail("bench fidelity", st);
 }
 
+/* A head-typed policy's plan, once per row on stderr: how many KV heads of each type. */
+static void print_heads(const flexdiag_context *c, const char *prefix) {
+    const flexdiag_kvp_heads *h = c->heads;
+    if (!h) return;
+    fprintf(stderr, "%s%s at N_att %d: %d window, %d semantic, %d lag-list KV heads of %d "
+            "(B_S %d, B_C %d, lag ring %d)\n", prefix, flexdiag__kvp_name(h->kind), h->n_att,
+            h->n_heads[FLEXDIAG_HEAD_WINDOW], h->n_heads[FLEXDIAG_HEAD_SEMANTIC],
+            h->n_heads[FLEXDIAG_HEAD_LAGS], h->n_layers * h->h_kv, h->b_s, h->b_c, h->lag_ring);
+}
+
 static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity_row *row,
-                      const flexdiag_policy_params *pol) {
-    flexdiag_context *c = fid_context(m, pol, ref->np);
+                      const flexdiag_policy_params *pol, const cli_policy_opts *po, int first) {
+    flexdiag_context *c = fid_context(m, pol, po, ref->np);
     if (!c) return 1;
+    if (first) print_heads(c, "flexdiag bench fidelity: ");
     const flexdiag_lm_config *l = &m->cfg.lm;
     float *logits = malloc((size_t)ref->n * (size_t)ref->V * 4);
     float *attn = malloc((size_t)(ref->n - 1 > 0 ? ref->n - 1 : 1) * (size_t)ref->attn_w * 4);
@@ -137,13 +151,12 @@ static int policy_row(flexdiag_model *m, const dense_ref *ref, flexdiag_fidelity
         row->top1 = top1 / ref->n;
         row->attn_err = na ? err / (double)na : 0;
         row->attn_err_max = err_max;
-        flexdiag_kvp_params kp; /* the policy as the context resolved it (it was created) */
-        flexdiag__kvp_resolve(pol, c->geo.l_dec, &kp);
-        row->kind = kp.kind;
-        row->n_att = kp.n_att;
-        row->n_r = kp.n_r;
-        row->reported_sparsity = flexdiag__kvp_reported_sparsity(&kp);
-        row->resident_rows = ref->np + flexdiag__kvp_resident_rows(&kp, ref->n - 1);
+        const flexdiag_kvp_params *kp = &c->pd.kp; /* the policy as the context resolved it */
+        row->kind = kp->kind;
+        row->n_att = kp->n_att;
+        row->n_r = kp->n_r;
+        row->reported_sparsity = flexdiag__kvp_reported_sparsity(kp);
+        row->resident_rows = ref->np + flexdiag__kvp_resident_rows(kp, ref->n - 1);
         row->resident_bytes = (uint64_t)row->resident_rows * 2 * 2 * (uint64_t)l->kv_heads *
                               (uint64_t)l->head_dim * (uint64_t)l->layers;
         row->evictions = c->stats.evictions;
@@ -200,7 +213,8 @@ static void row_mean(flexdiag_fidelity_row *r, int n) {
     r->prompts = n;
 }
 
-int flexdiag_fidelity_model(const cli_model_opts *mo, const char *const *prompts, int n_prompts,
+int flexdiag_fidelity_model(const cli_model_opts *mo, const cli_policy_opts *po,
+                            const char *const *prompts, int n_prompts,
                             const flexdiag_policy_kind *kinds, int nk, const double *sps, int ns,
                             const int32_t *rings, int n_rings, uint64_t seed, FILE *json) {
     flexdiag_runtime *rt = NULL;
@@ -248,7 +262,7 @@ int flexdiag_fidelity_model(const cli_model_opts *mo, const char *const *prompts
                                          .sparsity = pol.sparsity, .l_dec = ref.n,
                                          .prompt_len = ref.np, .heads = m->cfg.lm.heads,
                                          .d_head = m->cfg.lm.head_dim, .seed = seed};
-            rc = policy_row(m, &ref, &row, &pol);
+            rc = policy_row(m, &ref, &row, &pol, po, k == 0);
             if (rc) break;
             row_add(&sum[r], &row, k);
             if (k < n_prompts - 1) continue;

@@ -6,6 +6,7 @@
  *   flexdiag-bench profile ...                        this machine's rates for search
  *   flexdiag-bench search ...                         best batch / placement / policy (predicted)
  *   flexdiag-bench requests ...                       a request mix through the request queue
+ *   flexdiag-bench calibrate ...                      a model's calibration table (ssd, hack)
  *
  * These commands need the library's internals (profiling splits and the op table for the
  * roofline, the host policy state machines and the synthetic locality model), so the tool links
@@ -33,6 +34,8 @@ static const command commands[] = {
     {"search", flexdiag_cmd_search, "rank batch, placement and policy by predicted img/s"},
     {"requests", flexdiag_cmd_requests,
      "a mix of requests through the continuous engine: tok/s, img/s, latency"},
+    {"calibrate", flexdiag_cmd_calibrate,
+     "dense images of a prompt file -> the model's calibration table for ssd and hack"},
 };
 
 static void usage(FILE *f) {

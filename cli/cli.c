@@ -246,6 +246,8 @@ static const struct {
     {"context_params.policy.n_att", "--n-att"},
     {"context_params.policy.n_r", "--n-r"},
     {"context_params.policy.sparsity", "--sparsity"},
+    {"context_params.policy_calib", "--calib"},
+    {"context_params.ssd_tau", "--ssd-tau"},
     {"request.images_per_prompt", "--images-per-prompt"},
     {"request.temperature", "--temperature"},
     {"request.top_k", "--top-k"},
@@ -441,6 +443,11 @@ int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy
     out->n_att = (int32_t)o->n_att;
     out->n_r = (int32_t)o->n_r;
     return 0;
+}
+
+void cli_policy_calib(const cli_policy_opts *o, flexdiag_context_params *cp) {
+    cp->policy_calib = o->calib;
+    cp->ssd_tau = isnan(o->ssd_tau) ? 0.0 : o->ssd_tau > 0 ? o->ssd_tau : -1.0;
 }
 
 /* ---- --batch ---- */

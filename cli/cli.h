@@ -117,9 +117,11 @@ typedef struct cli_policy_opts {
     double sparsity;    /* --sparsity S; NaN = not given */
     int64_t n_att;      /* --n-att N; 0 = not given (derive from --sparsity) */
     int64_t n_r;        /* --n-r N; 0 = not given (the default ring) */
+    const char *calib;  /* --calib FILE: ssd / hack's calibration table (NULL: none) */
+    double ssd_tau;     /* --ssd-tau T; NaN = not given (the default 0.5) */
 } cli_policy_opts;
 
-#define CLI_POLICY_OPTS_INIT {NULL, NAN, 0, 0}
+#define CLI_POLICY_OPTS_INIT {NULL, NAN, 0, 0, NULL, NAN}
 
 #define CLI_MAX_THREADS 1024 /* the library's thread-pool limit (base/thread_pool.c) */
 #define CLI_MAX_RING 32767   /* the library's largest Diagonal ring (policy/kv_policy.c) */
@@ -169,7 +171,8 @@ const char *cli_arch_help(void);
 
 #define CLI_POLICY_FLAGS(o)                                                                        \
     {.name = "--policy", CLI_STR, &(o)->policy,                                                    \
-     "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4|line-ar (default dense)"},     \
+     "dense|window|streaming|h2o|tova|alisa|diagonal|diagonal-sink4|line-ar|ssd|hack (default "  \
+     "dense; ssd and hack need --calib)"},                                                         \
     {.name = "--sparsity", CLI_F64, &(o)->sparsity,                                                \
      "S: N_att = round((1-S) L_dec); or give --n-att (a sparse policy needs one)",                 \
      CLI_NUMS(0, 1, 0, NULL)},                                                                     \
@@ -177,7 +180,12 @@ const char *cli_arch_help(void);
      CLI_INTS(0, INT32_MAX, "0 = not given: from --sparsity")},                                    \
     {.name = "--n-r", CLI_INT, &(o)->n_r,                                                          \
      "Diagonal ring size, at least N_att (default max(round(L_dec/2), N_att))",                    \
-     CLI_INTS(0, CLI_MAX_RING, "0 = not given: the default ring")}
+     CLI_INTS(0, CLI_MAX_RING, "0 = not given: the default ring")},                                \
+    {.name = "--calib", CLI_STR, &(o)->calib,                                                      \
+     "FILE: the model's calibration table for ssd and hack (flexdiag-bench calibrate)"},           \
+    {.name = "--ssd-tau", CLI_F64, &(o)->ssd_tau,                                                  \
+     "T: ssd types a KV head spatial iff its calibrated local mass lambda(N_att) >= T "            \
+     "(default 0.5; 0: every head spatial)", CLI_NUMS(0, 1e9, 0, NULL)}
 
 /* Checks of the model flags the parser cannot make (--weights, --kv, --compress-weights,
  * --compress-disk, and
@@ -203,6 +211,9 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, flexdiag_runtime **
  * tool before it), whose INVALID_ARG cli_fail turns into exit 2. Prints the error and returns 2
  * on bad flags. */
 int cli_policy_params(const char *cmd, const cli_policy_opts *o, flexdiag_policy_params *out);
+/* --calib and --ssd-tau into cp: policy_calib, and ssd_tau as the library reads it (not given:
+ * 0, the default; T > 0: T; T = 0: -1, which the library takes as tau 0). */
+void cli_policy_calib(const cli_policy_opts *o, flexdiag_context_params *cp);
 
 /* --batch N|auto (bench, generate): N, or with "auto" the largest number of images whose
  * context (cp, max_images ignored) fits the model's memory budget. Prints the error naming the

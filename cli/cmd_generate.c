@@ -392,6 +392,7 @@ static void context_params(const gen_run *r, const flexdiag_policy_params *pp,
                            flexdiag_context_params *cp) {
     flexdiag_context_params_init(cp);
     cp->policy = *pp;
+    cli_policy_calib(&r->o->po, cp);
     cp->max_images = r->batch;
     cp->micro_batch = (int32_t)r->o->micro_batch;
     cp->max_prompt_len = (int32_t)r->o->max_prompt_len;

@@ -17,7 +17,7 @@
 #include "cli/score_input.h"
 
 static int score(flexdiag_model *m, const cli_score_input *in, const flexdiag_policy_params *pol,
-                 const cli_model_opts *mo, const char *out, int raw) {
+                 const cli_policy_opts *po, const cli_model_opts *mo, const char *out, int raw) {
     flexdiag_context_params cp;
     flexdiag_context_params_init(&cp);
     cli_kv_homes("score", mo, &cp);
@@ -25,6 +25,7 @@ static int score(flexdiag_model *m, const cli_score_input *in, const flexdiag_po
     cp.max_prompt_len = in->np;
     cp.max_new_tokens = in->n;
     cp.policy = *pol;
+    cli_policy_calib(po, &cp);
     flexdiag_context *c = NULL;
     flexdiag_status st = flexdiag_context_create(m, &cp, &c);
     if (st != FLEXDIAG_OK) return cli_fail("score", st);
@@ -85,7 +86,7 @@ int flexdiag_cmd_score(int argc, char **argv) {
     flexdiag_runtime *rt = NULL;
     flexdiag_model *m = NULL;
     if (rc == 0) rc = cli_open_model("score", &mo, &rt, &m);
-    if (rc == 0) rc = score(m, &in, &pol, &mo, out, raw);
+    if (rc == 0) rc = score(m, &in, &pol, &po, &mo, out, raw);
     flexdiag_model_destroy(m);
     flexdiag_runtime_destroy(rt);
     cli_score_input_free(&in);

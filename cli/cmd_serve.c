@@ -64,6 +64,7 @@ static void context_params(const serve_opts *o, const flexdiag_policy_params *pp
                            flexdiag_context_params *cp) {
     flexdiag_context_params_init(cp);
     cp->policy = *pp;
+    cli_policy_calib(&o->po, cp);
     cp->max_images = (int32_t)o->batch;
     cp->micro_batch = (int32_t)o->micro_batch;
     cp->max_prompt_len = (int32_t)o->max_prompt_len;

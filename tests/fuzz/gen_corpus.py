@@ -28,6 +28,9 @@ stay. Standard library only. Per target:
                chunk of offload/planes_zstd.c: planes kept as they are, planes of one repeated
                byte as zstd RLE frames, and one chunk per refusal (magic, version, element and
                raw size, plane lengths, checksum, truncation).
+  calib        calibration tables (policy/kvp_calib.h, version 1) of two shapes, and one per
+               refusal of policy/kvp_calib.c (magic, version, header, shape, steps, reserved
+               bytes, profiles, variances, checksum, size).
 So mutations start next to every validation branch. """
 import functools
 import json
@@ -591,6 +594,63 @@ def planes_zstd_seeds():
     return seeds
 
 
+def fnv1a64(data, h=0xcbf29ce484222325):
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+    return h
+
+
+def calib_table(layers=1, hq=2, hkv=1, l_dec=8, w_s=4, t0=None, t_end=None, backend=b"cpu",
+                P=None, V=None, patch=None):
+    """A calibration table file (policy/kvp_calib.h, version 1): header, P f32, V f64, FNV-1a
+    64 checksum; patch = (offset, bytes) applied before the checksum."""
+    t0 = l_dec // 2 if t0 is None else t0
+    t_end = l_dec - 1 if t_end is None else t_end
+    head = b"FDXCALIB" + struct.pack("<II", 1, 128)
+    head += struct.pack("<QQQQ", 0x192B633ED0967595, 0x1234, 0, 2 * max(t_end - t0, 1))
+    head += struct.pack("<8i", w_s, l_dec, layers, hq, hkv, t0, t_end, 1)
+    head += backend.ljust(16, b"\0")[:16] + bytes(32)
+    rows = layers * hq
+    if P is None:  # row r: a skewed distribution, lag 0 heaviest
+        P = []
+        for r in range(rows):
+            w = [1.0 / (1 + l + r) for l in range(l_dec)]
+            P += [x / sum(w) for x in w]
+    if V is None:
+        V = [1e-3 * (1 + r) for r in range(rows)]
+    body = head + struct.pack(f"<{len(P)}f", *P) + struct.pack(f"<{len(V)}d", *V)
+    if patch:
+        off, b = patch
+        body = body[:off] + b + body[off + len(b):]
+    return body + struct.pack("<Q", fnv1a64(body))
+
+
+def calib_seeds():
+    good = calib_table()
+    return {
+        "valid_small.calib": good,
+        "valid_gqa.calib": calib_table(layers=2, hq=4, hkv=2, l_dec=12, w_s=3),
+        "valid_backend_full.calib": calib_table(backend=b"cuda-abcdefghij"),
+        "bad_magic.calib": calib_table(patch=(0, b"FDXCALIX")),
+        "bad_version.calib": calib_table(patch=(8, struct.pack("<I", 2))),
+        "bad_header_len.calib": calib_table(patch=(12, struct.pack("<I", 64))),
+        "bad_heads.calib": calib_table(hq=3, hkv=2),
+        "bad_layers.calib": calib_table(patch=(56, struct.pack("<i", 0))),
+        "bad_l_dec.calib": calib_table(patch=(52, struct.pack("<i", 40000))),
+        "bad_w_s.calib": calib_table(w_s=3),
+        "bad_steps.calib": calib_table(t0=6, t_end=5),
+        "bad_n_cal.calib": calib_table(patch=(76, struct.pack("<i", 0))),
+        "bad_backend.calib": calib_table(backend=b"x" * 16),
+        "bad_reserved.calib": calib_table(patch=(120, b"\1")),
+        "bad_prob.calib": calib_table(patch=(128, struct.pack("<f", -0.5))),
+        "bad_sum.calib": calib_table(patch=(132, struct.pack("<f", 0.9))),
+        "bad_variance.calib": calib_table(V=[float("nan"), 1.0]),
+        "bad_checksum.calib": good[:-1] + bytes([good[-1] ^ 1]),
+        "bad_truncated.calib": good[:-9],
+        "bad_short.calib": good[:100],
+    }
+
+
 TARGETS = {
     "safetensors": safetensors_seeds,
     "config": config_seeds,
@@ -600,6 +660,7 @@ TARGETS = {
     "prompts": prompts_seeds,
     "serve_request": serve_request_seeds,
     "planes_zstd": planes_zstd_seeds,
+    "calib": calib_seeds,
 }
 
 

@@ -20,7 +20,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts  # noqa: E402
 
-POLICIES = "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4"  # line-ar: --policies
+POLICIES = "dense,window,streaming,h2o,tova,alisa,diagonal,diagonal-sink4"  # line-ar, ssd, hack: --policies
 
 
 def fidelity_rows(args, prompt):
@@ -34,6 +34,10 @@ def fidelity_rows(args, prompt):
             cmd.append("--cpu")
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        if args.calib:
+            cmd += ["--calib", args.calib]
+        if args.ssd_tau is not None:
+            cmd += ["--ssd-tau", str(args.ssd_tau)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(path) as f:
             return [json.loads(line) for line in f if line.strip()]
@@ -47,12 +51,16 @@ def main():
     ap.add_argument("--flexdiag", default="build/flexdiag")
     ap.add_argument("--sparsities", default="0.9,0.95,0.97")
     ap.add_argument("--policies", default=POLICIES,
-                    help="comma list; line-ar needs N_att >= 4 + 2 lines (Janus: sparsity <= 0.90)")
+                    help="comma list; line-ar needs N_att >= 4 + 2 lines (Janus: sparsity <= 0.90); "
+                         "ssd and hack need --calib")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1, help="the dense images' sampling seed")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", help="write every row (one per prompt, policy, sparsity) here")
+    ap.add_argument("--calib", help="the model's calibration table, for ssd and hack "
+                                    "(flexdiag-bench calibrate --model M --prompts F --out FILE)")
+    ap.add_argument("--ssd-tau", type=float, help="ssd's typing threshold (default 0.5)")
     args = ap.parse_args()
 
     recs = prompts.build(per_category=args.per_category, seed=0)
