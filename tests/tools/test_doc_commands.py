@@ -47,7 +47,7 @@ SMALL = {'--images-per-prompt': 2, '--batch': 2, '--micro-batch': 1, '--steps': 
          '--requests': 4}
 # Placeholders of the table's synopses, by (flag, placeholder), then by flag (the text row's
 # --model is TEXT_MODEL).
-PLACEHOLDER_AT = {('--out', 'FILE.npy'): 'scores.npy'}
+PLACEHOLDER_AT = {('--out', 'FILE.npy'): 'scores.npy', ('--out', 'FILE.calib'): 'table.calib'}
 PLACEHOLDERS = {'--model': JANUS, '--arch': 'micro-janus', '--seed': '1', '--prompt': 'a red apple',
                 '--prompts': 'prompts.txt', '--images-per-prompt': '2', '--out': 'out',
                 '--max-new-tokens': '4', '--input': os.path.join(JANUS, 'score_input.json'),
@@ -55,7 +55,7 @@ PLACEHOLDERS = {'--model': JANUS, '--arch': 'micro-janus', '--seed': '1', '--pro
                 '--n-r': '8', '--n-att': '4', '--steps': '16', '--prompt-len': '8',
                 '--synthetic': 'grid:4', '--sparsity': '0.5', '--policies': 'dense,window',
                 '--sparsities': '0.5', '--batch': '2', '--offload-dir': 'offload',
-                '--prompt-ids-file': 'ids.txt', '--logits': 'logits.npy'}
+                '--prompt-ids-file': 'ids.txt', '--logits': 'logits.npy', '--n-cal': '1'}
 COMMANDS = ('generate', 'score', 'decode', 'policy-trace', 'bench', 'profile', 'search',
             'requests')
 NO_CPU_FLAG = ('policy-trace',)  # commands without --cpu
