@@ -176,6 +176,10 @@ flexdiag_status flexdiag__window_alloc(run_state *r);
 void flexdiag__window_free(run_state *r);
 /* Slot i took a new job: no drafts yet. */
 void flexdiag__window_admit(run_state *r, int32_t i);
+/* After a sequential pass of a window context (a Diagonal build-up falls in someone's window):
+ * every live slot made one token, so its first draft is spent and the others move up, each
+ * with the distribution it was drawn from (a draft stays at its token index). */
+void flexdiag__window_sequential(run_state *r);
 
 /* ---- heads.c ---- */
 

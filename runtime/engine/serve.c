@@ -488,6 +488,7 @@ static flexdiag_status decode(run_state *r, int32_t granule) {
     for (int32_t i = 0; i < r->n_img; i++) r->slot[i].job.passes += r->slot[i].live;
     double t0 = flexdiag__now();
     FLEXDIAG_TRY(r->win > 1 ? flexdiag__pass_window(r) : flexdiag__pass_decode(r));
+    if (r->win == 1) flexdiag__window_sequential(r); /* no-op without drafts */
     r->win = 1;
     c->stats.decode_s += flexdiag__now() - t0;
     r->split = NULL;

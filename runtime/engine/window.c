@@ -115,6 +115,20 @@ void flexdiag__window_admit(run_state *r, int32_t i) {
     if (r->w) r->w->n_draft[i] = 0;
 }
 
+void flexdiag__window_sequential(run_state *r) {
+    flexdiag_window *w = r->w;
+    size_t V = (size_t)r->c->geo.vocab_out, D = (size_t)(r->c->geo.win - 1);
+    for (int32_t i = 0; w && i < r->n_img; i++) {
+        int32_t n = w->n_draft[i];
+        if (!r->slot[i].live || n == 0) continue;
+        int32_t *d = w->draft + (size_t)i * D;
+        float *q = w->q + (size_t)i * D * V;
+        memmove(d, d + 1, (size_t)(n - 1) * sizeof *d);
+        memmove(q, q + V, (size_t)(n - 1) * V * sizeof *q);
+        w->n_draft[i] = n - 1;
+    }
+}
+
 /* The window of slot i's job (1: sequential). */
 static int32_t job_window(const run_slot *sl) {
     return sl->job.draft_len > 1 ? sl->job.draft_len : 1;
