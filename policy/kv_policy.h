@@ -27,6 +27,12 @@
  *   alisa           l_dec        p
  *   diagonal        n_r          p mod n_r
  *   diagonal-sink4  4 + n_r      p for p = 0..3 (sinks); 4 + (p-4) mod n_r for p >= 4
+ *   line-ar         n_att        p while the ring fills, then the lowest slot a line end freed
+ *   ssd             n_att        spatial heads as window, semantic heads a free slot (policy_ssd.c)
+ *   hack            4 + max lag  the head plan's one ring (calibrated lag lists; policy_hack.c)
+ * With params slack > 0 (a context's SJD window passes) the window, streaming and Diagonal rings
+ * grow by slack rows and every "mod" above is taken over the grown ring (n_att + slack, n_att -
+ * 4 + slack, n_r + slack); what a step attends does not change.
  * Slot lists: dense/window/streaming/alisa/h2o/tova ascending slot or position order; diagonal:
  * attended-lag list reversed (entry j at column cnt-1-j, oldest first while nothing is skipped,
  * docs/policies.md §2.3), sink4: the 4 sinks first, then the list the same way.
