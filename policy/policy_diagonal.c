@@ -60,13 +60,30 @@ const int16_t *flexdiag__kvp_diag_lag(const flexdiag_kvp *k, int32_t seq, int32_
     return d->lag + hi * (size_t)d->a;
 }
 
+/* The slots of inner step ti >= 0 of a list of cnt entries whose first `now` are lag[] and the
+ * rest phase 1's appends still to come (entry j is lag j): the base sinks, then entry j at
+ * column base + cnt-1-j (see top), ring slot base + (ti - lag) mod m. Returns base + cnt. */
+static int32_t diag_fill(const int16_t *lag, int32_t now, int32_t cnt, int32_t ti, int32_t base,
+                         int32_t m, int32_t *s) {
+    for (int32_t j = 0; j < base; j++) s[j] = j;
+    for (int32_t j = 0; j < cnt; j++) {
+        int32_t l = j < now ? lag[j] : j;
+        FLEXDIAG_DASSERT(l >= 0 && l <= ti && l <= m - 1);
+        s[base + cnt - 1 - j] = base + (ti - l) % m;
+    }
+    return base + cnt;
+}
+
+/* Sink4's steps t <= 3: sink t is written, decode tokens 0..t attended. */
+static int32_t diag_sinks(int32_t t, int32_t *s) {
+    for (int32_t j = 0; j <= t; j++) s[j] = j;
+    return t + 1;
+}
+
 int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t base,
                                  int32_t m, int32_t t, int32_t *s) {
     int32_t ti = t - base;
-    if (ti < 0) { /* sink4, t <= 3: sink t is written, decode tokens 0..t attended */
-        for (int32_t j = 0; j <= t; j++) s[j] = j;
-        return t + 1;
-    }
+    if (ti < 0) return diag_sinks(t, s);
     if (ti == 0) {
         lag[0] = 0;
         *cnt = 1;
@@ -74,12 +91,7 @@ int32_t flexdiag__diag_list_plan(int16_t *lag, int16_t *cnt, int32_t a, int32_t 
         lag[(*cnt)++] = (int16_t)ti; /* phase 1: the newly available lag joins the list */
     }
     FLEXDIAG_DASSERT(*cnt == (ti + 1 < a ? ti + 1 : a));
-    for (int32_t j = 0; j < base; j++) s[j] = j;
-    for (int32_t j = 0; j < *cnt; j++) { /* list entry j at column base + cnt-1-j (see top) */
-        FLEXDIAG_DASSERT(lag[j] >= 0 && lag[j] <= ti && lag[j] <= m - 1);
-        s[base + *cnt - 1 - j] = base + (ti - lag[j]) % m;
-    }
-    return base + *cnt;
+    return diag_fill(lag, *cnt, *cnt, ti, base, m, s);
 }
 
 /* Group score of ring column c: max over the g query-head rows of z (fp32 logits). */
@@ -113,7 +125,7 @@ static void diag_plan(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, in
         ns[h] = flexdiag__diag_list_plan(d->lag + hi * (size_t)d->a, d->cnt + hi, d->a, base,
                                          k->ring - base, t,
                                          slots + (size_t)h * (size_t)k->max_slots);
-        ws[h] = ti < 0 ? t : base + ti % (k->ring - base);
+        ws[h] = flexdiag__kvp_write_slot(&k->p, t);
     }
     if (ti >= k->ring - base) k->evictions[flexdiag__kvp_li(k, seq, layer)] += (uint64_t)k->p.h_kv;
 }
@@ -123,25 +135,14 @@ static void diag_plan(flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, in
 static void diag_ahead(const flexdiag_kvp *k, int32_t layer, int32_t t, int32_t seq, int32_t *ws,
                        int32_t *slots, int32_t *ns) {
     const diag_state *d = cdst(k);
-    int32_t base = d->base, ti = t - base, m = k->ring - base;
+    int32_t base = d->base, ti = t - base, cnt = ti + 1 < d->a ? ti + 1 : d->a;
     for (int32_t h = 0; h < k->p.h_kv; h++) {
         int32_t *s = slots + (size_t)h * (size_t)k->max_slots;
-        if (ti < 0) { /* sink4, t <= 3 */
-            for (int32_t j = 0; j <= t; j++) s[j] = j;
-            ws[h] = t;
-            ns[h] = t + 1;
-            continue;
-        }
         size_t hi = flexdiag__kvp_hi(k, seq, layer, h);
-        const int16_t *lag = d->lag + hi * (size_t)d->a;
-        int32_t now = d->cnt[hi], cnt = ti + 1 < d->a ? ti + 1 : d->a;
-        for (int32_t j = 0; j < base; j++) s[j] = j;
-        for (int32_t j = 0; j < cnt; j++) {
-            int32_t l = j < now ? lag[j] : j;
-            s[base + cnt - 1 - j] = base + (ti - l) % m;
-        }
-        ns[h] = base + cnt;
-        ws[h] = base + ti % m;
+        ns[h] = ti < 0 ? diag_sinks(t, s)
+                       : diag_fill(d->lag + hi * (size_t)d->a, d->cnt[hi], cnt, ti, base,
+                                   k->ring - base, s);
+        ws[h] = flexdiag__kvp_write_slot(&k->p, t);
     }
 }
 

@@ -118,16 +118,15 @@ static flexdiag_status upload_steps(flexdiag_policy_driver *pd, const flexdiag_p
     return pd->k->copy_h2d(pd->b.steps, pd->h_steps, (size_t)pd->kp.n_seq * 4, s);
 }
 
-/* Every live sequence's lists write cache row p_cap + slot_of(its step) (shared rows layout);
- * the rows of free slots stay as they are. */
+/* Every live sequence's lists write cache row p_cap + the policy's write slot of its step (shared
+ * rows layout: Diagonal and ALISA write one slot for every KV head); the rows of free slots stay
+ * as they are. */
 static flexdiag_status upload_shared_rows(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
-                                          int32_t (*slot_of)(const flexdiag_policy_driver *,
-                                                             int32_t),
                                           flexdiag_stream *s) {
     size_t hkv = (size_t)pd->kp.h_kv;
     for (int32_t q = 0; q < run->n_seq; q++) {
         if (run->t[q] < 0) continue;
-        int32_t row = pd->p_cap + slot_of(pd, run->t[q]);
+        int32_t row = pd->p_cap + flexdiag__kvp_write_slot(&pd->kp, run->t[q]);
         for (size_t h = 0; h < hkv; h++) pd->h_rows[(size_t)q * hkv + h] = row;
     }
     return pd->k->copy_h2d(pd->b.rows, pd->h_rows, (size_t)run->n_seq * hkv * 4, s);
@@ -255,11 +254,6 @@ static const pd_mode mode_host = {"host", 0, 0, host_plan, host_update};
 
 /* ---- diag: Diagonal lag lists on the device ---- */
 
-/* The ring slot Diagonal writes at step t (sinks first for sink4). */
-static int32_t diag_write_slot(const flexdiag_policy_driver *pd, int32_t t) {
-    return flexdiag__kvp_write_slot(&pd->kp, t);
-}
-
 /* Shared write rows, lag lists planned by diag_slots for every list at its sequence's step;
  * the sequences at a build-up step get their new lag in b.dnext for the update fused into
  * attention, the others -1. */
@@ -268,7 +262,7 @@ static flexdiag_status diag_plan(flexdiag_policy_driver *pd, const flexdiag_pd_r
     int32_t base = diag_base(pd);
     count_evictions(pd, run, pd->ring); /* every list overwrites its oldest row */
     FLEXDIAG_TRY(upload_steps(pd, run, s));
-    FLEXDIAG_TRY(upload_shared_rows(pd, run, diag_write_slot, s));
+    FLEXDIAG_TRY(upload_shared_rows(pd, run, s));
     FLEXDIAG_TRY(pd->k->diag_slots(pd->b.slots, pd->b.nslots, pd->b.lag, pd->b.cnt,
                                    (int64_t)all_lists(pd), pd->max_slots, diag_len(pd),
                                    list_steps(pd, pd->kp.h_kv), pd->ring - base, base, s));
@@ -321,19 +315,13 @@ static const pd_mode mode_evict = {"evict", 1, 0, evict_plan, evict_update};
 
 /* ---- alisa: ALISA records on the device ---- */
 
-/* ALISA never evicts: token t goes to ring slot t. */
-static int32_t alisa_write_slot(const flexdiag_policy_driver *pd, int32_t t) {
-    (void)pd;
-    return t;
-}
-
 /* Every list writes row t (shared rows); alisa_plan selects each (layer, sequence)'s attended
  * positions into the slot lists of its KV heads. */
 static flexdiag_status alisa_plan(flexdiag_policy_driver *pd, const flexdiag_pd_run *run,
                                   flexdiag_stream *s) {
     size_t lists = (size_t)pd->kp.n_layers * (size_t)pd->kp.n_seq;
     FLEXDIAG_TRY(upload_steps(pd, run, s));
-    FLEXDIAG_TRY(upload_shared_rows(pd, run, alisa_write_slot, s));
+    FLEXDIAG_TRY(upload_shared_rows(pd, run, s));
     FLEXDIAG_TRY(pd->k->alisa_plan(pd->b.slots, pd->b.nslots, pd->b.arpos, pd->b.arp, pd->b.arn,
                                    pd->b.ascore, pd->b.akeys, (int64_t)lists, pd->kp.h_kv,
                                    pd->max_slots, pd->kp.n_att, pd->l_dec, list_steps(pd, 1), s));
