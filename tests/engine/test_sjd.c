@@ -261,6 +261,41 @@ static void test_greedy_ring_policies(void **state) {
     for (size_t i = 0; i < sizeof confs / sizeof confs[0]; i++) greedy_conf(&confs[i]);
 }
 
+/* A window pass counts the evictions of the steps it commits, as sequential passes do: in one
+ * kind of context (the same slack rows), greedy jobs of window 4 and of window 1 evict the same
+ * rows, and some (the ring policies, a quarter of the tokens). */
+static void test_ring_evictions(void **state) {
+    (void)state;
+    const flexdiag_policy_kind kinds[3] = {FLEXDIAG_POLICY_WINDOW, FLEXDIAG_POLICY_STREAMING,
+                                           FLEXDIAG_POLICY_DIAGONAL};
+    tconf tc = {.arch = "micro-janus"};
+    flexdiag_runtime *rt;
+    flexdiag_model *m;
+    open_model(&tc, &rt, &m);
+    int32_t *tok = calloc(N_JOBS * MAX_STEPS, 4), made[N_JOBS];
+    assert_non_null(tok);
+    for (int k = 0; k < 3; k++) {
+        g_kind = kinds[k];
+        uint64_t ev[2];
+        for (int w = 0; w < 2; w++) {
+            tfeed f;
+            flexdiag_context *c = open_context(m, 3, 4, &f);
+            flexdiag_job jobs[N_JOBS];
+            make_jobs(jobs, N_JOBS, MAX_STEPS, w ? 4 : 1, 1, 1.0f, tok, NULL, c->geo.vocab_out);
+            run_jobs(c, &f, jobs, N_JOBS, made);
+            ev[w] = c->stats.evictions;
+            flexdiag_context_destroy(c);
+        }
+        if (ev[0] == 0 || ev[0] != ev[1])
+            fail_msg("%s: %llu evictions sequential, %llu in windows", flexdiag_policy_name(kinds[k]),
+                     (unsigned long long)ev[0], (unsigned long long)ev[1]);
+    }
+    g_kind = FLEXDIAG_POLICY_DENSE;
+    free(tok);
+    flexdiag_model_destroy(m);
+    flexdiag_runtime_destroy(rt);
+}
+
 /* ---- sequential jobs in a window context ---- */
 
 static void test_sequential_jobs(void **state) {
@@ -704,7 +739,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_greedy_text),     cmocka_unit_test(test_greedy_offloaded),
         cmocka_unit_test(test_greedy_shared_prompts), cmocka_unit_test(test_greedy_lumina),
         cmocka_unit_test(test_sequential_jobs), cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_greedy_ring_policies),
+        cmocka_unit_test(test_greedy_ring_policies), cmocka_unit_test(test_ring_evictions),
         cmocka_unit_test(test_group_rule),      cmocka_unit_test(test_group_zero_exact),
         cmocka_unit_test(test_group_fewer_passes), cmocka_unit_test(test_group_request_stats),
         cmocka_unit_test(test_group_refused),
